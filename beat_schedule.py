@@ -1,0 +1,24 @@
+"""Periodic jobs for the leader-elected beat.
+
+Entries are Celery beat entries (`{"name": {"task": ..., "schedule": ...}}`); the app loads
+`SCHEDULE` at start. An empty schedule is valid.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SCHEDULE: dict[str, dict[str, Any]] = {
+    # Expired, finished idempotency records, in batches of 1000 with a pause between.
+    "idempotency-cleanup": {
+        "task": "jobs.maintenance.cleanup_idempotency",
+        "schedule": 600.0,
+        "options": {"expires": 540},
+    },
+    # Claims whose holder died and whose lease ended more than 5 minutes ago.
+    "idempotency-reaper": {
+        "task": "jobs.maintenance.reap_idempotency_claims",
+        "schedule": 300.0,
+        "options": {"expires": 240},
+    },
+}

@@ -1,0 +1,160 @@
+"""Tier isolation: a 10x flood of optional work must not slow critical work.
+
+A steady critical load runs alone (quiet), then with the optional tier flooded at 10x what
+its workers can process (I/O-bound sleeps, published by a separate producer process);
+phases alternate for several rounds. The figure is the critical queue wait (enqueue to
+start, the enqueue timestamp travels in the arguments) at p99, flooded / quiet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import time
+import uuid
+from typing import Any
+
+import psutil
+
+from bench.harness import Stopwatch, percentile, platform, purge, queue_depth, summary, table
+from bench.harness import workers as start_workers
+
+
+def lower_priority(workers: list[Any], niceness: int) -> None:
+    """Execution bulkhead on shared CPUs: the optional pool yields the CPU to critical work."""
+    for worker in workers:
+        for process in [psutil.Process(worker.pid), *worker.children()]:
+            process.nice(niceness)
+
+
+def flood(per_second: float, sleep_seconds: float, niceness: int, flooding: Any,
+          finished: Any, results: Any) -> None:
+    """Producer process: publish optional jobs at `per_second` while `flooding` is set.
+
+    It stands in for other services' producers; on the benchmark's shared CPUs it runs at
+    `niceness` so it models another machine rather than stealing the critical worker's CPU.
+    """
+    import os
+
+    from bench.tasks_overload import optional_sleep
+    from resilience.bulkhead import DiscardedResult
+
+    os.nice(niceness)
+    sent = discarded = 0
+    while not finished.is_set():
+        if not flooding.wait(0.1):
+            continue
+        start, n = time.monotonic(), 0
+        while flooding.is_set():
+            pause = start + n / per_second - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            result = optional_sleep.apply_async(("flood", sleep_seconds))
+            n += 1
+            if isinstance(result, DiscardedResult):
+                discarded += 1
+            else:
+                sent += 1
+    results.put((sent, discarded))
+
+
+def critical_phase(redis: Any, run: str, per_second: float, seconds: float,
+                   work_seconds: float) -> list[float]:
+    """Publish critical probes on a fixed schedule; return their queue waits (ms)."""
+    from bench.tasks_overload import critical_probe
+
+    total = int(per_second * seconds)
+    start = time.monotonic()
+    for n in range(total):
+        pause = start + n / per_second - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        critical_probe.apply_async((run, time.time(), work_seconds))
+    key = f"bench:isolation:{run}"
+    watch = Stopwatch()
+    while redis.llen(key) < total:
+        if watch.elapsed > 120:
+            raise TimeoutError(f"only {redis.llen(key)}/{total} critical probes ran")
+        time.sleep(0.05)
+    return [float(value) for value in redis.lrange(key, 0, -1)]
+
+
+def run(argv: list[str]) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="python -m bench isolation")
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of each phase")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="quiet/flooded pairs, alternating so both see the same machine")
+    parser.add_argument("--critical-per-second", type=float, default=20.0)
+    parser.add_argument("--critical-work-seconds", type=float, default=0.02)
+    parser.add_argument("--optional-concurrency", type=int, default=4)
+    parser.add_argument("--optional-sleep-seconds", type=float, default=0.5)
+    parser.add_argument("--flood-factor", type=float, default=10.0)
+    parser.add_argument("--optional-nice", type=int, default=10,
+                        help="CPU niceness of the optional worker and the flood producer")
+    options = parser.parse_args(argv)
+
+    capacity = options.optional_concurrency / options.optional_sleep_seconds
+    flood_rate = capacity * options.flood_factor
+    waits: dict[str, list[float]] = {"quiet": [], "flooded": []}
+    flood_stats = {"sent": 0, "discarded": 0, "max_depth": 0}
+
+    with platform():
+        from jobs import app
+        from resilience.stores import stores_for
+
+        redis = stores_for(app).redis()
+        purge(["critical", "optional"])
+        context = multiprocessing.get_context("spawn")
+        flooding, finished, results = context.Event(), context.Event(), context.Queue()
+        producer = context.Process(
+            target=flood,
+            args=(flood_rate, options.optional_sleep_seconds, options.optional_nice, flooding,
+                  finished, results),
+        )
+        producer.start()
+        with start_workers("critical", count=1, concurrency=2), \
+                start_workers("optional", count=1, concurrency=options.optional_concurrency,
+                              pool="threads") as optional_workers:
+            lower_priority(optional_workers, options.optional_nice)
+            for _ in range(options.rounds):
+                for phase in ("quiet", "flooded"):
+                    if phase == "flooded":
+                        flooding.set()
+                        time.sleep(1.0)  # let the flood build a backlog first
+                    waits[phase] += critical_phase(
+                        redis, uuid.uuid4().hex, options.critical_per_second, options.seconds,
+                        options.critical_work_seconds,
+                    )
+                    if phase == "flooded":
+                        flooding.clear()
+                        flood_stats["max_depth"] = max(flood_stats["max_depth"],
+                                                       queue_depth("optional"))
+                    purge(["optional"])
+            finished.set()
+            flood_stats["sent"], flood_stats["discarded"] = results.get(timeout=60)
+            producer.join(30)
+
+    quiet, flooded = summary(waits["quiet"]), summary(waits["flooded"])
+    ratio = flooded["p99"] / quiet["p99"] if quiet["p99"] > 0 else float("inf")
+    table(
+        f"isolation: critical {options.critical_per_second:g}/s; optional flooded at "
+        f"{flood_rate:g}/s = {options.flood_factor:g}x its capacity ({capacity:g}/s)",
+        ["phase", "jobs", "wait p50 ms", "wait p99 ms", "wait mean ms"],
+        [(phase, len(waits[phase]), s["p50"], s["p99"], s["mean"])
+         for phase, s in (("quiet", quiet), ("flooded", flooded))],
+    )
+    table("optional flood", ["published", "discarded by bulkhead", "max queue depth"],
+          [(flood_stats["sent"], flood_stats["discarded"], flood_stats["max_depth"])])
+    return {
+        "critical_wait_p99_ms_quiet": round(quiet["p99"], 2),
+        "critical_wait_p99_ms_flooded": round(flooded["p99"], 2),
+        "ratio": round(ratio, 3),
+        "critical_wait_p50_ms_quiet": round(quiet["p50"], 2),
+        "critical_wait_p50_ms_flooded": round(flooded["p50"], 2),
+        "optional_flood_per_s": flood_rate,
+        "optional_worker_nice": options.optional_nice,
+        "optional_capacity_per_s": capacity,
+        "optional_published": flood_stats["sent"],
+        "optional_discarded": flood_stats["discarded"],
+        "p999_ms_flooded": round(percentile(waits["flooded"], 0.999), 2),
+    }

@@ -1,0 +1,43 @@
+"""Benchmark tasks of failure control: one dependency call, budgeted or plain Celery autoretry."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+from jobs import app
+from resilience.retry.budget import RetryBudget
+from resilience.retry.guard import retry_policy
+
+STORM_DEPENDENCY = "bench-storm"
+#: ratio 0.2 and no floor: at most 1 / (1 - 0.2) = 1.25 calls per job while 100 % fail.
+STORM_BUDGET = RetryBudget(ratio=0.2, min_per_second=0, window_seconds=10)
+
+
+def call_dependency(url: str) -> int:
+    """GET `url`; a 5xx raises urllib's HTTPError (retryable: status 503 on it)."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return int(response.status)
+
+
+@app.task(tier="standard")
+@retry_policy(
+    max_attempts=4,
+    base_delay_seconds=0.1,
+    cap_delay_seconds=1.0,
+    dependency=STORM_DEPENDENCY,
+    budget=STORM_BUDGET,
+)
+def storm_budgeted(url: str) -> int:
+    return call_dependency(url)
+
+
+@app.task(
+    tier="standard",
+    autoretry_for=(urllib.error.HTTPError,),
+    max_retries=3,
+    default_retry_delay=0.1,
+    retry_backoff=False,
+)
+def storm_plain(url: str) -> int:
+    return call_dependency(url)

@@ -1,0 +1,3 @@
+from jobs.cli import main
+
+main()

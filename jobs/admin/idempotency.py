@@ -1,0 +1,103 @@
+"""`jobs idempotency`: show a record by key, list recent records, purge one key."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+cli = typer.Typer(help="Idempotency records: show one, list recent ones, purge a key.",
+                  no_args_is_help=True)
+console = Console()
+
+TaskOption = Annotated[str, typer.Option("--task", "-t", help="the task name (key namespace)")]
+
+
+def _stores() -> Any:
+    from jobs import app
+    from resilience.stores import stores_for
+
+    return stores_for(app)
+
+
+def _when(value: Any) -> str:
+    return "" if value is None else value.isoformat(timespec="seconds")
+
+
+@cli.command("show")
+def show_command(
+    key: Annotated[str, typer.Argument(help="the idempotency key")],
+    task: TaskOption,
+) -> None:
+    """One record: state, attempt (fencing number), lease, result or error, expiry."""
+    from resilience.idempotency.records import find
+
+    record = find(_stores().engine(), task, key)
+    if record is None:
+        console.print(f"no record for {task}:{key}")
+        raise typer.Exit(1)
+    view = Table(title=f"{task}:{key}", show_header=False)
+    view.add_column("field")
+    view.add_column("value")
+    for field, value in (
+        ("state", record.state),
+        ("attempt", str(record.attempt)),
+        ("task id", record.task_id or ""),
+        ("fingerprint", record.fingerprint),
+        ("lease owner", record.lease_owner or ""),
+        ("lease expires", _when(record.lease_expires_at)),
+        ("created", _when(record.created_at)),
+        ("updated", _when(record.updated_at)),
+        ("expires", _when(record.expires_at)),
+        ("result", "" if record.result is None else json.dumps(record.result)[:2000]),
+        ("error", record.error or ""),
+    ):
+        view.add_row(field, value)
+    console.print(view)
+
+
+@cli.command("list")
+def list_command(
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, max=1000)] = 20,
+    task: Annotated[str | None, typer.Option("--task", "-t", help="only this task")] = None,
+    state: Annotated[
+        str | None, typer.Option("--state", help="in_progress, succeeded or failed")
+    ] = None,
+) -> None:
+    """The most recently updated records."""
+    from resilience.idempotency.records import recent
+
+    view = Table(title="idempotency records (newest first)")
+    for column in ("task", "key", "state", "attempt", "task id", "updated", "expires"):
+        view.add_column(column, no_wrap=column in ("task", "key"))
+    for record in recent(_stores().engine(), limit=limit, task_name=task, state=state):
+        view.add_row(record.task_name, record.key, record.state, str(record.attempt),
+                     record.task_id or "", _when(record.updated_at), _when(record.expires_at))
+    console.print(view)
+
+
+@cli.command("purge")
+def purge_command(
+    key: Annotated[str, typer.Argument(help="the idempotency key")],
+    task: TaskOption,
+    force: Annotated[bool, typer.Option(
+        "--force", help="also delete an open claim (its holder's result is then not recorded)"
+    )] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="do not ask for confirmation")] = False,
+) -> None:
+    """Delete one record (and its cached copy), so the next delivery of KEY runs again."""
+    from resilience.idempotency.cache import ResultCache
+    from resilience.idempotency.records import purge
+
+    if not yes:
+        typer.confirm(f"purge {task}:{key}? the next job with this key runs again", abort=True)
+    stores = _stores()
+    deleted = purge(stores.engine(), task, key, force=force)
+    ResultCache(stores.redis()).forget(task, key)
+    if not deleted:
+        console.print(f"{task}:{key}: nothing deleted (no record, or an open claim: --force)")
+        raise typer.Exit(1)
+    console.print(f"{task}:{key}: purged")

@@ -1,0 +1,45 @@
+"""`jobs metrics`: serve Prometheus metrics on http://127.0.0.1:9808/metrics.
+
+Set `PROMETHEUS_MULTIPROC_DIR` (the same directory) for the workers and for this command to
+include the workers' lock hold-time histogram; the shared state is read at scrape time.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from jobs.observe.metrics import DEFAULT_ADDRESS, DEFAULT_PORT
+
+cli = typer.Typer(help="Prometheus metrics: serve /metrics (shared state + workers).",
+                  invoke_without_command=True)
+console = Console()
+
+
+@cli.callback()
+def metrics(
+    address: Annotated[str, typer.Option(help="Bind address.")] = DEFAULT_ADDRESS,
+    port: Annotated[int, typer.Option(help="Port.")] = DEFAULT_PORT,
+    once: Annotated[bool, typer.Option("--once", help="Print one scrape and exit.")] = False,
+) -> None:
+    """Serve /metrics until Ctrl-C (prometheus-client's own HTTP server)."""
+    from jobs import app
+    from jobs.observe.metrics import multiprocess_dir, registry_for, serve
+
+    app.loader.import_default_modules()
+    if once:
+        from prometheus_client import generate_latest
+
+        typer.echo(generate_latest(registry_for(app)).decode())
+        return
+    serve(app, address=address, port=port)
+    where = multiprocess_dir() or "off (PROMETHEUS_MULTIPROC_DIR unset)"
+    console.print(f"metrics on http://{address}:{port}/metrics; multiprocess: {where}")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass

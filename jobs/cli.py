@@ -1,0 +1,326 @@
+"""`jobs`: run the platform locally and administer it.
+
+    jobs up                 services + one worker per tier + beat + Flower (honcho)
+    jobs demo               a steady mixed workload across the tiers
+    jobs worker TIER        one tier's worker with the tier's pool settings
+    jobs beat | flower      the scheduler, the dashboard
+    jobs service NAME       one embedded service in the foreground (used by `up`)
+    jobs migrate | config   schema migrations; the effective configuration
+    jobs <admin>            locks, idempotency, breakers, dead-letters, status (when present)
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from jobs.settings import Settings, SettingsError, get_settings
+from jobs.tiers import TIERS
+from resilience.errors import ResilienceError
+
+cli = typer.Typer(
+    help="Run and administer the job platform.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+errors = Console(stderr=True)
+
+#: Admin command groups, each `jobs/admin/<module>.py` exposing a `cli` Typer app.
+ADMIN_COMMANDS = {
+    "locks": "jobs.admin.locks",
+    "idempotency": "jobs.admin.idempotency",
+    "breakers": "jobs.admin.breakers",
+    "dead-letters": "jobs.admin.dead_letters",
+    "limits": "jobs.admin.limits",
+    "status": "jobs.admin.status",
+    "health": "jobs.admin.health",
+    "metrics": "jobs.admin.metrics",
+}
+
+
+def settings_or_exit() -> Settings:
+    """The settings, or a readable error and exit code 2."""
+    try:
+        return get_settings()
+    except SettingsError as exc:
+        errors.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+
+
+def python_command(*args: str) -> str:
+    """A shell command running this interpreter (the venv's), quoted."""
+    return shlex.join([sys.executable, *args])
+
+
+# -- running the platform ---------------------------------------------------------------
+def procfile(settings: Settings) -> str:
+    """The Procfile `jobs up` hands to honcho: embedded services, workers, beat, Flower."""
+    lines: list[str] = []
+    if settings.embedded_redis:
+        lines.append(f"redis: exec {python_command('-m', 'jobs', 'service', 'redis')}")
+    if settings.embedded_redlock:
+        for index in range(len(settings.embedded_redlock_ports)):
+            lines.append(
+                f"redlock{index + 1}: exec "
+                f"{python_command('-m', 'jobs', 'service', 'redlock', '--node', str(index))}"
+            )
+    if settings.embedded_postgres:
+        lines.append(f"postgres: exec {python_command('-m', 'jobs', 'service', 'postgres')}")
+    for tier in TIERS:
+        lines.append(f"worker_{tier}: exec {python_command('-m', 'jobs', 'worker', tier)}")
+    lines.append(f"beat: exec {python_command('-m', 'jobs', 'beat')}")
+    lines.append(f"flower: exec {python_command('-m', 'jobs', 'flower')}")
+    lines.append(
+        f"metrics: exec "
+        f"{python_command('-m', 'jobs', 'metrics', '--port', str(settings.metrics_port))}"
+    )
+    return "\n".join(lines) + "\n"
+
+
+@cli.command()
+def up() -> None:
+    """Start the whole platform under honcho; Ctrl-C stops every process."""
+    settings = settings_or_exit()
+    from jobs.services import port_in_use
+
+    ports = []
+    if settings.embedded_redis:
+        ports.append(("JOBS_EMBEDDED_REDIS_PORT", settings.embedded_redis_port))
+    if settings.embedded_postgres:
+        ports.append(("JOBS_EMBEDDED_POSTGRES_PORT", settings.embedded_postgres_port))
+    if settings.embedded_redlock:
+        ports += [("JOBS_EMBEDDED_REDLOCK_PORTS", int(p)) for p in settings.embedded_redlock_ports]
+    ports.append(("JOBS_FLOWER_PORT", settings.flower_port))
+    ports.append(("JOBS_METRICS_PORT", settings.metrics_port))
+    busy = [f"{name}={port}" for name, port in ports if port_in_use(port)]
+    if busy:
+        errors.print(
+            f"[red]ports already in use: {', '.join(busy)}[/red]\n"
+            "Another platform may still run (stop it), or choose free ports with those variables."
+        )
+        raise typer.Exit(2)
+    data = settings.data_dir.resolve()
+    data.mkdir(parents=True, exist_ok=True)
+    path = data / "Procfile"
+    path.write_text(procfile(settings))
+    # Workers write their histogram files here and `jobs metrics` sums them; a previous
+    # run's files describe dead processes, so the folder starts empty.
+    metrics_dir = data / "prometheus"
+    shutil.rmtree(metrics_dir, ignore_errors=True)
+    metrics_dir.mkdir()
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+    console.print(
+        f"[bold]platform[/bold]: Redis {_where(settings.embedded_redis)}, PostgreSQL "
+        f"{_where(settings.embedded_postgres)}, Redlock {_where(settings.embedded_redlock)}; "
+        f"Flower on http://{settings.flower_address}:{settings.flower_port} (resilience view: "
+        f"/resilience), metrics on :{settings.metrics_port}/metrics  (Procfile: {path})"
+    )
+    os.execv(
+        sys.executable,
+        [sys.executable, "-m", "honcho", "-f", str(path), "-d", str(Path.cwd()), "start"],
+    )
+
+
+def _where(embedded: bool) -> str:
+    return "embedded" if embedded else "from the environment"
+
+
+@cli.command()
+def service(
+    name: Annotated[str, typer.Argument(help="redis, redlock or postgres")],
+    node: Annotated[int, typer.Option(help="redlock node index")] = 0,
+) -> None:
+    """Run one embedded service in the foreground (honcho supervises it)."""
+    settings = settings_or_exit()
+    from jobs.services import exec_postgres, redis_command
+
+    data = settings.data_dir.resolve()
+    if name == "redis":
+        command = redis_command(settings.embedded_redis_port, data / "redis")
+    elif name == "redlock":
+        port = int(settings.embedded_redlock_ports[node])
+        # Redlock nodes keep no data across restarts on purpose: fencing tokens do not rely
+        # on them (see README), and a restarted node must come back empty to be honest.
+        command = redis_command(port, data / f"redlock{node}", persist=False)
+    elif name == "postgres":
+        exec_postgres(data / "postgres", settings.embedded_postgres_port)
+        return
+    else:
+        errors.print(f"[red]unknown service {name!r}; choose redis, redlock or postgres[/red]")
+        raise typer.Exit(2)
+    os.execv(command[0], command)
+
+
+def wait_for_services(settings: Settings, timeout_seconds: float = 60) -> None:
+    """Block until Redis, the broker and PostgreSQL answer, then apply migrations."""
+    from jobs.db import migrate
+    from jobs.services import postgres_ready, redis_ready, wait_until
+
+    wait_until(lambda: redis_ready(settings.effective_redis_url),
+               timeout_seconds=timeout_seconds, what=f"Redis at {settings.effective_redis_url}")
+    wait_until(lambda: postgres_ready(settings.effective_database_url),
+               timeout_seconds=timeout_seconds, what="PostgreSQL")
+    migrate(settings.effective_database_url)
+
+
+@cli.command()
+def migrate() -> None:
+    """Create the database if needed and apply every migration."""
+    settings = settings_or_exit()
+    from jobs.db import migrate as apply
+
+    apply(settings.effective_database_url)
+    console.print("migrations applied")
+
+
+@cli.command()
+def worker(
+    tier: Annotated[str, typer.Argument(help="critical, standard or optional")],
+    loglevel: Annotated[str, typer.Option(help="Celery log level")] = "INFO",
+) -> None:
+    """Run one tier's worker: `-Q <tier> -n <tier>@%h` with the tier's pool settings."""
+    settings = settings_or_exit()
+    if tier not in TIERS:
+        errors.print(f"[red]unknown tier {tier!r}; valid tiers are: {', '.join(TIERS)}[/red]")
+        raise typer.Exit(2)
+    wait_for_services(settings)
+    limits = settings.tier(tier)
+    args = [
+        sys.executable, "-m", "celery", "-A", "jobs", "worker",
+        "-Q", tier, "-n", f"{tier}@%h",
+        "-c", str(limits.concurrency),
+        "--prefetch-multiplier", str(limits.prefetch_multiplier),
+        "-E", "--loglevel", loglevel,
+    ]
+    os.execv(sys.executable, args)
+
+
+@cli.command()
+def beat(loglevel: Annotated[str, typer.Option()] = "INFO") -> None:
+    """Run Celery beat with the schedule of beat_schedule.py."""
+    settings = settings_or_exit()
+    wait_for_services(settings)
+    data = settings.data_dir.resolve()
+    data.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, "-m", "celery", "-A", "jobs", "beat", "--loglevel", loglevel,
+            "-s", str(data / "celerybeat-schedule")]
+    scheduler = _leader_scheduler()
+    if scheduler:
+        args += ["-S", scheduler]
+    os.execv(sys.executable, args)
+
+
+def _leader_scheduler() -> str | None:
+    """The leader-elected scheduler class, when the locks package provides it."""
+    try:
+        found = importlib.util.find_spec("resilience.locks.beat") is not None
+    except ModuleNotFoundError:
+        found = False
+    return "resilience.locks.beat:LeaderElectedScheduler" if found else None
+
+
+def require_broker(settings: Settings) -> None:
+    """Exit with a clear message when the broker cannot be reached."""
+    from kombu import Connection
+
+    try:
+        with Connection(settings.effective_broker_url, connect_timeout=2) as connection:
+            connection.ensure_connection(max_retries=1)
+    except Exception as exc:  # noqa: BLE001 - any failure means: not reachable
+        errors.print(
+            f"[red]cannot reach the broker at {_masked(settings.effective_broker_url)}: {exc}[/red]"
+            "\nStart the platform first (`make run`), or set BROKER_URL/REDIS_URL."
+        )
+        raise typer.Exit(2) from None
+
+
+@cli.command()
+def flower() -> None:
+    """Run Flower; beyond loopback it requires FLOWER_BASIC_AUTH (never on the command line)."""
+    settings = settings_or_exit()
+    from jobs.services import redis_ready, wait_until
+
+    wait_until(lambda: redis_ready(settings.effective_redis_url), timeout_seconds=60,
+               what="Redis")
+    if settings.flower_basic_auth is not None:
+        # Flower reads FLOWER_BASIC_AUTH itself; keeping it out of argv keeps it out of `ps`.
+        os.environ["FLOWER_BASIC_AUTH"] = settings.flower_basic_auth.get_secret_value()
+    else:
+        # Loopback only (Settings refuses anything else without auth): the API may be open.
+        os.environ["FLOWER_UNAUTHENTICATED_API"] = "true"
+    from jobs import app
+    from jobs.observe.web import run_flower
+
+    # Flower's own app and command, plus the resilience page (/resilience, /api/resilience).
+    run_flower(app, [f"--address={settings.flower_address}", f"--port={settings.flower_port}"])
+
+
+@cli.command()
+def demo(
+    rate: Annotated[float, typer.Option(help="jobs per second across the tiers")] = 10.0,
+    seconds: Annotated[float, typer.Option(help="stop after this long; 0 runs until Ctrl-C")] = 0,
+) -> None:
+    """Enqueue a steady mixed workload: payments, reports and cache warm-ups."""
+    settings = settings_or_exit()
+    require_broker(settings)
+    from jobs.demo import run_demo
+
+    run_demo(rate=rate, seconds=seconds, console=console)
+
+
+@cli.command()
+def config() -> None:
+    """Show the effective configuration (secrets masked)."""
+    settings = settings_or_exit()
+    table = Table(title="configuration")
+    table.add_column("setting")
+    table.add_column("value")
+    table.add_row("redis", _masked(settings.effective_redis_url))
+    table.add_row("database", _masked(settings.effective_database_url))
+    table.add_row("broker", _masked(settings.effective_broker_url))
+    table.add_row("redlock", ", ".join(_masked(u) for u in settings.effective_redlock_urls))
+    table.add_row("visibility timeout", f"{settings.visibility_timeout_seconds}s")
+    for tier in TIERS:
+        table.add_row(f"tier {tier}", str(settings.tier(tier).model_dump()))
+    console.print(table)
+
+
+def _masked(url: str) -> str:
+    from sqlalchemy import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy parses; keep only the host part
+        return url.split("@")[-1]
+
+
+def _register_admin_commands() -> None:
+    for name, module in ADMIN_COMMANDS.items():
+        if importlib.util.find_spec(module) is not None:
+            cli.add_typer(importlib.import_module(module).cli, name=name)
+
+
+def main() -> None:
+    """Console-script entry point: resilience errors print as one clear message."""
+    _register_admin_commands()
+    try:
+        cli()
+    except (ResilienceError, SettingsError) as exc:
+        errors.print(f"[red]{type(exc).__name__}: {exc}[/red]")
+        sys.exit(2)
+
+
+_ = time  # re-exported for admin modules' live views

@@ -1,0 +1,93 @@
+"""Database helpers: create the database if missing, apply migrations once at a time."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import create_engine, make_url, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import OperationalError
+
+from resilience.stores import _sqlalchemy_url
+
+logger = logging.getLogger("jobs.db")
+
+#: Advisory-lock id that serializes migrations across processes starting together.
+MIGRATION_LOCK_ID = 7_201_901_001
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+def ensure_database(database_url: str) -> bool:
+    """Create the URL's database if it does not exist; safe when processes race.
+
+    Returns:
+        True when this call created the database.
+    """
+    url = make_url(_sqlalchemy_url(database_url))
+    probe = create_engine(url)
+    try:
+        with probe.connect():
+            return False
+    except OperationalError as exc:
+        if "does not exist" not in str(exc):
+            raise
+    finally:
+        probe.dispose()
+    admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            # Serialize creators: CREATE DATABASE cannot run inside a transaction or use
+            # IF NOT EXISTS, so check-then-create must hold a lock.
+            connection.execute(text("SELECT pg_advisory_lock(:id)"), {"id": MIGRATION_LOCK_ID})
+            try:
+                exists = connection.execute(
+                    text("SELECT 1 FROM pg_database WHERE datname = :name"),
+                    {"name": url.database},
+                ).first()
+                if exists:
+                    return False
+                connection.execute(text(f'CREATE DATABASE "{url.database}"'))
+                logger.info("created database %s", url.database)
+                return True
+            finally:
+                connection.execute(
+                    text("SELECT pg_advisory_unlock(:id)"), {"id": MIGRATION_LOCK_ID}
+                )
+    finally:
+        admin.dispose()
+
+
+def alembic_config(database_url: str) -> Config:
+    """Alembic configuration pointing at the packaged migrations."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("sqlalchemy.url", _sqlalchemy_url(database_url).replace("%", "%%"))
+    return config
+
+
+def migrate(database_url: str, engine: Engine | None = None) -> None:
+    """Apply every migration head; safe when several processes call it at once."""
+    ensure_database(database_url)
+    owned = engine is None
+    engine = engine or create_engine(_sqlalchemy_url(database_url))
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT pg_advisory_lock(:id)"), {"id": MIGRATION_LOCK_ID})
+            connection.commit()
+            try:
+                config = alembic_config(database_url)
+                config.attributes["connection"] = connection
+                command.upgrade(config, "heads")
+                connection.commit()
+            finally:
+                connection.execute(
+                    text("SELECT pg_advisory_unlock(:id)"), {"id": MIGRATION_LOCK_ID}
+                )
+                connection.commit()
+    finally:
+        if owned:
+            engine.dispose()

@@ -1,0 +1,41 @@
+"""Platform maintenance tasks run by the leader-elected beat (see beat_schedule.py).
+
+Each runs under a singleton lock so overlapping schedules do not pile up; the SQL itself is
+also safe to run twice at once (`FOR UPDATE SKIP LOCKED`), so a lock lost mid-run costs
+nothing but duplicate work.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobs import app
+from resilience.idempotency.cleanup import CleanupPolicy, delete_expired, reap_abandoned
+from resilience.locks.guards import singleton
+from resilience.stores import stores_for
+
+
+@app.task(tier="standard")
+@singleton(key="maintenance:cleanup_idempotency")
+def cleanup_idempotency(
+    batch_size: int = 1000, pause_seconds: float = 0.1, max_batches: int = 100
+) -> dict[str, Any]:
+    """Delete expired, finished idempotency records in bounded batches."""
+    policy = CleanupPolicy(
+        batch_size=batch_size, pause_seconds=pause_seconds, max_batches=max_batches
+    )
+    deleted = delete_expired(stores_for(app).engine(), policy)
+    return {"deleted": deleted}
+
+
+@app.task(tier="standard")
+@singleton(key="maintenance:reap_idempotency_claims")
+def reap_idempotency_claims(
+    grace_seconds: float = 300.0, batch_size: int = 1000, max_batches: int = 100
+) -> dict[str, Any]:
+    """Turn claims whose holder died long ago (lease ended > grace) into failed records."""
+    policy = CleanupPolicy(
+        batch_size=batch_size, max_batches=max_batches, grace_seconds=grace_seconds
+    )
+    reaped = reap_abandoned(stores_for(app).engine(), policy)
+    return {"reaped": reaped}

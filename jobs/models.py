@@ -1,0 +1,42 @@
+"""Tables of the example jobs (SQLAlchemy 2 declarative models)."""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+
+from sqlalchemy import BigInteger, CheckConstraint, Date, DateTime, Integer, String, func
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from resilience.schema import metadata
+
+
+class Base(DeclarativeBase):
+    metadata = metadata
+
+
+class LedgerEntry(Base):
+    """One money movement; a payment charge writes one row."""
+
+    __tablename__ = "ledger_entries"
+    __table_args__ = (CheckConstraint("currency ~ '^[A-Z]{3}$'", name="currency_iso"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    order_id: Mapped[str] = mapped_column(String(64), index=True)
+    account: Mapped[str] = mapped_column(String(64), index=True)
+    amount_cents: Mapped[int] = mapped_column(BigInteger)
+    currency: Mapped[str] = mapped_column(String(3))
+    task_id: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), index=True
+    )
+
+
+class DailyReport(Base):
+    """Totals of one day's ledger, rebuilt by the standard-tier report job."""
+
+    __tablename__ = "daily_reports"
+
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    entries: Mapped[int] = mapped_column(Integer)
+    total_cents: Mapped[int] = mapped_column(BigInteger)
+    built_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

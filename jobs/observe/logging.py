@@ -1,0 +1,148 @@
+"""Structured logs: every guard decision carries task id, task name, tier, guard and outcome.
+
+`resilience.task` logs each decision as `guard decision` with those fields in `extra`; a
+plain formatter drops them. The formatters here keep them:
+
+    JOBS_LOG_FORMAT=logfmt (default)  ... INFO resilience.task: guard decision task_id=... tier=...
+    JOBS_LOG_FORMAT=json              {"time": ..., "level": ..., "message": ..., "task_id": ...}
+    JOBS_LOG_FORMAT=text              Celery's own format, unchanged
+
+`install_worker_logging()` connects Celery's `after_setup_logger` / `after_setup_task_logger`
+signals, so the worker's handlers get the formatter once Celery configured them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+from typing import Any
+
+#: Attributes every LogRecord has; anything else on a record came from `extra=`.
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+#: Celery's task logger adds these; they are shown under their own names.
+_CELERY_TASK = {"task_id": "task_id", "task_name": "task_name"}
+#: Fields printed first, in this order, when a record has them.
+ORDERED = ("task_id", "task_name", "tier", "guard", "outcome", "reason")
+FORMATS = ("logfmt", "json", "text")
+
+
+def _current_task() -> dict[str, Any]:
+    """Id and name of the task this process is running now (as Celery's TaskFormatter adds)."""
+    from celery._state import get_current_task
+
+    task = get_current_task()
+    if task is None or task.request is None or not task.request.id:
+        return {}
+    return {"task_id": task.request.id, "task_name": task.name}
+
+
+def fields_of(record: logging.LogRecord) -> dict[str, Any]:
+    """The structured fields of a record: everything given through `extra=`, plus the
+    running task's id and name when the line was logged inside a task."""
+    extra = {key: value for key, value in vars(record).items()
+             if key not in _STANDARD and not key.startswith("_")}
+    for key, value in _current_task().items():
+        if extra.get(key) in (None, "???"):
+            extra[key] = value
+    if extra.get("task_id") in (None, "???"):
+        extra.pop("task_id", None)
+    if extra.get("task_name") in (None, "???"):
+        extra.pop("task_name", None)
+    ordered = {key: extra.pop(key) for key in ORDERED if key in extra}
+    return {**ordered, **dict(sorted(extra.items()))}
+
+
+def _logfmt_value(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    if text == "" or any(c in text for c in ' ="\n\t'):
+        return json.dumps(text)
+    return text
+
+
+class LogfmtFormatter(logging.Formatter):
+    """Celery's human line followed by the record's fields as `key=value` pairs."""
+
+    skipped = frozenset({"data"})
+
+    def __init__(self, fmt: str | None = None) -> None:
+        super().__init__(fmt or "[%(asctime)s: %(levelname)s/%(processName)s] %(name)s: "
+                         "%(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        # Celery's trace lines carry `data`, a copy of their message: not repeated here.
+        fields = {k: v for k, v in fields_of(record).items() if k not in self.skipped}
+        if not fields:
+            return line
+        head, newline, rest = line.partition("\n")
+        pairs = " ".join(f"{key}={_logfmt_value(value)}" for key, value in fields.items())
+        return f"{head} {pairs}{newline}{rest}"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, process, and the fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(
+                timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "process": record.processName,
+            "pid": record.process,
+        }
+        entry.update(fields_of(record))
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def log_format() -> str:
+    """The chosen format, from `JOBS_LOG_FORMAT` (logfmt, json or text)."""
+    chosen = os.environ.get("JOBS_LOG_FORMAT", "logfmt").strip().lower()
+    if chosen not in FORMATS:
+        from resilience.errors import ConfigurationError
+
+        raise ConfigurationError(
+            f"JOBS_LOG_FORMAT={chosen!r} is not a log format; use one of {', '.join(FORMATS)}")
+    return chosen
+
+
+def formatter_for(name: str) -> logging.Formatter | None:
+    """The formatter of format `name`; None for `text` (keep Celery's own)."""
+    if name == "json":
+        return JsonFormatter()
+    if name == "logfmt":
+        return LogfmtFormatter()
+    return None
+
+
+def apply_formatter(logger: logging.Logger, name: str | None = None) -> None:
+    """Give every handler of `logger` the structured formatter."""
+    formatter = formatter_for(name or log_format())
+    if formatter is None:
+        return
+    for handler in logger.handlers:
+        handler.setFormatter(formatter)
+
+
+_installed = False
+
+
+def install_worker_logging() -> None:
+    """Connect Celery's logging signals so worker log lines carry the decision fields."""
+    global _installed
+    if _installed:
+        return
+    from celery import signals
+
+    def on_setup(logger: logging.Logger | None = None, **_: Any) -> None:
+        if logger is not None:
+            apply_formatter(logger)
+
+    signals.after_setup_logger.connect(on_setup, weak=False)
+    signals.after_setup_task_logger.connect(on_setup, weak=False)
+    _installed = True

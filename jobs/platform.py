@@ -1,0 +1,220 @@
+"""The Celery app: three tier queues, JSON only, late acks, guards on every task."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from celery import Celery, signals
+from kombu import Exchange, Queue
+
+from jobs.settings import Settings, get_settings
+from jobs.tiers import DEFAULT_TIER, TIERS, validate_tier
+from resilience.bulkhead import BulkheadConfig, TierAdmission, depth_backend_for
+from resilience.deadletter.poison import PoisonGuard, PoisonPolicy
+from resilience.deadline import DeadlineGuard, DeadlinePolicy, DeadlineStamp
+from resilience.errors import ConfigurationError
+from resilience.stores import Stores, install
+from resilience.task import GuardedTask
+
+
+class JobTask(GuardedTask):
+    """Base class of every platform task: guarded, tiered, acknowledged late."""
+
+    #: The tier (queue and worker pool) the task runs in.
+    tier: str = DEFAULT_TIER
+    #: Acknowledge after the body ran, so a crashed worker's message is delivered again.
+    acks_late = True
+    #: A worker process killed mid-task requeues the message instead of failing it.
+    reject_on_worker_lost = True
+    #: Seconds from enqueue until the job is shed unrun (outcome SHED); None takes the
+    #: tier's `JOBS_<TIER>__DEADLINE_SECONDS`.
+    deadline_seconds: float | None = None
+
+    def admission_config(self) -> BulkheadConfig:
+        """The tier bulkhead of this task, from the tier's settings."""
+        limits = self.app.settings.tier(self.tier)
+        return BulkheadConfig(
+            tier=self.tier,
+            max_queue_depth=limits.max_queue_depth,
+            policy=limits.rejection_policy,
+            wait_timeout_seconds=limits.wait_timeout_seconds,
+        )
+
+    def deadline_policy(self) -> DeadlinePolicy:
+        """When this task's jobs are shed: its own deadline_seconds, else the tier's."""
+        limits = self.app.settings.tier(self.tier)
+        seconds = self.deadline_seconds or limits.deadline_seconds
+        pressure_depth = limits.shed_queue_depth
+        if pressure_depth is None and seconds is not None:
+            pressure_depth = max(1, limits.max_queue_depth // 2)
+        return DeadlinePolicy(
+            deadline_seconds=seconds,
+            pressure_queue_depth=pressure_depth,
+            pressure_deadline_factor=limits.shed_deadline_factor,
+            tier=self.tier,
+        )
+
+    #: Every platform task: the tier bulkhead at enqueue, and a deadline stamped on the
+    #: message. A task's own guard of the same name (e.g. `@bulkhead`) replaces the default.
+    enqueue_guards = (
+        TierAdmission(lambda task: task.admission_config()),
+        DeadlineStamp(lambda task: task.deadline_policy()),
+    )
+    #: Every platform task: poison messages are dead-lettered after JOBS_MAX_DELIVERIES
+    #: deliveries that never returned; expired jobs are shed before they take a slot.
+    guards = (
+        PoisonGuard(PoisonPolicy(max_deliveries=get_settings().max_deliveries)),
+        DeadlineGuard(
+            lambda task: task.deadline_policy(),
+            depth=lambda task, queue: depth_backend_for(task.app).depth(queue),
+        ),
+    )
+
+
+class JobsCelery(Celery):
+    """Celery with one extra task option, `tier`, checked when the task is defined."""
+
+    settings: Settings
+
+    def task(self, *args: Any, **options: Any) -> Any:
+        """`@app.task(tier="critical", ...)`; an unknown tier fails at import time.
+
+        Raises:
+            UnknownTierError: `tier` is not one of the configured tiers.
+            ConfigurationError: a time limit the broker's visibility timeout cannot cover.
+        """
+        if len(args) == 1 and callable(args[0]) and not options:
+            return self.task()(args[0])
+        tier = validate_tier(options.setdefault("tier", DEFAULT_TIER))
+        limits = self.settings.tier(tier)
+        options.setdefault("queue", tier)
+        options.setdefault("base", JobTask)
+        options.setdefault("soft_time_limit", limits.soft_time_limit_seconds)
+        options.setdefault("time_limit", limits.hard_time_limit_seconds)
+        if not issubclass(options["base"], GuardedTask):
+            raise ConfigurationError(
+                f"base={options['base'].__name__} must subclass JobTask so guards and tiers apply"
+            )
+        if self.settings.broker_is_redis and options["time_limit"] and (
+            options["time_limit"] + 30 > self.settings.visibility_timeout_seconds
+        ):
+            raise ConfigurationError(
+                f"time_limit={options['time_limit']}s is too close to the broker visibility "
+                f"timeout ({self.settings.visibility_timeout_seconds}s): the message would be "
+                "delivered again while the task still runs; lower it or raise "
+                "JOBS_VISIBILITY_TIMEOUT_SECONDS"
+            )
+        return super().task(*args, **options)
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """Celery configuration derived from the platform settings."""
+    exchange = Exchange("jobs", type="direct")
+    config: dict[str, Any] = {
+        "broker_url": settings.effective_broker_url,
+        "result_backend": settings.effective_redis_url,
+        "broker_connection_retry_on_startup": True,
+        # JSON only: a pickle message can run arbitrary code in the worker.
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "event_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        # At-least-once: ack after the body, requeue when the worker process is lost.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "task_queues": [Queue(tier, exchange, routing_key=tier) for tier in TIERS],
+        "task_default_queue": DEFAULT_TIER,
+        "task_default_exchange": "jobs",
+        "task_default_routing_key": DEFAULT_TIER,
+        "task_create_missing_queues": False,
+        # Flower: events, started state, names and arguments on results.
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "task_track_started": True,
+        "result_extended": True,
+        "result_expires": 24 * 3600,
+        "timezone": "UTC",
+        "enable_utc": True,
+        "imports": ["jobs.examples", "jobs.maintenance", "jobs.observe.worker", *settings.imports],
+        "resilience_max_payload_bytes": settings.max_payload_bytes,
+        "resilience_max_countdown_seconds": settings.max_countdown_seconds,
+    }
+    if settings.broker_is_redis:
+        # Deliberate: longer than any hard time limit or countdown (validated in Settings).
+        config["broker_transport_options"] = {
+            "visibility_timeout": settings.visibility_timeout_seconds,
+        }
+        config["result_backend_transport_options"] = {
+            "visibility_timeout": settings.visibility_timeout_seconds,
+        }
+    return config
+
+
+def load_beat_schedule(module: str = "beat_schedule") -> dict[str, Any]:
+    """The periodic tasks declared in `beat_schedule.py` (an empty schedule is valid)."""
+    schedule = getattr(importlib.import_module(module), "SCHEDULE", {})
+    if not isinstance(schedule, dict):
+        raise ConfigurationError(f"{module}.SCHEDULE must be a dict, not {type(schedule)}")
+    return schedule
+
+
+def create_app(settings: Settings | None = None) -> JobsCelery:
+    """Build the platform's Celery app from `settings` (default: the environment)."""
+    settings = settings or get_settings()
+    app = JobsCelery("jobs", set_as_current=True)
+    app.settings = settings
+    app.config_from_object(celery_config(settings))
+    app.conf.beat_schedule = load_beat_schedule()
+    install(
+        app,
+        Stores(
+            redis_url=settings.effective_redis_url,
+            database_url=settings.effective_database_url,
+            redlock_urls=settings.effective_redlock_urls,
+        ),
+    )
+    return app
+
+
+def _tier_of_worker(queues: Any) -> str | None:
+    names = queues.split(",") if isinstance(queues, str) else list(queues or [])
+    names = [name.strip() for name in names if name and name.strip()]
+    return names[0] if len(names) == 1 and names[0] in TIERS else None
+
+
+@signals.celeryd_init.connect
+def apply_tier_worker_settings(
+    sender: Any = None, instance: Any = None, conf: Any = None, options: Any = None, **_: Any
+) -> None:
+    """`celery -A jobs worker -Q critical` takes the critical tier's pool settings.
+
+    Values given on the command line win; this fills only what the user left unset.
+    """
+    if conf is None or options is None:
+        return
+    tier = _tier_of_worker(options.get("queues"))
+    if tier is None:
+        return
+    settings: Settings = getattr(getattr(instance, "app", None), "settings", None) or get_settings()
+    limits = settings.tier(tier)
+    # `options` is a copy of the worker's keyword arguments; unset CLI values fall back to
+    # these configuration keys, so setting them here fills only what the user left unset.
+    if not options.get("concurrency"):
+        conf.worker_concurrency = limits.concurrency
+    if not options.get("prefetch_multiplier"):
+        conf.worker_prefetch_multiplier = limits.prefetch_multiplier
+
+
+def task_registry_names(app: Celery) -> list[str]:
+    """The platform's own task names (no Celery built-ins), for admin views."""
+    return sorted(name for name in app.tasks if not name.startswith("celery."))
+
+
+def tier_of(app: Celery, task_name: str) -> str:
+    """The tier of a registered task."""
+    return getattr(app.tasks[task_name], "tier", DEFAULT_TIER)
+

@@ -1,0 +1,375 @@
+"""Platform settings from the environment (pydantic-settings), validated at startup.
+
+Every setting has the prefix `JOBS_`; the well-known URLs are also read without it
+(`REDIS_URL`, `DATABASE_URL`, `BROKER_URL`, `REDLOCK_URLS`). Per-tier values are nested:
+`JOBS_CRITICAL__CONCURRENCY=4`, `JOBS_OPTIONAL__MAX_QUEUE_DEPTH=500`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from jobs.tiers import CRITICAL, OPTIONAL, STANDARD, TIERS
+from resilience.errors import ConfigurationError
+
+RejectionPolicy = Literal["abort", "discard", "caller_runs", "wait"]
+
+#: Seconds of slack required between the longest hard time limit (or countdown) and the
+#: broker's visibility timeout, so a task still running is never handed to a second worker.
+VISIBILITY_MARGIN_SECONDS = 30
+
+
+class SettingsError(ConfigurationError):
+    """Raised when the environment holds an invalid or dangerous configuration."""
+
+
+class TierSettings(BaseModel):
+    """Worker and admission settings of one tier."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    concurrency: int = Field(ge=1, le=512, description="worker processes serving the tier")
+    prefetch_multiplier: int = Field(ge=1, le=128, description="messages reserved per process")
+    soft_time_limit_seconds: float = Field(gt=0, description="SoftTimeLimitExceeded raised")
+    hard_time_limit_seconds: float = Field(gt=0, description="worker process killed")
+    max_queue_depth: int = Field(ge=1, description="bulkhead: most messages waiting")
+    rejection_policy: RejectionPolicy = Field(description="what a full tier does")
+    wait_timeout_seconds: float = Field(ge=0, description="policy wait: longest block")
+    deadline_seconds: float | None = Field(
+        gt=0, description="jobs not started this long after enqueue are shed; unset: never"
+    )
+    shed_queue_depth: int | None = Field(
+        ge=1, description="beyond this depth the deadline shrinks; unset: half max depth"
+    )
+    shed_deadline_factor: float = Field(
+        gt=0, le=1, description="fraction of the deadline kept beyond shed_queue_depth"
+    )
+
+    @model_validator(mode="after")
+    def _soft_below_hard(self) -> TierSettings:
+        if self.soft_time_limit_seconds >= self.hard_time_limit_seconds:
+            raise ValueError(
+                f"soft_time_limit_seconds ({self.soft_time_limit_seconds}) must be below "
+                f"hard_time_limit_seconds ({self.hard_time_limit_seconds}) so the task can "
+                "clean up before it is killed"
+            )
+        return self
+
+
+#: Defaults per tier (seeds: critical waits for room, standard runs in the caller,
+#: optional is discarded when full; long tiers prefetch one message).
+TIER_DEFAULTS: dict[str, dict[str, Any]] = {
+    CRITICAL: {
+        "concurrency": 2,
+        "prefetch_multiplier": 1,
+        "soft_time_limit_seconds": 25,
+        "hard_time_limit_seconds": 30,
+        "max_queue_depth": 10_000,
+        "rejection_policy": "wait",
+        "wait_timeout_seconds": 5,
+        "deadline_seconds": None,
+        "shed_queue_depth": None,
+        "shed_deadline_factor": 0.25,
+    },
+    STANDARD: {
+        "concurrency": 2,
+        "prefetch_multiplier": 1,
+        "soft_time_limit_seconds": 110,
+        "hard_time_limit_seconds": 120,
+        "max_queue_depth": 10_000,
+        "rejection_policy": "caller_runs",
+        "wait_timeout_seconds": 5,
+        "deadline_seconds": None,
+        "shed_queue_depth": None,
+        "shed_deadline_factor": 0.25,
+    },
+    OPTIONAL: {
+        "concurrency": 2,
+        "prefetch_multiplier": 4,
+        "soft_time_limit_seconds": 50,
+        "hard_time_limit_seconds": 60,
+        "max_queue_depth": 1_000,
+        "rejection_policy": "discard",
+        "wait_timeout_seconds": 0,
+        # Optional work is shed after 10 minutes, and after 2.5 minutes while its queue is
+        # more than half full: under pressure the optional tier sheds first.
+        "deadline_seconds": 600,
+        "shed_queue_depth": None,
+        "shed_deadline_factor": 0.25,
+    },
+}
+
+CommaList = Annotated[list[str], NoDecode]
+
+
+def _split(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    """All platform settings; see the README's configuration table."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="JOBS_",
+        env_nested_delimiter="__",
+        extra="ignore",
+        frozen=True,
+        populate_by_name=True,
+    )
+
+    redis_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("JOBS_REDIS_URL", "REDIS_URL", "redis_url"),
+        description="shared guard state and results; unset: embedded Redis",
+    )
+    database_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("JOBS_DATABASE_URL", "DATABASE_URL", "database_url"),
+        description="PostgreSQL for durable state; unset: embedded PostgreSQL",
+    )
+    broker_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("JOBS_BROKER_URL", "BROKER_URL", "broker_url"),
+        description="Celery broker (redis:// or amqp://); unset: the Redis URL",
+    )
+    redlock_urls: CommaList = Field(
+        default_factory=list,
+        validation_alias=AliasChoices("JOBS_REDLOCK_URLS", "REDLOCK_URLS", "redlock_urls"),
+        description="comma list of independent Redis nodes; unset: 3 embedded nodes",
+    )
+    visibility_timeout_seconds: int = Field(
+        3600, ge=10, description="Redis broker: unacked message redelivered after this"
+    )
+    max_countdown_seconds: float = Field(
+        600, gt=0, description="longest retry/deferral delay; ETA messages stay unacked"
+    )
+    accept_content: CommaList = Field(
+        default_factory=lambda: ["json"], description="accepted serializers: json only"
+    )
+    max_payload_bytes: int = Field(256 * 1024, ge=1024, description="largest argument payload")
+    imports: CommaList = Field(default_factory=list, description="extra task modules to load")
+    data_dir: Path = Field(Path(".data"), description="embedded services' data and logs")
+    embedded_redis_port: int = Field(16379, ge=1, le=65535)
+    embedded_postgres_port: int = Field(15432, ge=1, le=65535)
+    embedded_redlock_ports: CommaList = Field(
+        default_factory=lambda: ["16380", "16381", "16382"]
+    )
+    flower_address: str = Field("127.0.0.1", description="Flower bind address")
+    flower_port: int = Field(5555, ge=1, le=65535)
+    flower_basic_auth: SecretStr | None = Field(
+        None,
+        validation_alias=AliasChoices(
+            "JOBS_FLOWER_BASIC_AUTH", "FLOWER_BASIC_AUTH", "flower_basic_auth"
+        ),
+        description="user:password; required when Flower binds beyond loopback",
+    )
+    max_deliveries: int = Field(
+        3, ge=1, description="deliveries that never returned before a job is dead-lettered"
+    )
+    pg_pool_mode: Literal["none", "session", "transaction", "statement"] = Field(
+        "none", description="PgBouncer pool mode in front of DATABASE_URL, if any"
+    )
+    metrics_port: int = Field(9808, ge=1, le=65535, description="Prometheus /metrics port")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["logfmt", "json", "text"] = Field(
+        "logfmt", description="worker log lines: logfmt, json or Celery's text"
+    )
+
+    critical: TierSettings
+    standard: TierSettings
+    optional: TierSettings
+
+    # -- validation --------------------------------------------------------------------
+    @model_validator(mode="before")
+    @classmethod
+    def _tier_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = dict(data)
+            for tier in TIERS:
+                given = data.get(tier) or {}
+                if isinstance(given, TierSettings):
+                    continue
+                data[tier] = {**TIER_DEFAULTS[tier], **dict(given)}
+        return data
+
+    @field_validator("redlock_urls", "accept_content", "imports", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        return _split(value)
+
+    @field_validator("embedded_redlock_ports", mode="before")
+    @classmethod
+    def _ports(cls, value: Any) -> Any:
+        ports = _split(value)
+        for port in ports:
+            if not str(port).isdigit():
+                raise ValueError(f"ports must be numbers, got {port!r}")
+        return ports
+
+    @field_validator("accept_content")
+    @classmethod
+    def _json_only(cls, value: list[str]) -> list[str]:
+        refused = [v for v in value if v not in ("json", "application/json")]
+        if refused:
+            raise ValueError(
+                f"only JSON is accepted on this platform; remove {', '.join(refused)} "
+                "(pickle and yaml let a message run arbitrary code in the worker)"
+            )
+        return value
+
+    @field_validator("redis_url", "redlock_urls")
+    @classmethod
+    def _redis_scheme(cls, value: Any) -> Any:
+        for url in value if isinstance(value, list) else [value]:
+            if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
+                raise ValueError(f"{url!r} is not a Redis URL (redis://host:port/db)")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_scheme(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("postgresql", "postgres://")):
+            raise ValueError(f"{value!r} is not a PostgreSQL URL (postgresql://user@host/db)")
+        return value
+
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_scheme(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(
+            ("redis://", "rediss://", "amqp://", "amqps://", "pyamqp://")
+        ):
+            raise ValueError(f"{value!r}: the broker must be Redis (redis://) or RabbitMQ (amqp://)")
+        return value
+
+    @model_validator(mode="after")
+    def _dangerous_combinations(self) -> Settings:
+        if self.broker_is_redis:
+            longest = max(self.tier(t).hard_time_limit_seconds for t in TIERS)
+            longest_tier = max(TIERS, key=lambda t: self.tier(t).hard_time_limit_seconds)
+            needed = max(longest, self.max_countdown_seconds) + VISIBILITY_MARGIN_SECONDS
+            if self.visibility_timeout_seconds < needed:
+                raise ValueError(
+                    f"JOBS_VISIBILITY_TIMEOUT_SECONDS={self.visibility_timeout_seconds} is too "
+                    f"short: Redis would hand a running or delayed task to a second worker. It "
+                    f"must be at least {needed:g} (the longest of tier {longest_tier}'s hard "
+                    f"time limit {longest:g}s and JOBS_MAX_COUNTDOWN_SECONDS="
+                    f"{self.max_countdown_seconds:g}, plus {VISIBILITY_MARGIN_SECONDS}s); raise "
+                    "it or lower those limits"
+                )
+        if self.flower_basic_auth is None and not _is_loopback(self.flower_address):
+            raise ValueError(
+                f"JOBS_FLOWER_ADDRESS={self.flower_address} exposes Flower beyond this machine "
+                "without a password; set FLOWER_BASIC_AUTH=user:password or bind to 127.0.0.1"
+            )
+        if self.pg_pool_mode in ("transaction", "statement"):
+            raise ValueError(
+                f"JOBS_PG_POOL_MODE={self.pg_pool_mode}: advisory locks (singleton guard, beat "
+                "leadership) need a session of their own; point DATABASE_URL at PostgreSQL "
+                "directly or at a session-mode pool"
+            )
+        if len(self.embedded_redlock_ports) < 3 and not self.redlock_urls:
+            raise ValueError("JOBS_EMBEDDED_REDLOCK_PORTS needs at least 3 ports for a quorum")
+        return self
+
+    # -- derived values ----------------------------------------------------------------
+    def tier(self, name: str) -> TierSettings:
+        """Settings of tier `name` (validated by the caller)."""
+        return getattr(self, name)
+
+    @property
+    def embedded_redis(self) -> bool:
+        return self.redis_url is None
+
+    @property
+    def embedded_postgres(self) -> bool:
+        return self.database_url is None
+
+    @property
+    def embedded_redlock(self) -> bool:
+        return not self.redlock_urls
+
+    @property
+    def effective_redis_url(self) -> str:
+        return self.redis_url or f"redis://127.0.0.1:{self.embedded_redis_port}/0"
+
+    @property
+    def effective_database_url(self) -> str:
+        return (
+            self.database_url
+            or f"postgresql://postgres@127.0.0.1:{self.embedded_postgres_port}/jobs"
+        )
+
+    @property
+    def effective_broker_url(self) -> str:
+        return self.broker_url or self.effective_redis_url
+
+    @property
+    def effective_redlock_urls(self) -> list[str]:
+        if self.redlock_urls:
+            return list(self.redlock_urls)
+        return [f"redis://127.0.0.1:{port}/0" for port in self.embedded_redlock_ports]
+
+    @property
+    def broker_is_redis(self) -> bool:
+        return self.effective_broker_url.startswith(("redis://", "rediss://", "unix://"))
+
+
+def _is_loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def _env_name(location: tuple[Any, ...]) -> str:
+    if not location:
+        return "the configuration"
+    parts = [str(part).upper() for part in location if not str(part).isdigit()]
+    if parts[0] in ("REDIS_URL", "DATABASE_URL", "BROKER_URL", "REDLOCK_URLS"):
+        return parts[0]
+    if parts[0].startswith("JOBS_"):
+        return parts[0]
+    return "JOBS_" + "__".join(parts)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read and validate the settings.
+
+    Raises:
+        SettingsError: one line per problem, naming the environment variable to change.
+    """
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors():
+            message = str(error["msg"]).removeprefix("Value error, ")
+            lines.append(f"  {_env_name(tuple(error['loc']))}: {message}")
+        raise SettingsError(
+            "invalid platform configuration:\n" + "\n".join(lines), problems=lines
+        ) from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, read once."""
+    return load_settings()

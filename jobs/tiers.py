@@ -1,0 +1,33 @@
+"""The three tiers: separate queues, separate worker pools, separate limits."""
+
+from __future__ import annotations
+
+from resilience.errors import UnknownTierError
+
+CRITICAL = "critical"
+STANDARD = "standard"
+OPTIONAL = "optional"
+
+#: Every tier, most important first. A tier's queue has the tier's name.
+TIERS: tuple[str, ...] = (CRITICAL, STANDARD, OPTIONAL)
+
+#: The tier of a task that names none.
+DEFAULT_TIER = STANDARD
+
+#: What a full tier does with a new job (see the bulkhead guard).
+REJECTION_POLICIES: tuple[str, ...] = ("abort", "discard", "caller_runs", "wait")
+
+
+def validate_tier(name: object) -> str:
+    """Return `name` if it is a configured tier.
+
+    Raises:
+        UnknownTierError: naming the valid tiers.
+    """
+    if name not in TIERS:
+        raise UnknownTierError(
+            f"unknown tier {name!r}; valid tiers are: {', '.join(TIERS)}",
+            tier=name,
+            valid=TIERS,
+        )
+    return str(name)

@@ -1,0 +1,30 @@
+"""Tier bulkheads at enqueue: queue depth against a limit, then abort/discard/caller_runs/wait."""
+
+from resilience.bulkhead.admission import (
+    BulkheadConfig,
+    DiscardedResult,
+    RejectionPolicy,
+    TierAdmission,
+    bulkhead,
+    queue_of,
+)
+from resilience.bulkhead.backends import Admission, DepthBackend
+from resilience.bulkhead.backends.broker import (
+    AmqpBrokerDepth,
+    RedisBrokerDepth,
+    depth_backend_for,
+)
+
+__all__ = [
+    "Admission",
+    "AmqpBrokerDepth",
+    "BulkheadConfig",
+    "DepthBackend",
+    "DiscardedResult",
+    "RedisBrokerDepth",
+    "RejectionPolicy",
+    "TierAdmission",
+    "bulkhead",
+    "depth_backend_for",
+    "queue_of",
+]

@@ -1,0 +1,322 @@
+"""Tier bulkhead at enqueue (stage ADMIT): queue depth against the tier's limit.
+
+A full tier applies its rejection policy:
+
+- `abort`: raise `TierFull(tier, depth, limit, retry_after)` (HTTP 503 + Retry-After);
+- `discard`: publish nothing, return a `DiscardedResult` (outcome DISCARDED);
+- `caller_runs`: run the task inline in the producer (`task.apply`), return its EagerResult;
+  the producer slows down by exactly the work it tried to hand off (backpressure);
+- `wait`: poll for room up to `wait_timeout_seconds`, then abort.
+
+Every refusal is counted (`outcome`, `tier`, guard `bulkhead`, name = the policy).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from resilience.bulkhead.backends import Admission, DepthBackend
+from resilience.bulkhead.backends.broker import depth_backend_for, new_reservation
+from resilience.counters import count
+from resilience.errors import ConfigurationError, StorageError, TierFull
+from resilience.outcomes import Outcome, Stop
+from resilience.pipeline import EnqueueGuard, EnqueueStage, Publish, attach
+
+if TYPE_CHECKING:
+    from celery import Task
+
+logger = logging.getLogger("resilience.bulkhead")
+
+_STATE = "bulkhead"
+
+
+class RejectionPolicy(str, Enum):
+    """What a full tier does with a new job."""
+
+    ABORT = "abort"
+    DISCARD = "discard"
+    CALLER_RUNS = "caller_runs"
+    WAIT = "wait"
+
+    @classmethod
+    def parse(cls, value: str | RejectionPolicy) -> RejectionPolicy:
+        """The policy named `value`.
+
+        Raises:
+            ConfigurationError: an unknown policy, listing the valid ones.
+        """
+        try:
+            return cls(value)
+        except ValueError:
+            valid = ", ".join(policy.value for policy in cls)
+            raise ConfigurationError(
+                f"unknown rejection policy {value!r}; valid policies are: {valid}",
+                policy=value,
+            ) from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class BulkheadConfig:
+    """Admission limits of one tier.
+
+    Args:
+        tier: the tier's name (labels counters and errors).
+        max_queue_depth: most messages waiting in the tier's queue (> 0).
+        policy: what a full tier does (abort, discard, caller_runs, wait).
+        wait_timeout_seconds: policy `wait`: longest block before aborting.
+        retry_after_seconds: the hint `TierFull` carries for the caller.
+        reservation_ttl_seconds: an admitted publish that never completes (producer died)
+            stops counting against the limit after this long.
+        poll_seconds: policy `wait`: first poll interval (doubles up to 0.5 s).
+        fail_open: the broker cannot be asked: admit (True) or abort (False).
+    """
+
+    tier: str
+    max_queue_depth: int
+    policy: RejectionPolicy = RejectionPolicy.ABORT
+    wait_timeout_seconds: float = 0.0
+    retry_after_seconds: float = 5.0
+    reservation_ttl_seconds: float = 30.0
+    poll_seconds: float = 0.02
+    fail_open: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "policy", RejectionPolicy.parse(self.policy))
+        if not isinstance(self.tier, str) or not self.tier:
+            raise ConfigurationError(f"a bulkhead needs a tier name, got {self.tier!r}")
+        depth = self.max_queue_depth
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth <= 0:
+            raise ConfigurationError(
+                f"tier {self.tier!r}: max_queue_depth must be a positive integer, got {depth!r}",
+                tier=self.tier,
+            )
+        for name in ("wait_timeout_seconds", "retry_after_seconds"):
+            if getattr(self, name) < 0:
+                raise ConfigurationError(f"tier {self.tier!r}: {name} must be >= 0",
+                                         tier=self.tier)
+        for name in ("reservation_ttl_seconds", "poll_seconds"):
+            if not getattr(self, name) > 0:
+                raise ConfigurationError(f"tier {self.tier!r}: {name} must be > 0",
+                                         tier=self.tier)
+
+
+@dataclass(frozen=True)
+class DiscardedResult:
+    """What `apply_async` returns when a full tier discarded the job (nothing was sent)."""
+
+    task_name: str
+    tier: str
+    queue: str
+    depth: int
+    limit: int
+    outcome: Outcome = field(default=Outcome.DISCARDED)
+    id: None = None
+    state: str = "DISCARDED"
+
+    def ready(self) -> bool:
+        return True
+
+    def successful(self) -> bool:
+        return False
+
+    def failed(self) -> bool:
+        return False
+
+    def get(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The outcome as the dict a guard-stopped task returns."""
+        return {
+            "outcome": self.outcome.value,
+            "guard": TierAdmission.name,
+            "reason": f"tier {self.tier!r} full ({self.depth}/{self.limit}); job discarded",
+            "details": {"tier": self.tier, "queue": self.queue, "depth": self.depth,
+                        "limit": self.limit},
+        }
+
+
+ConfigSource = BulkheadConfig | Callable[["Task"], "BulkheadConfig | None"]
+
+
+def queue_of(publish: Publish) -> str:
+    """The queue a publish goes to: `queue=` option, the task's queue, or the default."""
+    queue = publish.options.get("queue")
+    if queue is not None:
+        return str(getattr(queue, "name", queue))
+    task_queue = getattr(publish.task, "queue", None)
+    if task_queue:
+        return str(getattr(task_queue, "name", task_queue))
+    return str(publish.task.app.conf.task_default_queue)
+
+
+class TierAdmission(EnqueueGuard):
+    """Admit a publish only while the target queue is below its tier's depth limit.
+
+    Args:
+        config: a `BulkheadConfig`, or a callable giving the config for a task (None: no
+            bulkhead), so apps pass their own settings without this package importing them.
+        backend: depth backend; None picks the app broker's (Redis or RabbitMQ).
+        sleep, clock: injectable for the `wait` policy.
+
+    A task's own `@bulkhead` replaces the platform default: `GuardedTask` drops a class-level
+    guard whose name a decorator guard already has, so one admission decides per publish.
+    """
+
+    name = "bulkhead"
+    stage = EnqueueStage.ADMIT
+
+    def __init__(
+        self,
+        config: ConfigSource,
+        *,
+        backend: DepthBackend | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not isinstance(config, BulkheadConfig) and not callable(config):
+            raise ConfigurationError("config must be a BulkheadConfig or a callable(task)")
+        self.config = config
+        self.backend = backend
+        self.sleep = sleep
+        self.clock = clock
+
+    def config_for(self, task: Task) -> BulkheadConfig | None:
+        return self.config if isinstance(self.config, BulkheadConfig) else self.config(task)
+
+    def backend_for(self, task: Task) -> DepthBackend:
+        return self.backend or depth_backend_for(task.app)
+
+    # -- the decision ------------------------------------------------------------------
+    def before_publish(self, publish: Publish) -> None:
+        config = self.config_for(publish.task)
+        if config is None:
+            return
+        backend = self.backend_for(publish.task)
+        queue = queue_of(publish)
+        reservation = new_reservation()
+        decision = self._try(backend, publish, config, queue, reservation)
+        if decision.admitted:
+            publish.state[_STATE] = (backend, queue, reservation)
+            return
+        if config.policy is RejectionPolicy.WAIT:
+            decision = self._wait(backend, publish, config, queue, reservation)
+            if decision.admitted:
+                publish.state[_STATE] = (backend, queue, reservation)
+                return
+        publish.state[_STATE] = None
+        self._reject(publish, config, queue, decision)
+
+    def _try(self, backend: DepthBackend, publish: Publish, config: BulkheadConfig,
+             queue: str, reservation: str) -> Admission:
+        try:
+            return backend.try_admit(queue, limit=config.max_queue_depth, reservation=reservation,
+                                     reservation_ttl_seconds=config.reservation_ttl_seconds)
+        except StorageError as error:
+            if not config.fail_open:
+                raise
+            logger.warning("tier %s: depth unknown, admitting (fail open): %s", config.tier, error)
+            self._count(publish, config, "FAIL-OPEN", "depth-unknown")
+            return Admission(True, -1)
+
+    def _wait(self, backend: DepthBackend, publish: Publish, config: BulkheadConfig,
+              queue: str, reservation: str) -> Admission:
+        deadline = self.clock() + config.wait_timeout_seconds
+        interval = config.poll_seconds
+        decision = Admission(False, -1)
+        while True:
+            remaining = deadline - self.clock()
+            if remaining <= 0:
+                return decision
+            self.sleep(min(interval, remaining))
+            interval = min(interval * 2, 0.5)
+            decision = self._try(backend, publish, config, queue, reservation)
+            if decision.admitted:
+                return decision
+
+    def _reject(self, publish: Publish, config: BulkheadConfig, queue: str,
+                decision: Admission) -> None:
+        task = publish.task
+        policy = config.policy
+        if policy is RejectionPolicy.DISCARD:
+            self._count(publish, config, Outcome.DISCARDED.value, policy.value)
+            result = DiscardedResult(task_name=task.name, tier=config.tier, queue=queue,
+                                     depth=decision.depth, limit=config.max_queue_depth)
+            raise Stop(Outcome.DISCARDED, guard=self.name, reason=result.get()["reason"],
+                       result=result, details=result.get()["details"])
+        if policy is RejectionPolicy.CALLER_RUNS:
+            self._count(publish, config, Outcome.REJECTED.value, policy.value)
+            eager = task.apply(
+                publish.args, publish.kwargs,
+                task_id=publish.state.get("task_id"),
+                headers=publish.options.get("headers"),
+            )
+            raise Stop(Outcome.REJECTED, guard=self.name,
+                       reason=f"tier {config.tier!r} full; ran in the caller", result=eager,
+                       details={"tier": config.tier, "policy": policy.value})
+        self._count(publish, config, Outcome.REJECTED.value, policy.value)
+        raise TierFull(
+            f"tier {config.tier!r} is full: {decision.depth} messages waiting (+"
+            f"{decision.reserved} being published), limit {config.max_queue_depth}; retry "
+            f"after {config.retry_after_seconds:g}s",
+            tier=config.tier, queue=queue, depth=decision.depth,
+            limit=config.max_queue_depth, retry_after=config.retry_after_seconds,
+            policy=policy.value,
+        )
+
+    def after_publish(self, publish: Publish, result: Any) -> None:
+        taken = publish.state.get(_STATE)
+        if not taken:
+            return
+        backend, queue, reservation = taken
+        try:
+            backend.release(queue, reservation)
+        except StorageError as error:
+            # The reservation expires on its own after reservation_ttl_seconds.
+            logger.warning("admission reservation on %s not released: %s", queue, error)
+
+    def _count(self, publish: Publish, config: BulkheadConfig, outcome: str, name: str) -> None:
+        from resilience.stores import stores_for
+
+        try:
+            client = stores_for(publish.task.app).redis()
+        except Exception as exc:  # noqa: BLE001 - no stores configured: nothing to count into
+            logger.warning("cannot count %s: %s", outcome, exc)
+            return
+        count(client, outcome=outcome, tier=config.tier, guard=self.name, name=name)
+
+
+def bulkhead(
+    *,
+    max_queue_depth: int,
+    policy: RejectionPolicy | str = RejectionPolicy.ABORT,
+    tier: str | None = None,
+    wait_timeout_seconds: float = 0.0,
+    retry_after_seconds: float = 5.0,
+    backend: DepthBackend | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: a task's own admission limit, in place of its tier's default.
+
+    `tier` labels counters and errors; None takes the task's `tier` attribute at enqueue.
+
+    Raises:
+        ConfigurationError: max_queue_depth <= 0, unknown policy, negative timeout.
+    """
+    template = BulkheadConfig(tier=tier or "task", max_queue_depth=max_queue_depth,
+                              policy=policy, wait_timeout_seconds=wait_timeout_seconds,
+                              retry_after_seconds=retry_after_seconds)
+
+    def config(task: Task) -> BulkheadConfig:
+        if tier is not None:
+            return template
+        from dataclasses import replace
+
+        return replace(template, tier=str(getattr(task, "tier", None) or task.name))
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        return attach(func, TierAdmission(config, backend=backend, sleep=sleep))
+
+    return decorate

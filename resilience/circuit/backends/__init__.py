@@ -1,0 +1,1 @@
+"""Breaker storage backends: the atomic steps (acquire, record, force) of the algorithm."""

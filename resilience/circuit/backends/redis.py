@@ -1,0 +1,146 @@
+"""Breaker state in Redis: each decision is one Lua script on Redis server time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from resilience.circuit.config import BreakerConfig, CountWindow
+from resilience.errors import StorageError, StoreUnavailable
+
+if TYPE_CHECKING:
+    import redis
+
+KEY_PREFIX = "resilience:breaker:"
+_HERE = Path(__file__).parent
+
+
+@dataclass(frozen=True)
+class Permission:
+    """What acquire said: may the call go ahead, and under which generation."""
+
+    allowed: bool
+    state: str
+    generation: int
+    wait_seconds: float = 0.0
+    transition: str = ""
+    store_down: bool = False
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What record said: the transition it caused ('' for none) and the window figures."""
+
+    transition: str
+    state: str
+    calls: int = 0
+    failures: int = 0
+    slow_calls: int = 0
+
+
+def state_key(name: str) -> str:
+    return f"{KEY_PREFIX}{name}"
+
+
+def window_key(name: str) -> str:
+    return f"{KEY_PREFIX}{name}:window"
+
+
+class RedisBreakerBackend:
+    """Runs `acquire.lua`, `record.lua` and `force.lua`; scripts registered once per client."""
+
+    ACQUIRE = (_HERE / "acquire.lua").read_text()
+    RECORD = (_HERE / "record.lua").read_text()
+    FORCE = (_HERE / "force.lua").read_text()
+
+    def __init__(self, client: Callable[[], redis.Redis]) -> None:
+        self._client = client
+        self._registered: tuple[int, dict[str, Any]] | None = None
+
+    def _scripts(self) -> dict[str, Any]:
+        client = self._client()
+        if self._registered is None or self._registered[0] != id(client):
+            self._registered = (
+                id(client),
+                {
+                    "acquire": client.register_script(self.ACQUIRE),
+                    "record": client.register_script(self.RECORD),
+                    "force": client.register_script(self.FORCE),
+                },
+            )
+        return self._registered[1]
+
+    def _run(self, script: str, name: str, args: list[Any]) -> Any:
+        import redis as redis_lib
+
+        try:
+            return self._scripts()[script](keys=[state_key(name), window_key(name)], args=args)
+        except (redis_lib.ConnectionError, redis_lib.TimeoutError) as exc:
+            raise StoreUnavailable(
+                f"breaker {name!r}: Redis unreachable: {exc}", cause=exc, breaker=name
+            ) from exc
+        except redis_lib.RedisError as exc:
+            raise StorageError(f"breaker {name!r}: {exc}", cause=exc, breaker=name) from exc
+
+    def acquire(self, config: BreakerConfig) -> Permission:
+        allowed, state, generation, wait_ms, transition = self._run(
+            "acquire",
+            config.name,
+            [
+                config.half_open_probes,
+                int(config.probe_timeout_seconds * 1000),
+                int(config.open_seconds * 1000),
+            ],
+        )
+        return Permission(bool(allowed), state, int(generation), int(wait_ms) / 1000, transition)
+
+    def record(self, config: BreakerConfig, generation: int, outcome: str, slow: bool) -> Verdict:
+        window = config.window
+        if isinstance(window, CountWindow):
+            kind, size, slots = "count", window.calls, 1
+        else:
+            kind, size, slots = "time", int(window.seconds * 1000), window.slots
+        slow_threshold = config.slow_call_rate_threshold
+        transition, state, calls, failures, slow_calls = self._run(
+            "record",
+            config.name,
+            [
+                generation,
+                outcome,
+                1 if slow else 0,
+                kind,
+                size,
+                slots,
+                config.minimum_calls,
+                repr(float(config.failure_rate_threshold)),
+                repr(float(slow_threshold if slow_threshold is not None else 2.0)),
+                int(config.open_seconds * 1000),
+                config.half_open_probes,
+            ],
+        )
+        return Verdict(transition, state, int(calls), int(failures), int(slow_calls))
+
+    def force(self, name: str, state: str) -> str:
+        """Set `state` ('forced_open', 'forced_closed', 'closed'); return the previous state."""
+        return str(self._run("force", name, [state]))
+
+    def snapshot(self, name: str) -> dict[str, str]:
+        """The raw state hash (for admin views)."""
+        import redis as redis_lib
+
+        try:
+            return dict(self._client().hgetall(state_key(name)))
+        except redis_lib.RedisError as exc:
+            raise StoreUnavailable(f"breaker {name!r}: {exc}", cause=exc) from exc
+
+    def names(self) -> list[str]:
+        """Every breaker that has state in Redis."""
+        import redis as redis_lib
+
+        try:
+            keys = self._client().scan_iter(match=f"{KEY_PREFIX}*", count=500)
+            return sorted({key[len(KEY_PREFIX) :] for key in keys if not key.endswith(":window")})
+        except redis_lib.RedisError as exc:
+            raise StoreUnavailable(f"breakers: {exc}", cause=exc) from exc

@@ -1,0 +1,105 @@
+"""`CircuitBreaker`: one named breaker over a backend, with the store-down policy applied.
+
+    closed ──(calls >= minimum_calls and failure or slow rate >= threshold)──▶ open
+    open ──(open_seconds elapsed; next acquire)──▶ half_open
+    half_open ──(half_open_probes successes)──▶ closed
+    half_open ──(one failure or slow probe, or no verdict within probe_timeout)──▶ open
+    any ──(operator)──▶ forced_open | forced_closed | closed (reset)
+
+Every transition happens inside one Lua script (acquire or record) on Redis server time, so
+two workers can never both see "closed → open" or hand out more probes than allowed.
+Transitions are logged here and counted with `resilience.counters.count`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from resilience.circuit.backends.redis import Permission, RedisBreakerBackend, Verdict
+from resilience.circuit.config import BreakerConfig
+from resilience.counters import count
+from resilience.errors import ConfigurationError, StorageError
+
+if TYPE_CHECKING:
+    import redis
+
+logger = logging.getLogger("resilience.circuit")
+
+FORCEABLE = ("forced_open", "forced_closed", "closed")
+
+
+class CircuitBreaker:
+    """A fleet-wide breaker: `acquire()` before the call, `record()` after it."""
+
+    def __init__(self, config: BreakerConfig, backend: RedisBreakerBackend) -> None:
+        self.config = config
+        self.backend = backend
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def acquire(self) -> Permission:
+        """May a call go ahead now? Applies `on_store_down` when Redis is unreachable."""
+        try:
+            permission = self.backend.acquire(self.config)
+        except StorageError as exc:
+            allowed = self.config.on_store_down == "open"
+            logger.warning(
+                "breaker %s: store unavailable, failing %s (%s)",
+                self.name,
+                "open: call allowed" if allowed else "closed: call deferred",
+                exc,
+            )
+            self._count("STORE_DOWN")
+            return Permission(
+                allowed, "unknown", -1, wait_seconds=self.config.open_seconds, store_down=True
+            )
+        if permission.transition:
+            self._transitioned(permission.transition, "acquire")
+        return permission
+
+    def record(self, permission: Permission, outcome: str, *, duration_seconds: float) -> Verdict:
+        """Report a permitted call's outcome: 'success', 'failure' or 'ignored'."""
+        if permission.store_down:
+            return Verdict("", "unknown")
+        slow = (
+            self.config.slow_call_seconds is not None
+            and outcome != "ignored"
+            and duration_seconds >= self.config.slow_call_seconds
+        )
+        try:
+            verdict = self.backend.record(self.config, permission.generation, outcome, slow)
+        except StorageError as exc:
+            logger.warning("breaker %s: outcome not recorded (%s)", self.name, exc)
+            return Verdict("", "unknown")
+        if verdict.transition:
+            self._transitioned(
+                verdict.transition,
+                f"{verdict.failures} failures, {verdict.slow_calls} slow of {verdict.calls} calls",
+            )
+        return verdict
+
+    def force(self, state: str) -> str:
+        """Operator override; returns the previous state.
+
+        Raises:
+            ConfigurationError: `state` is not forced_open, forced_closed or closed.
+        """
+        if state not in FORCEABLE:
+            raise ConfigurationError(f"state must be one of {FORCEABLE}, got {state!r}")
+        previous = self.backend.force(self.name, state)
+        self._transitioned(state, f"operator (was {previous})")
+        return previous
+
+    def _transitioned(self, state: str, why: str) -> None:
+        logger.warning("breaker %s -> %s (%s)", self.name, state, why)
+        self._count(f"BREAKER_{state.upper()}")
+
+    def _count(self, outcome: str) -> None:
+        try:
+            client: redis.Redis = self.backend._client()
+        except Exception:  # noqa: BLE001 - counting never fails a call
+            return
+        count(client, outcome=outcome, guard="breaker", name=self.name)

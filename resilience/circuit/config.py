@@ -1,0 +1,111 @@
+"""Breaker configuration: thresholds, window, timings; validated when the task is defined."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from resilience.errors import ConfigurationError
+
+STORE_DOWN_POLICIES = ("open", "closed")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CountWindow:
+    """The last `calls` outcomes."""
+
+    calls: int = 100
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.calls, int) or self.calls <= 0:
+            raise ConfigurationError(f"window calls must be an int > 0, got {self.calls!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimeWindow:
+    """The outcomes of the last `seconds`, in `slots` slices (the sliding granularity)."""
+
+    seconds: float = 60.0
+    slots: int = 10
+
+    def __post_init__(self) -> None:
+        if self.seconds <= 0:
+            raise ConfigurationError(f"window seconds must be > 0, got {self.seconds}")
+        if not isinstance(self.slots, int) or self.slots < 1:
+            raise ConfigurationError(f"window slots must be an int >= 1, got {self.slots!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BreakerConfig:
+    """How one breaker trips and recovers.
+
+    Args:
+        name: the breaker (one per dependency); tasks naming it share its state fleet-wide.
+        failure_rate_threshold: open when failures / calls >= this (0..1].
+        slow_call_rate_threshold: open when slow calls / calls >= this (0..1]; None = off.
+        slow_call_seconds: a call at least this long is slow; required with the rate above.
+        window: `CountWindow(calls=)` / `TimeWindow(seconds=)`, or an int (a count window).
+        minimum_calls: calls in the window before the breaker may open at all.
+        open_seconds: how long it stays open before letting probes through.
+        half_open_probes: probes allowed in total across the fleet while half-open; all must
+            succeed to close, one failure (or slow call) opens again.
+        probe_timeout_seconds: a half-open state without a verdict this long opens again
+            (probe workers died), so lost probe permits never wedge the breaker.
+        fallback: called with the task's arguments instead of deferring while open.
+        on_store_down: "open" (fail open, default: run the call, warn) or "closed" (defer).
+    """
+
+    name: str
+    failure_rate_threshold: float = 0.5
+    slow_call_rate_threshold: float | None = None
+    slow_call_seconds: float | None = None
+    window: CountWindow | TimeWindow = CountWindow()
+    minimum_calls: int = 10
+    open_seconds: float = 30.0
+    half_open_probes: int = 3
+    probe_timeout_seconds: float = 60.0
+    fallback: Callable[..., Any] | None = None
+    on_store_down: str = "open"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or len(self.name) > 200:
+            raise ConfigurationError(f"breaker name must be a non-empty string, got {self.name!r}")
+        if isinstance(self.window, int) and not isinstance(self.window, bool):
+            object.__setattr__(self, "window", CountWindow(calls=self.window))
+        if not isinstance(self.window, CountWindow | TimeWindow):
+            raise ConfigurationError(
+                f"window must be CountWindow, TimeWindow or an int, got {self.window!r}"
+            )
+        _rate("failure_rate_threshold", self.failure_rate_threshold)
+        if self.slow_call_rate_threshold is not None:
+            _rate("slow_call_rate_threshold", self.slow_call_rate_threshold)
+            if self.slow_call_seconds is None:
+                raise ConfigurationError("slow_call_rate_threshold needs slow_call_seconds")
+        if self.slow_call_seconds is not None and self.slow_call_seconds <= 0:
+            raise ConfigurationError(f"slow_call_seconds must be > 0, got {self.slow_call_seconds}")
+        if not isinstance(self.minimum_calls, int) or self.minimum_calls < 1:
+            raise ConfigurationError(
+                f"minimum_calls must be an int >= 1, got {self.minimum_calls!r}"
+            )
+        if self.open_seconds <= 0:
+            raise ConfigurationError(f"open_seconds must be > 0, got {self.open_seconds}")
+        if not isinstance(self.half_open_probes, int) or self.half_open_probes < 1:
+            raise ConfigurationError(
+                f"half_open_probes must be an int >= 1, got {self.half_open_probes!r}"
+            )
+        if self.probe_timeout_seconds <= 0:
+            raise ConfigurationError(
+                f"probe_timeout_seconds must be > 0, got {self.probe_timeout_seconds}"
+            )
+        if self.fallback is not None and not callable(self.fallback):
+            raise ConfigurationError(f"fallback must be callable, got {self.fallback!r}")
+        if self.on_store_down not in STORE_DOWN_POLICIES:
+            raise ConfigurationError(
+                f"on_store_down must be one of {STORE_DOWN_POLICIES}, got {self.on_store_down!r}"
+            )
+
+
+def _rate(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 < value <= 1.0:
+        raise ConfigurationError(f"{name} must be within (0, 1], got {value!r}", field=name)

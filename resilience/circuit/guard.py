@@ -1,0 +1,238 @@
+"""`BreakerGuard` (Stage.BREAKER) and the `@circuit_breaker(...)` decorator.
+
+Before the body: ask the breaker. Open (or half-open with every probe handed out) →
+the call never reaches the dependency and spends no retry budget (the retry guard sits
+inside): it is DEFERRED until the breaker may half-open, or dead-lettered when that moment
+lies beyond the job's deadline (the `deadline` header of the deadline guard, or Celery's
+`expires`, whichever is earlier). With `fallback=` the fallback's result is returned
+instead (outcome SKIPPED, details `{"fallback": true}`): graceful degradation.
+
+After the body: success (slow if it took `slow_call_seconds` or more); an error classified
+retryable (see `resilience.retry.classify`) is a failure; a non-retryable error (the
+dependency answered: 4xx, bad input) and a guard's stop are "ignored" — no verdict, a probe
+permit is given back. The original error is looked through Celery's `Retry` and the retry
+guard's `DeadLettered`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from celery.exceptions import Retry
+
+from resilience.circuit.backends.redis import Permission, RedisBreakerBackend
+from resilience.circuit.breaker import CircuitBreaker
+from resilience.circuit.config import BreakerConfig, CountWindow, TimeWindow
+from resilience.counters import count
+from resilience.deadletter.giveup import give_up
+from resilience.errors import DeadLettered
+from resilience.outcomes import Outcome, Stop
+from resilience.pipeline import Call, Guard, Stage, attach
+from resilience.retry.classify import ClassifyHook, is_retryable
+from resilience.stores import stores_for
+
+if TYPE_CHECKING:
+    from celery import Task
+
+logger = logging.getLogger("resilience.circuit")
+
+
+def original_error(exc: BaseException) -> BaseException:
+    """The body's own error behind Celery's `Retry` or the retry guard's `DeadLettered`."""
+    seen = 0
+    while seen < 5:
+        seen += 1
+        if isinstance(exc, Retry) and isinstance(exc.exc, BaseException):
+            exc = exc.exc
+        elif isinstance(exc, DeadLettered | Retry):
+            inner = exc.__cause__ or exc.__context__
+            if inner is None:
+                return exc
+            exc = inner
+        else:
+            return exc
+    return exc
+
+
+class BreakerGuard(Guard):
+    """Gates a task's calls on a fleet-wide circuit breaker."""
+
+    name = "breaker"
+    stage = Stage.BREAKER
+
+    def __init__(
+        self,
+        config: BreakerConfig,
+        *,
+        backend: RedisBreakerBackend | None = None,
+        classify_hooks: Iterable[ClassifyHook] = (),
+    ) -> None:
+        self.config = config
+        self.classify_hooks = tuple(classify_hooks)
+        self.breaker: CircuitBreaker | None = (
+            CircuitBreaker(config, backend) if backend is not None else None
+        )
+        self.task: Task | None = None
+
+    def bind(self, task: Task) -> None:
+        self.task = task
+        if self.breaker is None:
+            self.breaker = CircuitBreaker(
+                self.config, RedisBreakerBackend(lambda: stores_for(task.app).redis())
+            )
+
+    def before_run(self, call: Call) -> None:
+        assert self.breaker is not None, "BreakerGuard used before bind()"
+        permission = self.breaker.acquire()
+        if permission.allowed:
+            call.state[self.name] = (permission, time.monotonic())
+            return
+        self._count(call, Outcome.DEFERRED if self.config.fallback is None else Outcome.SKIPPED)
+        details = {"breaker": self.config.name, "state": permission.state}
+        if self.config.fallback is not None:
+            raise Stop(
+                Outcome.SKIPPED,
+                guard=self.name,
+                reason=f"breaker {self.config.name} is {permission.state}; fallback used",
+                result=self.config.fallback(**call.arguments),
+                details={**details, "fallback": True},
+            )
+        wait = max(0.05, permission.wait_seconds)
+        expires = _expires_at(call.request)
+        if expires is not None and time.time() + wait > expires:
+            raise give_up(
+                call,
+                guard=self.name,
+                reason=(
+                    f"breaker {self.config.name} is {permission.state} for {wait:.1f}s more, "
+                    "beyond the job's deadline"
+                ),
+                attempts=int(getattr(call.request, "retries", 0) or 0) + 1,
+                name=self.config.name,
+            )
+        raise Stop(
+            Outcome.DEFERRED,
+            guard=self.name,
+            reason=f"breaker {self.config.name} is {permission.state}",
+            retry_after_seconds=wait,
+            details=details,
+        )
+
+    def _finish(self, call: Call, outcome: str) -> None:
+        held = call.state.pop(self.name, None)
+        if held is None or self.breaker is None:
+            return
+        permission, started = held
+        self.breaker.record(permission, outcome, duration_seconds=time.monotonic() - started)
+
+    def after_run(self, call: Call, result: Any) -> None:
+        self._finish(call, "success")
+
+    def on_error(self, call: Call, exc: BaseException) -> None:
+        error = original_error(exc)
+        failed = isinstance(error, Exception) and is_retryable(error, self.classify_hooks)
+        self._finish(call, "failure" if failed else "ignored")
+
+    def on_stop(self, call: Call, stop: Stop) -> None:
+        self._finish(call, "ignored")
+
+    def _count(self, call: Call, outcome: Outcome) -> None:
+        try:
+            client = stores_for(call.task.app).redis()
+        except Exception:  # noqa: BLE001 - counting never fails a call
+            return
+        count(
+            client,
+            outcome=outcome.value,
+            tier=getattr(call.task, "tier", None),
+            guard=self.name,
+            name=self.config.name,
+        )
+
+
+#: Message header holding the job's absolute deadline in epoch seconds (the deadline guard's).
+DEADLINE_HEADER = "deadline"
+
+
+def _expires_at(request: Any) -> float | None:
+    """The job's deadline (epoch seconds): the earlier of its `deadline` header and `expires`."""
+    candidates = [_epoch(getattr(request, "expires", None))]
+    headers = getattr(request, "headers", None) or {}
+    candidates.append(_epoch(headers.get(DEADLINE_HEADER, getattr(request, DEADLINE_HEADER, None))))
+    known = [value for value in candidates if value is not None]
+    return min(known) if known else None
+
+
+def _epoch(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value.timestamp()
+    return None
+
+
+def circuit_breaker(
+    name: str,
+    *,
+    failure_rate_threshold: float = 0.5,
+    slow_call_rate_threshold: float | None = None,
+    slow_call_seconds: float | None = None,
+    window: int | CountWindow | TimeWindow = 100,
+    minimum_calls: int = 10,
+    open_seconds: float = 30.0,
+    half_open_probes: int = 3,
+    probe_timeout_seconds: float = 60.0,
+    fallback: Callable[..., Any] | None = None,
+    on_store_down: str = "open",
+    classify_hooks: Iterable[ClassifyHook] = (),
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: gate the task on the fleet-wide breaker `name`.
+
+        @app.task(tier="standard")
+        @circuit_breaker("payments", failure_rate_threshold=0.5, minimum_calls=20)
+        def charge(order_id: int) -> None: ...
+
+    Raises:
+        ConfigurationError: at definition time (threshold outside (0, 1], window <= 0,
+            minimum_calls < 1, open_seconds <= 0, half_open_probes < 1, unknown policy).
+    """
+    config = BreakerConfig(
+        name=name,
+        failure_rate_threshold=failure_rate_threshold,
+        slow_call_rate_threshold=slow_call_rate_threshold,
+        slow_call_seconds=slow_call_seconds,
+        window=window,  # type: ignore[arg-type] - an int is normalised to CountWindow
+        minimum_calls=minimum_calls,
+        open_seconds=open_seconds,
+        half_open_probes=half_open_probes,
+        probe_timeout_seconds=probe_timeout_seconds,
+        fallback=fallback,
+        on_store_down=on_store_down,
+    )
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        return attach(func, BreakerGuard(config, classify_hooks=classify_hooks))
+
+    return decorate
+
+
+__all__ = ["BreakerGuard", "CountWindow", "Permission", "TimeWindow", "circuit_breaker"]

@@ -1,0 +1,47 @@
+"""Fleet-wide decision counters in Redis: every rejection, deferral, shed and trip is counted.
+
+One Redis hash holds every counter; a field is the counter's labels in a fixed order
+(`outcome=SHED|tier=optional|guard=deadline|name=`), so `jobs status`, the web view and the
+Prometheus exporter read them all with one HGETALL. Counting never fails a task: a Redis
+error is logged and dropped, because a lost increment is cheaper than a lost job.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import redis
+
+logger = logging.getLogger("resilience.counters")
+
+COUNTERS_KEY = "resilience:counters"
+LABELS = ("outcome", "tier", "guard", "name")
+
+
+def field_for(**labels: Any) -> str:
+    """The hash field of a counter; unknown label names are an error (typos split counts)."""
+    unknown = set(labels) - set(LABELS)
+    if unknown:
+        raise ValueError(f"unknown counter labels {sorted(unknown)}; use {LABELS}")
+    return "|".join(f"{label}={labels.get(label) or ''}" for label in LABELS)
+
+
+def parse_field(field: str) -> dict[str, str]:
+    """Labels of a counter field."""
+    return dict(part.split("=", 1) for part in field.split("|"))
+
+
+def count(client: redis.Redis, amount: int = 1, **labels: Any) -> None:
+    """Add `amount` to the counter with `labels` (outcome, tier, guard, name)."""
+    try:
+        client.hincrby(COUNTERS_KEY, field_for(**labels), amount)
+    except Exception as exc:  # noqa: BLE001 - counting must never fail the job
+        logger.warning("counter not recorded (%s): %s", labels, exc)
+
+
+def read_all(client: redis.Redis) -> list[tuple[dict[str, str], int]]:
+    """Every counter as (labels, value)."""
+    values = client.hgetall(COUNTERS_KEY)
+    return [(parse_field(field), int(value)) for field, value in values.items()]

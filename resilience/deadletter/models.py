@@ -1,0 +1,31 @@
+"""The `dead_letters` table, declared on the resilience metadata."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from resilience.schema import metadata
+
+dead_letters = sa.Table(
+    "dead_letters",
+    metadata,
+    sa.Column("id", sa.BigInteger, primary_key=True),
+    sa.Column("task_name", sa.String(255), nullable=False),
+    sa.Column("task_id", sa.String(64)),
+    sa.Column("args", sa.JSON, nullable=False),
+    sa.Column("kwargs", sa.JSON, nullable=False),
+    sa.Column("tier", sa.String(32)),
+    sa.Column("queue", sa.String(255)),
+    sa.Column("guard", sa.String(64), nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("exception_type", sa.String(255)),
+    sa.Column("exception_message", sa.Text),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column(
+        "created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
+    ),
+    sa.Column("requeued_at", sa.DateTime(timezone=True)),
+    sa.Column("requeued_task_id", sa.String(64)),
+    sa.Index("ix_dead_letters_task_name", "task_name"),
+    sa.Index("ix_dead_letters_created_at", "created_at"),
+)

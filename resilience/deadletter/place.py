@@ -1,0 +1,194 @@
+"""Write, list and requeue dead letters (PostgreSQL, table `dead_letters`).
+
+A dead letter keeps what is needed to run the job again: the task name, its original
+arguments (JSON, as they were sent) and its queue, plus why it was given up on.
+Requeue marks the row first (one UPDATE ... WHERE requeued_at IS NULL) and then publishes,
+so two operators requeueing the same entry publish it once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from resilience.deadletter.models import dead_letters
+from resilience.errors import ResilienceError, StorageError, StoreUnavailable
+
+if TYPE_CHECKING:
+    from celery import Celery
+    from sqlalchemy.engine import Engine
+
+logger = logging.getLogger("resilience.deadletter")
+
+
+class DeadLetterNotFound(ResilienceError, LookupError):
+    """Raised when a dead-letter id does not exist or was already requeued."""
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """One row of the dead-letter place."""
+
+    id: int
+    task_name: str
+    task_id: str | None
+    args: list[Any]
+    kwargs: dict[str, Any]
+    tier: str | None
+    queue: str | None
+    guard: str
+    reason: str
+    exception_type: str | None
+    exception_message: str | None
+    attempts: int
+    created_at: datetime
+    requeued_at: datetime | None
+    requeued_task_id: str | None
+
+
+def _jsonable(value: Any) -> Any:
+    # Arguments were JSON on the wire; anything else (a test calling inline) is kept as text.
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return json.loads(json.dumps(value, default=repr))
+
+
+def _wrap(action: str, exc: Exception) -> StorageError:
+    from sqlalchemy.exc import OperationalError
+
+    cls = StoreUnavailable if isinstance(exc, OperationalError) else StorageError
+    return cls(f"dead-letter place: {action} failed: {exc}", cause=exc)
+
+
+def dead_letter(
+    engine: Engine,
+    *,
+    task_name: str,
+    task_id: str | None,
+    args: Any,
+    kwargs: Any,
+    guard: str,
+    reason: str,
+    attempts: int,
+    tier: str | None = None,
+    queue: str | None = None,
+    exception: BaseException | None = None,
+) -> int:
+    """Record a job in the dead-letter place and return the entry's id.
+
+    Raises:
+        StorageError / StoreUnavailable: PostgreSQL refused or could not be reached.
+    """
+    row = {
+        "task_name": task_name,
+        "task_id": task_id,
+        "args": _jsonable(list(args or ())),
+        "kwargs": _jsonable(dict(kwargs or {})),
+        "tier": tier,
+        "queue": queue,
+        "guard": guard,
+        "reason": reason,
+        "exception_type": None if exception is None else _qualified_name(type(exception)),
+        "exception_message": None if exception is None else str(exception)[:4000],
+        "attempts": attempts,
+    }
+    try:
+        with engine.begin() as connection:
+            return int(
+                connection.execute(
+                    dead_letters.insert().values(**row).returning(dead_letters.c.id)
+                ).scalar_one()
+            )
+    except sa.exc.SQLAlchemyError as exc:
+        raise _wrap("insert", exc) from exc
+
+
+def _qualified_name(cls: type) -> str:
+    module = cls.__module__
+    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+
+
+def _entry(row: Any) -> DeadLetter:
+    return DeadLetter(**dict(row._mapping))
+
+
+def list_entries(
+    engine: Engine, *, limit: int = 50, task_name: str | None = None, pending_only: bool = False
+) -> list[DeadLetter]:
+    """The newest entries first."""
+    query = sa.select(dead_letters).order_by(dead_letters.c.id.desc()).limit(limit)
+    if task_name:
+        query = query.where(dead_letters.c.task_name == task_name)
+    if pending_only:
+        query = query.where(dead_letters.c.requeued_at.is_(None))
+    try:
+        with engine.connect() as connection:
+            return [_entry(row) for row in connection.execute(query)]
+    except sa.exc.SQLAlchemyError as exc:
+        raise _wrap("list", exc) from exc
+
+
+def get(engine: Engine, entry_id: int) -> DeadLetter:
+    """One entry.
+
+    Raises:
+        DeadLetterNotFound: no entry with this id.
+    """
+    try:
+        with engine.connect() as connection:
+            row = connection.execute(
+                sa.select(dead_letters).where(dead_letters.c.id == entry_id)
+            ).first()
+    except sa.exc.SQLAlchemyError as exc:
+        raise _wrap("read", exc) from exc
+    if row is None:
+        raise DeadLetterNotFound(f"no dead letter with id {entry_id}", id=entry_id)
+    return _entry(row)
+
+
+def requeue(engine: Engine, app: Celery, entry_id: int) -> str:
+    """Publish the entry's task again with its original arguments; return the new task id.
+
+    Uses the registered task's `apply_async` (argument validation and enqueue guards apply)
+    when the task is known to this process, else `app.send_task` to the recorded queue.
+
+    Raises:
+        DeadLetterNotFound: no such entry, or it was already requeued.
+    """
+    table = dead_letters
+    try:
+        with engine.begin() as connection:
+            row = connection.execute(
+                table.update()
+                .where(table.c.id == entry_id, table.c.requeued_at.is_(None))
+                .values(requeued_at=sa.func.now())
+                .returning(table)
+            ).first()
+            if row is None:
+                raise DeadLetterNotFound(
+                    f"dead letter {entry_id} does not exist or was already requeued", id=entry_id
+                )
+            entry = _entry(row)
+            options: dict[str, Any] = {"queue": entry.queue} if entry.queue else {}
+            task = app.tasks.get(entry.task_name)
+            if task is not None:
+                result = task.apply_async(tuple(entry.args), dict(entry.kwargs), **options)
+            else:
+                result = app.send_task(
+                    entry.task_name, args=list(entry.args), kwargs=dict(entry.kwargs), **options
+                )
+            # Still inside the transaction: a failed publish rolls the mark back.
+            connection.execute(
+                table.update().where(table.c.id == entry_id).values(requeued_task_id=result.id)
+            )
+    except sa.exc.SQLAlchemyError as exc:
+        raise _wrap("requeue", exc) from exc
+    logger.info("dead letter %s requeued as task %s", entry_id, result.id)
+    return str(result.id)

@@ -1,0 +1,147 @@
+"""Poison messages: a message whose execution never finishes is dead-lettered after N deliveries.
+
+A message that crashes its worker process every time (segfault, OOM kill, `os._exit`) loops
+forever under `acks_late` + `reject_on_worker_lost`: the broker requeues it at once. Celery's
+`delivery_info["redelivered"]` is not reliable on Redis, so `PoisonGuard` counts deliveries
+itself: `before_run` increments a per-task-id counter in Redis (one Lua call), and any
+normal end of the execution — success, error, retry, a guard's stop — deletes it. Only
+executions that never return leave the count behind. When a delivery finds the count above
+`max_deliveries` the job is dead-lettered instead of run.
+
+It sits at `Stage.DEADLINE` (outermost): a poison message must be stopped before any guard
+takes a claim, a lock or a breaker permit for it.
+
+When Redis is unreachable the guard fails open (runs the job, warns): losing the poison check
+for a while is cheaper than stopping every job.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from resilience.deadletter.giveup import give_up
+from resilience.errors import ConfigurationError
+from resilience.outcomes import Stop
+from resilience.pipeline import Call, Guard, Stage, attach
+from resilience.stores import stores_for
+
+if TYPE_CHECKING:
+    import redis
+    from celery import Task
+
+logger = logging.getLogger("resilience.deadletter.poison")
+
+KEY_PREFIX = "resilience:deliveries:"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoisonPolicy:
+    """Args:
+    max_deliveries: deliveries that may end without the execution returning; the next
+        delivery is dead-lettered (3 = run at most 3 times, dead-letter the 4th delivery).
+    ttl_seconds: lifetime of a delivery counter (a loop longer apart than this restarts).
+    """
+
+    max_deliveries: int = 3
+    ttl_seconds: float = 24 * 3600
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_deliveries, int) or self.max_deliveries < 1:
+            raise ConfigurationError(
+                f"max_deliveries must be an int >= 1, got {self.max_deliveries!r}"
+            )
+        if self.ttl_seconds <= 0:
+            raise ConfigurationError(f"ttl_seconds must be > 0, got {self.ttl_seconds}")
+
+
+class PoisonGuard(Guard):
+    """Counts deliveries per task id; dead-letters a message delivered too often."""
+
+    name = "poison"
+    stage = Stage.DEADLINE
+    SCRIPT = Path(__file__).with_name("deliveries.lua").read_text()
+
+    def __init__(
+        self, policy: PoisonPolicy, *, client: Callable[[], redis.Redis] | None = None
+    ) -> None:
+        self.policy = policy
+        self._client = client
+        self._scripts: dict[int, Any] = {}
+
+    def bind(self, task: Task) -> None:
+        if self._client is None:
+            self._client = lambda: stores_for(task.app).redis()
+
+    def _redis(self) -> redis.Redis:
+        assert self._client is not None, "PoisonGuard used before bind()"
+        return self._client()
+
+    def before_run(self, call: Call) -> None:
+        task_id = call.task_id
+        if not task_id or getattr(call.request, "called_directly", False):
+            return
+        try:
+            client = self._redis()
+            script = self._scripts.get(id(client))
+            if script is None:
+                script = client.register_script(self.SCRIPT)
+                self._scripts = {id(client): script}
+            deliveries = int(
+                script(keys=[KEY_PREFIX + task_id], args=[int(self.policy.ttl_seconds * 1000)])
+            )
+        except Exception as exc:  # noqa: BLE001 - fail open: the job runs, with a warning
+            logger.warning("poison check skipped for %s (Redis unavailable): %s", task_id, exc)
+            return
+        call.state[self.name] = deliveries
+        if deliveries > self.policy.max_deliveries:
+            self._forget(task_id)
+            raise give_up(
+                call,
+                guard=self.name,
+                reason=(
+                    f"poison message: delivered {deliveries} times, the previous "
+                    f"{deliveries - 1} never finished (worker lost each time)"
+                ),
+                attempts=deliveries - 1,
+            )
+
+    def _forget(self, task_id: str | None) -> None:
+        if not task_id:
+            return
+        try:
+            self._redis().delete(KEY_PREFIX + task_id)
+        except Exception as exc:  # noqa: BLE001 - a stale count only expires later
+            logger.warning("delivery counter of %s not cleared: %s", task_id, exc)
+
+    def _finished(self, call: Call) -> None:
+        if self.name in call.state:
+            self._forget(call.task_id)
+
+    def after_run(self, call: Call, result: Any) -> None:
+        self._finished(call)
+
+    def on_error(self, call: Call, exc: BaseException) -> None:
+        self._finished(call)
+
+    def on_stop(self, call: Call, stop: Stop) -> None:
+        self._finished(call)
+
+
+def poison_guard(
+    *, max_deliveries: int = 3, ttl_seconds: float = 24 * 3600
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: dead-letter a message after `max_deliveries` executions that never returned.
+
+    Raises:
+        ConfigurationError: max_deliveries < 1 or ttl_seconds <= 0.
+    """
+    guard = PoisonGuard(PoisonPolicy(max_deliveries=max_deliveries, ttl_seconds=ttl_seconds))
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        return attach(func, guard)
+
+    return decorate

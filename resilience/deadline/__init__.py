@@ -1,0 +1,21 @@
+"""Deadline shedding: jobs carry a deadline header; an expired job is SHED, not run."""
+
+from resilience.deadline.guard import (
+    DEADLINE_HEADER,
+    DEADLINE_OPTION,
+    ENQUEUED_AT_HEADER,
+    DeadlineGuard,
+    DeadlinePolicy,
+    DeadlineStamp,
+    headers_of,
+)
+
+__all__ = [
+    "DEADLINE_HEADER",
+    "DEADLINE_OPTION",
+    "ENQUEUED_AT_HEADER",
+    "DeadlineGuard",
+    "DeadlinePolicy",
+    "DeadlineStamp",
+    "headers_of",
+]

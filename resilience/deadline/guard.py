@@ -1,0 +1,220 @@
+"""Deadline shedding: a job whose deadline has passed is not run (outcome SHED, counted).
+
+The deadline travels as message headers set at enqueue (stage PUBLISH):
+`deadline` (absolute epoch seconds) and `enqueued_at` (epoch seconds). Headers survive
+Celery retries and guard deferrals (both republish with the request's headers), so a
+retried job keeps its original deadline. Celery's own `expires` is not used: an expired
+message would be REVOKED silently; here it finishes with a visible result
+`{"outcome": "SHED", ...}` (state SUCCESS in Flower) and a counter.
+
+Under pressure the optional tier sheds first: when its queue is deeper than
+`pressure_queue_depth`, the effective deadline shrinks to
+`enqueued_at + (deadline - enqueued_at) * pressure_deadline_factor`, so old optional work is
+dropped early and the backlog drains to fresh work.
+
+Clocks: the deadline is wall-clock epoch time written by the producer and read by the
+worker; producer/worker clock skew shifts it by the skew (NTP keeps that to milliseconds).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from resilience.counters import count
+from resilience.errors import ConfigurationError, StorageError
+from resilience.outcomes import Outcome, Stop
+from resilience.pipeline import Call, EnqueueGuard, EnqueueStage, Guard, Publish, Stage
+
+if TYPE_CHECKING:
+    from celery import Task
+
+logger = logging.getLogger("resilience.deadline")
+
+DEADLINE_HEADER = "deadline"
+ENQUEUED_AT_HEADER = "enqueued_at"
+#: Per-call option of `apply_async`: seconds from now until the job is shed.
+DEADLINE_OPTION = "deadline_seconds"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeadlinePolicy:
+    """When a task's jobs are shed.
+
+    Args:
+        deadline_seconds: seconds from enqueue until the job is shed; None: no deadline.
+        pressure_queue_depth: queue depth beyond which the deadline shrinks; None: never.
+        pressure_deadline_factor: fraction of the deadline kept under pressure (0 < f <= 1).
+        tier: labels the counters.
+    """
+
+    deadline_seconds: float | None = None
+    pressure_queue_depth: int | None = None
+    pressure_deadline_factor: float = 0.25
+    tier: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.deadline_seconds is not None and not self.deadline_seconds > 0:
+            raise ConfigurationError(
+                f"deadline_seconds must be positive (or None for no deadline), got "
+                f"{self.deadline_seconds!r}"
+            )
+        if self.pressure_queue_depth is not None and (
+            isinstance(self.pressure_queue_depth, bool) or self.pressure_queue_depth <= 0
+        ):
+            raise ConfigurationError(
+                f"pressure_queue_depth must be a positive integer or None, got "
+                f"{self.pressure_queue_depth!r}"
+            )
+        if not 0 < self.pressure_deadline_factor <= 1:
+            raise ConfigurationError(
+                f"pressure_deadline_factor must be in (0, 1], got {self.pressure_deadline_factor!r}"
+            )
+
+
+PolicySource = DeadlinePolicy | Callable[["Task"], "DeadlinePolicy | None"]
+
+
+def _resolve(source: PolicySource, task: Task) -> DeadlinePolicy | None:
+    return source if isinstance(source, DeadlinePolicy) else source(task)
+
+
+class DeadlineStamp(EnqueueGuard):
+    """Write `deadline` / `enqueued_at` headers on each new job (republishes keep theirs).
+
+    A caller may pass `deadline_seconds=` to `apply_async`, or its own `headers={"deadline":
+    epoch}`; an explicit header is never overwritten.
+    """
+
+    name = "deadline"
+    stage = EnqueueStage.PUBLISH
+
+    def __init__(self, policy: PolicySource, *, clock: Callable[[], float] = time.time) -> None:
+        self.policy = policy
+        self.clock = clock
+
+    def before_publish(self, publish: Publish) -> None:
+        per_call = publish.options.pop(DEADLINE_OPTION, None)
+        if per_call is not None and not (isinstance(per_call, int | float) and per_call > 0):
+            raise ConfigurationError(
+                f"{DEADLINE_OPTION} must be positive seconds, got {per_call!r}"
+            )
+        policy = _resolve(self.policy, publish.task)
+        seconds = per_call if per_call is not None else (policy and policy.deadline_seconds)
+        now = self.clock()
+        headers = dict(publish.options.get("headers") or {})
+        headers.setdefault(ENQUEUED_AT_HEADER, now)
+        if seconds and DEADLINE_HEADER not in headers:
+            headers[DEADLINE_HEADER] = now + float(seconds)
+        publish.options["headers"] = headers
+
+
+def headers_of(request: Any) -> dict[str, Any]:
+    """Custom headers of a task request (Celery keeps them in `request.headers`)."""
+    headers = dict(getattr(request, "headers", None) or {})
+    for name in (DEADLINE_HEADER, ENQUEUED_AT_HEADER):
+        value = getattr(request, name, None)
+        if value is not None:
+            headers.setdefault(name, value)
+    return headers
+
+
+class DeadlineGuard(Guard):
+    """Shed a job whose (effective) deadline has passed before it takes a slot.
+
+    Args:
+        policy: a `DeadlinePolicy` or callable(task) giving one (for pressure settings).
+        depth: callable(task, queue) -> messages waiting; needed for pressure shedding.
+        clock: epoch seconds now (injectable).
+        depth_cache_seconds: a depth reading is reused this long per process and queue,
+            so pressure costs one broker round trip per second, not per job.
+    """
+
+    name = "deadline"
+    stage = Stage.DEADLINE
+
+    def __init__(
+        self,
+        policy: PolicySource = DeadlinePolicy(),
+        *,
+        depth: Callable[[Task, str], int] | None = None,
+        clock: Callable[[], float] = time.time,
+        depth_cache_seconds: float = 1.0,
+    ) -> None:
+        self.policy = policy
+        self.depth = depth
+        self.clock = clock
+        self.depth_cache_seconds = depth_cache_seconds
+        self._depths: dict[str, tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    def queue_depth(self, task: Task, queue: str) -> int | None:
+        if self.depth is None:
+            return None
+        now = time.monotonic()
+        with self._lock:
+            cached = self._depths.get(queue)
+            if cached and now - cached[0] < self.depth_cache_seconds:
+                return cached[1]
+        try:
+            depth = self.depth(task, queue)
+        except StorageError as error:
+            logger.warning("queue depth of %s unknown, no pressure shedding: %s", queue, error)
+            return None
+        with self._lock:
+            self._depths[queue] = (now, depth)
+        return depth
+
+    def before_run(self, call: Call) -> None:
+        headers = headers_of(call.request)
+        deadline = headers.get(DEADLINE_HEADER)
+        if deadline is None:
+            return
+        try:
+            deadline = float(deadline)
+        except (TypeError, ValueError):
+            logger.warning("task %s: ignoring malformed deadline header %r", call.task_id, deadline)
+            return
+        now = self.clock()
+        effective, pressure = deadline, False
+        policy = _resolve(self.policy, call.task)
+        enqueued_at = headers.get(ENQUEUED_AT_HEADER)
+        if policy is not None and policy.pressure_queue_depth and enqueued_at is not None:
+            queue = _queue_of(call)
+            depth = self.queue_depth(call.task, queue) if queue else None
+            if depth is not None and depth > policy.pressure_queue_depth:
+                pressure = True
+                start = float(enqueued_at)
+                effective = start + (deadline - start) * policy.pressure_deadline_factor
+        if now <= effective:
+            return
+        tier = (policy.tier if policy else None) or getattr(call.task, "tier", None)
+        self._count(call, tier)
+        late = now - effective
+        why = "under queue pressure, " if pressure else ""
+        raise Stop(
+            Outcome.SHED,
+            guard=self.name,
+            reason=f"{why}deadline passed {late:.3f}s ago; not run",
+            details={"deadline": deadline, "effective_deadline": effective,
+                     "late_seconds": round(late, 6), "pressure": pressure, "tier": tier},
+        )
+
+    def _count(self, call: Call, tier: str | None) -> None:
+        from resilience.stores import stores_for
+
+        try:
+            client = stores_for(call.task.app).redis()
+        except Exception as exc:  # noqa: BLE001 - no stores configured: nothing to count into
+            logger.warning("cannot count SHED: %s", exc)
+            return
+        count(client, outcome=Outcome.SHED.value, tier=tier, guard=self.name, name=call.task.name)
+
+
+def _queue_of(call: Call) -> str | None:
+    info = getattr(call.request, "delivery_info", None) or {}
+    return info.get("routing_key") or getattr(call.task, "queue", None)

@@ -1,0 +1,76 @@
+"""Redis fast path: finished keys cached with the record's TTL, one GET for a duplicate.
+
+PostgreSQL stays the truth: a miss (flushed Redis, evicted key, Redis down) falls through to
+the claim statement, which finds the record and replays it from there. Only succeeded
+records are cached; in-progress and failed ones always go to PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import redis
+
+logger = logging.getLogger("resilience.idempotency")
+
+PREFIX = "resilience:idempotency:"
+
+
+@dataclass(frozen=True)
+class CachedResult:
+    """A succeeded record as cached: argument fingerprint, result, original task id."""
+
+    fingerprint: str
+    result: Any
+    task_id: str | None
+
+
+def cache_key(task_name: str, key: str) -> str:
+    return f"{PREFIX}{task_name}:{key}"
+
+
+class ResultCache:
+    """Reads and writes cached results; every Redis error is logged and treated as a miss."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+
+    def get(self, task_name: str, key: str) -> CachedResult | None:
+        """The cached result of `key`, or None (miss, or Redis unavailable)."""
+        try:
+            raw = self.client.get(cache_key(task_name, key))
+        except Exception as exc:  # noqa: BLE001 - the cache is optional; PG is the truth
+            logger.warning("idempotency cache read failed, using PostgreSQL: %s", exc)
+            return None
+        if raw is None:
+            return None
+        try:
+            value = json.loads(raw)
+            return CachedResult(value["f"], value["r"], value.get("t"))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def put(
+        self, task_name: str, key: str, *, fingerprint: str, result_json: str,
+        task_id: str | None, ttl_seconds: float,
+    ) -> None:
+        """Cache a succeeded record for `ttl_seconds` (the record's own TTL)."""
+        # The result is already canonical JSON: splice it in rather than parse and re-dump.
+        payload = (
+            f'{{"f":{json.dumps(fingerprint)},"t":{json.dumps(task_id)},"r":{result_json}}}'
+        )
+        try:
+            self.client.set(cache_key(task_name, key), payload, px=max(1, int(ttl_seconds * 1000)))
+        except Exception as exc:  # noqa: BLE001 - a missed cache write costs one PG read later
+            logger.warning("idempotency cache write failed: %s", exc)
+
+    def forget(self, task_name: str, key: str) -> None:
+        """Drop a cached key (admin purge)."""
+        try:
+            self.client.delete(cache_key(task_name, key))
+        except Exception as exc:  # noqa: BLE001 - the cached copy expires with its TTL anyway
+            logger.warning("idempotency cache delete failed: %s", exc)

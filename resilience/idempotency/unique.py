@@ -1,0 +1,226 @@
+"""`@unique`: `.delay()` of a job already queued (or running) returns the existing job.
+
+Enqueue side (`EnqueueStage.UNIQUE`): one Lua script either takes the Redis key
+`resilience:unique:<task>:<key>` for the new task id (with a TTL) or returns the task id
+that holds it; a duplicate gets that job's `AsyncResult` (or `DuplicateJob`).
+Execution side (a guard at the outermost stage): the key is given back when the job
+starts (`until_started`) or when it finishes (`until_finished`), only if it still names this
+job (compare-and-delete), so a late release never frees another job's key.
+
+Unique enqueue is a cheap dedupe of the queue, not a correctness guarantee: if Redis is
+down the job is enqueued anyway (fail open, counted), and the TTL bounds how long a key
+survives a job that was lost. Use `@idempotent` for effects that must happen once.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from resilience.counters import count
+from resilience.errors import ConfigurationError, DuplicateJob
+from resilience.keys import KeyOption, KeySpec
+from resilience.outcomes import Outcome, Stop
+from resilience.pipeline import Call, EnqueueGuard, EnqueueStage, Guard, Publish, Stage, attach
+from resilience.stores import stores_for
+
+if TYPE_CHECKING:
+    import redis
+    from celery import Task
+
+logger = logging.getLogger("resilience.idempotency.unique")
+
+UniqueMode = Literal["until_started", "until_finished"]
+GUARD_NAME = "unique"
+PREFIX = "resilience:unique:"
+_SCRIPTS = {
+    name: (Path(__file__).parent / f"unique_{name}.lua").read_text()
+    for name in ("acquire", "release")
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class UniqueConfig:
+    """Options of `@unique`.
+
+    Args:
+        ttl_seconds: longest time a key is held (a lost job frees it after this).
+        mode: "until_started" (a new copy may be queued once this one starts) or
+            "until_finished" (not until it finished).
+        raise_on_duplicate: raise `DuplicateJob` instead of returning the existing job.
+        key: None (all bound arguments), a template, or a callable (see `KeySpec`).
+    """
+
+    ttl_seconds: float = 3600.0
+    mode: UniqueMode = "until_started"
+    raise_on_duplicate: bool = False
+    key: KeyOption = None
+
+    def __post_init__(self) -> None:
+        if not self.ttl_seconds > 0:
+            raise ConfigurationError(f"ttl_seconds must be > 0, got {self.ttl_seconds!r}")
+        if self.mode not in ("until_started", "until_finished"):
+            raise ConfigurationError(
+                f"mode must be 'until_started' or 'until_finished', got {self.mode!r}"
+            )
+
+
+_registered: dict[int, dict[str, Any]] = {}
+
+
+def _run(client: redis.Redis, name: str, keys: list[str], args: list[Any]) -> Any:
+    """Run the named script on `client` (registered once per client, EVALSHA after that)."""
+    scripts = _registered.get(id(client))
+    if scripts is None:
+        scripts = {script: client.register_script(body) for script, body in _SCRIPTS.items()}
+        _registered[id(client)] = scripts
+    # client= always: a Script found under a recycled id() never talks to a dead client.
+    return scripts[name](keys=keys, args=args, client=client)
+
+
+class UniqueKeys:
+    """The unique keys of one task: shared by its enqueue guard and its release guard."""
+
+    def __init__(self, config: UniqueConfig) -> None:
+        self.config = config
+        self.task_name = ""
+        self.tier: str | None = None
+        self.spec: KeySpec | None = None
+
+    def bind(self, task: Task) -> None:
+        if self.spec is None:
+            self.task_name = task.name
+            self.tier = getattr(task, "tier", None)
+            self.spec = KeySpec(task.run, self.config.key)
+
+    def redis_key(self, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> str:
+        assert self.spec is not None, "guard used before bind()"
+        return PREFIX + self.spec.build(self.task_name, args, kwargs).full
+
+    def release(self, client: redis.Redis, key: str, task_id: str | None) -> None:
+        if task_id is None:
+            return
+        try:
+            _run(client, "release", [key], [task_id])
+        except Exception as exc:  # noqa: BLE001 - the key expires with its TTL anyway
+            logger.warning("unique key %s not released: %s", key, exc)
+
+
+class UniqueEnqueue(EnqueueGuard):
+    """Refuses a second copy of a queued job: returns its AsyncResult or raises DuplicateJob."""
+
+    name = GUARD_NAME
+    stage = EnqueueStage.UNIQUE
+
+    def __init__(self, keys: UniqueKeys) -> None:
+        self.keys = keys
+
+    def bind(self, task: Task) -> None:
+        self.keys.bind(task)
+
+    def before_publish(self, publish: Publish) -> None:
+        key = self.keys.redis_key(publish.args, publish.kwargs)
+        task_id = publish.state.get("task_id") or str(uuid.uuid4())
+        # GuardedTask publishes with publish.state["task_id"], so the key names the real job.
+        publish.state["task_id"] = task_id
+        client = stores_for(publish.task.app).redis()
+        ttl_ms = max(1, int(self.keys.config.ttl_seconds * 1000))
+        try:
+            holder = _run(client, "acquire", [key], [task_id, ttl_ms])
+        except Exception as exc:  # noqa: BLE001 - fail open: unique is a dedupe, not a guarantee
+            logger.warning("unique check of %s skipped, Redis unavailable: %s", key, exc)
+            count(client, outcome="UNGUARDED", tier=self.keys.tier, guard=GUARD_NAME,
+                  name=self.keys.task_name)
+            return
+        if holder is None:
+            publish.state[GUARD_NAME] = (key, task_id)
+            return
+        count(client, outcome=Outcome.REJECTED.value, tier=self.keys.tier, guard=GUARD_NAME,
+              name=self.keys.task_name)
+        if self.keys.config.raise_on_duplicate:
+            raise DuplicateJob(
+                f"{self.keys.task_name}: a job with this key is already queued or running "
+                f"(task id {holder})",
+                key=key,
+                task_id=holder,
+            )
+        raise Stop(
+            Outcome.REJECTED,
+            guard=GUARD_NAME,
+            reason=f"duplicate of queued job {holder}",
+            result=publish.task.AsyncResult(holder),
+            details={"key": key, "existing_task_id": holder},
+        )
+
+
+
+class UniqueRelease(Guard):
+    """Gives the unique key back when the job starts or finishes (per `mode`)."""
+
+    name = GUARD_NAME
+    # Outermost, so the key is released even when the deadline guard sheds the job.
+    stage = Stage.DEADLINE
+
+    def __init__(self, keys: UniqueKeys) -> None:
+        self.keys = keys
+
+    def bind(self, task: Task) -> None:
+        self.keys.bind(task)
+
+    def _release(self, call: Call) -> None:
+        try:
+            key = self.keys.redis_key(call.args, call.kwargs)
+        except Exception as exc:  # noqa: BLE001 - bad arguments fail the task elsewhere
+            logger.warning("unique key not computable: %s", exc)
+            return
+        self.keys.release(stores_for(call.task.app).redis(), key, call.task_id)
+
+    def before_run(self, call: Call) -> None:
+        if self.keys.config.mode == "until_started":
+            self._release(call)
+
+    def after_run(self, call: Call, result: Any) -> None:
+        if self.keys.config.mode == "until_finished":
+            self._release(call)
+
+    def on_error(self, call: Call, exc: BaseException) -> None:
+        from celery.exceptions import Retry
+
+        # A retry keeps the same task id in the queue: the job is not finished.
+        if self.keys.config.mode == "until_finished" and not isinstance(exc, Retry):
+            self._release(call)
+
+    def on_stop(self, call: Call, stop: Stop) -> None:
+        if self.keys.config.mode == "until_finished" and stop.outcome is not Outcome.DEFERRED:
+            self._release(call)
+
+
+def unique(
+    ttl_seconds: float = 3600.0,
+    mode: UniqueMode = "until_started",
+    raise_on_duplicate: bool = False,
+    key: KeyOption = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Enqueue at most one copy of a job per key while it is queued (or running).
+
+    Place it under `@app.task(...)`.
+
+    Raises:
+        ConfigurationError: bad options or a key template naming a missing argument.
+    """
+    config = UniqueConfig(
+        ttl_seconds=ttl_seconds, mode=mode, raise_on_duplicate=raise_on_duplicate, key=key
+    )
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        KeySpec(func, key)
+        keys = UniqueKeys(config)
+        attach(func, UniqueEnqueue(keys))
+        attach(func, UniqueRelease(keys))
+        return func
+
+    return decorate

@@ -1,0 +1,150 @@
+"""`LeaderElectedScheduler`: run N `celery beat` processes, exactly one of them schedules.
+
+    celery -A jobs beat -S resilience.locks.beat:LeaderElectedScheduler
+
+Leadership is a PostgreSQL session advisory lock on a connection the beat process opens for
+itself (advisory.py), chosen over a Redis lease because:
+  * SIGKILL / crash of the leader: the kernel closes its socket, PostgreSQL ends the
+    session and frees the lock at once; a standby polls every `leader_poll_seconds`
+    (default 1 s), so takeover happens within ~1 s of the leader's death (a whole host
+    vanishing is noticed by TCP keepalives within ~11 s). A Redis lease would make the
+    standby wait out the TTL, and a short TTL is fragile under load.
+  * SIGTERM: beat exits, the session closes, the lock is free immediately.
+  * no clocks involved, no lease to renew from a blocking scheduler loop.
+The leader checks its session before every scheduling pass (`verify`); if it was lost
+(PostgreSQL restart, terminated backend) it stops sending until it leads again.
+
+No periodic task is sent twice, even in the instant two processes both believe they lead
+(a leader whose session died without it noticing yet): each send first claims
+`resilience:beat:sent:<entry>:<slot>` with SET NX in the shared Redis, where the slot is
+the entry's period index (`floor(now / run_every)`, one minute for crontab entries). The
+first claimant sends; any other send of that entry in that slot is dropped. If that Redis
+is down the leader sends anyway (leadership on PostgreSQL is the primary guarantee) and
+logs it.
+
+A test or a deployment may point the scheduler at another schedule module with
+`RESILIENCE_BEAT_SCHEDULE=package.module` (its `SCHEDULE` dict replaces `beat_schedule`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import os
+import socket
+import time
+from typing import Any
+
+from celery.beat import PersistentScheduler, ScheduleEntry
+
+from resilience.errors import ResilienceError
+from resilience.locks.advisory import AdvisorySession
+from resilience.stores import stores_for
+
+logger = logging.getLogger("resilience.locks.beat")
+
+#: Name of the leader lock (its advisory id is derived from it).
+LEADER_KEY = "resilience:beat:leader"
+DEDUPE_PREFIX = "resilience:beat:sent:"
+#: The slot header a scheduled message carries (visible in the task's request).
+SLOT_HEADER = "resilience_beat_slot"
+
+
+def entry_period_seconds(entry: ScheduleEntry) -> float:
+    """The length of one schedule slot of `entry`: its interval, or a minute for crontab."""
+    run_every = getattr(entry.schedule, "run_every", None)
+    seconds = run_every.total_seconds() if hasattr(run_every, "total_seconds") else None
+    if isinstance(entry.schedule, int | float):
+        seconds = float(entry.schedule)
+    if not seconds or seconds <= 0 or type(entry.schedule).__name__ == "crontab":
+        return 60.0
+    return float(seconds)
+
+
+class LeaderElectedScheduler(PersistentScheduler):
+    """A `PersistentScheduler` that only sends due tasks while it holds the leader lock."""
+
+    #: Seconds between a standby's attempts to lead (and the leader's session checks).
+    leader_poll_seconds: float = float(os.environ.get("RESILIENCE_BEAT_POLL_SECONDS", "1.0"))
+
+    def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
+        module = os.environ.get("RESILIENCE_BEAT_SCHEDULE")
+        if module:
+            app.conf.beat_schedule = dict(importlib.import_module(module).SCHEDULE)
+        self.session: AdvisorySession | None = None
+        self.node = f"beat:{socket.gethostname()}:{os.getpid()}"
+        self.leading_since: float | None = None
+        super().__init__(app, *args, **kwargs)
+
+    # -- leadership --------------------------------------------------------------------
+    @property
+    def is_leader(self) -> bool:
+        return self.leading_since is not None
+
+    def ensure_leadership(self) -> bool:
+        """Lead if possible; confirm a held lead. True while this process may schedule."""
+        try:
+            if self.session is not None and self.is_leader:
+                self.session.verify(LEADER_KEY)
+                return True
+            if self.session is None:
+                self.session = AdvisorySession(stores_for(self.app).database_url,
+                                               label=self.node)
+            if self.session.try_acquire(LEADER_KEY):
+                self.leading_since = time.monotonic()
+                # A new leader starts from now: it must not replay the sends it missed.
+                self._heap = None
+                logger.warning("beat %s is now the leader", self.node)
+                return True
+            return False
+        except ResilienceError as exc:
+            if self.is_leader:
+                logger.error("beat %s lost leadership: %s", self.node, exc)
+            self.step_down()
+            return False
+
+    def step_down(self) -> None:
+        """Give leadership up at once (closing the session frees the lock)."""
+        self.leading_since = None
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+    # -- scheduling ----------------------------------------------------------------------
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        if not self.ensure_leadership():
+            return self.leader_poll_seconds
+        return min(super().tick(*args, **kwargs), self.leader_poll_seconds)
+
+    def apply_async(self, entry: ScheduleEntry, producer: Any = None, advance: bool = True,
+                    **kwargs: Any) -> Any:
+        """Send `entry` once per slot: only the first claimant of the slot sends."""
+        period = entry_period_seconds(entry)
+        slot = f"{entry.name}:{math.floor(time.time() / period)}"
+        if not self.claim(slot, period):
+            logger.warning("beat %s: %s already sent in slot %s, not sending again",
+                           self.node, entry.name, slot)
+            return None
+        original = entry.options
+        entry.options = {**original,
+                         "headers": {**(original.get("headers") or {}), SLOT_HEADER: slot}}
+        try:
+            return super().apply_async(entry, producer=producer, advance=advance, **kwargs)
+        finally:
+            entry.options = original
+
+    def claim(self, slot: str, period_seconds: float) -> bool:
+        """SET NX the slot's dedupe key; True when this process may send."""
+        ttl_ms = int(max(60.0, 3 * period_seconds) * 1000)
+        try:
+            return bool(stores_for(self.app).redis().set(
+                DEDUPE_PREFIX + slot, self.node, nx=True, px=ttl_ms))
+        except Exception as exc:  # noqa: BLE001 - leadership on PostgreSQL still holds
+            logger.warning("beat %s: dedupe store failed (%s); sending as the leader",
+                           self.node, exc)
+            return True
+
+    def close(self) -> None:
+        self.step_down()
+        super().close()

@@ -1,0 +1,105 @@
+"""Fencing tokens: a number per acquisition that only grows, and a check at the resource.
+
+Tokens come from one PostgreSQL sequence (`nextval`), not from the Redis nodes: a sequence
+is durable and strictly increasing, so a minority (or even a majority) of Redlock nodes
+restarting empty cannot hand out a token again. One global sequence is strictly increasing
+per key too, needs no row lock and costs one round trip.
+
+Why a token minted *after* the lock is granted still orders holders correctly, timeline:
+
+    A: lock granted at t0 (valid until t0+ttl-drift)   A: mint → 41 at t1
+    A: checks t1 < t0+ttl-drift, else gives the lock up and fails the acquisition
+    B: can only be granted after A's lease expired (> t0+ttl > t1), so B mints → 42 > 41
+    A (paused, resumes): writes with 41 → the resource has seen 42 → StaleFencingToken
+
+`FencingTokens.guard_write` is the resource side for PostgreSQL: inside the caller's
+transaction it raises the key's high-water mark to the token or, if a newer token was
+already seen, raises `StaleFencingToken` so the transaction rolls back. The mark's row
+lock serializes two writers of one key until the first commits.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sqlalchemy import text
+
+from resilience.errors import StaleFencingToken, StorageError, StoreUnavailable
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection, Engine
+
+_ADVANCE = text(
+    """
+    INSERT INTO resilience_fencing_marks (key, token, updated_at)
+    VALUES (:key, :token, now())
+    ON CONFLICT (key) DO UPDATE
+        SET token = EXCLUDED.token, updated_at = now()
+        WHERE resilience_fencing_marks.token <= EXCLUDED.token
+    RETURNING token
+    """
+)
+
+
+class FencingTokens:
+    """Mints tokens from a PostgreSQL sequence and checks them at a PostgreSQL resource.
+
+    Args:
+        engine: the durable store (the migration `0002_locks` creates the sequence/table).
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def mint(self, key: str) -> int:
+        """A new token, larger than every token minted before (for any key).
+
+        Raises:
+            StoreUnavailable / StorageError: PostgreSQL failed (wraps the cause).
+        """
+        from sqlalchemy.exc import DBAPIError, OperationalError
+
+        try:
+            with self.engine.connect() as connection:
+                token = connection.execute(text("SELECT nextval('resilience_fencing_token_seq')"))
+                return int(token.scalar_one())
+        except OperationalError as exc:
+            raise StoreUnavailable(
+                f"PostgreSQL unreachable while minting a fencing token for {key!r}: {exc}",
+                key=key, cause=repr(exc),
+            ) from exc
+        except DBAPIError as exc:
+            raise StorageError(
+                f"PostgreSQL failed while minting a fencing token for {key!r}: {exc}",
+                key=key, cause=repr(exc),
+            ) from exc
+
+    @staticmethod
+    def guard_write(connection: Connection, key: str, token: int) -> None:
+        """Admit a write to `key` in the caller's open transaction only if `token` is newest.
+
+        Call it in the same transaction as the write; the high-water mark commits or rolls
+        back with it. Equal tokens pass (one holder may write many times).
+
+        Raises:
+            StaleFencingToken: a newer token was already seen for `key`.
+        """
+        if token is None:
+            raise StaleFencingToken(f"write to {key!r} carries no fencing token", key=key)
+        admitted = connection.execute(_ADVANCE, {"key": key, "token": int(token)}).first()
+        if admitted is None:
+            newest = connection.execute(
+                text("SELECT token FROM resilience_fencing_marks WHERE key = :key"), {"key": key}
+            ).scalar()
+            raise StaleFencingToken(
+                f"write to {key!r} refused: fencing token {token} is older than {newest}, "
+                "the newest seen; this holder lost its lock",
+                key=key, token=int(token), newest=newest,
+            )
+
+    def newest(self, key: str) -> int | None:
+        """The newest token a resource has accepted for `key` (None: never written)."""
+        with self.engine.connect() as connection:
+            return connection.execute(
+                text("SELECT token FROM resilience_fencing_marks WHERE key = :key"), {"key": key}
+            ).scalar()

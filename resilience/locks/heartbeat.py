@@ -1,0 +1,115 @@
+"""Lease heartbeat: extend a held lock in the background, and say so when it is lost.
+
+A thread extends the lease every `renew_fraction * ttl` seconds, at most `max_extensions`
+times. When an extension fails (quorum lost, lock taken over) or the cap is reached, the
+heartbeat records the loss; `check()` — registered in `call.checks`, so
+`call.checkpoint()` runs it before the task commits — then raises `LockNotOwnedError`.
+`check()` also compares the lease's own deadline with the monotonic clock, so a holder
+that was paused (SIGSTOP, GC, swap) longer than its lease learns it on resuming, even
+before the heartbeat thread gets a chance to run.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from resilience.errors import ConfigurationError, LockNotOwnedError
+from resilience.locks.redis_lock import Lease
+
+logger = logging.getLogger("resilience.locks.heartbeat")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeartbeatOptions:
+    """How often and how many times a lease is renewed.
+
+    Args:
+        renew_fraction: extend when this fraction of the TTL has passed (0 < f < 1).
+        max_extensions: cap on renewals, so a stuck task cannot hold a lock forever.
+    """
+
+    renew_fraction: float = 1 / 3
+    max_extensions: int = 100
+
+    def __post_init__(self) -> None:
+        if not 0 < self.renew_fraction < 1:
+            raise ConfigurationError(
+                f"renew_fraction must be in (0, 1), got {self.renew_fraction}"
+            )
+        if self.max_extensions < 0:
+            raise ConfigurationError(f"max_extensions must be >= 0, got {self.max_extensions}")
+
+
+class Heartbeat:
+    """Renews `lease` with `extend` until stopped; remembers why it stopped if it failed.
+
+    Args:
+        lease: the held lease.
+        extend: renews the lease, returns False when it is lost (may raise a StorageError).
+        options: cadence and cap.
+    """
+
+    def __init__(
+        self,
+        lease: Lease,
+        extend: Callable[[Lease], bool],
+        options: HeartbeatOptions | None = None,
+    ) -> None:
+        self.lease = lease
+        self.extend = extend
+        self.options = options or HeartbeatOptions()
+        self.lost_reason: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"lease-heartbeat:{lease.name}", daemon=True
+        )
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop renewing (before release); returns once the thread has finished."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        interval = self.lease.ttl_seconds * self.options.renew_fraction
+        while not self._stop.wait(interval):
+            if self.lease.extensions >= self.options.max_extensions:
+                self._lost(f"reached the cap of {self.options.max_extensions} extensions")
+                return
+            try:
+                renewed = self.extend(self.lease)
+            except Exception as exc:  # noqa: BLE001 - recorded; the task checks it
+                self._lost(f"extension failed: {exc}")
+                return
+            if not renewed:
+                self._lost("extension refused: the lock expired or another holder took it")
+                return
+
+    def _lost(self, reason: str) -> None:
+        self.lost_reason = reason
+        logger.warning("lease %s lost: %s", self.lease.name, reason)
+
+    def check(self) -> None:
+        """Raise when the lease is lost or past its deadline; call before committing.
+
+        Raises:
+            LockNotOwnedError: the lease was lost, so the task must not commit its effect.
+        """
+        if self.lost_reason is not None:
+            raise LockNotOwnedError(
+                f"lock {self.lease.name!r} lost ({self.lost_reason}); stopping before commit",
+                key=self.lease.name, token=self.lease.fencing_token,
+            )
+        if not self.lease.valid():
+            raise LockNotOwnedError(
+                f"lock {self.lease.name!r} lease expired {-self.lease.remaining_seconds():.3f}s "
+                "ago (the holder was paused or renewals stalled); stopping before commit",
+                key=self.lease.name, token=self.lease.fencing_token,
+            )

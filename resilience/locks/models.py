@@ -1,0 +1,40 @@
+"""Tables of the locks package: held-lock registry, fencing high-water marks, token sequence."""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Column, DateTime, Float, Integer, Sequence, String, Table, func
+
+from resilience.schema import metadata
+
+#: Fencing tokens come from one PostgreSQL sequence: strictly increasing, durable, and
+#: independent of the Redis nodes (a Redlock node restarting empty cannot reset it).
+fencing_token_sequence = Sequence("resilience_fencing_token_seq", metadata=metadata)
+
+#: The newest token seen per protected key; a write with an older token is stale.
+fencing_marks = Table(
+    "resilience_fencing_marks",
+    metadata,
+    Column("key", String(600), primary_key=True),
+    Column("token", BigInteger, nullable=False),
+    Column("updated_at", DateTime(timezone=True), server_default=func.now(), nullable=False),
+)
+
+#: Locks held right now (singleton and exclusive), for `jobs locks list` and holder details
+#: in SKIPPED/DEFERRED outcomes. The lock itself lives elsewhere (advisory lock, Redlock);
+#: a row left by a dead holder is shown as stale by checking the real lock.
+held_locks = Table(
+    "resilience_held_locks",
+    metadata,
+    Column("key", String(600), primary_key=True),
+    Column("kind", String(16), nullable=False),
+    Column("owner", String(64), nullable=False),
+    Column("task_id", String(64)),
+    Column("task_name", String(255)),
+    Column("hostname", String(255)),
+    Column("pid", Integer),
+    Column("token", BigInteger),
+    Column("advisory_id", BigInteger),
+    Column("ttl_seconds", Float),
+    Column("acquired_at", DateTime(timezone=True), server_default=func.now(), nullable=False),
+    prefixes=["UNLOGGED"],
+)

@@ -1,0 +1,265 @@
+"""Redlock: one lock over N independent Redis nodes, granted by a majority.
+
+Acquisition, timeline of one attempt:
+
+    t0 = monotonic()
+    send SET NX PX ttl to all N nodes, then read all replies      (one round trip, not N)
+    granted = nodes that answered 1
+    validity = ttl - (monotonic() - t0) - drift,  drift = ttl * drift_factor + 2 ms
+    granted >= N//2+1 and validity > 0  → held until t0 + ttl - drift on our clock
+    otherwise                           → release on ALL nodes (a node may have set the key
+                                          even if its reply was lost), wait a random
+                                          jittered delay, try again (bounded attempts)
+
+Fewer than a majority of nodes answering at all is not contention but an outage: after the
+bounded attempts it raises `StoreUnavailable` naming the dead nodes, so a caller fails
+closed instead of waiting. A majority of nodes can fail and come back empty without two
+holders at once only if they stay down longer than the TTL (Kleppmann/antirez); fencing
+tokens (fencing.py) protect the resource when that or a paused holder goes wrong.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from resilience.errors import ConfigurationError, StoreUnavailable
+from resilience.locks.redis_lock import (
+    ACQUIRE,
+    EXTEND,
+    RELEASE,
+    Lease,
+    NodeConnections,
+    describe,
+    lock_key,
+    new_owner_token,
+    run_on_nodes,
+    validate_ttl,
+)
+
+if TYPE_CHECKING:
+    import redis
+
+#: Fewest nodes that make a majority meaningful (2 nodes cannot survive one failure).
+MIN_NODES = 3
+
+
+def require_node_count(nodes: int) -> None:
+    """Refuse fewer than 3 Redlock nodes.
+
+    Raises:
+        ConfigurationError: `nodes` < 3.
+    """
+    if nodes < MIN_NODES:
+        raise ConfigurationError(
+            f"Redlock needs at least {MIN_NODES} independent Redis nodes, got {nodes}: with "
+            "fewer, one node failure loses the lock or blocks it (set REDLOCK_URLS to 3 or 5 "
+            "comma-separated redis:// URLs)",
+            nodes=nodes,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RedlockOptions:
+    """How hard Redlock tries and how much clock drift it allows.
+
+    Args:
+        retry_count: attempts after the first one before giving up (bounded, >= 0).
+        retry_delay_seconds: upper bound of the random delay between attempts (full jitter).
+        clock_drift_factor: fraction of the TTL assumed lost to clock drift between nodes.
+    """
+
+    retry_count: int = 3
+    retry_delay_seconds: float = 0.2
+    clock_drift_factor: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.retry_count < 0:
+            raise ConfigurationError(f"retry_count must be >= 0, got {self.retry_count}")
+        if self.retry_delay_seconds < 0:
+            raise ConfigurationError(
+                f"retry_delay_seconds must be >= 0, got {self.retry_delay_seconds}"
+            )
+        if not 0 <= self.clock_drift_factor < 0.5:
+            raise ConfigurationError(
+                f"clock_drift_factor must be in [0, 0.5), got {self.clock_drift_factor}"
+            )
+
+
+class Redlock:
+    """A lock manager over N >= 3 independent Redis nodes (`REDLOCK_URLS`).
+
+    Args:
+        clients: one client per node; short socket timeouts keep a dead node cheap.
+        options: retries, jitter and drift allowance.
+        clock, sleep, rng: injectable for tests (monotonic seconds, sleep, random in [0, 1)).
+
+    Raises:
+        ConfigurationError: fewer than 3 nodes.
+    """
+
+    def __init__(
+        self,
+        clients: Sequence[redis.Redis],
+        *,
+        options: RedlockOptions | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        require_node_count(len(clients))
+        self.clients = list(clients)
+        self.connections = NodeConnections(self.clients)
+        self.options = options or RedlockOptions()
+        self.clock = clock
+        self.sleep = sleep
+        self.rng = rng
+
+    @property
+    def quorum(self) -> int:
+        return len(self.clients) // 2 + 1
+
+    @classmethod
+    def from_urls(
+        cls,
+        urls: Sequence[str],
+        *,
+        check: bool = True,
+        timeout_seconds: float = 0.5,
+        **kwargs: Any,
+    ) -> Redlock:
+        """Build from node URLs; with `check`, refuse to start when any node is unreachable.
+
+        Raises:
+            ConfigurationError: fewer than 3 URLs, or a URL that is not redis://.
+            StoreUnavailable: `check` and a node did not answer PING.
+        """
+        import redis as redis_lib
+
+        for url in urls:
+            if not url.startswith(("redis://", "rediss://", "unix://")):
+                raise ConfigurationError(f"Redlock node URL must be redis://..., got {url!r}")
+        clients = [
+            redis_lib.Redis.from_url(url, socket_timeout=timeout_seconds,
+                                     socket_connect_timeout=timeout_seconds)
+            for url in urls
+        ]
+        lock = cls(clients, **kwargs)
+        if check:
+            lock.check_nodes(require_all=True)
+        return lock
+
+    def check_nodes(self, *, require_all: bool = True) -> None:
+        """PING every node.
+
+        Raises:
+            StoreUnavailable: a node (`require_all`) or a majority did not answer.
+        """
+        dead = []
+        for client in self.clients:
+            try:
+                client.ping()
+            except Exception as exc:  # noqa: BLE001 - reported together below
+                dead.append(f"{describe(client)} ({type(exc).__name__}: {exc})")
+        alive = len(self.clients) - len(dead)
+        if dead and (require_all or alive < self.quorum):
+            raise StoreUnavailable(
+                f"Redlock: {len(dead)} of {len(self.clients)} nodes unreachable at start: "
+                + "; ".join(dead),
+                unreachable=dead,
+            )
+
+    # -- the algorithm -----------------------------------------------------------------
+    def acquire(self, name: str, *, ttl_seconds: float) -> Lease | None:
+        """Take lock `name` on a majority of nodes; None when others hold it after all retries.
+
+        Raises:
+            ConfigurationError: `ttl_seconds` <= 0.
+            StoreUnavailable: fewer than a majority of nodes answered on the last attempt.
+        """
+        ttl = validate_ttl(ttl_seconds)
+        ttl_ms = max(1, int(ttl * 1000))
+        drift = ttl * self.options.clock_drift_factor + 0.002
+        key = lock_key(name)
+        failures: list[str] = []
+        for attempt in range(self.options.retry_count + 1):
+            if attempt:
+                self.sleep(self.rng() * self.options.retry_delay_seconds)
+            owner = new_owner_token()
+            started = self.clock()
+            replies = run_on_nodes(self.connections, ACQUIRE, key, [owner, ttl_ms])
+            granted = sum(1 for reply in replies if reply == 1)
+            validity = ttl - (self.clock() - started) - drift
+            if granted >= self.quorum and validity > 0:
+                return Lease(name=name, owner=owner, ttl_seconds=ttl, acquired_at=started,
+                             valid_until=started + ttl - drift, clock=self.clock)
+            # Not ours: undo the partial grant everywhere, including nodes whose reply was lost.
+            run_on_nodes(self.connections, RELEASE, key, [owner])
+            failures = self._failures(replies)
+        if len(self.clients) - len(failures) < self.quorum:
+            raise StoreUnavailable(
+                f"Redlock: lock {name!r} unavailable, only {len(self.clients) - len(failures)} "
+                f"of {len(self.clients)} nodes answered and {self.quorum} are needed: "
+                + "; ".join(failures),
+                key=name,
+                unreachable=failures,
+            )
+        return None
+
+    def extend(self, lease: Lease, *, ttl_seconds: float | None = None) -> bool:
+        """Renew the lease on a majority of nodes; False when it is lost (no quorum or late)."""
+        ttl = validate_ttl(ttl_seconds if ttl_seconds is not None else lease.ttl_seconds)
+        if not lease.valid():
+            return False
+        drift = ttl * self.options.clock_drift_factor + 0.002
+        started = self.clock()
+        replies = run_on_nodes(self.connections, EXTEND, lock_key(lease.name),
+                               [lease.owner, max(1, int(ttl * 1000))])
+        granted = sum(1 for reply in replies if reply == 1)
+        validity = ttl - (self.clock() - started) - drift
+        if granted < self.quorum or validity <= 0:
+            return False
+        lease.valid_until = started + ttl - drift
+        lease.extensions += 1
+        return True
+
+    def release(self, lease: Lease) -> bool:
+        """Release on every node; True when a majority still held our token."""
+        replies = run_on_nodes(self.connections, RELEASE, lock_key(lease.name), [lease.owner])
+        return sum(1 for reply in replies if reply == 1) >= self.quorum
+
+    def locked(self, name: str) -> bool:
+        """True when a majority of nodes hold some owner's token for `name`."""
+        return len(self.holders(name)) >= self.quorum
+
+    def holders(self, name: str) -> list[str]:
+        """Owner tokens found on the nodes that answered (one per node holding the key)."""
+        found = []
+        for client in self.clients:
+            try:
+                value = client.get(lock_key(name))
+            except Exception:  # noqa: BLE001 - a dead node holds nothing we can see
+                continue
+            if value is not None:
+                found.append(value.decode() if isinstance(value, bytes) else value)
+        return found
+
+    def force_release(self, name: str) -> int:
+        """Delete lock `name` on every node whoever holds it (admin); nodes that held it."""
+        deleted = 0
+        for client in self.clients:
+            try:
+                deleted += int(client.delete(lock_key(name)))
+            except Exception:  # noqa: BLE001 - best effort on a dead node
+                continue
+        return deleted
+
+    def _failures(self, replies: Sequence[Any]) -> list[str]:
+        return [
+            f"{describe(client)} ({type(reply).__name__}: {reply})"
+            for client, reply in zip(self.clients, replies, strict=True)
+            if isinstance(reply, BaseException)
+        ]

@@ -1,0 +1,157 @@
+"""Fleet-wide retry budget per dependency, shared in Redis (Finagle/Envoy semantics).
+
+Every execution of a guarded task counts as a request; a retry is granted while
+
+    retries_in_window + 1 <= ratio * requests_in_window + min_per_second * window_seconds
+
+over a sliding window of `window_seconds` (a ring of slots, so the window slides in steps of
+window/slots). Because retried executions also count as requests, a dependency failing 100%
+sees at most 1 / (1 - ratio) calls per job plus the floor: 1.25 for ratio 0.2. Each decision
+is one Lua script on Redis server time.
+
+When Redis is unreachable the budget follows `on_store_down`: "allow" (fail open, the
+default: retries are still bounded by `max_attempts`) or "deny" (fail closed: dead-letter).
+Either way it logs a warning and never crashes the task.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from resilience.errors import ConfigurationError, StorageError, StoreUnavailable
+
+if TYPE_CHECKING:
+    import redis
+
+logger = logging.getLogger("resilience.retry.budget")
+
+STORE_DOWN_POLICIES = ("allow", "deny")
+KEY_PREFIX = "resilience:budget:"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryBudget:
+    """How many retries a dependency may receive, fleet-wide.
+
+    Args:
+        ratio: retries allowed per request in the window (0..1); 0.2 = at most 20 %.
+        min_per_second: retries always allowed per second, so a quiet dependency can still
+            be retried (the floor; Finagle's minRetriesPerSec).
+        window_seconds: length of the sliding window requests and retries are counted over.
+        slots: how many slices the window is cut into (its sliding granularity).
+        on_store_down: "allow" (fail open, default) or "deny" when Redis is unreachable.
+    """
+
+    ratio: float = 0.2
+    min_per_second: float = 1.0
+    window_seconds: float = 10.0
+    slots: int = 10
+    on_store_down: str = "allow"
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.ratio <= 1.0:
+            raise ConfigurationError(f"ratio must be within 0..1, got {self.ratio}")
+        if self.min_per_second < 0:
+            raise ConfigurationError(f"min_per_second must be >= 0, got {self.min_per_second}")
+        if self.window_seconds <= 0:
+            raise ConfigurationError(f"window_seconds must be > 0, got {self.window_seconds}")
+        if self.slots < 1:
+            raise ConfigurationError(f"slots must be >= 1, got {self.slots}")
+        if self.on_store_down not in STORE_DOWN_POLICIES:
+            raise ConfigurationError(
+                f"on_store_down must be one of {STORE_DOWN_POLICIES}, got {self.on_store_down!r}"
+            )
+
+    @property
+    def floor(self) -> float:
+        """Retries always allowed per window."""
+        return self.min_per_second * self.window_seconds
+
+
+@dataclass(frozen=True)
+class BudgetDecision:
+    """What the budget said: allowed, and the window's figures (for the dead-letter reason)."""
+
+    allowed: bool
+    requests: int
+    retries: int
+    store_down: bool = False
+
+
+class RedisBudgetBackend:
+    """The atomic step of the budget: one `budget.lua` call per decision."""
+
+    SCRIPT = (Path(__file__).with_name("budget.lua")).read_text()
+
+    def __init__(self, client: Callable[[], redis.Redis]) -> None:
+        self._client = client
+        self._scripts: dict[int, Any] = {}
+
+    def _script(self) -> Any:
+        client = self._client()
+        script = self._scripts.get(id(client))
+        if script is None:
+            script = client.register_script(self.SCRIPT)
+            self._scripts = {id(client): script}
+        return script
+
+    def decide(self, dependency: str, mode: str, budget: RetryBudget) -> BudgetDecision:
+        """Run one decision; raises StoreUnavailable / StorageError with the native cause."""
+        import redis as redis_lib
+
+        try:
+            allowed, requests, retries = self._script()(
+                keys=[KEY_PREFIX + dependency],
+                args=[
+                    mode,
+                    int(budget.window_seconds * 1000),
+                    repr(float(budget.ratio)),
+                    repr(float(budget.floor)),
+                    budget.slots,
+                ],
+            )
+        except (redis_lib.ConnectionError, redis_lib.TimeoutError) as exc:
+            raise StoreUnavailable(
+                f"retry budget {dependency!r}: Redis unreachable: {exc}", cause=exc
+            ) from exc
+        except redis_lib.RedisError as exc:
+            raise StorageError(f"retry budget {dependency!r}: {exc}", cause=exc) from exc
+        return BudgetDecision(bool(allowed), int(requests), int(retries))
+
+
+class RetryBudgetGate:
+    """A budget bound to a dependency and a backend, applying the store-down policy."""
+
+    def __init__(self, dependency: str, budget: RetryBudget, backend: RedisBudgetBackend) -> None:
+        self.dependency = dependency
+        self.budget = budget
+        self.backend = backend
+
+    def _decide(self, mode: str) -> BudgetDecision:
+        try:
+            return self.backend.decide(self.dependency, mode, self.budget)
+        except StorageError as exc:
+            allowed = self.budget.on_store_down == "allow"
+            logger.warning(
+                "retry budget %s: store unavailable, %s (%s)",
+                self.dependency,
+                "allowing" if allowed else "denying",
+                exc,
+            )
+            return BudgetDecision(allowed, 0, 0, store_down=True)
+
+    def record_request(self) -> BudgetDecision:
+        """Count one execution of a call to the dependency."""
+        return self._decide("request")
+
+    def try_spend(self) -> BudgetDecision:
+        """Ask for one retry; counted only when granted."""
+        return self._decide("retry")
+
+    def record_forced_retry(self) -> BudgetDecision:
+        """Count a retry the task made on its own (Celery's self.retry / autoretry_for)."""
+        return self._decide("forced")

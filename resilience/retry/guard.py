@@ -1,0 +1,261 @@
+"""`RetryGuard` (Stage.RETRY) and the `@retry_policy(...)` decorator.
+
+On error the guard classifies and decides, in this order:
+
+1. Celery's own `Retry` (the body called `self.retry`, or `autoretry_for` did): it passes
+   through untouched — the retry message is already published — and is counted against
+   the budget as a forced retry, so the fleet-wide ratio stays honest.
+   `Ignore` / `Reject` pass through untouched and are not counted.
+2. non-retryable (see `classify.is_retryable`) → dead-lettered at once, never retried;
+3. attempts exhausted (`request.retries + 1 >= max_attempts`) → dead-lettered;
+4. Retry-After longer than `app.conf.resilience_max_countdown_seconds` → dead-lettered
+   (retrying earlier than the dependency asked would break the contract);
+5. the budget refuses → dead-lettered, counted, reason "retry budget exhausted";
+6. otherwise `task.retry(countdown=..., exc=exc)`: Celery's retry, state RETRY in Flower;
+   countdown = jittered backoff, raised to Retry-After, capped at the max countdown.
+
+`before_run` counts every execution (first run and retries alike) as a request of the
+dependency, so `ratio` means "retries per call the dependency received".
+
+With `autoretry_for` on the same task Celery retries first; when Celery gives up it re-raises
+the error and this guard decides as above, counting Celery's retries in `request.retries`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from celery.exceptions import Ignore, Reject, Retry
+
+from resilience.counters import count
+from resilience.deadletter.giveup import give_up
+from resilience.errors import ConfigurationError, DeadLettered
+from resilience.outcomes import Outcome
+from resilience.pipeline import Call, Guard, Stage, attach
+from resilience.retry.backoff import JITTERS, backoff_for, delay_with_retry_after
+from resilience.retry.budget import RedisBudgetBackend, RetryBudget, RetryBudgetGate
+from resilience.retry.classify import ClassifyHook, is_retryable, retry_after
+from resilience.stores import stores_for
+
+if TYPE_CHECKING:
+    from celery import Task
+
+logger = logging.getLogger("resilience.retry")
+
+#: Custom message header carrying the previous delay (decorrelated jitter grows from it).
+PREVIOUS_DELAY_HEADER = "resilience_previous_delay"
+DEFAULT_MAX_COUNTDOWN_SECONDS = 300.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryPolicy:
+    """How one task retries.
+
+    Args:
+        max_attempts: executions in total, the first included (1 = never retry).
+        base_delay_seconds / cap_delay_seconds: backoff scale and ceiling.
+        jitter: "full" (default) or "decorrelated".
+        dependency: name of the budget (several tasks calling one service share it);
+            None = the task's name.
+        budget: the fleet-wide retry budget; None disables it (only max_attempts bounds retries).
+        classify_hooks: callables `hook(exc) -> bool | None` consulted before the built-in rules.
+        random: source of [0, 1) floats for the jitter (inject in tests).
+    """
+
+    max_attempts: int = 3
+    base_delay_seconds: float = 1.0
+    cap_delay_seconds: float = 60.0
+    jitter: str = "full"
+    dependency: str | None = None
+    budget: RetryBudget | None = field(default_factory=RetryBudget)
+    classify_hooks: Sequence[ClassifyHook] = ()
+    random: Callable[[], float] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+            raise ConfigurationError(f"max_attempts must be an int >= 1, got {self.max_attempts!r}")
+        if self.jitter not in JITTERS:
+            raise ConfigurationError(f"jitter must be one of {JITTERS}, got {self.jitter!r}")
+        if self.budget is not None and not isinstance(self.budget, RetryBudget):
+            raise ConfigurationError(f"budget must be a RetryBudget or None, got {self.budget!r}")
+        for hook in self.classify_hooks:
+            if not callable(hook):
+                raise ConfigurationError(f"classify hook {hook!r} is not callable")
+        object.__setattr__(self, "classify_hooks", tuple(self.classify_hooks))
+        # Builds (and so validates) the strategy: negative delays, cap below base.
+        object.__setattr__(
+            self,
+            "_backoff",
+            backoff_for(
+                self.jitter,
+                base_seconds=self.base_delay_seconds,
+                cap_seconds=self.cap_delay_seconds,
+                random=self.random,
+            ),
+        )
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        """The classification with this policy's hooks."""
+        return is_retryable(exc, self.classify_hooks)
+
+    def delay_seconds(
+        self, attempt: int, exc: BaseException, previous_delay_seconds: float | None = None
+    ) -> float:
+        """Delay after failed `attempt` with `exc`; Retry-After honoured as the minimum."""
+        return delay_with_retry_after(
+            self._backoff,  # type: ignore[attr-defined]
+            attempt,
+            previous_delay_seconds,
+            retry_after(exc),
+        )
+
+
+class RetryGuard(Guard):
+    """Classifies failures and retries them through Celery within a fleet-wide budget."""
+
+    name = "retry"
+    stage = Stage.RETRY
+
+    def __init__(self, policy: RetryPolicy, *, backend: RedisBudgetBackend | None = None) -> None:
+        self.policy = policy
+        self._backend = backend
+        self.gate: RetryBudgetGate | None = None
+        self.task: Task | None = None
+
+    def bind(self, task: Task) -> None:
+        self.task = task
+        if self.policy.budget is not None:
+            backend = self._backend or RedisBudgetBackend(lambda: stores_for(task.app).redis())
+            self.gate = RetryBudgetGate(
+                self.policy.dependency or task.name, self.policy.budget, backend
+            )
+
+    @property
+    def dependency(self) -> str:
+        return self.policy.dependency or (self.task.name if self.task else "?")
+
+    def before_run(self, call: Call) -> None:
+        if self.gate is not None:
+            self.gate.record_request()
+
+    def on_error(self, call: Call, exc: BaseException) -> None:
+        if isinstance(exc, Retry):
+            if self.gate is not None:
+                self.gate.record_forced_retry()
+            return
+        if isinstance(exc, Ignore | Reject | DeadLettered) or not isinstance(exc, Exception):
+            return
+        raise self.decide(call, exc)
+
+    def decide(self, call: Call, exc: Exception) -> BaseException:
+        """The error to raise instead of `exc`: Celery's `Retry`, or `DeadLettered`."""
+        task = call.task
+        request = call.request
+        attempt = int(getattr(request, "retries", 0) or 0) + 1
+        policy = self.policy
+
+        def dead(reason: str) -> BaseException:
+            return give_up(
+                call,
+                guard=self.name,
+                reason=reason,
+                attempts=attempt,
+                exception=exc,
+                name=self.dependency,
+            )
+
+        if not policy.is_retryable(exc):
+            return dead(f"non-retryable {type(exc).__name__}: {exc}")
+        if attempt >= policy.max_attempts:
+            return dead(f"attempts exhausted ({attempt} of {policy.max_attempts})")
+        cap = float(
+            task.app.conf.get("resilience_max_countdown_seconds") or DEFAULT_MAX_COUNTDOWN_SECONDS
+        )
+        asked = retry_after(exc)
+        if asked is not None and asked > cap:
+            return dead(f"Retry-After {asked:g}s exceeds the max countdown {cap:g}s")
+        previous = _previous_delay(request)
+        delay = min(cap, policy.delay_seconds(attempt, exc, previous))
+        if self.gate is not None:
+            decision = self.gate.try_spend()
+            if not decision.allowed:
+                return dead(
+                    f"retry budget of {self.dependency!r} exhausted "
+                    f"({decision.retries} retries / {decision.requests} requests in window)"
+                )
+        count(
+            stores_for(task.app).redis(),
+            outcome=Outcome.RETRY.value,
+            tier=getattr(task, "tier", None),
+            guard=self.name,
+            name=self.dependency,
+        )
+        headers = dict(getattr(request, "headers", None) or {})
+        headers[PREVIOUS_DELAY_HEADER] = delay
+        try:
+            task.retry(
+                exc=exc,
+                countdown=delay,
+                max_retries=policy.max_attempts - 1,
+                headers=headers,
+            )
+        except Retry as retry:
+            return retry
+        except BaseException as other:  # noqa: BLE001 - called inline: retry re-raises exc
+            return other
+        return exc  # pragma: no cover - task.retry always raises
+
+
+def _previous_delay(request: Any) -> float | None:
+    for source in (getattr(request, "headers", None) or {}, getattr(request, "__dict__", {})):
+        value = source.get(PREVIOUS_DELAY_HEADER)
+        if value is not None:
+            try:
+                return float(value)
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+def retry_policy(
+    *,
+    max_attempts: int = 3,
+    base_delay_seconds: float = 1.0,
+    cap_delay_seconds: float = 60.0,
+    jitter: str = "full",
+    dependency: str | None = None,
+    budget: RetryBudget | None = None,
+    classify_hooks: Iterable[ClassifyHook] = (),
+    random: Callable[[], float] | None = None,
+    use_budget: bool = True,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: classified, jittered, budgeted retries through Celery's own retry.
+
+        @app.task(tier="standard")
+        @retry_policy(max_attempts=4, dependency="payments", budget=RetryBudget(ratio=0.2))
+        def charge(order_id: int) -> None: ...
+
+    `budget=None` takes the default `RetryBudget()`; `use_budget=False` disables it.
+
+    Raises:
+        ConfigurationError: at definition time for bad values (negative delays, cap below
+            base, max_attempts < 1, ratio outside 0..1, window <= 0, unknown jitter).
+    """
+    policy = RetryPolicy(
+        max_attempts=max_attempts,
+        base_delay_seconds=base_delay_seconds,
+        cap_delay_seconds=cap_delay_seconds,
+        jitter=jitter,
+        dependency=dependency,
+        budget=(budget or RetryBudget()) if use_budget else None,
+        classify_hooks=tuple(classify_hooks),
+        random=random,
+    )
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        return attach(func, RetryGuard(policy))
+
+    return decorate

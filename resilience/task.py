@@ -1,0 +1,193 @@
+"""`GuardedTask`: the Celery task base class that applies the guard pipelines.
+
+Enqueue path (`apply_async`, in the producer): validate arguments (bind to the signature,
+JSON only, size limit), then the enqueue guards (unique, admission), then publish.
+Execution path (`__call__`, in the worker): the execution guards around `run`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar
+
+from celery import Task
+from celery.exceptions import Retry
+
+from resilience.errors import JobDeferred, PayloadTooLarge
+from resilience.keys import bind_arguments, canonical_json
+from resilience.outcomes import Outcome, Stop
+from resilience.pipeline import (
+    Call,
+    EnqueueGuard,
+    EnqueuePipeline,
+    Guard,
+    Pipeline,
+    Publish,
+    attached,
+)
+
+logger = logging.getLogger("resilience.task")
+
+#: Default limit on the serialized size of a task's arguments, in bytes.
+DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
+
+
+class GuardedTask(Task):
+    """A Celery task whose calls pass through the resilience guards.
+
+    Guards come from decorators on the task function (`@idempotent`, `@singleton`, ...)
+    and from the `guards` / `enqueue_guards` class attributes.
+    """
+
+    #: Execution guards added to those attached by decorators.
+    guards: ClassVar[tuple[Guard, ...]] = ()
+    #: Enqueue guards added to those attached by decorators.
+    enqueue_guards: ClassVar[tuple[EnqueueGuard, ...]] = ()
+    #: Largest serialized argument payload in bytes; None takes
+    #: `app.conf.resilience_max_payload_bytes` (default 256 KiB).
+    max_payload_bytes: int | None = None
+
+    _pipelines: tuple[Pipeline, EnqueuePipeline] | None = None
+
+    # -- pipelines ---------------------------------------------------------------------
+    def pipelines(self) -> tuple[Pipeline, EnqueuePipeline]:
+        """The task's execution and enqueue pipelines, built once per task."""
+        if self._pipelines is None:
+            declared = attached(self.run)
+            names = {guard.name for guard in declared}
+            # A class-level default (the platform's) steps aside for the task's own guard
+            # of the same name, so e.g. `@poison_guard(max_deliveries=5)` replaces it.
+            defaults = [g for g in (*self.guards, *self.enqueue_guards) if g.name not in names]
+            found = [*declared, *defaults]
+            execution = [g for g in found if isinstance(g, Guard)]
+            enqueue = [g for g in found if isinstance(g, EnqueueGuard)]
+            for guard in (*execution, *enqueue):
+                guard.bind(self)
+            self._pipelines = (Pipeline(execution), EnqueuePipeline(enqueue))
+        return self._pipelines
+
+    # -- enqueue path ------------------------------------------------------------------
+    def apply_async(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        task_id: str | None = None,
+        producer: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        shadow: Any = None,
+        **options: Any,
+    ) -> Any:
+        """Validate, pass the enqueue guards, then publish as Celery does.
+
+        A republish of a message already admitted (Celery's retry, a guard's deferral) carries
+        `retries` in its options and skips the enqueue guards: it is not new work.
+
+        Raises:
+            ArgumentsDoNotBind, NonJsonArguments, PayloadTooLarge: the arguments cannot be sent.
+            AdmissionError: an enqueue guard refused the job (`TierFull`, `DuplicateJob`).
+        """
+        args = tuple(args or ())
+        kwargs = dict(kwargs or {})
+
+        def send(publish: Publish) -> Any:
+            return Task.apply_async(
+                self,
+                publish.args,
+                publish.kwargs,
+                # An enqueue guard may fix the id before publishing (unique enqueue does).
+                task_id=publish.state.get("task_id") or task_id,
+                producer=producer,
+                link=link,
+                link_error=link_error,
+                shadow=shadow,
+                **publish.options,
+            )
+
+        publish = Publish(task=self, args=args, kwargs=kwargs, options=options)
+        if options.get("retries") is not None or self.app.conf.task_always_eager:
+            return send(publish)
+        self.validate_arguments(args, kwargs)
+        _, enqueue = self.pipelines()
+        if not enqueue.guards:
+            return send(publish)
+        publish.state["task_id"] = task_id
+        try:
+            return enqueue.run(publish, send)
+        except Stop as stop:
+            # An enqueue guard answered instead of publishing (discarded, ran in the caller,
+            # an existing unique job): its answer is the caller's result.
+            if stop.result is not None:
+                return stop.result
+            raise
+
+    def validate_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Refuse arguments that would fail in the worker or could not be sent at all.
+
+        Raises:
+            ArgumentsDoNotBind, NonJsonArguments, PayloadTooLarge.
+        """
+        bind_arguments(self.run, args, kwargs)
+        payload = canonical_json([list(args), kwargs])
+        limit = self.max_payload_bytes or self.app.conf.get(
+            "resilience_max_payload_bytes", DEFAULT_MAX_PAYLOAD_BYTES
+        )
+        size = len(payload.encode("utf-8"))
+        if size > limit:
+            raise PayloadTooLarge(
+                f"{self.name}: arguments serialize to {size} bytes, over the {limit}-byte "
+                "limit; pass a reference (a row id, an object-store key) instead of the data",
+                size=size,
+                limit=limit,
+            )
+
+    # -- execution path ----------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        pipeline, _ = self.pipelines()
+        if not pipeline:
+            return self.run(*args, **kwargs)
+        call = Call(task=self, args=args, kwargs=kwargs, request=self.request)
+        try:
+            return pipeline.run(call, lambda: self.run(*call.args, **call.kwargs, **call.inject))
+        except Stop as stop:
+            return self.stopped(call, stop)
+
+    def stopped(self, call: Call, stop: Stop) -> Any:
+        """Turn a guard's `Stop` into what Celery records: a result, or a deferral."""
+        logger.info(
+            "guard decision",
+            extra={
+                "task_id": call.task_id,
+                "task_name": self.name,
+                "tier": getattr(self, "tier", None),
+                "guard": stop.guard,
+                "outcome": stop.outcome.value,
+                "reason": stop.reason,
+            },
+        )
+        if stop.outcome is Outcome.DEFERRED:
+            self.defer(call, stop)
+        return stop.as_result()
+
+    def defer(self, call: Call, stop: Stop) -> None:
+        """Republish this message after `retry_after_seconds`, without spending a retry.
+
+        Raises:
+            celery.exceptions.Retry: always; Celery records the state RETRY with the reason.
+        """
+        countdown = max(0.05, float(stop.retry_after_seconds or 1.0))
+        message = f"DEFERRED by {stop.guard}: {stop.reason}"
+        # The reason travels as Retry's exception, so Celery's task-retried event (and so
+        # Flower) shows which guard deferred the job and why.
+        reason = JobDeferred(message, guard=stop.guard, retry_after_seconds=countdown,
+                             details=stop.details)
+        request = call.request
+        if request is None or getattr(request, "called_directly", True):
+            # Called inline (tests, caller-runs): nothing to republish; report the deferral.
+            raise Retry(message, exc=reason, when=countdown)
+        signature = self.signature_from_request(
+            request, call.args, call.kwargs, countdown=countdown, retries=request.retries
+        )
+        signature.apply_async()
+        raise Retry(message, exc=reason, when=countdown, sig=signature)
+

@@ -1,0 +1,256 @@
+"""`@singleton` and `@exclusive` on real worker processes, real Redis nodes and PostgreSQL."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from jobs.testing import Worker, wait_for
+from resilience.locks import AdvisorySession, Redlock
+from tests.resilience.locks.conftest import Nodes
+
+pytestmark = [pytest.mark.usefixtures("locks_tables", "own_critical_queue", "purge_queues")]
+
+QUEUE = "critical"
+
+
+def runs(engine: Any, run_id: str) -> list[Any]:
+    with engine.connect() as connection:
+        return list(connection.execute(
+            text("SELECT slot, task_id, pid, token, started_at, ended_at FROM locks_test_runs "
+                 "WHERE run_id = :run_id ORDER BY started_at"), {"run_id": run_id}
+        ))
+
+
+def writes(engine: Any, run_id: str) -> list[Any]:
+    with engine.connect() as connection:
+        return list(connection.execute(
+            text("SELECT task_id, token, outcome FROM locks_test_writes WHERE run_id = :run_id "
+                 "ORDER BY id"), {"run_id": run_id}
+        ))
+
+
+def overlapping(rows: list[Any]) -> int:
+    """Pairs of runs of one slot whose [start, end] intervals intersect."""
+    overlaps = 0
+    by_slot: dict[str, list[Any]] = {}
+    for row in rows:
+        by_slot.setdefault(row.slot, []).append(row)
+    for slot_rows in by_slot.values():
+        ordered = sorted(slot_rows, key=lambda r: r.started_at)
+        for previous, current in itertools.pairwise(ordered):
+            assert previous.ended_at is not None, "a run did not finish"
+            overlaps += current.started_at < previous.ended_at
+    return overlaps
+
+
+def start_workers(worker_factory: Any, count: int, env: dict[str, str] | None = None,
+                  ) -> list[Worker]:
+    workers = [worker_factory(QUEUE, name=f"locks{i}", concurrency=1, env=env, wait=False)
+               for i in range(count)]
+    for worker in workers:
+        worker.wait_ready()
+    return workers
+
+
+def worker_of(workers: list[Worker], pid: int) -> Worker:
+    for worker in workers:
+        if pid == worker.pid or pid in {child.pid for child in worker.children()}:
+            return worker
+    raise AssertionError(f"pid {pid} belongs to no test worker")
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(240)
+class TestHammer:
+    def test_four_workers_never_overlap(
+        self, worker_factory: Any, engine: Any, nodes: Nodes, run_id: str,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """4 worker processes hammer one singleton and one exclusive key: 0 overlaps.
+
+        Then 2 of the 5 Redlock nodes are killed: exclusive runs are still granted and still
+        never overlap.
+        """
+        from tests.resilience.locks.tasks import exclusive_run, singleton_run
+
+        monkeypatch.setenv("REDLOCK_URLS", ",".join(nodes.urls))
+        start_workers(worker_factory, 4, env=nodes.env())
+
+        def hammer(phase: str, count: int) -> list[Any]:
+            results = []
+            for _ in range(count):
+                results.append(singleton_run.delay(run_id, f"single-{phase}", seconds=0.03))
+                results.append(exclusive_run.delay(run_id, f"excl-{phase}", seconds=0.03))
+            return [result.get(timeout=120) for result in results]
+
+        outcomes = hammer("all-nodes", 40)
+        nodes.kill(0, 1)
+        outcomes_degraded = hammer("two-down", 30)
+
+        rows = runs(engine, run_id)
+        assert overlapping(rows) == 0
+        ran = [o for o in outcomes + outcomes_degraded if o.get("ran")]
+        skipped = [o for o in outcomes + outcomes_degraded if o.get("outcome") == "SKIPPED"]
+        assert len(ran) + len(skipped) == 140
+        assert len(ran) == len(rows)
+        slots = {row.slot for row in rows}
+        assert {"single-all-nodes", "excl-all-nodes", "excl-two-down"} <= slots
+        # Fencing tokens of one key strictly increase in the order the holders ran.
+        for slot in ("excl-all-nodes", "excl-two-down"):
+            tokens = [row.token for row in rows if row.slot == slot]
+            assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+        assert all(s["details"]["holder_task_id"] for s in skipped if "holder_task_id"
+                   in s.get("details", {}))
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(180)
+class TestSingletonFaults:
+    def test_sigkill_holder_frees_lock_at_once(
+        self, worker_factory: Any, engine: Any, stores: Any, run_id: str
+    ) -> None:
+        """SIGKILL of the holder's worker: the next run of the key acquires (measured)."""
+        from tests.resilience.locks.tasks import singleton_run
+
+        workers = start_workers(worker_factory, 2)
+        long_run = singleton_run.delay(run_id, "held", seconds=60)
+        first = wait_for(lambda: runs(engine, run_id), timeout_seconds=30,
+                         message="holder started")[0]
+        assert first.task_id == long_run.id
+        refused = singleton_run.delay(run_id, "held", seconds=0.01).get(timeout=30)
+        assert refused["outcome"] == "SKIPPED"
+        assert refused["details"]["holder_task_id"] == long_run.id
+
+        holder = worker_of(workers, first.pid)
+        killed_at = time.monotonic()
+        holder.sigkill()
+        probe = AdvisorySession(stores.database_url, label="probe")
+        try:
+            wait_for(lambda: probe.try_acquire("tests.locks.singleton_run:held"),
+                     timeout_seconds=10, interval=0.01, message="lock freed")
+            freed_after = time.monotonic() - killed_at
+        finally:
+            probe.close()
+        print(f"singleton lock acquirable {freed_after * 1000:.0f} ms after SIGKILL")
+        assert freed_after < 10  # functional bound 2 s; generous margin on a shared machine
+
+        after = singleton_run.delay(run_id, "held", seconds=0.01).get(timeout=30)
+        assert after["ran"] is True
+        del long_run  # unsubscribe from its result while Redis still runs
+
+    def test_lost_session_stops_before_commit(
+        self, worker_factory: Any, engine: Any, redis_client: Any, run_id: str
+    ) -> None:
+        """The holder's PostgreSQL session is killed: its checkpoint raises, nothing commits."""
+        from tests.resilience.locks.tasks import checkpointed
+
+        start_workers(worker_factory, 1)
+        result = checkpointed.delay(run_id, "session", seconds=60)
+        wait_for(lambda: runs(engine, run_id), timeout_seconds=30, message="holder started")
+        with engine.begin() as connection:
+            killed = connection.execute(
+                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                     "WHERE application_name = :name"), {"name": f"lock:{result.id}"}
+            ).scalars().all()
+        assert killed == [True]
+        redis_client.set(f"locks-test:stop:{run_id}", 1)
+        assert result.get(timeout=30) == {"committed": False}
+        (lost,) = writes(engine, run_id)
+        assert "session is gone" in lost.outcome
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(180)
+class TestExclusiveFaults:
+    def test_paused_holder_write_is_fenced(
+        self, worker_factory: Any, engine: Any, nodes: Nodes, run_id: str,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """SIGSTOP the holder past its TTL; another worker acquires and writes; on SIGCONT
+        the first holder's write is rejected by the fencing check."""
+        from tests.resilience.locks.tasks import fenced_write
+
+        monkeypatch.setenv("REDLOCK_URLS", ",".join(nodes.urls))
+        workers = start_workers(worker_factory, 2, env=nodes.env())
+        first = fenced_write.delay(run_id, "fenced", pause_seconds=3)
+        started = wait_for(lambda: runs(engine, run_id), timeout_seconds=30,
+                           message="first holder started")[0]
+        paused = worker_of(workers, started.pid)
+        paused.sigstop()
+        try:
+            redlock = Redlock.from_urls(nodes.urls)
+            wait_for(lambda: not redlock.holders("tests.locks.fenced_write:fenced"),
+                     timeout_seconds=15, message="paused holder's lease expired")
+            second = fenced_write.delay(run_id, "fenced", pause_seconds=0)
+            assert second.get(timeout=30)["written"] is True
+        finally:
+            paused.sigcont()
+        assert first.get(timeout=30)["written"] is False
+
+        recorded = writes(engine, run_id)
+        assert [(w.task_id, w.outcome) for w in recorded] == [
+            (second.id, "written"), (first.id, "rejected")
+        ]
+        assert recorded[1].token < recorded[0].token
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(120)
+class TestRetriesAndStoreFailure:
+    def test_own_retry_is_not_blocked(
+        self, worker_factory: Any, engine: Any, nodes: Nodes, run_id: str,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """Celery's retry of the holder runs (it is not SKIPPED by the holder's own lock)."""
+        from tests.resilience.locks.tasks import retrying_exclusive, retrying_singleton
+
+        monkeypatch.setenv("REDLOCK_URLS", ",".join(nodes.urls))
+        worker_factory(QUEUE, name="locks-retry", concurrency=2, env=nodes.env())
+        for task in (retrying_singleton, retrying_exclusive):
+            result = task.delay(run_id, f"retry-{task.name}")
+            assert result.get(timeout=60) == {"ran": True, "retries": 1}
+            attempts = [row for row in runs(engine, run_id) if row.task_id == result.id]
+            assert len(attempts) == 2
+        assert overlapping(runs(engine, run_id)) == 0
+
+    def test_store_down_fails_closed(
+        self, engine: Any, nodes: Nodes, run_id: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """With every Redlock node down, an exclusive task is DEFERRED, never run unguarded."""
+        from celery.exceptions import Retry
+
+        from tests.resilience.locks.tasks import exclusive_run
+
+        monkeypatch.setenv("REDLOCK_URLS", ",".join(nodes.urls))
+        nodes.kill(0, 1, 2, 3, 4)
+        with pytest.raises(Retry, match="DEFERRED by exclusive: lock store unavailable"):
+            exclusive_run(run_id, "store-down")
+        assert runs(engine, run_id) == []
+
+
+class TestPolicies:
+    def test_skip_and_defer_name_the_holder(
+        self, stores: Any, engine: Any, run_id: str
+    ) -> None:
+        """While another session holds the key: skip → SKIPPED, defer → DEFERRED (a Celery
+        Retry that spends no retry); both carry the holder; nothing runs."""
+        from celery.exceptions import Retry
+
+        from tests.resilience.locks.tasks import deferring_singleton, singleton_run
+
+        with AdvisorySession(stores.database_url, label="other-task") as holder:
+            assert holder.try_acquire("tests.locks.singleton_run:busy")
+            assert holder.try_acquire("tests.locks.deferring_singleton:busy")
+            skipped = singleton_run(run_id, "busy")
+            assert skipped["outcome"] == "SKIPPED"
+            assert skipped["details"]["holder_task_id"] == "other-task"
+            assert skipped["details"]["key"] == "tests.locks.singleton_run:busy"
+            with pytest.raises(Retry, match="DEFERRED by singleton"):
+                deferring_singleton(run_id, "busy")
+        assert runs(engine, run_id) == []
+        assert singleton_run(run_id, "busy", seconds=0)["ran"] is True

@@ -1,0 +1,12 @@
+"""Test-suite helpers: the shared harness in `jobs.testing`, plus the suite's task modules."""
+
+from __future__ import annotations
+
+from jobs.testing import ARTIFACTS, ROOT, Services, Worker, task_modules, wait_for
+
+__all__ = ["ARTIFACTS", "ROOT", "Services", "Worker", "suite_task_modules", "wait_for"]
+
+
+def suite_task_modules() -> list[str]:
+    """Every tasks module of the test suite; the test workers load them all."""
+    return task_modules("tests")
