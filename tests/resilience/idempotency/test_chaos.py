@@ -110,6 +110,12 @@ def test_transfers_have_exactly_one_effect_under_sigkill(
         messages.extend([(key, source, target, amount)] * copies)
     rng.shuffle(messages)
 
+    # Enqueue everything before any worker runs, so the whole backlog is drained under chaos
+    # (a fast machine would otherwise finish most of it while the producer is still sending).
+    enqueue_started = time.monotonic()
+    for key, source, target, amount in messages:
+        tasks.idem_transfer.delay(key, source, target, amount, pause_seconds=0.01)
+    print(f"enqueued {len(messages)} in {time.monotonic() - enqueue_started:.1f}s")
     workers = [
         worker_factory("critical", name=f"chaos{index}", concurrency=2, env=WORKER_ENV,
                        wait=False)
@@ -117,10 +123,6 @@ def test_transfers_have_exactly_one_effect_under_sigkill(
     ]
     for worker in workers:
         worker.wait_ready()
-    enqueue_started = time.monotonic()
-    for key, source, target, amount in messages:
-        tasks.idem_transfer.delay(key, source, target, amount, pause_seconds=0.01)
-    print(f"enqueued {len(messages)} in {time.monotonic() - enqueue_started:.1f}s")
 
     kills = {"child": 0, "worker": 0}
     started = last_worker_kill = time.monotonic()
