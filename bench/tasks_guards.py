@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import time
+
 from celery import Celery
 
 from jobs import app
@@ -19,15 +21,23 @@ from resilience.retry import retry_policy
 from resilience.stores import stores_for
 
 
+def _work(work_ms: float) -> None:
+    """The job's own work: waiting `work_ms` on a remote dependency (no CPU here)."""
+    if work_ms > 0:
+        time.sleep(work_ms / 1000)
+
+
 @Celery.task(app, name="bench.guards.celery", queue="standard", ignore_result=True)
-def guards_bench_celery(counter: str, n: int) -> None:
+def guards_bench_celery(counter: str, n: int, work_ms: float = 0.0) -> None:
     """Count one execution in Redis (plain Celery: no platform guards at all)."""
+    _work(work_ms)
     stores_for(app).redis().incr(counter)
 
 
 @app.task(tier="standard", name="bench.guards.platform", ignore_result=True)
-def guards_bench_platform(counter: str, n: int) -> None:
+def guards_bench_platform(counter: str, n: int, work_ms: float = 0.0) -> None:
     """Count one execution in Redis (platform defaults only)."""
+    _work(work_ms)
     stores_for(app).redis().incr(counter)
 
 
@@ -36,6 +46,7 @@ def guards_bench_platform(counter: str, n: int) -> None:
 @retry_policy(dependency="bench-dependency", max_attempts=3)
 @idempotent(key="{counter}:{n}")
 @singleton(key="{counter}:{n}")
-def guards_bench_guarded(counter: str, n: int) -> None:
+def guards_bench_guarded(counter: str, n: int, work_ms: float = 0.0) -> None:
     """Count one execution in Redis, behind breaker, budget, idempotency and singleton."""
+    _work(work_ms)
     stores_for(app).redis().incr(counter)

@@ -14,6 +14,7 @@ from enum import IntEnum
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from resilience.batch import Batches
 from resilience.keys import bind_arguments
 from resilience.outcomes import Stop
 
@@ -56,6 +57,11 @@ class Call:
     #: Extra keyword arguments a guard hands to the body only (a transactional session, a
     #: fencing token); never republished with the message.
     inject: dict[str, Any] = field(default_factory=dict)
+    #: Redis reads queued by `Guard.prefetch`, sent in one round trip before any before_run.
+    reads: Batches = field(default_factory=Batches)
+    #: Redis writes nobody waits for (cache fills, outcome reports), sent in one round trip
+    #: after the last hook of the call.
+    writes: Batches = field(default_factory=Batches)
 
     @cached_property
     def arguments(self) -> dict[str, Any]:
@@ -97,6 +103,13 @@ class Guard:
 
     def bind(self, task: Task) -> None:
         """Called once per task when the pipeline is built; validate options against it."""
+
+    def prefetch(self, call: Call) -> None:
+        """Queue Redis reads (`call.reads`) whose replies `before_run` may use.
+
+        Replies are hints sent before any guard decides: a guard whose read is missing or
+        failed makes its own call. Errors raised here are ignored (before_run meets them).
+        """
 
     def before_run(self, call: Call) -> None:
         """Take what the call needs (claim, lock, slot) or raise `Stop`."""
@@ -146,6 +159,18 @@ class Pipeline:
 
     def run(self, call: Call, body: Callable[[], Any]) -> Any:
         """Run `body` inside every guard; return its result or raise `Stop` / its error."""
+        for guard in self.guards:
+            try:
+                guard.prefetch(call)
+            except Exception:  # noqa: BLE001 - before_run raises it again, in order
+                continue
+        call.reads.execute()
+        try:
+            return self._run(call, body)
+        finally:
+            call.writes.execute()
+
+    def _run(self, call: Call, body: Callable[[], Any]) -> Any:
         entered: list[Guard] = []
         try:
             for guard in self.guards:

@@ -1,14 +1,20 @@
 """Full guard stack overhead: breaker + retry budget + idempotency + singleton vs plain.
 
-Three variants of one no-op drain from a prefilled queue on the same running worker, in
+Three variants of one task drain from a prefilled queue on the same running worker, in
 alternating rounds so each sees the same machine load: plain Celery, a platform task with
-only the platform defaults, and the fully guarded task. `ratio` is guarded / plain Celery,
-the median of the per-round ratios.
+only the platform defaults, and the fully guarded task. The task's own work is a wait of
+`work_ms` on a remote dependency (a sleep: the dependency's CPU is not on this machine);
+the scenario runs each `--work-ms` value. `ratio` is guarded / plain Celery at the
+reference work (`--reference-work-ms`), the median of the per-round ratios; every work value's
+ratio is reported too, and `overhead_ms` is the worker time the guards add per job (from the
+no-op rounds: concurrency x (1/guarded - 1/plain)).
 
-Round trips on the guarded happy path (counted from the code): poison check 2 (Redis),
-idempotency claim 1 + completion 1 (PostgreSQL) + fast-path cache write 1 (Redis),
-singleton acquire 1 + release 1 (PostgreSQL, one dedicated session per worker thread),
-breaker permission 1 + outcome 1 (Redis), retry budget request 1 (Redis).
+Round trips on the guarded happy path (a first delivery of a new key), counted from the code:
+- Redis 2: one read batch before the body (idempotency cache GET + breaker state), one write
+  batch after it (cache SET + breaker outcome + budget request count); see resilience.batch.
+  The poison check costs nothing on a first delivery (it counts redeliveries only).
+- PostgreSQL 4: idempotency claim and completion (prepared statements, on the pool), singleton
+  acquire and release (prepared, on the worker thread's dedicated session).
 """
 
 from __future__ import annotations
@@ -30,8 +36,14 @@ def run(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--messages", type=int, default=1000, help="messages per round")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of each variant")
     parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--work-ms", default="0,5,20",
+                        help="comma-separated waits on the dependency per job, in ms")
+    parser.add_argument("--reference-work-ms", type=float, default=5.0,
+                        help="the work whose ratio is the headline `ratio`")
     options = parser.parse_args(argv)
     n = options.messages
+    works = sorted({float(value) for value in options.work_ms.split(",") if value.strip()}
+                   | {options.reference_work_ms})
 
     with platform():
         from bench.tasks_guards import (
@@ -46,7 +58,9 @@ def run(argv: list[str]) -> dict[str, Any]:
                  "guarded": guards_bench_guarded}
         redis = stores_for(app).redis()
         purge([QUEUE])
-        rates: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+        rates: dict[tuple[float, str], list[float]] = {
+            (work, variant): [] for work in works for variant in VARIANTS
+        }
         with workers(QUEUE, concurrency=options.concurrency) as started:
             names = [worker.nodename for worker in started]
             warm = f"bench:guards:warm:{uuid.uuid4().hex}"
@@ -56,31 +70,45 @@ def run(argv: list[str]) -> dict[str, Any]:
             while int(redis.get(warm) or 0) < 150:
                 time.sleep(0.01)
 
-            for _ in range(options.rounds):
-                for variant in VARIANTS:
-                    counter = f"bench:guards:{variant}:{uuid.uuid4().hex}"
-                    task = tasks[variant]
-                    seconds = drain_paused(
-                        QUEUE,
-                        lambda c=counter, t=task: [t.delay(c, i) for i in range(n)],
-                        lambda c=counter: int(redis.get(c) or 0) >= n,
-                        names,
-                    )
-                    rates[variant].append(n / seconds)
+            for work in works:
+                for _ in range(options.rounds):
+                    for variant in VARIANTS:
+                        counter = f"bench:guards:{variant}:{uuid.uuid4().hex}"
+                        task = tasks[variant]
+                        seconds = drain_paused(
+                            QUEUE,
+                            lambda c=counter, t=task, w=work: [t.delay(c, i, w)
+                                                               for i in range(n)],
+                            lambda c=counter: int(redis.get(c) or 0) >= n,
+                            names,
+                        )
+                        rates[(work, variant)].append(n / seconds)
 
-    ratios = [g / p for g, p in zip(rates["guarded"], rates["plain"], strict=True)]
-    platform_ratios = [g / p for g, p in zip(rates["platform"], rates["plain"], strict=True)]
-    medians = {variant: statistics.median(values) for variant, values in rates.items()}
+    def median(work: float, variant: str) -> float:
+        return statistics.median(rates[(work, variant)])
+
+    def ratio(work: float, variant: str = "guarded") -> float:
+        return statistics.median([g / p for g, p in zip(
+            rates[(work, variant)], rates[(work, "plain")], strict=True)])
+
     table(
         f"guards: {n} messages x {options.rounds} rounds, 1 worker x{options.concurrency}",
-        ["variant", "median per second", "min", "max"],
-        [(variant, medians[variant], min(rates[variant]), max(rates[variant]))
-         for variant in VARIANTS],
+        ["work ms", "variant", "median per second", "min", "max", "ratio to plain"],
+        [(f"{work:g}", variant, median(work, variant), min(rates[(work, variant)]),
+          max(rates[(work, variant)]), ratio(work, variant))
+         for work in works for variant in VARIANTS],
     )
-    return {
-        "plain_per_s": round(medians["plain"], 1),
-        "guarded_per_s": round(medians["guarded"], 1),
-        "ratio": round(statistics.median(ratios), 3),
-        "platform_per_s": round(medians["platform"], 1),
-        "platform_ratio": round(statistics.median(platform_ratios), 3),
+    reference = options.reference_work_ms
+    figures: dict[str, Any] = {
+        "plain_per_s": round(median(reference, "plain"), 1),
+        "guarded_per_s": round(median(reference, "guarded"), 1),
+        "ratio": round(ratio(reference), 3),
+        "work_ms": reference,
+        "platform_ratio": round(ratio(reference, "platform"), 3),
+        "ratio_by_work_ms": {f"{work:g}": round(ratio(work), 3) for work in works},
     }
+    if 0.0 in works:
+        figures["overhead_ms"] = round(options.concurrency * 1000 * (
+            1 / median(0.0, "guarded") - 1 / median(0.0, "plain")), 3)
+    figures["round_trips"] = {"redis": 2, "postgresql": 4}
+    return figures

@@ -14,7 +14,7 @@ Transitions are logged here and counted with `resilience.counters.count`.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from resilience.circuit.backends.redis import Permission, RedisBreakerBackend, Verdict
 from resilience.circuit.config import BreakerConfig
@@ -23,6 +23,8 @@ from resilience.errors import ConfigurationError, StorageError
 
 if TYPE_CHECKING:
     import redis
+
+    from resilience.batch import RedisBatch
 
 logger = logging.getLogger("resilience.circuit")
 
@@ -45,41 +47,66 @@ class CircuitBreaker:
         try:
             permission = self.backend.acquire(self.config)
         except StorageError as exc:
-            allowed = self.config.on_store_down == "open"
-            logger.warning(
-                "breaker %s: store unavailable, failing %s (%s)",
-                self.name,
-                "open: call allowed" if allowed else "closed: call deferred",
-                exc,
-            )
-            self._count("STORE_DOWN")
-            return Permission(
-                allowed, "unknown", -1, wait_seconds=self.config.open_seconds, store_down=True
-            )
+            return self.store_down(exc)
         if permission.transition:
             self._transitioned(permission.transition, "acquire")
         return permission
+
+    def store_down(self, exc: BaseException) -> Permission:
+        """The permission `on_store_down` gives while Redis is unreachable (warned, counted)."""
+        allowed = self.config.on_store_down == "open"
+        logger.warning(
+            "breaker %s: store unavailable, failing %s (%s)",
+            self.name,
+            "open: call allowed" if allowed else "closed: call deferred",
+            exc,
+        )
+        self._count("STORE_DOWN")
+        return Permission(
+            allowed, "unknown", -1, wait_seconds=self.config.open_seconds, store_down=True
+        )
+
+    def _slow(self, outcome: str, duration_seconds: float) -> bool:
+        return (
+            self.config.slow_call_seconds is not None
+            and outcome != "ignored"
+            and duration_seconds >= self.config.slow_call_seconds
+        )
 
     def record(self, permission: Permission, outcome: str, *, duration_seconds: float) -> Verdict:
         """Report a permitted call's outcome: 'success', 'failure' or 'ignored'."""
         if permission.store_down:
             return Verdict("", "unknown")
-        slow = (
-            self.config.slow_call_seconds is not None
-            and outcome != "ignored"
-            and duration_seconds >= self.config.slow_call_seconds
-        )
         try:
-            verdict = self.backend.record(self.config, permission.generation, outcome, slow)
+            verdict = self.backend.record(self.config, permission.generation, outcome,
+                                          self._slow(outcome, duration_seconds))
         except StorageError as exc:
             logger.warning("breaker %s: outcome not recorded (%s)", self.name, exc)
             return Verdict("", "unknown")
+        self._recorded(verdict)
+        return verdict
+
+    def record_later(self, batch: RedisBatch, permission: Permission, outcome: str, *,
+                     duration_seconds: float) -> None:
+        """`record`, queued in `batch`: sent with the call's other after-run writes."""
+        if permission.store_down:
+            return
+
+        def done(reply: Any) -> None:
+            if isinstance(reply, BaseException):
+                logger.warning("breaker %s: outcome not recorded (%s)", self.name, reply)
+                return
+            self._recorded(self.backend.verdict(reply))
+
+        self.backend.record_later(batch, self.config, permission.generation, outcome,
+                                  self._slow(outcome, duration_seconds), done)
+
+    def _recorded(self, verdict: Verdict) -> None:
         if verdict.transition:
             self._transitioned(
                 verdict.transition,
                 f"{verdict.failures} failures, {verdict.slow_calls} slow of {verdict.calls} calls",
             )
-        return verdict
 
     def force(self, state: str) -> str:
         """Operator override; returns the previous state.

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import redis as redis_lib
 from celery.exceptions import Retry
 
 from resilience.circuit.backends.redis import Permission, RedisBreakerBackend
@@ -85,9 +86,23 @@ class BreakerGuard(Guard):
                 self.config, RedisBreakerBackend(lambda: stores_for(task.app).redis())
             )
 
+    def prefetch(self, call: Call) -> None:
+        assert self.breaker is not None, "BreakerGuard used before bind()"
+        backend = self.breaker.backend
+        backend.peek_later(call.reads.for_client(backend.client()), self.config.name,
+                           lambda reply: call.state.__setitem__(_PEEK, reply))
+
     def before_run(self, call: Call) -> None:
         assert self.breaker is not None, "BreakerGuard used before bind()"
-        permission = self.breaker.acquire()
+        peek = call.state.pop(_PEEK, None)
+        if isinstance(peek, redis_lib.ConnectionError | redis_lib.TimeoutError):
+            # Redis just failed the call's read; asking again would only wait twice.
+            permission = self.breaker.store_down(peek)
+        else:
+            # A closed breaker's acquire only reads; the prefetched read stands in for it.
+            permission = self.breaker.backend.permission_from_peek(peek)
+            if permission is None:
+                permission = self.breaker.acquire()
         if permission.allowed:
             call.state[self.name] = (permission, time.monotonic())
             return
@@ -127,7 +142,10 @@ class BreakerGuard(Guard):
         if held is None or self.breaker is None:
             return
         permission, started = held
-        self.breaker.record(permission, outcome, duration_seconds=time.monotonic() - started)
+        self.breaker.record_later(
+            call.writes.for_client(self.breaker.backend.client()), permission, outcome,
+            duration_seconds=time.monotonic() - started,
+        )
 
     def after_run(self, call: Call, result: Any) -> None:
         self._finish(call, "success")
@@ -153,6 +171,9 @@ class BreakerGuard(Guard):
             name=self.config.name,
         )
 
+
+#: `call.state` slot of the prefetched state read.
+_PEEK = "breaker.peek"
 
 #: Message header holding the job's absolute deadline in epoch seconds (the deadline guard's).
 DEADLINE_HEADER = "deadline"

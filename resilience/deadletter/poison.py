@@ -1,12 +1,16 @@
 """Poison messages: a message whose execution never finishes is dead-lettered after N deliveries.
 
 A message that crashes its worker process every time (segfault, OOM kill, `os._exit`) loops
-forever under `acks_late` + `reject_on_worker_lost`: the broker requeues it at once. Celery's
-`delivery_info["redelivered"]` is not reliable on Redis, so `PoisonGuard` counts deliveries
-itself: `before_run` increments a per-task-id counter in Redis (one Lua call), and any
-normal end of the execution — success, error, retry, a guard's stop — deletes it. Only
-executions that never return leave the count behind. When a delivery finds the count above
-`max_deliveries` the job is dead-lettered instead of run.
+forever under `acks_late` + `reject_on_worker_lost`: the broker requeues it at once.
+`PoisonGuard` counts the deliveries of such a message in Redis, per task id, and when a
+delivery finds the count above `max_deliveries` the job is dead-lettered instead of run.
+
+Only redeliveries are counted. Both brokers mark a message they give back: RabbitMQ sets
+`redelivered`, and kombu's Redis transport sets it on every restore (a rejected message, a
+visibility-timeout restore, a warm shutdown's unacked messages). A first delivery therefore
+costs nothing; a redelivered one increments the counter (one Lua call), and any normal end
+of its execution — success, error, retry, a guard's stop — deletes it. Only executions that
+never return leave the count behind. A retry or a deferral is a new message, counted anew.
 
 It sits at `Stage.DEADLINE` (outermost): a poison message must be stopped before any guard
 takes a claim, a lock or a breaker permit for it.
@@ -84,6 +88,8 @@ class PoisonGuard(Guard):
         task_id = call.task_id
         if not task_id or getattr(call.request, "called_directly", False):
             return
+        if not redelivered(call.request):
+            return
         try:
             client = self._redis()
             script = self._scripts.get(id(client))
@@ -96,6 +102,8 @@ class PoisonGuard(Guard):
         except Exception as exc:  # noqa: BLE001 - fail open: the job runs, with a warning
             logger.warning("poison check skipped for %s (Redis unavailable): %s", task_id, exc)
             return
+        # The counter holds redeliveries; the first delivery was never counted.
+        deliveries += 1
         call.state[self.name] = deliveries
         if deliveries > self.policy.max_deliveries:
             self._forget(task_id)
@@ -129,6 +137,12 @@ class PoisonGuard(Guard):
 
     def on_stop(self, call: Call, stop: Stop) -> None:
         self._finished(call)
+
+
+def redelivered(request: Any) -> bool:
+    """Did the broker give this message back before (a requeue, a restore)?"""
+    info = getattr(request, "delivery_info", None) or {}
+    return bool(info.get("redelivered"))
 
 
 def poison_guard(

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import redis
+
+    from resilience.batch import RedisBatch
 
 logger = logging.getLogger("resilience.idempotency")
 
@@ -46,6 +49,24 @@ class ResultCache:
         except Exception as exc:  # noqa: BLE001 - the cache is optional; PG is the truth
             logger.warning("idempotency cache read failed, using PostgreSQL: %s", exc)
             return None
+        return self.parse(raw)
+
+    def get_later(self, batch: RedisBatch, task_name: str, key: str,
+                  then: Callable[[CachedResult | None], None]) -> None:
+        """Queue the read of `key` in `batch`; `then` gets what `get` would have returned."""
+
+        def parsed(reply: Any) -> None:
+            if isinstance(reply, BaseException):
+                logger.warning("idempotency cache read failed, using PostgreSQL: %s", reply)
+                then(None)
+            else:
+                then(self.parse(reply))
+
+        batch.command("GET", cache_key(task_name, key), then=parsed)
+
+    @staticmethod
+    def parse(raw: Any) -> CachedResult | None:
+        """A cached payload as a `CachedResult`; None for a miss or an unreadable value."""
         if raw is None:
             return None
         try:
@@ -54,19 +75,39 @@ class ResultCache:
         except (ValueError, KeyError, TypeError):
             return None
 
+    @staticmethod
+    def _set_args(task_name: str, key: str, fingerprint: str, result_json: str,
+                  task_id: str | None, ttl_seconds: float) -> tuple[Any, ...]:
+        # The result is already canonical JSON: splice it in rather than parse and re-dump.
+        payload = (
+            f'{{"f":{json.dumps(fingerprint)},"t":{json.dumps(task_id)},"r":{result_json}}}'
+        )
+        return ("SET", cache_key(task_name, key), payload, "PX",
+                max(1, int(ttl_seconds * 1000)))
+
     def put(
         self, task_name: str, key: str, *, fingerprint: str, result_json: str,
         task_id: str | None, ttl_seconds: float,
     ) -> None:
         """Cache a succeeded record for `ttl_seconds` (the record's own TTL)."""
-        # The result is already canonical JSON: splice it in rather than parse and re-dump.
-        payload = (
-            f'{{"f":{json.dumps(fingerprint)},"t":{json.dumps(task_id)},"r":{result_json}}}'
-        )
         try:
-            self.client.set(cache_key(task_name, key), payload, px=max(1, int(ttl_seconds * 1000)))
+            self.client.execute_command(*self._set_args(
+                task_name, key, fingerprint, result_json, task_id, ttl_seconds))
         except Exception as exc:  # noqa: BLE001 - a missed cache write costs one PG read later
             logger.warning("idempotency cache write failed: %s", exc)
+
+    def put_later(
+        self, batch: RedisBatch, task_name: str, key: str, *, fingerprint: str,
+        result_json: str, task_id: str | None, ttl_seconds: float,
+    ) -> None:
+        """`put`, queued in `batch` (sent with the call's other after-run writes)."""
+
+        def done(reply: Any) -> None:
+            if isinstance(reply, BaseException):
+                logger.warning("idempotency cache write failed: %s", reply)
+
+        batch.command(*self._set_args(task_name, key, fingerprint, result_json, task_id,
+                                      ttl_seconds), then=done)
 
     def forget(self, task_name: str, key: str) -> None:
         """Drop a cached key (admin purge)."""

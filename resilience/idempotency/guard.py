@@ -205,12 +205,26 @@ class IdempotencyGuard(Guard):
         count(client, outcome=outcome, tier=self.tier, guard=GUARD_NAME, name=self.task_name)
 
     # -- before ----------------------------------------------------------------------------
-    def before_run(self, call: Call) -> None:
+    def prefetch(self, call: Call) -> None:
+        if not self.config.cache:
+            return
         key = self.key_for(call.args, call.kwargs)
         state: dict[str, Any] = {"key": key}
         call.state[GUARD_NAME] = state
+        cache = self._cache(call)
+        cache.get_later(call.reads.for_client(cache.client), self.task_name, key.value,
+                        lambda cached: state.__setitem__("cached", cached))
+
+    def before_run(self, call: Call) -> None:
+        state: dict[str, Any] = call.state.get(GUARD_NAME) or {}
+        key = state.get("key") or self.key_for(call.args, call.kwargs)
+        state["key"] = key
+        call.state[GUARD_NAME] = state
         if self.config.cache:
-            cached = self._cache(call).get(self.task_name, key.value)
+            if "cached" in state:
+                cached = state.pop("cached")
+            else:
+                cached = self._cache(call).get(self.task_name, key.value)
             if cached is not None:
                 if cached.fingerprint != key.fingerprint:
                     self._reused(call, key)
@@ -270,10 +284,11 @@ class IdempotencyGuard(Guard):
         self._count(call, Outcome.REPLAYED.value)
         if source == "database" and self.config.cache and ttl_seconds > 0:
             # Warm the fast path so the next duplicate costs one Redis round trip.
-            self._cache(call).put(
-                self.task_name, key.value, fingerprint=key.fingerprint,
-                result_json=canonical_json(result), task_id=task_id,
-                ttl_seconds=ttl_seconds,
+            cache = self._cache(call)
+            cache.put_later(
+                call.writes.for_client(cache.client), self.task_name, key.value,
+                fingerprint=key.fingerprint, result_json=canonical_json(result),
+                task_id=task_id, ttl_seconds=ttl_seconds,
             )
         raise Stop(
             Outcome.REPLAYED,
@@ -358,9 +373,10 @@ class IdempotencyGuard(Guard):
                 self._count(call, "STALE")
                 return
         if holder is not None and self.config.cache:
-            self._cache(call).put(
-                self.task_name, key.value, fingerprint=key.fingerprint,
-                result_json=result_json, task_id=call.task_id,
+            cache = self._cache(call)
+            cache.put_later(
+                call.writes.for_client(cache.client), self.task_name, key.value,
+                fingerprint=key.fingerprint, result_json=result_json, task_id=call.task_id,
                 ttl_seconds=self.config.ttl_seconds,
             )
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from resilience.errors import ConfigurationError, LockNotOwnedError, StorageError, StoreUnavailable
+from resilience.prepared import PreparedStatement
 
 #: Pool modes of PgBouncer (and compatible poolers) that break session advisory locks.
 UNSAFE_POOL_MODES = ("transaction", "statement")
@@ -149,6 +150,8 @@ class AdvisorySession:
                     pool_mode="transaction",
                 )
         self.held: set[int] = set()
+        #: Names of the statements prepared on this session.
+        self.prepared: set[str] = set()
 
     def execute(self, sql: str, parameters: tuple[Any, ...] | dict[str, Any] = ()) -> Any:
         """Run one statement on this session (autocommit); rows, or None without a result.
@@ -166,6 +169,13 @@ class AdvisorySession:
             raise StoreUnavailable(f"advisory lock session lost: {exc}", cause=repr(exc)) from exc
         except (psycopg2.Error, psycopg2.InterfaceError) as exc:
             raise StorageError(f"advisory lock query failed: {exc}", cause=repr(exc)) from exc
+
+    def execute_prepared(self, statement: PreparedStatement, parameters: dict[str, Any]) -> Any:
+        """`execute` of a statement prepared once on this session (saves parse and plan)."""
+        if statement.name not in self.prepared:
+            self.execute(statement.prepare)
+            self.prepared.add(statement.name)
+        return self.execute(statement.execute, statement.values(parameters))
 
     def scalar(self, sql: str, parameters: tuple[Any, ...] = ()) -> Any:
         """The first column of the first row of one statement on this session."""

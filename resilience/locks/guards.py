@@ -52,6 +52,7 @@ from resilience.locks.redis_lock import Lease, validate_ttl
 from resilience.locks.redlock import Redlock, RedlockOptions, require_node_count
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, EnqueueGuard, EnqueueStage, Guard, Publish, Stage, attach
+from resilience.prepared import PreparedStatement
 from resilience.stores import stores_for
 
 if TYPE_CHECKING:
@@ -358,7 +359,7 @@ class SingletonGuard(LockGuard):
             return None, None
         owner = str(session.backend_pid)
         try:
-            taken, token, _ = session.execute(_ACQUIRE_SINGLETON, {
+            taken, token, _ = session.execute_prepared(_ACQUIRE_SINGLETON, {
                 "id": lock_id, "key": key.full, "owner": owner,
                 "name": f"lock:{call.task_id or ''}"[:63], "task_id": call.task_id,
                 "task_name": call.task.name, "host": socket.gethostname(), "pid": os.getpid(),
@@ -373,7 +374,7 @@ class SingletonGuard(LockGuard):
         def release() -> bool:
             session.held.discard(lock_id)
             try:
-                return bool(session.execute(
+                return bool(session.execute_prepared(
                     _RELEASE_SINGLETON, {"id": lock_id, "key": key.full, "owner": owner}
                 )[0][0])
             except StorageError:
@@ -496,17 +497,18 @@ class ExclusiveGuard(LockGuard):
 
 #: One round trip: take the lock, name the session after the holder, register it with a
 #: fresh fencing token. A volatile CTE runs once; the INSERT runs only when taken.
-_ACQUIRE_SINGLETON = """
-    WITH attempt AS (SELECT pg_try_advisory_lock(%(id)s) AS taken),
+_ACQUIRE_SINGLETON = PreparedStatement("resilience_singleton_acquire", """
+    WITH attempt AS (SELECT pg_try_advisory_lock(%(id)s::bigint) AS taken),
     named AS (
-        SELECT set_config('application_name', %(name)s, false) FROM attempt WHERE taken
+        SELECT set_config('application_name', %(name)s::text, false) FROM attempt WHERE taken
     ),
     registered AS (
         INSERT INTO resilience_held_locks
             (key, kind, owner, task_id, task_name, hostname, pid, token, ttl_seconds,
              acquired_at)
-        SELECT %(key)s, 'singleton', %(owner)s, %(task_id)s, %(task_name)s, %(host)s,
-               %(pid)s, nextval('resilience_fencing_token_seq'), NULL, now()
+        SELECT %(key)s::text, 'singleton', %(owner)s::text, %(task_id)s::text,
+               %(task_name)s::text, %(host)s::text, %(pid)s::int,
+               nextval('resilience_fencing_token_seq'), NULL, now()
         FROM attempt WHERE taken
         ON CONFLICT (key) DO UPDATE SET kind = EXCLUDED.kind, owner = EXCLUDED.owner,
             task_id = EXCLUDED.task_id, task_name = EXCLUDED.task_name,
@@ -516,15 +518,16 @@ _ACQUIRE_SINGLETON = """
     )
     SELECT attempt.taken, (SELECT token FROM registered), (SELECT count(*) FROM named)
     FROM attempt
-"""
+""")
 
 #: One round trip: unregister, unlock, and clear the session's holder name.
-_RELEASE_SINGLETON = """
+_RELEASE_SINGLETON = PreparedStatement("resilience_singleton_release", """
     WITH unregistered AS (
-        DELETE FROM resilience_held_locks WHERE key = %(key)s AND owner = %(owner)s
+        DELETE FROM resilience_held_locks
+        WHERE key = %(key)s::text AND owner = %(owner)s::text
     )
-    SELECT pg_advisory_unlock(%(id)s), set_config('application_name', 'lock:', false)
-"""
+    SELECT pg_advisory_unlock(%(id)s::bigint), set_config('application_name', 'lock:', false)
+""")
 
 _SESSIONS = threading.local()
 

@@ -2,7 +2,8 @@
 --
 -- KEYS[1] = budget hash of the dependency (ring of time slots)
 -- ARGV[1] = mode: "request" (count a call), "retry" (ask to spend one retry),
---           "forced" (count a retry that already happened, e.g. the task's own self.retry)
+--           "forced" (count a retry that already happened, e.g. the task's own self.retry);
+--           "request+retry" / "request+forced" count the failed call first, then do the rest
 -- ARGV[2] = window in milliseconds
 -- ARGV[3] = ratio: retries allowed per request in the window (0..1)
 -- ARGV[4] = floor: retries always allowed per window (min_per_second * window_seconds)
@@ -46,6 +47,12 @@ local function bump(field)
   redis.call('PEXPIRE', key, window_ms * 2)
 end
 
+if string.sub(mode, 1, 8) == 'request+' then
+  bump('q')
+  requests = requests + 1
+  fields['e' .. slot] = tostring(epoch)
+  mode = string.sub(mode, 9)
+end
 if mode == 'request' then
   bump('q')
   return {1, requests + 1, retries}

@@ -27,6 +27,8 @@ from resilience.errors import ConfigurationError, StorageError, StoreUnavailable
 if TYPE_CHECKING:
     import redis
 
+    from resilience.batch import Batches, RedisBatch
+
 logger = logging.getLogger("resilience.retry.budget")
 
 STORE_DOWN_POLICIES = ("allow", "deny")
@@ -99,20 +101,18 @@ class RedisBudgetBackend:
             self._scripts = {id(client): script}
         return script
 
+    @staticmethod
+    def _args(mode: str, budget: RetryBudget) -> list[Any]:
+        return [mode, int(budget.window_seconds * 1000), repr(float(budget.ratio)),
+                repr(float(budget.floor)), budget.slots]
+
     def decide(self, dependency: str, mode: str, budget: RetryBudget) -> BudgetDecision:
         """Run one decision; raises StoreUnavailable / StorageError with the native cause."""
         import redis as redis_lib
 
         try:
             allowed, requests, retries = self._script()(
-                keys=[KEY_PREFIX + dependency],
-                args=[
-                    mode,
-                    int(budget.window_seconds * 1000),
-                    repr(float(budget.ratio)),
-                    repr(float(budget.floor)),
-                    budget.slots,
-                ],
+                keys=[KEY_PREFIX + dependency], args=self._args(mode, budget)
             )
         except (redis_lib.ConnectionError, redis_lib.TimeoutError) as exc:
             raise StoreUnavailable(
@@ -121,6 +121,20 @@ class RedisBudgetBackend:
         except redis_lib.RedisError as exc:
             raise StorageError(f"retry budget {dependency!r}: {exc}", cause=exc) from exc
         return BudgetDecision(bool(allowed), int(requests), int(retries))
+
+    def client(self) -> redis.Redis:
+        return self._client()
+
+    def count_later(self, batch: RedisBatch, dependency: str, mode: str,
+                    budget: RetryBudget) -> None:
+        """Queue a counting mode ("request", "request+forced") in `batch`; nothing waits."""
+
+        def done(reply: Any) -> None:
+            if isinstance(reply, BaseException):
+                logger.warning("retry budget %s: %s not counted (%s)", dependency, mode, reply)
+
+        batch.script(self._script(), [KEY_PREFIX + dependency], self._args(mode, budget),
+                     then=done)
 
 
 class RetryBudgetGate:
@@ -148,10 +162,19 @@ class RetryBudgetGate:
         """Count one execution of a call to the dependency."""
         return self._decide("request")
 
-    def try_spend(self) -> BudgetDecision:
-        """Ask for one retry; counted only when granted."""
-        return self._decide("retry")
+    def try_spend(self, *, with_request: bool = False) -> BudgetDecision:
+        """Ask for one retry; counted only when granted.
+
+        `with_request` first counts the failed execution itself, in the same script call.
+        """
+        return self._decide("request+retry" if with_request else "retry")
 
     def record_forced_retry(self) -> BudgetDecision:
         """Count a retry the task made on its own (Celery's self.retry / autoretry_for)."""
         return self._decide("forced")
+
+    def count_later(self, calls: Batches, mode: str) -> None:
+        """Count "request" or "request+forced" with the call's after-run writes."""
+        backend = self.backend
+        backend.count_later(calls.for_client(backend.client()), self.dependency, mode,
+                            self.budget)

@@ -33,7 +33,7 @@ from celery.exceptions import Ignore, Reject, Retry
 from resilience.counters import count
 from resilience.deadletter.giveup import give_up
 from resilience.errors import ConfigurationError, DeadLettered
-from resilience.outcomes import Outcome
+from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Guard, Stage, attach
 from resilience.retry.backoff import JITTERS, backoff_for, delay_with_retry_after
 from resilience.retry.budget import RedisBudgetBackend, RetryBudget, RetryBudgetGate
@@ -137,18 +137,32 @@ class RetryGuard(Guard):
     def dependency(self) -> str:
         return self.policy.dependency or (self.task.name if self.task else "?")
 
+    # Every execution counts as a request of the budget. The count is sent with the call's
+    # after-run writes (no round trip of its own), or inside the retry decision it precedes.
     def before_run(self, call: Call) -> None:
         if self.gate is not None:
-            self.gate.record_request()
+            call.state[_UNCOUNTED] = True
+
+    def _count_request(self, call: Call, mode: str = "request") -> None:
+        if self.gate is not None and call.state.pop(_UNCOUNTED, False):
+            self.gate.count_later(call.writes, mode)
+
+    def after_run(self, call: Call, result: Any) -> None:
+        self._count_request(call)
+
+    def on_stop(self, call: Call, stop: Stop) -> None:
+        self._count_request(call)
 
     def on_error(self, call: Call, exc: BaseException) -> None:
-        if isinstance(exc, Retry):
-            if self.gate is not None:
-                self.gate.record_forced_retry()
-            return
-        if isinstance(exc, Ignore | Reject | DeadLettered) or not isinstance(exc, Exception):
-            return
-        raise self.decide(call, exc)
+        try:
+            if isinstance(exc, Retry):
+                self._count_request(call, "request+forced")
+                return
+            if isinstance(exc, Ignore | Reject | DeadLettered) or not isinstance(exc, Exception):
+                return
+            raise self.decide(call, exc)
+        finally:
+            self._count_request(call)
 
     def decide(self, call: Call, exc: Exception) -> BaseException:
         """The error to raise instead of `exc`: Celery's `Retry`, or `DeadLettered`."""
@@ -180,7 +194,7 @@ class RetryGuard(Guard):
         previous = _previous_delay(request)
         delay = min(cap, policy.delay_seconds(attempt, exc, previous))
         if self.gate is not None:
-            decision = self.gate.try_spend()
+            decision = self.gate.try_spend(with_request=call.state.pop(_UNCOUNTED, False))
             if not decision.allowed:
                 return dead(
                     f"retry budget of {self.dependency!r} exhausted "
@@ -207,6 +221,10 @@ class RetryGuard(Guard):
         except BaseException as other:  # noqa: BLE001 - called inline: retry re-raises exc
             return other
         return exc  # pragma: no cover - task.retry always raises
+
+
+#: `call.state` flag: this execution is not yet counted as a budget request.
+_UNCOUNTED = "retry.uncounted"
 
 
 def _previous_delay(request: Any) -> float | None:

@@ -13,6 +13,8 @@ from resilience.errors import StorageError, StoreUnavailable
 if TYPE_CHECKING:
     import redis
 
+    from resilience.batch import RedisBatch
+
 KEY_PREFIX = "resilience:breaker:"
 _HERE = Path(__file__).parent
 
@@ -96,31 +98,71 @@ class RedisBreakerBackend:
         )
         return Permission(bool(allowed), state, int(generation), int(wait_ms) / 1000, transition)
 
-    def record(self, config: BreakerConfig, generation: int, outcome: str, slow: bool) -> Verdict:
+    @staticmethod
+    def _record_args(config: BreakerConfig, generation: int, outcome: str,
+                     slow: bool) -> list[Any]:
         window = config.window
         if isinstance(window, CountWindow):
             kind, size, slots = "count", window.calls, 1
         else:
             kind, size, slots = "time", int(window.seconds * 1000), window.slots
         slow_threshold = config.slow_call_rate_threshold
-        transition, state, calls, failures, slow_calls = self._run(
-            "record",
-            config.name,
-            [
-                generation,
-                outcome,
-                1 if slow else 0,
-                kind,
-                size,
-                slots,
-                config.minimum_calls,
-                repr(float(config.failure_rate_threshold)),
-                repr(float(slow_threshold if slow_threshold is not None else 2.0)),
-                int(config.open_seconds * 1000),
-                config.half_open_probes,
-            ],
-        )
+        return [
+            generation,
+            outcome,
+            1 if slow else 0,
+            kind,
+            size,
+            slots,
+            config.minimum_calls,
+            repr(float(config.failure_rate_threshold)),
+            repr(float(slow_threshold if slow_threshold is not None else 2.0)),
+            int(config.open_seconds * 1000),
+            config.half_open_probes,
+        ]
+
+    def record(self, config: BreakerConfig, generation: int, outcome: str, slow: bool) -> Verdict:
+        reply = self._run("record", config.name,
+                          self._record_args(config, generation, outcome, slow))
+        return self.verdict(reply)
+
+    @staticmethod
+    def verdict(reply: Any) -> Verdict:
+        transition, state, calls, failures, slow_calls = reply
         return Verdict(transition, state, int(calls), int(failures), int(slow_calls))
+
+    # -- batched (one round trip for every guard of a call; see resilience.batch) ---------
+    def client(self) -> redis.Redis:
+        return self._client()
+
+    @staticmethod
+    def peek_later(batch: RedisBatch, name: str, then: Callable[[Any], None]) -> None:
+        """Queue a read of the state and generation (what acquire.lua reads first)."""
+        batch.command("HMGET", state_key(name), "state", "gen", then=then)
+
+    @staticmethod
+    def permission_from_peek(reply: Any) -> Permission | None:
+        """The permission acquire.lua would give for a closed breaker, else None.
+
+        acquire.lua only reads when the state is closed or forced_closed; anything else (a
+        timer to check, a probe permit to take) needs the script itself.
+        """
+        if isinstance(reply, BaseException) or not isinstance(reply, list | tuple):
+            return None
+        state = reply[0] or "closed"
+        if state not in ("closed", "forced_closed"):
+            return None
+        try:
+            generation = int(reply[1] or 0)
+        except (TypeError, ValueError):
+            return None
+        return Permission(True, state, generation)
+
+    def record_later(self, batch: RedisBatch, config: BreakerConfig, generation: int,
+                     outcome: str, slow: bool, then: Callable[[Any], None]) -> None:
+        """Queue record.lua; `then` gets its reply (see `verdict`) or the exception."""
+        batch.script(self._scripts()["record"], [state_key(config.name), window_key(config.name)],
+                     self._record_args(config, generation, outcome, slow), then=then)
 
     def force(self, name: str, state: str) -> str:
         """Set `state` ('forced_open', 'forced_closed', 'closed'); return the previous state."""

@@ -18,7 +18,7 @@ from resilience.circuit.config import BreakerConfig
 from resilience.circuit.guard import BreakerGuard
 from resilience.deadletter.poison import PoisonGuard, PoisonPolicy
 from resilience.outcomes import Outcome, Stop
-from resilience.pipeline import Call
+from resilience.pipeline import Call, Pipeline
 from resilience.retry.budget import RedisBudgetBackend, RetryBudget, RetryBudgetGate
 from resilience.retry.guard import RetryGuard, RetryPolicy
 
@@ -37,9 +37,17 @@ def dead_redis(tmp_path: Path) -> Iterator[redis.Redis]:
     client.close()
 
 
-def _call(task: Any, *args: Any) -> Call:
-    request = Context(id="store-down-call", retries=0, called_directly=False, expires=None)
+def _call(task: Any, *args: Any, redelivered: bool = False) -> Call:
+    request = Context(id="store-down-call", retries=0, called_directly=False, expires=None,
+                      delivery_info={"redelivered": redelivered})
     return Call(task=task, args=args, kwargs={}, request=request)
+
+
+def _fail(exc: BaseException) -> Any:
+    def body() -> Any:
+        raise exc
+
+    return body
 
 
 class TestBreakerStoreDown:
@@ -51,9 +59,15 @@ class TestBreakerStoreDown:
         guard = BreakerGuard(BreakerConfig(name="down-open"),
                              backend=RedisBreakerBackend(lambda: dead_redis))
         guard.bind(failure_breaker_call)
-        call = _call(failure_breaker_call, "http://127.0.0.1:1/")
-        guard.before_run(call)
-        guard.on_error(call, ConnectionError("dependency down too"))
+        ran = []
+
+        def body() -> None:
+            ran.append(1)
+            raise ConnectionError("dependency down too")
+
+        with pytest.raises(ConnectionError, match="dependency down too"):
+            Pipeline([guard]).run(_call(failure_breaker_call, "http://127.0.0.1:1/"), body)
+        assert ran == [1]
         assert any("store unavailable" in r.getMessage() for r in caplog.records)
 
     def test_fail_closed_defers(self, app: Any, dead_redis: redis.Redis) -> None:
@@ -65,7 +79,8 @@ class TestBreakerStoreDown:
                              backend=RedisBreakerBackend(lambda: dead_redis))
         guard.bind(failure_breaker_call)
         with pytest.raises(Stop) as stopped:
-            guard.before_run(_call(failure_breaker_call, "http://127.0.0.1:1/"))
+            Pipeline([guard]).run(_call(failure_breaker_call, "http://127.0.0.1:1/"),
+                                  _fail(AssertionError("must not run")))
         assert stopped.value.outcome is Outcome.DEFERRED
         assert stopped.value.retry_after_seconds == 5
 
@@ -80,13 +95,16 @@ class TestBudgetStoreDown:
         decision = gate.try_spend()
         assert decision.store_down and decision.allowed is allowed
 
-    def test_guard_counts_without_crash(self, app: Any, dead_redis: redis.Redis) -> None:
-        """The retry guard's request count is skipped with a warning."""
+    def test_guard_counts_without_crash(self, app: Any, dead_redis: redis.Redis,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+        """The retry guard's request count is skipped with a warning; the result stands."""
         from tests.resilience.retry.tasks import failure_storm_budgeted
 
         guard = RetryGuard(RetryPolicy(), backend=RedisBudgetBackend(lambda: dead_redis))
         guard.bind(failure_storm_budgeted)
-        guard.before_run(_call(failure_storm_budgeted, "http://127.0.0.1:1/"))
+        call = _call(failure_storm_budgeted, "http://127.0.0.1:1/")
+        assert Pipeline([guard]).run(call, lambda: "done") == "done"
+        assert any("request not counted" in r.getMessage() for r in caplog.records)
 
 
 class TestPoisonStoreDown:
@@ -96,7 +114,6 @@ class TestPoisonStoreDown:
 
         guard = PoisonGuard(PoisonPolicy(max_deliveries=1), client=lambda: dead_redis)
         guard.bind(failure_echo)
-        call = _call(failure_echo, 1)
         for _ in range(3):
-            guard.before_run(call)
-            guard.after_run(call, 1)
+            call = _call(failure_echo, 1, redelivered=True)
+            assert Pipeline([guard]).run(call, lambda: 1) == 1

@@ -1,0 +1,107 @@
+"""One Redis round trip shared by the guards of one call.
+
+Each guard's happy path needs a Redis read before the body (is the key cached? is the breaker
+closed?) and a Redis write after it (cache the result, report the outcome, count the
+request). Done one by one that is a round trip per guard; `RedisBatch` queues them in one
+non-transactional pipeline instead, so a call costs one read round trip before the body and
+one write round trip after it, however many guards it has.
+
+Batching changes no decision: reads are only hints (a guard whose read failed or says
+anything but "go ahead" makes its own atomic call), and the writes are ones nobody waits for
+(their failures were already logged and ignored). Scripts are sent as EVALSHA without
+redis-py's per-pipeline `SCRIPT EXISTS` check; a script the server lost is run once more on
+its own, which loads it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import redis
+    from redis.commands.core import Script
+
+logger = logging.getLogger("resilience.batch")
+
+#: A callback receives the command's reply, or the exception it raised.
+Then = Callable[[Any], None]
+
+
+@dataclass
+class _Queued:
+    args: tuple[Any, ...]
+    then: Then
+    script: Script | None = None
+    keys: Sequence[Any] = ()
+    argv: Sequence[Any] = ()
+
+
+@dataclass
+class RedisBatch:
+    """Commands for one Redis client, sent together by `execute()` in one round trip."""
+
+    client: redis.Redis
+    queued: list[_Queued] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.queued)
+
+    def command(self, *args: Any, then: Then) -> None:
+        """Queue a command (`"GET", key`); `then` gets its reply or exception."""
+        self.queued.append(_Queued(args, then))
+
+    def script(self, script: Script, keys: Sequence[Any], args: Sequence[Any], *,
+               then: Then) -> None:
+        """Queue a registered Lua script call; `then` gets its reply or exception."""
+        self.queued.append(_Queued(("EVALSHA", script.sha, len(keys), *keys, *args), then,
+                                   script, keys, args))
+
+    def execute(self) -> None:
+        """Send everything queued in one round trip and hand each reply to its callback.
+
+        Never raises: a transport error becomes every callback's exception, and a callback
+        that raises is logged (each owner already treats its command as best effort).
+        """
+        queued, self.queued = self.queued, []
+        if not queued:
+            return
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for item in queued:
+                pipe.execute_command(*item.args)
+            replies: list[Any] = pipe.execute(raise_on_error=False)
+        except Exception as exc:  # noqa: BLE001 - handed to each owner's own policy
+            replies = [exc] * len(queued)
+        from redis.exceptions import NoScriptError
+
+        for item, reply in zip(queued, replies, strict=True):
+            if isinstance(reply, NoScriptError) and item.script is not None:
+                try:
+                    reply = item.script(keys=list(item.keys), args=list(item.argv))
+                except Exception as exc:  # noqa: BLE001 - handed to the owner
+                    reply = exc
+            try:
+                item.then(reply)
+            except Exception:
+                logger.exception("batched Redis reply handler failed")
+
+
+class Batches:
+    """A call's batches, one per Redis client (guards normally share the app's client)."""
+
+    def __init__(self) -> None:
+        self._by_client: dict[int, RedisBatch] = {}
+
+    def for_client(self, client: redis.Redis) -> RedisBatch:
+        batch = self._by_client.get(id(client))
+        if batch is None:
+            batch = self._by_client[id(client)] = RedisBatch(client)
+        return batch
+
+    def execute(self) -> None:
+        """One round trip per client with something queued."""
+        for batch in list(self._by_client.values()):
+            batch.execute()
