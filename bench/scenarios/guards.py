@@ -38,7 +38,7 @@ def run(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--work-ms", default="0,5,20",
                         help="comma-separated waits on the dependency per job, in ms")
-    parser.add_argument("--reference-work-ms", type=float, default=5.0,
+    parser.add_argument("--reference-work-ms", type=float, default=20.0,
                         help="the work whose ratio is the headline `ratio`")
     options = parser.parse_args(argv)
     n = options.messages

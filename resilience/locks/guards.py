@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sqlalchemy import text
 
 from resilience.counters import count
-from resilience.errors import ConfigurationError, StorageError
+from resilience.errors import ConfigurationError, StorageError, StoreUnavailable
 from resilience.keys import GuardKey, KeyOption, KeySpec
 from resilience.locks.advisory import HOLDER_SQL, AdvisorySession, advisory_id, lock_parts
 from resilience.locks.fencing import FencingTokens
@@ -357,16 +357,30 @@ class SingletonGuard(LockGuard):
             # Session locks are re-entrant; a second take by the same thread (an inline
             # caller-runs call of the same key) must see the key as held.
             return None, None
-        owner = str(session.backend_pid)
+        parameters = {
+            "id": lock_id, "key": key.full, "owner": str(session.backend_pid),
+            "name": f"lock:{call.task_id or ''}"[:63], "task_id": call.task_id,
+            "task_name": call.task.name, "host": socket.gethostname(), "pid": os.getpid(),
+        }
         try:
-            taken, token, _ = session.execute_prepared(_ACQUIRE_SINGLETON, {
-                "id": lock_id, "key": key.full, "owner": owner,
-                "name": f"lock:{call.task_id or ''}"[:63], "task_id": call.task_id,
-                "task_name": call.task.name, "host": socket.gethostname(), "pid": os.getpid(),
-            })[0]
+            taken, token, _ = session.execute_prepared(_ACQUIRE_SINGLETON, parameters)[0]
+        except StoreUnavailable:
+            self._discard_session()
+            if session.held:
+                raise
+            # The thread's idle session died since its last run (PostgreSQL restarted, an
+            # idle timeout): it held nothing, so one fresh session may try at once.
+            session = self._session(call)
+            parameters["owner"] = str(session.backend_pid)
+            try:
+                taken, token, _ = session.execute_prepared(_ACQUIRE_SINGLETON, parameters)[0]
+            except StorageError:
+                self._discard_session()
+                raise
         except StorageError:
             self._discard_session()
             raise
+        owner = parameters["owner"]
         if not taken:
             return None, None
         session.held.add(lock_id)

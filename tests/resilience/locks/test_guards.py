@@ -254,3 +254,23 @@ class TestPolicies:
                 deferring_singleton(run_id, "busy")
         assert runs(engine, run_id) == []
         assert singleton_run(run_id, "busy", seconds=0)["ran"] is True
+
+
+class TestIdleSession:
+    def test_dead_idle_session_is_replaced_not_deferred(
+        self, engine: Any, run_id: str
+    ) -> None:
+        """The thread's cached lock session dies between runs (backend terminated, as by a
+        PostgreSQL restart): the next run opens a fresh session and runs, once."""
+        from resilience.locks.guards import _SESSIONS
+        from tests.resilience.locks.tasks import singleton_run
+
+        assert singleton_run(run_id, "idle")["ran"] is True
+        _, _, session = _SESSIONS.session
+        with engine.connect() as connection:
+            assert connection.execute(text("SELECT pg_terminate_backend(:pid)"),
+                                      {"pid": session.backend_pid}).scalar_one()
+        time.sleep(0.2)
+        assert singleton_run(run_id, "idle")["ran"] is True
+        assert _SESSIONS.session[2] is not session
+        assert len([row for row in runs(engine, run_id) if row.slot == "idle"]) == 2
