@@ -72,13 +72,6 @@ class Call:
     def task_id(self) -> str | None:
         return getattr(self.request, "id", None)
 
-    @property
-    def inline(self) -> bool:
-        """Run in the caller's process (`apply()`, a direct call), not by a worker."""
-        request = self.request
-        return (request is None or bool(getattr(request, "called_directly", False))
-                or bool(getattr(request, "is_eager", False)))
-
     def checkpoint(self) -> None:
         """Raise if any guard's hold was lost; call right before committing an effect.
 
@@ -175,9 +168,7 @@ class Pipeline:
         try:
             return self._run(call, body)
         finally:
-            # Inline calls (apply(), caller-runs) wait for their writes, so the caller can
-            # read them at once; a worker's call only sends them (see resilience.batch).
-            call.writes.execute(answered=call.inline)
+            call.writes.execute()
 
     def _run(self, call: Call, body: Callable[[], Any]) -> Any:
         entered: list[Guard] = []

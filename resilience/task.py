@@ -10,10 +10,9 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar
 
-from celery import Task, signals
+from celery import Task
 from celery.exceptions import Retry
 
-from resilience.batch import drain_unanswered
 from resilience.errors import JobDeferred, PayloadTooLarge
 from resilience.keys import bind_arguments, canonical_json
 from resilience.outcomes import Outcome, Stop
@@ -192,9 +191,3 @@ class GuardedTask(Task):
         signature.apply_async()
         raise Retry(message, exc=reason, when=countdown, sig=signature)
 
-
-@signals.worker_process_shutdown.connect
-@signals.worker_shutdown.connect
-def _read_last_replies(**_: Any) -> None:
-    """A stopping worker reads the replies of its last unawaited writes (and logs them)."""
-    drain_unanswered()

@@ -29,8 +29,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("resilience.circuit")
 
 FORCEABLE = ("forced_open", "forced_closed", "closed")
-#: States in which a success is only counted (record.lua cannot change the state).
-CLOSED_STATES = ("closed", "forced_closed")
 
 
 class CircuitBreaker:
@@ -100,14 +98,8 @@ class CircuitBreaker:
                 return
             self._recorded(self.backend.verdict(reply))
 
-        slow = self._slow(outcome, duration_seconds)
-        # The happy path (a fast success under a closed breaker) is not waited for: the
-        # state changes in Redis as the script runs, and the rare transition it causes (the
-        # window's failures reaching the threshold) is logged and counted when its reply is
-        # read, at this thread's next batch. Failures, slow calls and probes wait.
-        quiet = outcome == "success" and not slow and permission.state in CLOSED_STATES
-        self.backend.record_later(batch, self.config, permission.generation, outcome, slow,
-                                  done, wait=not quiet)
+        self.backend.record_later(batch, self.config, permission.generation, outcome,
+                                  self._slow(outcome, duration_seconds), done)
 
     def _recorded(self, verdict: Verdict) -> None:
         if verdict.transition:

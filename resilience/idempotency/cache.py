@@ -107,7 +107,7 @@ class ResultCache:
                 logger.warning("idempotency cache write failed: %s", reply)
 
         batch.command(*self._set_args(task_name, key, fingerprint, result_json, task_id,
-                                      ttl_seconds), then=done, wait=False)
+                                      ttl_seconds), then=done)
 
     def forget(self, task_name: str, key: str) -> None:
         """Drop a cached key (admin purge)."""

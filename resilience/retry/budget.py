@@ -134,7 +134,7 @@ class RedisBudgetBackend:
                 logger.warning("retry budget %s: %s not counted (%s)", dependency, mode, reply)
 
         batch.script(self._script(), [KEY_PREFIX + dependency], self._args(mode, budget),
-                     then=done, wait=False)
+                     then=done)
 
 
 class RetryBudgetGate:

@@ -159,12 +159,10 @@ class RedisBreakerBackend:
         return Permission(True, state, generation)
 
     def record_later(self, batch: RedisBatch, config: BreakerConfig, generation: int,
-                     outcome: str, slow: bool, then: Callable[[Any], None], *,
-                     wait: bool = True) -> None:
+                     outcome: str, slow: bool, then: Callable[[Any], None]) -> None:
         """Queue record.lua; `then` gets its reply (see `verdict`) or the exception."""
         batch.script(self._scripts()["record"], [state_key(config.name), window_key(config.name)],
-                     self._record_args(config, generation, outcome, slow), then=then,
-                     wait=wait)
+                     self._record_args(config, generation, outcome, slow), then=then)
 
     def force(self, name: str, state: str) -> str:
         """Set `state` ('forced_open', 'forced_closed', 'closed'); return the previous state."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,8 +11,7 @@ import pytest
 import redis
 from redis.connection import AbstractConnection
 
-from jobs.testing import wait_for
-from resilience.batch import RedisBatch, drain_unanswered
+from resilience.batch import RedisBatch
 from resilience.circuit.backends.redis import state_key
 from resilience.idempotency.cache import cache_key
 from resilience.retry.budget import KEY_PREFIX as BUDGET_PREFIX
@@ -111,58 +109,3 @@ class TestFullStack:
         assert replayed["outcome"] == "REPLAYED"
         assert replayed["result"] == f"done {key}"
         assert int(redis_client.get(counter)) == 1
-
-
-class TestUnanswered:
-    def test_sent_at_once_replies_read_at_the_next_batch(
-        self, redis_client: redis.Redis, key: str
-    ) -> None:
-        """Writes nobody waits for are applied at once; their replies (and errors) reach the
-        owners at the thread's next batch, with no command lost or out of step."""
-        redis_client.set(f"{key}:text", "not a hash")
-        replies: list[Any] = []
-        batch = RedisBatch(redis_client)
-        batch.command("SET", f"{key}:a", "1", then=replies.append, wait=False)
-        batch.command("HSET", f"{key}:text", "f", "1", then=replies.append, wait=False)
-        batch.command("INCR", f"{key}:a", then=replies.append, wait=False)
-        batch.execute()
-        assert replies == []  # sent, not waited for
-        wait_for(lambda: redis_client.get(f"{key}:a") == "2", timeout_seconds=5,
-                 message="unawaited writes applied")
-        read: list[Any] = []
-        batch.command("GET", f"{key}:a", then=read.append)
-        batch.execute()  # reads the pending replies first, then its own
-        assert replies[0] is True or replies[0] == "OK"
-        assert isinstance(replies[1], redis.ResponseError)
-        assert replies[2] == 2
-        assert read == ["2"]
-
-    def test_inline_call_waits(self, redis_client: redis.Redis, key: str) -> None:
-        """`answered=True` (inline calls) waits even for writes that need no answer."""
-        replies: list[Any] = []
-        batch = RedisBatch(redis_client)
-        batch.command("SET", f"{key}:b", "1", then=replies.append, wait=False)
-        batch.execute(answered=True)
-        assert len(replies) == 1
-
-    def test_dead_redis_reaches_the_owner(self, tmp_path: Path) -> None:
-        from jobs.services import embedded_redis, free_port
-
-        server = embedded_redis(free_port(), tmp_path / "redis").start()
-        client = redis.Redis.from_url(server.url, socket_timeout=0.5,
-                                      socket_connect_timeout=0.5)
-        assert client.ping()
-        replies: list[Any] = []
-        batch = RedisBatch(client)
-        batch.command("SET", "x", "1", then=replies.append, wait=False)
-        batch.execute()
-        wait_for(lambda: client.get("x") == b"1", timeout_seconds=5, message="first write")
-        server.kill()
-        time.sleep(0.2)
-        batch.command("SET", "y", "1", then=replies.append, wait=False)
-        batch.execute()  # the first reply is unreadable now; the second send fails
-        drain_unanswered()
-        # the first reply had arrived before the kill; the second write's owner gets the error
-        assert len(replies) == 2
-        assert replies[0] in (b"OK", "OK", True)
-        assert isinstance(replies[1], redis.ConnectionError | redis.TimeoutError)
