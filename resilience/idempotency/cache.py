@@ -75,39 +75,23 @@ class ResultCache:
         except (ValueError, KeyError, TypeError):
             return None
 
-    @staticmethod
-    def _set_args(task_name: str, key: str, fingerprint: str, result_json: str,
-                  task_id: str | None, ttl_seconds: float) -> tuple[Any, ...]:
-        # The result is already canonical JSON: splice it in rather than parse and re-dump.
-        payload = (
-            f'{{"f":{json.dumps(fingerprint)},"t":{json.dumps(task_id)},"r":{result_json}}}'
-        )
-        return ("SET", cache_key(task_name, key), payload, "PX",
-                max(1, int(ttl_seconds * 1000)))
-
-    def put(
-        self, task_name: str, key: str, *, fingerprint: str, result_json: str,
-        task_id: str | None, ttl_seconds: float,
-    ) -> None:
-        """Cache a succeeded record for `ttl_seconds` (the record's own TTL)."""
-        try:
-            self.client.execute_command(*self._set_args(
-                task_name, key, fingerprint, result_json, task_id, ttl_seconds))
-        except Exception as exc:  # noqa: BLE001 - a missed cache write costs one PG read later
-            logger.warning("idempotency cache write failed: %s", exc)
-
     def put_later(
         self, batch: RedisBatch, task_name: str, key: str, *, fingerprint: str,
         result_json: str, task_id: str | None, ttl_seconds: float,
     ) -> None:
-        """`put`, queued in `batch` (sent with the call's other after-run writes)."""
+        """Cache a succeeded record for `ttl_seconds` (the record's own TTL), queued in
+        `batch` with the call's other after-run writes."""
 
         def done(reply: Any) -> None:
-            if isinstance(reply, BaseException):
+            if isinstance(reply, BaseException):  # a missed fill costs one PG read later
                 logger.warning("idempotency cache write failed: %s", reply)
 
-        batch.command(*self._set_args(task_name, key, fingerprint, result_json, task_id,
-                                      ttl_seconds), then=done)
+        # The result is already canonical JSON: splice it in rather than parse and re-dump.
+        payload = (
+            f'{{"f":{json.dumps(fingerprint)},"t":{json.dumps(task_id)},"r":{result_json}}}'
+        )
+        batch.command("SET", cache_key(task_name, key), payload, "PX",
+                      max(1, int(ttl_seconds * 1000)), then=done)
 
     def forget(self, task_name: str, key: str) -> None:
         """Drop a cached key (admin purge)."""

@@ -362,24 +362,18 @@ class SingletonGuard(LockGuard):
             "name": f"lock:{call.task_id or ''}"[:63], "task_id": call.task_id,
             "task_name": call.task.name, "host": socket.gethostname(), "pid": os.getpid(),
         }
-        try:
-            taken, token, _ = session.execute_prepared(_ACQUIRE_SINGLETON, parameters)[0]
-        except StoreUnavailable:
-            self._discard_session()
-            if session.held:
-                raise
-            # The thread's idle session died since its last run (PostgreSQL restarted, an
-            # idle timeout): it held nothing, so one fresh session may try at once.
-            session = self._session(call)
-            parameters["owner"] = str(session.backend_pid)
+        for fresh in (False, True):
             try:
                 taken, token, _ = session.execute_prepared(_ACQUIRE_SINGLETON, parameters)[0]
-            except StorageError:
+                break
+            except StorageError as exc:
                 self._discard_session()
-                raise
-        except StorageError:
-            self._discard_session()
-            raise
+                # The thread's idle session may have died since its last run (PostgreSQL
+                # restarted, an idle timeout): if it held nothing, a fresh one tries at once.
+                if fresh or session.held or not isinstance(exc, StoreUnavailable):
+                    raise
+                session = self._session(call)
+                parameters["owner"] = str(session.backend_pid)
         owner = parameters["owner"]
         if not taken:
             return None, None
