@@ -14,6 +14,7 @@ import json
 import string
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from resilience.errors import ArgumentsDoNotBind, ConfigurationError, InvalidKey, NonJsonArguments
@@ -42,6 +43,19 @@ def canonical_json(value: Any) -> str:
         ) from None
 
 
+@lru_cache(maxsize=1024)
+def _cached_signature(func: Callable[..., Any]) -> inspect.Signature:
+    return inspect.signature(func)
+
+
+def _signature(func: Callable[..., Any]) -> inspect.Signature:
+    """`inspect.signature`, computed once per function (it costs more than the binding)."""
+    try:
+        return _cached_signature(func)
+    except TypeError:  # an unhashable callable object
+        return inspect.signature(func)
+
+
 def bind_arguments(
     func: Callable[..., Any], args: tuple[Any, ...] | list[Any], kwargs: Mapping[str, Any]
 ) -> dict[str, Any]:
@@ -50,7 +64,7 @@ def bind_arguments(
     Raises:
         ArgumentsDoNotBind: the arguments do not fit the signature.
     """
-    signature = inspect.signature(func)
+    signature = _signature(func)
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError as exc:

@@ -18,6 +18,7 @@ Race timeline the claim is written for (insert first, never check-then-act)::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from dataclasses import dataclass
@@ -164,7 +165,20 @@ def wrap_database_error(exc: BaseException, action: str) -> StorageError:
                cause=repr(exc))
 
 
-_PREPARED_KEY = "resilience_idempotency_prepared"
+#: Per thread: the connection each engine's store holds (see `PostgresStore._connection`).
+_held = threading.local()
+
+
+class _Held:
+    """A thread's own store connection and the statements prepared on it."""
+
+    def __init__(self, driver: Any) -> None:
+        self.driver = driver
+        self.prepared: set[str] = set()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # already broken; it is being replaced
+            self.driver.close()
 
 CLAIM = _Statement("resilience_idempotency_claim", CLAIM_SQL)
 READ = _Statement("resilience_idempotency_read", READ_SQL)
@@ -196,22 +210,35 @@ class PostgresStore:
         self.engine = engine
         self.prepared = prepared
 
+    def _connection(self) -> _Held:
+        """This thread's connection to the store, kept open between statements.
+
+        A pool checkout and checkin per statement costs more CPU than the statement's round
+        trip. A worker thread runs one call at a time, so each thread keeps its own
+        connection (detached from the pool, like the singleton's lock session): it closes
+        with the thread, and one that failed is replaced on the next statement.
+        """
+        held: dict[Engine, _Held] | None = getattr(_held, "connections", None)
+        if held is None:
+            held = _held.connections = {}
+        connection = held.get(self.engine)
+        if connection is None or connection.driver.closed:
+            fairy = self.engine.raw_connection()  # autocommit and options already applied
+            fairy.detach()
+            connection = held[self.engine] = _Held(fairy.dbapi_connection)
+        return connection
+
     def _execute(self, statement: _Statement, parameters: dict[str, Any], action: str) -> Any:
         import psycopg2
 
         for attempt in (1, 2):
-            connection = self.engine.connect()
+            connection = self._connection()
             try:
-                fairy = connection.connection
-                driver = fairy.dbapi_connection
-                cursor = driver.cursor()
-                try:
+                with connection.driver.cursor() as cursor:
                     if self.prepared:
-                        done = fairy.info.setdefault(_PREPARED_KEY, {})
-                        # Keyed by the driver connection: a replaced connection re-prepares.
-                        if done.get(statement.name) != id(driver):
+                        if statement.name not in connection.prepared:
                             cursor.execute(statement.prepare)
-                            done[statement.name] = id(driver)
+                            connection.prepared.add(statement.name)
                         cursor.execute(statement.execute, statement.values(parameters))
                     else:
                         cursor.execute(statement.sql, parameters)
@@ -219,25 +246,21 @@ class PostgresStore:
                         return cursor.rowcount
                     columns = [column.name for column in cursor.description]
                     return [_Row(zip(columns, row, strict=True)) for row in cursor.fetchall()]
-                finally:
-                    cursor.close()
             except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
                 # No pre-ping: a connection PostgreSQL closed (restart, idle timeout) fails
                 # its first statement; drop it, and one more try uses a fresh one.
-                connection.invalidate()
+                connection.close()
                 if attempt == 1:
                     continue
                 raise wrap_database_error(exc, action) from exc
             except psycopg2.errors.InvalidSqlStatementName as exc:
                 # The server lost the prepared statement (a pooler switched backends).
-                fairy.info.pop(_PREPARED_KEY, None)
+                connection.prepared.clear()
                 if attempt == 1:
                     continue
                 raise wrap_database_error(exc, action) from exc
             except psycopg2.Error as exc:
                 raise wrap_database_error(exc, action) from exc
-            finally:
-                connection.close()
         raise AssertionError("unreachable")
 
     def claim(

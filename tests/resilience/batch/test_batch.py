@@ -42,12 +42,30 @@ class TestRedisBatch:
         batch.script(script, ["k"], ["v"], then=lambda r: replies.__setitem__("script", r))
         batch.command("INCR", "batch:a", then=lambda r: replies.__setitem__("incr", r))
         batch.command("HGET", "batch:a", "x", then=lambda r: replies.__setitem__("bad", r))
+        batch.command("GET", "batch:a", then=lambda r: replies.__setitem__("after", r))
         batch.execute()
         assert replies["set"] is True or replies["set"] == "OK"
         assert replies["script"] == "vk"
         assert replies["incr"] == 2
         assert isinstance(replies["bad"], redis.ResponseError)  # WRONGTYPE, handed over
+        assert replies["after"] == "2"  # an error reply does not shift the ones after it
         assert len(batch) == 0
+
+    def test_connection_closed_by_the_server_is_replaced(self, redis_client: redis.Redis,
+                                                         stores: Any) -> None:
+        """A pooled connection Redis dropped (restart, CLIENT KILL) costs no failed batch."""
+        ids: list[Any] = []
+        batch = RedisBatch(redis_client)
+        batch.command("CLIENT", "ID", then=ids.append)
+        batch.execute()
+        killer = redis.Redis.from_url(stores.redis_url)
+        assert killer.client_kill_filter(_id=ids[0]) == 1
+        killer.close()
+        batch.command("CLIENT", "ID", then=ids.append)
+        batch.command("PING", then=ids.append)
+        batch.execute()
+        assert isinstance(ids[1], int) and ids[1] != ids[0]
+        assert ids[2] is True
 
     def test_dead_redis_gives_each_owner_the_error(self, tmp_path: Path) -> None:
         from jobs.services import embedded_redis, free_port

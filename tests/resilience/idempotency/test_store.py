@@ -111,3 +111,26 @@ class TestPostgresStore:
         key = uuid.uuid4().hex
         assert claim(store, key, owner="b").claimed
         assert store.complete(holder(key, 1, "b"), '"ok"', 600)
+
+    def test_threads_each_use_their_own_connection(self, store: PostgresStore) -> None:
+        """Worker threads claim and complete at once without sharing a session."""
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        prefix = uuid.uuid4().hex
+        together = threading.Barrier(4, timeout=30)
+
+        def work(thread: int) -> int:
+            together.wait()  # four distinct threads, all working at once
+            done = 0
+            for index in range(50):
+                key = f"{prefix}:{thread}:{index}"
+                first = claim(store, key, owner=f"t{thread}")
+                assert first.claimed
+                done += store.complete(holder(key, first.attempt, f"t{thread}"), str(index), 600)
+            assert done == 50
+            return store._connection().driver.get_backend_pid()
+
+        with ThreadPoolExecutor(4) as pool:
+            pids = list(pool.map(work, range(4)))
+        assert len(set(pids)) == 4
