@@ -108,6 +108,10 @@ class JobsCelery(Celery):
         return super().task(*args, **options)
 
 
+#: kombu's Redis transport, reusing its client objects (see `jobs.broker`).
+BROKER_TRANSPORT = "jobs.broker:Transport"
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Celery configuration derived from the platform settings."""
     exchange = Exchange("jobs", type="direct")
@@ -143,6 +147,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "resilience_max_payload_bytes": settings.max_payload_bytes,
         "resilience_max_countdown_seconds": settings.max_countdown_seconds,
     }
+    if settings.effective_broker_url.startswith("redis://"):
+        # kombu's Redis transport with one client object per channel (see jobs.broker).
+        config["broker_transport"] = BROKER_TRANSPORT
     if settings.broker_is_redis:
         # Deliberate: longer than any hard time limit or countdown (validated in Settings).
         config["broker_transport_options"] = {
