@@ -28,7 +28,8 @@ class PreparedStatement:
         body = re.sub(r"%\((\w+)\)s", positional, sql)
         self.names = tuple(names)
         self.prepare = f"PREPARE {name} AS {body}"
-        self.execute = f"EXECUTE {name} ({', '.join(['%s'] * len(names))})"
+        arguments = f" ({', '.join(['%s'] * len(names))})" if names else ""
+        self.execute = f"EXECUTE {name}{arguments}"
 
     def values(self, parameters: dict[str, Any]) -> list[Any]:
         """The statement's positional values from named `parameters`."""

@@ -4,6 +4,11 @@ Rounds alternate plain / idempotent / replay on the same running worker, so both
 see the same machine load; `ratio` is the median of the per-round idempotent/plain ratios.
 Each round: consumers paused, N messages enqueued, consumers resumed, time until the last
 one ran (a Redis counter) or was replayed (the guard's REPLAYED counter).
+
+`--breakdown` adds three variants that do part of the guard's work by hand, with its own
+cache and store: the Redis cache read alone; that plus one PostgreSQL round trip (`SELECT 1`);
+that plus the real claim. Their ratios to plain (JSON `breakdown`) show where the guard's cost
+goes on a given machine.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from typing import Any
 from bench.harness import drain_paused, platform, purge, table, workers
 
 QUEUE = "standard"
+LABELS = {"cache": "cache read", "ping": "cache read + SELECT 1",
+          "claim": "cache read + claim"}
 
 
 def run(argv: list[str]) -> dict[str, Any]:
@@ -24,11 +31,19 @@ def run(argv: list[str]) -> dict[str, Any]:
     parser.add_argument("--messages", type=int, default=1000, help="messages per round")
     parser.add_argument("--rounds", type=int, default=6, help="rounds of each variant")
     parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also run the guard's steps one by one: Redis cache read, + a "
+                             "PostgreSQL SELECT 1, + the claim (no completion)")
     options = parser.parse_args(argv)
     n = options.messages
 
     with platform():
-        from bench.tasks_idempotency import idem_bench_guarded, idem_bench_plain
+        from bench.tasks_idempotency import (
+            STEPS,
+            idem_bench_guarded,
+            idem_bench_plain,
+            idem_bench_steps,
+        )
         from jobs import app
         from resilience.counters import COUNTERS_KEY, field_for
         from resilience.stores import stores_for
@@ -37,7 +52,9 @@ def run(argv: list[str]) -> dict[str, Any]:
         replay_field = field_for(outcome="REPLAYED", tier="standard", guard="idempotency",
                                  name=idem_bench_guarded.name)
         purge([QUEUE])
-        rates: dict[str, list[float]] = {"plain": [], "idempotent": [], "replay": []}
+        steps = STEPS if options.breakdown else ()
+        rates: dict[str, list[float]] = {"plain": [], "idempotent": [], "replay": [],
+                                         **{step: [] for step in steps}}
         with workers(QUEUE, concurrency=options.concurrency) as started:
             names = [worker.nodename for worker in started]
             # Warm-up: connections, imports, script registration.
@@ -67,6 +84,17 @@ def run(argv: list[str]) -> dict[str, Any]:
                 )
                 rates["idempotent"].append(n / seconds)
 
+                for step in steps:
+                    step_counter = f"bench:idem:{step}:{uuid.uuid4().hex}"
+                    seconds = drain_paused(
+                        QUEUE,
+                        lambda c=step_counter, s=step: [idem_bench_steps.delay(c, i, s)
+                                                        for i in range(n)],
+                        lambda c=step_counter: int(redis.get(c) or 0) >= n,
+                        names,
+                    )
+                    rates[step].append(n / seconds)
+
                 # The same n keys again: every one is a duplicate, replayed from Redis.
                 before = int(redis.hget(COUNTERS_KEY, replay_field) or 0)
                 seconds = drain_paused(
@@ -83,9 +111,12 @@ def run(argv: list[str]) -> dict[str, Any]:
     replay = statistics.median(rates["replay"])
     # Each idempotent round ran right after a plain one, under the same machine load: the
     # median of those pairwise ratios is steadier on a shared machine than a ratio of medians.
-    ratio = statistics.median(
-        g / p for p, g in zip(rates["plain"], rates["idempotent"], strict=True)
-    )
+    def paired(variant: str) -> float:
+        return statistics.median(
+            v / p for p, v in zip(rates["plain"], rates[variant], strict=True)
+        )
+
+    ratio = paired("idempotent")
     table(
         f"idempotency: {options.rounds} rounds x {n} messages, 1 worker x{options.concurrency}",
         ["variant", "median per second", "rounds"],
@@ -93,6 +124,9 @@ def run(argv: list[str]) -> dict[str, Any]:
             ("plain no-op", plain, ", ".join(f"{r:.0f}" for r in rates["plain"])),
             ("idempotent no-op", guarded, ", ".join(f"{r:.0f}" for r in rates["idempotent"])),
             ("duplicates replayed", replay, ", ".join(f"{r:.0f}" for r in rates["replay"])),
+            *[(f"steps: {LABELS[step]} (ratio {paired(step):.3f})",
+               statistics.median(rates[step]), ", ".join(f"{r:.0f}" for r in rates[step]))
+              for step in steps],
         ],
     )
     return {
@@ -103,4 +137,5 @@ def run(argv: list[str]) -> dict[str, Any]:
         "replay_per_s": round(replay, 1),
         "messages": n,
         "rounds": options.rounds,
+        **({"breakdown": {step: round(paired(step), 3) for step in steps}} if steps else {}),
     }

@@ -180,6 +180,7 @@ class _Held:
         with contextlib.suppress(Exception):  # already broken; it is being replaced
             self.driver.close()
 
+PING = _Statement("resilience_idempotency_ping", "SELECT 1")
 CLAIM = _Statement("resilience_idempotency_claim", CLAIM_SQL)
 READ = _Statement("resilience_idempotency_read", READ_SQL)
 COMPLETE = _Statement("resilience_idempotency_complete", COMPLETE_SQL)
@@ -262,6 +263,15 @@ class PostgresStore:
             except psycopg2.Error as exc:
                 raise wrap_database_error(exc, action) from exc
         raise AssertionError("unreachable")
+
+    def ping(self) -> None:
+        """One round trip on this thread's connection (`SELECT 1`): a health check, and the
+        benchmark's measure of what a PostgreSQL round trip costs apart from the claim's SQL.
+
+        Raises:
+            StoreUnavailable, StorageError.
+        """
+        self._execute(PING, {}, "ping")
 
     def claim(
         self,

@@ -134,3 +134,8 @@ class TestPostgresStore:
         with ThreadPoolExecutor(4) as pool:
             pids = list(pool.map(work, range(4)))
         assert len(set(pids)) == 4
+
+    def test_ping_is_one_statement_without_parameters(self, store: PostgresStore) -> None:
+        """`EXECUTE name` takes no parentheses when the statement has no parameters."""
+        store.ping()
+        store.ping()  # the second time, prepared already
