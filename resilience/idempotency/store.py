@@ -3,8 +3,8 @@
 Round trips on the happy path: one for the claim (an `INSERT ... ON CONFLICT DO UPDATE ...
 WHERE <takeover allowed> RETURNING` in autocommit), one for the completion (a conditional
 `UPDATE`). A duplicate that missed the Redis cache pays a second statement to read the
-record. The engine used here has no pre-ping and runs in autocommit, so no statement pays
-for a `SELECT 1`, a `BEGIN` or a `COMMIT` of its own.
+record. Each worker thread keeps one connection from an autocommit engine without pre-ping,
+so no statement pays for a pool checkout, a `SELECT 1`, a `BEGIN` or a `COMMIT` of its own.
 
 Race timeline the claim is written for (insert first, never check-then-act)::
 
