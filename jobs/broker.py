@@ -10,7 +10,7 @@ took a quarter of its CPU under load (py-spy, `python -m bench idempotency`).
 A `redis.Redis` object holds no connection of its own here (it takes one from the pool per
 command) and is thread-safe, so the channel keeps one. The asynchronous client (the BRPOP
 poller's) is left as kombu builds it. Selected by `jobs.platform.celery_config` for
-redis:// and rediss:// brokers only.
+redis:// brokers only (rediss:// and RabbitMQ keep kombu's own transport).
 """
 
 from __future__ import annotations
@@ -38,7 +38,3 @@ class Transport(kombu_redis.Transport):
     """kombu's Redis transport with `Channel` above; everything else unchanged."""
 
     Channel = Channel
-
-
-#: The `broker_transport` setting that selects this transport.
-TRANSPORT = f"{__name__}:Transport"

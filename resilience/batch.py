@@ -85,7 +85,6 @@ class RedisBatch:
             except Exception:
                 logger.exception("batched Redis reply handler failed")
 
-
     def _send(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """Write every command at once and read every reply, on one pooled connection.
 

@@ -180,6 +180,7 @@ class _Held:
         with contextlib.suppress(Exception):  # already broken; it is being replaced
             self.driver.close()
 
+
 PING = _Statement("resilience_idempotency_ping", "SELECT 1")
 CLAIM = _Statement("resilience_idempotency_claim", CLAIM_SQL)
 READ = _Statement("resilience_idempotency_read", READ_SQL)
@@ -225,7 +226,7 @@ class PostgresStore:
         connection = held.get(self.engine)
         if connection is None or connection.driver.closed:
             fairy = self.engine.raw_connection()  # autocommit and options already applied
-            fairy.detach()
+            fairy.detach()  # ours for the thread's life: never checked back in
             connection = held[self.engine] = _Held(fairy.dbapi_connection)
         return connection
 
@@ -354,9 +355,12 @@ def autocommit_engine(stores: Stores, *, synchronous_commit: bool = True) -> Eng
     """The process's autocommit engine without pre-ping, for single-statement decisions.
 
     Separate from `stores.engine()` (which pings on checkout) so a claim costs one round
-    trip; created per process, never shared across a fork. With `synchronous_commit=False`
-    the statements do not wait for the WAL flush (PostgreSQL's `synchronous_commit=off`):
-    a PostgreSQL crash may forget the last fraction of a second of records, never corrupts.
+    trip; created per process, never shared across a fork. It only opens connections: each
+    thread keeps the one it gets (`PostgresStore._connection`), so there is no pool.
+
+    With `synchronous_commit=False` the statements do not wait for the WAL flush
+    (PostgreSQL's `synchronous_commit=off`): a PostgreSQL crash may forget the last fraction
+    of a second of records, never corrupts.
     """
     identity = (id(stores), os.getpid(), synchronous_commit)
     engine = _engines.get(identity)
@@ -365,6 +369,7 @@ def autocommit_engine(stores: Stores, *, synchronous_commit: bool = True) -> Eng
             engine = _engines.get(identity)
             if engine is None:
                 from sqlalchemy import create_engine
+                from sqlalchemy.pool import NullPool
 
                 connect_args: dict[str, Any] = {
                     "connect_timeout": int(max(1, stores.socket_timeout_seconds))
@@ -374,10 +379,7 @@ def autocommit_engine(stores: Stores, *, synchronous_commit: bool = True) -> Eng
                 engine = create_engine(
                     stores.database_url,
                     isolation_level="AUTOCOMMIT",
-                    pool_pre_ping=False,
-                    pool_size=2,
-                    max_overflow=8,
-                    pool_recycle=600,
+                    poolclass=NullPool,
                     connect_args=connect_args,
                 )
                 _engines[identity] = engine

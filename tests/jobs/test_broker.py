@@ -25,8 +25,6 @@ class TestRedisTransport:
             channel = connection.default_channel
             assert isinstance(channel, Channel)
             assert channel._create_client() is channel._create_client()
-            # The asynchronous client (the BRPOP poller's) is still built per use by kombu.
-            assert channel._create_client(asynchronous=True) is not channel._create_client()
 
     def test_messages_flow_through_the_shared_client(self, app: Any, redis_broker: None) -> None:
         """Publish (which uses the shared client) and consume on one channel.
