@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import date, datetime
 
-from sqlalchemy import BigInteger, CheckConstraint, Date, DateTime, Integer, String, func
+from sqlalchemy import BigInteger, CheckConstraint, Date, DateTime, Integer, String, Text, func
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from resilience.schema import metadata
@@ -21,11 +21,11 @@ class LedgerEntry(Base):
     __table_args__ = (CheckConstraint("currency ~ '^[A-Z]{3}$'", name="currency_iso"),)
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    order_id: Mapped[str] = mapped_column(String(64), index=True)
-    account: Mapped[str] = mapped_column(String(64), index=True)
+    order_id: Mapped[str] = mapped_column(Text, index=True)
+    account: Mapped[str] = mapped_column(Text, index=True)
     amount_cents: Mapped[int] = mapped_column(BigInteger)
     currency: Mapped[str] = mapped_column(String(3))
-    task_id: Mapped[str | None] = mapped_column(String(64))
+    task_id: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), index=True
     )

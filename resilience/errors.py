@@ -13,7 +13,8 @@ without the other.
     │   └── PayloadTooLarge         the serialized message exceeds the size limit
     ├── InvalidKey                  a guard key is malformed, too long or not JSON
     ├── StorageError                Redis or PostgreSQL failed under a guard (wraps the cause)
-    │   └── StoreUnavailable        the store could not be reached at all
+    │   ├── StoreUnavailable        the store cannot serve now (down, timeout, failover)
+    │   └── StoreRejected           the store refused an operation retrying cannot fix
     ├── LockError                   misuse of a lock (release of a lock never acquired, ...)
     │   ├── LockNotOwnedError       the lock's ownership was lost (expired, stolen, session gone)
     │   ├── LockUnavailable         acquisition failed within its time bound
@@ -21,7 +22,8 @@ without the other.
     ├── IdempotencyError
     │   ├── IdempotencyKeyReused    same key, different arguments (HTTP 422 semantics)
     │   └── UnserializableResult    an idempotent task returned a value JSON cannot carry
-    ├── JobDeferred                 a guard deferred the job (the reason of Celery's Retry)
+    ├── JobDeferred                 a guard deferred the job (Retry's reason; raised inline)
+    ├── JobStopped                  a guard stopped a chord member, so the chord fails
     ├── AdmissionError
     │   ├── TierFull                the tier's queue is at its depth limit (HTTP 503 semantics)
     │   └── DuplicateJob            a unique job with this key is already queued or running
@@ -92,7 +94,13 @@ class StorageError(ResilienceError):
 
 
 class StoreUnavailable(StorageError):
-    """Raised when a store cannot be reached at all (connection refused, timeout)."""
+    """Raised when a store cannot be reached or cannot serve now (connection refused,
+    timeout, loading, failover, deadlock); the same operation may succeed later."""
+
+
+class StoreRejected(StorageError):
+    """Raised when a store refused an operation that cannot succeed by retrying (value too
+    long, wrong type, constraint)."""
 
 
 class LockError(ResilienceError):
@@ -124,7 +132,14 @@ class UnserializableResult(IdempotencyError):
 
 
 class JobDeferred(ResilienceError):
-    """Raised as the reason of Celery's Retry when a guard defers a job (shown in Flower)."""
+    """Raised when a guard defers a job: the reason of Celery's Retry (shown in Flower), or,
+    for a job run inline (`apply()`, caller-runs, eager), to the caller, with
+    `retry_after_seconds`, because nothing was published."""
+
+
+class JobStopped(ResilienceError):
+    """Raised when a guard stopped a chord member (SKIPPED, SHED, ...), so the chord fails
+    instead of handing the outcome to its callback as a result."""
 
 
 class AdmissionError(ResilienceError):

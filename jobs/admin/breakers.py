@@ -42,8 +42,7 @@ def list_command() -> None:
     for column in ("name", "state", "since", "calls", "failures", "slow", "opened", "probes"):
         view.add_column(column, no_wrap=column in ("name", "state", "id", "task"))
     now_ms = time.time() * 1000
-    for name in backend.names():
-        state = backend.snapshot(name)
+    for name, state in backend.states().items():
         changed = float(state.get("changed_at") or 0)
         since = f"{(now_ms - changed) / 1000:.0f}s ago" if changed else ""
         view.add_row(

@@ -39,13 +39,16 @@ def snapshot() -> dict[str, Any]:
                       "wait_timeout_seconds": limits.wait_timeout_seconds})
     backend = RedisBackend(stores.redis)
     now = time.time()
+    # Read through the stored Redis keys: a key too long to keep readable is shown by its
+    # digest (`#<sha256>`), which names no key by itself.
     semaphores = [
         {"key": key, "holders": {holder: round(expiry - now, 3)
-                                 for holder, expiry in backend.holders(key).items()}}
-        for key in backend.keys("concurrency")
+                                 for holder, expiry in backend.holders_at(stored).items()}}
+        for key, stored in sorted(backend.stored_keys("concurrency").items())
     ]
-    rates = [{"key": key, "algorithm": kind, **backend.rate_state(kind, key)}
-             for kind in ("gcra", "window") for key in backend.keys(kind)]
+    rates = [{"key": key, "algorithm": kind, **backend.rate_state_at(kind, stored)}
+             for kind in ("gcra", "window")
+             for key, stored in sorted(backend.stored_keys(kind).items())]
     counters = [{**labels, "count": value} for labels, value in read_all(stores.redis())
                 if labels.get("guard") in GUARDS]
     return {"tiers": tiers, "semaphores": semaphores, "rates": rates, "counters": counters}

@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from resilience.redact import redact
+
 if TYPE_CHECKING:
     import redis
     from celery import Celery
@@ -50,7 +52,7 @@ def unavailable(reason: str) -> dict[str, str]:
 
 
 def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = redact(str(exc).strip().splitlines()[0]) if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__
 
 
@@ -58,7 +60,7 @@ def _section(name: str, errors: dict[str, str], read: Callable[[], Any]) -> Any:
     try:
         return read()
     except Exception as exc:  # noqa: BLE001 - one broken section must not hide the others
-        logger.warning("snapshot section %s unavailable: %s", name, exc)
+        logger.warning("snapshot section %s unavailable: %s", name, redact(str(exc)))
         errors[name] = _reason(exc)
         return unavailable(errors[name])
 
@@ -73,7 +75,7 @@ def configured_guards(app: Celery) -> list[tuple[Any, Any]]:
         try:
             execution, _ = task.pipelines()
         except Exception as exc:  # noqa: BLE001 - a broken task must not hide the view
-            logger.warning("guards of %s unreadable: %s", name, exc)
+            logger.warning("guards of %s unreadable: %s", name, redact(str(exc)))
             continue
         found.extend((task, guard) for guard in execution.guards)
     return found
@@ -164,20 +166,33 @@ def tiers_section(app: Celery, counters: Any, depths: Any, active: Any) -> dict[
     return tiers
 
 
+def _stored_names(client: redis.Redis, namespace: str,
+                  configured: dict[str, str]) -> dict[str, str]:
+    """Name -> Redis key of every `resilience.keys.redis_key(namespace, name)` key without
+    a suffix in Redis, plus the `configured` ones (Redis key -> name). A configured name
+    keeps its own spelling even when its key is a digest; another digested one is shown as
+    `#<sha256>`."""
+    from resilience.keys import parse_redis_key, redis_key_pattern
+
+    found = {name: key for key, name in configured.items()}
+    for key in client.scan_iter(match=redis_key_pattern(namespace), count=SCAN_COUNT):
+        parsed = parse_redis_key(namespace, key)
+        if parsed is not None and not parsed[1] and key not in configured:
+            found[parsed[0]] = key
+    return found
+
+
 def breakers_section(app: Celery, client: redis.Redis) -> list[dict[str, Any]]:
     """Every breaker with state in Redis or configured on a task: state and failure rate."""
-    from resilience.circuit.backends.redis import KEY_PREFIX as BREAKER_PREFIX
+    from resilience.circuit.backends.redis import NAMESPACE, state_key
 
     configs = {guard.config.name: guard.config for _, guard in _guards_of(app, "breaker")}
-    names = {key[len(BREAKER_PREFIX):] for key in
-             client.scan_iter(match=f"{BREAKER_PREFIX}*", count=SCAN_COUNT)
-             if not key.endswith(":window")}
-    names |= set(configs)
-    ordered = sorted(names)
+    stored = _stored_names(client, NAMESPACE, {state_key(name): name for name in configs})
+    ordered = sorted(stored)
     with client.pipeline(transaction=False) as pipe:
         pipe.time()
         for name in ordered:
-            pipe.hgetall(BREAKER_PREFIX + name)
+            pipe.hgetall(stored[name])
         replies = pipe.execute()
     seconds, micros = replies[0]
     now_ms = seconds * 1000 + micros // 1000
@@ -208,8 +223,7 @@ def breakers_section(app: Celery, client: redis.Redis) -> list[dict[str, Any]]:
 
 def budgets_section(app: Celery, client: redis.Redis) -> list[dict[str, Any]]:
     """Retry budgets: requests and retries in the window, and the share of the budget used."""
-    from resilience.retry.budget import KEY_PREFIX as BUDGET_PREFIX
-    from resilience.retry.budget import RetryBudget
+    from resilience.retry.budget import NAMESPACE, RetryBudget, budget_key
 
     default = RetryBudget()
     configs: dict[str, Any] = {}
@@ -217,13 +231,12 @@ def budgets_section(app: Celery, client: redis.Redis) -> list[dict[str, Any]]:
         budget = getattr(getattr(guard, "policy", None), "budget", None)
         if budget is not None:
             configs[guard.policy.dependency or task.name] = budget
-    names = {key[len(BUDGET_PREFIX):] for key in
-             client.scan_iter(match=f"{BUDGET_PREFIX}*", count=SCAN_COUNT)}
-    ordered = sorted(names | set(configs))
+    stored = _stored_names(client, NAMESPACE, {budget_key(name): name for name in configs})
+    ordered = sorted(stored)
     with client.pipeline(transaction=False) as pipe:
         pipe.time()
         for name in ordered:
-            pipe.hgetall(BUDGET_PREFIX + name)
+            pipe.hgetall(stored[name])
         replies = pipe.execute()
     seconds, micros = replies[0]
     now_ms = seconds * 1000 + micros // 1000
@@ -276,11 +289,12 @@ def limits_section(app: Celery, client: redis.Redis, counters: Any) -> dict[str,
     # The limiter's own key listing (one SCAN, its bookkeeping keys filtered out), then
     # every semaphore's live leases in one pipeline, on Redis server time.
     backend = RedisBackend(client)
-    keys = backend.keys("concurrency")
+    stored = sorted(backend.stored_keys("concurrency").items())
+    keys = [key for key, _ in stored]
     with client.pipeline(transaction=False) as pipe:
         pipe.time()
-        for key in keys:
-            pipe.zrangebyscore(backend.key("concurrency", key), "-inf", "+inf", withscores=True)
+        for _, name in stored:
+            pipe.zrangebyscore(name, "-inf", "+inf", withscores=True)
         replies = pipe.execute()
     seconds, micros = replies[0]
     now_us = seconds * 1_000_000 + micros

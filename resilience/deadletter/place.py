@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from resilience.deadletter.models import dead_letters
-from resilience.errors import ResilienceError, StorageError, StoreUnavailable
+from resilience.errors import ResilienceError
+from resilience.stores import translate_store_error, wrap_store_errors
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -60,13 +61,6 @@ def _jsonable(value: Any) -> Any:
         return json.loads(json.dumps(value, default=repr))
 
 
-def _wrap(action: str, exc: Exception) -> StorageError:
-    from sqlalchemy.exc import OperationalError
-
-    cls = StoreUnavailable if isinstance(exc, OperationalError) else StorageError
-    return cls(f"dead-letter place: {action} failed: {exc}", cause=exc)
-
-
 def dead_letter(
     engine: Engine,
     *,
@@ -84,7 +78,8 @@ def dead_letter(
     """Record a job in the dead-letter place and return the entry's id.
 
     Raises:
-        StorageError / StoreUnavailable: PostgreSQL refused or could not be reached.
+        StoreRejected / StoreUnavailable / StorageError: PostgreSQL refused the row or
+            could not be reached.
     """
     row = {
         "task_name": task_name,
@@ -99,15 +94,15 @@ def dead_letter(
         "exception_message": None if exception is None else str(exception)[:4000],
         "attempts": attempts,
     }
-    try:
-        with engine.begin() as connection:
-            return int(
-                connection.execute(
-                    dead_letters.insert().values(**row).returning(dead_letters.c.id)
-                ).scalar_one()
-            )
-    except sa.exc.SQLAlchemyError as exc:
-        raise _wrap("insert", exc) from exc
+    with (
+        wrap_store_errors("dead-letter place: insert", task_id=task_id),
+        engine.begin() as connection,
+    ):
+        return int(
+            connection.execute(
+                dead_letters.insert().values(**row).returning(dead_letters.c.id)
+            ).scalar_one()
+        )
 
 
 def _qualified_name(cls: type) -> str:
@@ -128,11 +123,8 @@ def list_entries(
         query = query.where(dead_letters.c.task_name == task_name)
     if pending_only:
         query = query.where(dead_letters.c.requeued_at.is_(None))
-    try:
-        with engine.connect() as connection:
-            return [_entry(row) for row in connection.execute(query)]
-    except sa.exc.SQLAlchemyError as exc:
-        raise _wrap("list", exc) from exc
+    with wrap_store_errors("dead-letter place: list"), engine.connect() as connection:
+        return [_entry(row) for row in connection.execute(query)]
 
 
 def get(engine: Engine, entry_id: int) -> DeadLetter:
@@ -141,13 +133,13 @@ def get(engine: Engine, entry_id: int) -> DeadLetter:
     Raises:
         DeadLetterNotFound: no entry with this id.
     """
-    try:
-        with engine.connect() as connection:
-            row = connection.execute(
-                sa.select(dead_letters).where(dead_letters.c.id == entry_id)
-            ).first()
-    except sa.exc.SQLAlchemyError as exc:
-        raise _wrap("read", exc) from exc
+    with (
+        wrap_store_errors("dead-letter place: read", id=entry_id),
+        engine.connect() as connection,
+    ):
+        row = connection.execute(
+            sa.select(dead_letters).where(dead_letters.c.id == entry_id)
+        ).first()
     if row is None:
         raise DeadLetterNotFound(f"no dead letter with id {entry_id}", id=entry_id)
     return _entry(row)
@@ -189,6 +181,7 @@ def requeue(engine: Engine, app: Celery, entry_id: int) -> str:
                 table.update().where(table.c.id == entry_id).values(requeued_task_id=result.id)
             )
     except sa.exc.SQLAlchemyError as exc:
-        raise _wrap("requeue", exc) from exc
+        # Only the database's errors: a publish error is the broker's and stays as it is.
+        raise translate_store_error(exc, "dead-letter place: requeue", id=entry_id) from exc
     logger.info("dead letter %s requeued as task %s", entry_id, result.id)
     return str(result.id)

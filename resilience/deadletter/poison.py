@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from resilience.deadletter.giveup import give_up
 from resilience.errors import ConfigurationError
+from resilience.keys import redis_key
 from resilience.outcomes import Stop
 from resilience.pipeline import Call, Guard, Stage, attach
 from resilience.stores import stores_for
@@ -39,7 +40,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("resilience.deadletter.poison")
 
-KEY_PREFIX = "resilience:deliveries:"
+NAMESPACE = "resilience:deliveries"
+
+
+def deliveries_key(task_id: str) -> str:
+    """The Redis key of `task_id`'s redelivery counter (see `resilience.keys.redis_key`)."""
+    return redis_key(NAMESPACE, task_id)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +72,7 @@ class PoisonGuard(Guard):
     """Counts deliveries per task id; dead-letters a message delivered too often."""
 
     name = "poison"
-    stage = Stage.DEADLINE
+    stage = Stage.POISON
     SCRIPT = Path(__file__).with_name("deliveries.lua").read_text()
 
     def __init__(
@@ -97,7 +103,8 @@ class PoisonGuard(Guard):
                 script = client.register_script(self.SCRIPT)
                 self._scripts = {id(client): script}
             deliveries = int(
-                script(keys=[KEY_PREFIX + task_id], args=[int(self.policy.ttl_seconds * 1000)])
+                script(keys=[deliveries_key(task_id)],
+                       args=[int(self.policy.ttl_seconds * 1000)])
             )
         except Exception as exc:  # noqa: BLE001 - fail open: the job runs, with a warning
             logger.warning("poison check skipped for %s (Redis unavailable): %s", task_id, exc)
@@ -121,7 +128,7 @@ class PoisonGuard(Guard):
         if not task_id:
             return
         try:
-            self._redis().delete(KEY_PREFIX + task_id)
+            self._redis().delete(deliveries_key(task_id))
         except Exception as exc:  # noqa: BLE001 - a stale count only expires later
             logger.warning("delivery counter of %s not cleared: %s", task_id, exc)
 

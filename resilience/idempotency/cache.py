@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from resilience.keys import redis_key
+
 if TYPE_CHECKING:
     import redis
 
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("resilience.idempotency")
 
-PREFIX = "resilience:idempotency:"
+NAMESPACE = "resilience:idempotency"
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,9 @@ class CachedResult:
 
 
 def cache_key(task_name: str, key: str) -> str:
-    return f"{PREFIX}{task_name}:{key}"
+    """The Redis key caching `task_name`'s record of `key`: the guard key `task:key`,
+    encoded by `resilience.keys.redis_key` (no length or character limit)."""
+    return redis_key(NAMESPACE, f"{task_name}:{key}")
 
 
 class ResultCache:

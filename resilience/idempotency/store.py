@@ -24,9 +24,10 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from resilience.errors import StorageError, StoreUnavailable
+from resilience.errors import StorageError
 from resilience.idempotency.models import FAILED, IN_PROGRESS, SUCCEEDED, TABLE_NAME
 from resilience.prepared import PreparedStatement as _Statement
+from resilience.stores import translate_store_error, wrap_store_errors
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine
@@ -152,17 +153,9 @@ class Holder:
 
 
 def wrap_database_error(exc: BaseException, action: str) -> StorageError:
-    """Turn a SQLAlchemy/psycopg2 error into the guard's own error, keeping the cause."""
-    import psycopg2
-    from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-
-    unavailable = isinstance(
-        exc, OperationalError | InterfaceError | psycopg2.OperationalError
-        | psycopg2.InterfaceError
-    ) or (isinstance(exc, DBAPIError) and exc.connection_invalidated)
-    cls = StoreUnavailable if unavailable else StorageError
-    return cls(f"idempotency store: {action} failed: {exc.__class__.__name__}: {exc}",
-               cause=repr(exc))
+    """Turn a SQLAlchemy/psycopg2 error into the guard's own error, keeping the cause
+    (`resilience.stores.translate_store_error`: StoreUnavailable, StoreRejected, ...)."""
+    return translate_store_error(exc, f"idempotency store: {action}")
 
 
 #: Per thread: the connection each engine's store holds (see `PostgresStore._connection`).
@@ -234,7 +227,8 @@ class PostgresStore:
         import psycopg2
 
         for attempt in (1, 2):
-            connection = self._connection()
+            with wrap_store_errors("idempotency store", action=action):
+                connection = self._connection()
             try:
                 with connection.driver.cursor() as cursor:
                     if self.prepared:

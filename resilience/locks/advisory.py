@@ -25,8 +25,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from resilience.errors import ConfigurationError, LockNotOwnedError, StorageError, StoreUnavailable
+from resilience.errors import ConfigurationError, LockNotOwnedError, StorageError
 from resilience.prepared import PreparedStatement
+from resilience.stores import wrap_store_errors
 
 #: Pool modes of PgBouncer (and compatible poolers) that break session advisory locks.
 UNSAFE_POOL_MODES = ("transaction", "statement")
@@ -125,7 +126,7 @@ class AdvisorySession:
             )
         import psycopg2
 
-        try:
+        with wrap_store_errors("advisory lock session"):
             self.connection = psycopg2.connect(
                 **connect_arguments(database_url),
                 application_name=f"lock:{label}"[:63],
@@ -133,10 +134,6 @@ class AdvisorySession:
                 # Detect a vanished peer (host crash, cable) within ~11 s, not hours.
                 keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
             )
-        except psycopg2.OperationalError as exc:
-            raise StoreUnavailable(
-                f"PostgreSQL unreachable for the advisory lock session: {exc}", cause=repr(exc)
-            ) from exc
         self.connection.autocommit = True
         self.backend_pid = self.scalar("SELECT pg_backend_pid()")
         # Under transaction pooling, autocommit statements may land on other backends.
@@ -157,18 +154,12 @@ class AdvisorySession:
         """Run one statement on this session (autocommit); rows, or None without a result.
 
         Raises:
-            StoreUnavailable: the session is gone.  StorageError: the statement failed.
+            StoreUnavailable: the session is gone.  StoreRejected, StorageError: the
+                statement failed.
         """
-        import psycopg2
-
-        try:
-            with self.connection.cursor() as cursor:
-                cursor.execute(sql, parameters)
-                return cursor.fetchall() if cursor.description else None
-        except psycopg2.OperationalError as exc:
-            raise StoreUnavailable(f"advisory lock session lost: {exc}", cause=repr(exc)) from exc
-        except (psycopg2.Error, psycopg2.InterfaceError) as exc:
-            raise StorageError(f"advisory lock query failed: {exc}", cause=repr(exc)) from exc
+        with wrap_store_errors("advisory lock session"), self.connection.cursor() as cursor:
+            cursor.execute(sql, parameters)
+            return cursor.fetchall() if cursor.description else None
 
     def execute_prepared(self, statement: PreparedStatement, parameters: dict[str, Any]) -> Any:
         """`execute` of a statement prepared once on this session (saves parse and plan)."""

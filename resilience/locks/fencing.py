@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import text
 
-from resilience.errors import StaleFencingToken, StorageError, StoreUnavailable
+from resilience.errors import StaleFencingToken
+from resilience.stores import wrap_store_errors
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine
@@ -55,24 +56,15 @@ class FencingTokens:
         """A new token, larger than every token minted before (for any key).
 
         Raises:
-            StoreUnavailable / StorageError: PostgreSQL failed (wraps the cause).
+            StoreUnavailable / StoreRejected / StorageError: PostgreSQL failed (wraps the
+                cause).
         """
-        from sqlalchemy.exc import DBAPIError, OperationalError
-
-        try:
-            with self.engine.connect() as connection:
-                token = connection.execute(text("SELECT nextval('resilience_fencing_token_seq')"))
-                return int(token.scalar_one())
-        except OperationalError as exc:
-            raise StoreUnavailable(
-                f"PostgreSQL unreachable while minting a fencing token for {key!r}: {exc}",
-                key=key, cause=repr(exc),
-            ) from exc
-        except DBAPIError as exc:
-            raise StorageError(
-                f"PostgreSQL failed while minting a fencing token for {key!r}: {exc}",
-                key=key, cause=repr(exc),
-            ) from exc
+        with (
+            wrap_store_errors("minting a fencing token", key=key),
+            self.engine.connect() as connection,
+        ):
+            token = connection.execute(text("SELECT nextval('resilience_fencing_token_seq')"))
+            return int(token.scalar_one())
 
     @staticmethod
     def guard_write(connection: Connection, key: str, token: int) -> None:
@@ -99,7 +91,10 @@ class FencingTokens:
 
     def newest(self, key: str) -> int | None:
         """The newest token a resource has accepted for `key` (None: never written)."""
-        with self.engine.connect() as connection:
+        with (
+            wrap_store_errors("reading a fencing mark", key=key),
+            self.engine.connect() as connection,
+        ):
             return connection.execute(
                 text("SELECT token FROM resilience_fencing_marks WHERE key = :key"), {"key": key}
             ).scalar()

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, DateTime, Float, Integer, Sequence, String, Table, func
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Float,
+    Integer,
+    Sequence,
+    String,
+    Table,
+    Text,
+    func,
+)
 
 from resilience.schema import metadata
 
@@ -14,7 +25,7 @@ fencing_token_sequence = Sequence("resilience_fencing_token_seq", metadata=metad
 fencing_marks = Table(
     "resilience_fencing_marks",
     metadata,
-    Column("key", String(600), primary_key=True),
+    Column("key", Text, primary_key=True),
     Column("token", BigInteger, nullable=False),
     Column("updated_at", DateTime(timezone=True), server_default=func.now(), nullable=False),
 )
@@ -25,12 +36,12 @@ fencing_marks = Table(
 held_locks = Table(
     "resilience_held_locks",
     metadata,
-    Column("key", String(600), primary_key=True),
+    Column("key", Text, primary_key=True),
     Column("kind", String(16), nullable=False),
-    Column("owner", String(64), nullable=False),
-    Column("task_id", String(64)),
-    Column("task_name", String(255)),
-    Column("hostname", String(255)),
+    Column("owner", Text, nullable=False),
+    Column("task_id", Text),
+    Column("task_name", Text),
+    Column("hostname", Text),
     Column("pid", Integer),
     Column("token", BigInteger),
     Column("advisory_id", BigInteger),

@@ -19,13 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resilience.errors import ConfigurationError, StorageError, StoreUnavailable
+from resilience.errors import ConfigurationError
+from resilience.keys import redis_key
+from resilience.stores import wrap_store_errors
 
 if TYPE_CHECKING:
     import redis
 
-#: Prefix of every lock key, so `jobs locks` and operators can find them.
-LOCK_PREFIX = "resilience:lock:"
+#: Namespace of every lock key, so `jobs locks` and operators can find them.
+LOCK_NAMESPACE = "resilience:lock"
 
 _HERE = Path(__file__).parent
 
@@ -96,8 +98,8 @@ class Lease:
 
 
 def lock_key(name: str) -> str:
-    """The Redis key of lock `name`."""
-    return name if name.startswith(LOCK_PREFIX) else LOCK_PREFIX + name
+    """The Redis key of lock `name`: `resilience:lock:{<name>}` (see `resilience.keys`)."""
+    return redis_key(LOCK_NAMESPACE, name)
 
 
 def describe(client: redis.Redis) -> str:
@@ -194,6 +196,7 @@ class RedisLock:
     def __init__(self, client: redis.Redis, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.client = client
         self.clock = clock
+        self._node = describe(client)
         self._acquire = client.register_script(ACQUIRE.text)
         self._release = client.register_script(RELEASE.text)
         self._extend = client.register_script(EXTEND.text)
@@ -230,23 +233,12 @@ class RedisLock:
 
     def locked(self, name: str) -> bool:
         """True when someone (anyone) holds lock `name`."""
-        try:
-            return bool(self.client.exists(lock_key(name)))
-        except Exception as exc:
-            raise wrap_redis_error(exc, f"checking lock {name!r}") from exc
+        key = lock_key(name)
+        with wrap_store_errors("checking lock", lock=name, node=self._node):
+            return bool(self.client.exists(key))
 
     def _call(self, script: Any, name: str, *args: Any) -> Any:
-        try:
-            return script(keys=[lock_key(name)], args=list(args))
-        except Exception as exc:
-            raise wrap_redis_error(exc, f"lock {name!r} on {describe(self.client)}") from exc
-
-
-def wrap_redis_error(exc: BaseException, what: str) -> StorageError:
-    """A redis-py error as the package's own error, with the native one as `cause`."""
-    import redis.exceptions as errors
-
-    if isinstance(exc, errors.ConnectionError | errors.TimeoutError | OSError):
-        return StoreUnavailable(f"Redis unreachable while {what}: {exc}", cause=repr(exc))
-    return StorageError(f"Redis failed while {what}: {exc}", cause=repr(exc))
+        key = lock_key(name)
+        with wrap_store_errors("lock", lock=name, node=self._node):
+            return script(keys=[key], args=list(args))
 

@@ -9,8 +9,8 @@ window/slots). Because retried executions also count as requests, a dependency f
 sees at most 1 / (1 - ratio) calls per job plus the floor: 1.25 for ratio 0.2. Each decision
 is one Lua script on Redis server time.
 
-When Redis is unreachable the budget follows `on_store_down`: "allow" (fail open, the
-default: retries are still bounded by `max_attempts`) or "deny" (fail closed: dead-letter).
+When Redis is unreachable the budget follows `on_store_down`: "fail_open" (the default:
+retries are still bounded by `max_attempts`) or "fail_closed" (dead-letter).
 Either way it logs a warning and never crashes the task.
 """
 
@@ -22,7 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resilience.errors import ConfigurationError, StorageError, StoreUnavailable
+from resilience.errors import ConfigurationError, StorageError
+from resilience.keys import redis_key
+from resilience.store_down import StoreDown, store_down_policy
+from resilience.stores import wrap_store_errors
 
 if TYPE_CHECKING:
     import redis
@@ -31,8 +34,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("resilience.retry.budget")
 
-STORE_DOWN_POLICIES = ("allow", "deny")
-KEY_PREFIX = "resilience:budget:"
+NAMESPACE = "resilience:budget"
+
+
+def budget_key(dependency: str) -> str:
+    """The Redis key of `dependency`'s budget: `resilience:budget:{<dependency>}` (see
+    `resilience.keys.redis_key`)."""
+    return redis_key(NAMESPACE, dependency)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,14 +53,15 @@ class RetryBudget:
             be retried (the floor; Finagle's minRetriesPerSec).
         window_seconds: length of the sliding window requests and retries are counted over.
         slots: how many slices the window is cut into (its sliding granularity).
-        on_store_down: "allow" (fail open, default) or "deny" when Redis is unreachable.
+        on_store_down: "fail_open" (default: allow the retry; `max_attempts` still bounds
+            it) or "fail_closed" (refuse: dead-letter) while Redis is unreachable.
     """
 
     ratio: float = 0.2
     min_per_second: float = 1.0
     window_seconds: float = 10.0
     slots: int = 10
-    on_store_down: str = "allow"
+    on_store_down: StoreDown | str = StoreDown.FAIL_OPEN
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.ratio <= 1.0:
@@ -63,10 +72,7 @@ class RetryBudget:
             raise ConfigurationError(f"window_seconds must be > 0, got {self.window_seconds}")
         if self.slots < 1:
             raise ConfigurationError(f"slots must be >= 1, got {self.slots}")
-        if self.on_store_down not in STORE_DOWN_POLICIES:
-            raise ConfigurationError(
-                f"on_store_down must be one of {STORE_DOWN_POLICIES}, got {self.on_store_down!r}"
-            )
+        object.__setattr__(self, "on_store_down", store_down_policy(self.on_store_down))
 
     @property
     def floor(self) -> float:
@@ -107,19 +113,16 @@ class RedisBudgetBackend:
                 repr(float(budget.floor)), budget.slots]
 
     def decide(self, dependency: str, mode: str, budget: RetryBudget) -> BudgetDecision:
-        """Run one decision; raises StoreUnavailable / StorageError with the native cause."""
-        import redis as redis_lib
+        """Run one decision.
 
-        try:
+        Raises:
+            StoreUnavailable, StoreRejected, StorageError: Redis failed (native error as cause).
+        """
+        key = budget_key(dependency)
+        with wrap_store_errors("retry budget", dependency=dependency):
             allowed, requests, retries = self._script()(
-                keys=[KEY_PREFIX + dependency], args=self._args(mode, budget)
+                keys=[key], args=self._args(mode, budget)
             )
-        except (redis_lib.ConnectionError, redis_lib.TimeoutError) as exc:
-            raise StoreUnavailable(
-                f"retry budget {dependency!r}: Redis unreachable: {exc}", cause=exc
-            ) from exc
-        except redis_lib.RedisError as exc:
-            raise StorageError(f"retry budget {dependency!r}: {exc}", cause=exc) from exc
         return BudgetDecision(bool(allowed), int(requests), int(retries))
 
     def client(self) -> redis.Redis:
@@ -133,7 +136,7 @@ class RedisBudgetBackend:
             if isinstance(reply, BaseException):
                 logger.warning("retry budget %s: %s not counted (%s)", dependency, mode, reply)
 
-        batch.script(self._script(), [KEY_PREFIX + dependency], self._args(mode, budget),
+        batch.script(self._script(), [budget_key(dependency)], self._args(mode, budget),
                      then=done)
 
 
@@ -149,7 +152,7 @@ class RetryBudgetGate:
         try:
             return self.backend.decide(self.dependency, mode, self.budget)
         except StorageError as exc:
-            allowed = self.budget.on_store_down == "allow"
+            allowed = self.budget.on_store_down is StoreDown.FAIL_OPEN
             logger.warning(
                 "retry budget %s: store unavailable, %s (%s)",
                 self.dependency,

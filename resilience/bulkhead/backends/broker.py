@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resilience.bulkhead.backends import Admission
-from resilience.errors import StorageError, StoreUnavailable
+from resilience.errors import StorageError
+from resilience.keys import redis_key
+from resilience.stores import translate_store_error
 
 if TYPE_CHECKING:
     import redis
@@ -35,11 +37,7 @@ RESERVATIONS_PREFIX = "resilience:admission"
 
 
 def _wrap(what: str, exc: Exception) -> StorageError:
-    import redis as redis_lib
-
-    if isinstance(exc, redis_lib.ConnectionError | redis_lib.TimeoutError):
-        return StoreUnavailable(f"{what}: broker unreachable: {exc}", cause=repr(exc))
-    return StorageError(f"{what}: broker error: {exc}", cause=repr(exc))
+    return translate_store_error(exc, f"{what} (broker)")
 
 
 class RedisBrokerDepth:
@@ -87,7 +85,9 @@ class RedisBrokerDepth:
         return names
 
     def reservations_key(self, queue: str) -> str:
-        return f"{self.prefix}{RESERVATIONS_PREFIX}:{queue}"
+        """`<global_keyprefix>resilience:admission:{<queue>}` (see `resilience.keys`); the
+        queue's own lists keep the names kombu gives them."""
+        return redis_key(self.prefix + RESERVATIONS_PREFIX, queue)
 
     def depth(self, queue: str) -> int:
         try:

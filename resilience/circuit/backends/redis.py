@@ -1,4 +1,10 @@
-"""Breaker state in Redis: each decision is one Lua script on Redis server time."""
+"""Breaker state in Redis: each decision is one Lua script on Redis server time.
+
+Key layout (`resilience.keys.redis_key`): `resilience:breaker:{<name>}` holds the state hash
+and `resilience:breaker:{<name>}:window` the window, the name percent-encoded inside the
+hash tag, so no breaker name can name another breaker's window and both keys of a script
+share a Redis Cluster slot.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +14,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resilience.circuit.config import BreakerConfig, CountWindow
-from resilience.errors import StorageError, StoreUnavailable
+from resilience.keys import parse_redis_key, redis_key, redis_key_pattern
+from resilience.stores import wrap_store_errors
 
 if TYPE_CHECKING:
     import redis
 
     from resilience.batch import RedisBatch
 
-KEY_PREFIX = "resilience:breaker:"
+NAMESPACE = "resilience:breaker"
 _HERE = Path(__file__).parent
 
 
@@ -43,11 +50,13 @@ class Verdict:
 
 
 def state_key(name: str) -> str:
-    return f"{KEY_PREFIX}{name}"
+    """The Redis key of breaker `name`'s state hash."""
+    return redis_key(NAMESPACE, name)
 
 
 def window_key(name: str) -> str:
-    return f"{KEY_PREFIX}{name}:window"
+    """The Redis key of breaker `name`'s window (a list or a slot hash)."""
+    return redis_key(NAMESPACE, name, "window")
 
 
 class RedisBreakerBackend:
@@ -75,16 +84,9 @@ class RedisBreakerBackend:
         return self._registered[1]
 
     def _run(self, script: str, name: str, args: list[Any]) -> Any:
-        import redis as redis_lib
-
-        try:
-            return self._scripts()[script](keys=[state_key(name), window_key(name)], args=args)
-        except (redis_lib.ConnectionError, redis_lib.TimeoutError) as exc:
-            raise StoreUnavailable(
-                f"breaker {name!r}: Redis unreachable: {exc}", cause=exc, breaker=name
-            ) from exc
-        except redis_lib.RedisError as exc:
-            raise StorageError(f"breaker {name!r}: {exc}", cause=exc, breaker=name) from exc
+        state = state_key(name)
+        with wrap_store_errors("breaker", breaker=name):
+            return self._scripts()[script](keys=[state, f"{state}:window"], args=args)
 
     def acquire(self, config: BreakerConfig) -> Permission:
         allowed, state, generation, wait_ms, transition = self._run(
@@ -161,7 +163,8 @@ class RedisBreakerBackend:
     def record_later(self, batch: RedisBatch, config: BreakerConfig, generation: int,
                      outcome: str, slow: bool, then: Callable[[Any], None]) -> None:
         """Queue record.lua; `then` gets its reply (see `verdict`) or the exception."""
-        batch.script(self._scripts()["record"], [state_key(config.name), window_key(config.name)],
+        state = state_key(config.name)
+        batch.script(self._scripts()["record"], [state, f"{state}:window"],
                      self._record_args(config, generation, outcome, slow), then=then)
 
     def force(self, name: str, state: str) -> str:
@@ -170,19 +173,27 @@ class RedisBreakerBackend:
 
     def snapshot(self, name: str) -> dict[str, str]:
         """The raw state hash (for admin views)."""
-        import redis as redis_lib
-
-        try:
+        with wrap_store_errors("breaker state", breaker=name):
             return dict(self._client().hgetall(state_key(name)))
-        except redis_lib.RedisError as exc:
-            raise StoreUnavailable(f"breaker {name!r}: {exc}", cause=exc) from exc
+
+    def stored_names(self) -> dict[str, str]:
+        """Every breaker with state in Redis: its name (as `resilience.keys.decode_key_part`
+        shows it: a name too long to keep is its digest) and the Redis key of its state."""
+        found = {}
+        with wrap_store_errors("breaker scan"):
+            for key in self._client().scan_iter(match=redis_key_pattern(NAMESPACE), count=500):
+                parsed = parse_redis_key(NAMESPACE, key)
+                if parsed is not None and not parsed[1]:  # not a window
+                    found[parsed[0]] = key
+        return found
 
     def names(self) -> list[str]:
         """Every breaker that has state in Redis."""
-        import redis as redis_lib
+        return sorted(self.stored_names())
 
-        try:
-            keys = self._client().scan_iter(match=f"{KEY_PREFIX}*", count=500)
-            return sorted({key[len(KEY_PREFIX) :] for key in keys if not key.endswith(":window")})
-        except redis_lib.RedisError as exc:
-            raise StoreUnavailable(f"breakers: {exc}", cause=exc) from exc
+    def states(self) -> dict[str, dict[str, str]]:
+        """Every breaker's raw state hash by name, read by its stored key (admin views)."""
+        stored = self.stored_names()
+        with wrap_store_errors("breaker states"):
+            client = self._client()
+            return {name: dict(client.hgetall(key)) for name, key in sorted(stored.items())}

@@ -2,19 +2,24 @@
 
 Every worker sees the same state and every decision is atomic, so limits hold across the
 fleet, not per process (Celery's own `rate_limit` is per worker).
+
+Key layout (`resilience.keys.redis_key`): `<prefix>:<kind>:{<key>}` is a limiter and
+`<prefix>:<kind>:{<key>}:waiting` its waiting line, the key percent-encoded (or digested
+when long) inside the hash tag: no key can name another key's waiting line, and a limiter
+and its line share a Redis Cluster slot.
 """
 
 from __future__ import annotations
 
 import uuid
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from resilience.errors import StorageError, StoreUnavailable
+from resilience.keys import parse_redis_key, redis_key, redis_key_pattern
 from resilience.ratelimit.algorithms import Decision
+from resilience.stores import wrap_store_errors
 
 if TYPE_CHECKING:
     import redis
@@ -26,27 +31,12 @@ def _lua(name: str) -> str:
     return (_HERE / name).read_text()
 
 
-@contextmanager
-def wrapped_errors(what: str, key: str) -> Iterator[None]:
-    """Turn a native redis error into StorageError/StoreUnavailable naming the operation."""
-    import redis as redis_lib
-
-    try:
-        yield
-    except (redis_lib.ConnectionError, redis_lib.TimeoutError) as exc:
-        raise StoreUnavailable(f"{what} {key!r}: Redis unreachable: {exc}", key=key,
-                               cause=repr(exc)) from exc
-    except redis_lib.RedisError as exc:
-        raise StorageError(f"{what} {key!r}: Redis error: {exc}", key=key,
-                           cause=repr(exc)) from exc
-
-
 class RedisBackend:
     """Limiter state in Redis.
 
     Args:
         client: a Redis client, or a callable returning the process's client (fork-safe).
-        prefix: key prefix of all limiter state.
+        prefix: key prefix of all limiter state (no `{` or `}`).
     """
 
     #: Lua source, registered once per client.
@@ -79,13 +69,15 @@ class RedisBackend:
             self._scripts[client] = scripts
         return scripts[name]
 
-    def key(self, kind: str, key: str) -> str:
-        return f"{self.prefix}:{kind}:{key}"
+    def key(self, kind: str, key: str, *suffixes: str) -> str:
+        """The Redis key of limiter `key` of `kind` (gcra, window, concurrency); its waiting
+        line is that key plus `:waiting`."""
+        return redis_key(f"{self.prefix}:{kind}", key, *suffixes)
 
     def gcra(self, key: str, *, interval_seconds: float, burst: int, cost: int = 1,
              caller: str | None = None) -> Decision:
         full = self.key("gcra", key)
-        with wrapped_errors("rate limit", full):
+        with wrap_store_errors("rate limit", key=key):
             allowed, retry, now = self._script("gcra")(
                 keys=[full, f"{full}:waiting"],
                 args=[round(interval_seconds * 1e6), burst, cost, caller or uuid.uuid4().hex],
@@ -95,7 +87,7 @@ class RedisBackend:
     def sliding_window(self, key: str, *, limit: int, window_seconds: float,
                        caller: str | None = None) -> Decision:
         full = self.key("window", key)
-        with wrapped_errors("rate limit", full):
+        with wrap_store_errors("rate limit", key=key):
             allowed, retry, now, used = self._script("window")(
                 keys=[full, f"{full}:waiting"],
                 args=[limit, round(window_seconds * 1e6), uuid.uuid4().hex,
@@ -106,47 +98,57 @@ class RedisBackend:
     def acquire_lease(
         self, key: str, *, holder: str, limit: int, lease_seconds: float
     ) -> Decision:
-        full = self.key("concurrency", key)
-        with wrapped_errors("concurrency limit", full):
+        with wrap_store_errors("concurrency limit", key=key):
             allowed, retry, now, used = self._script("lease")(
-                keys=[full], args=[limit, round(lease_seconds * 1e6), holder]
+                keys=[self.key("concurrency", key)],
+                args=[limit, round(lease_seconds * 1e6), holder],
             )
         return Decision(bool(int(allowed)), int(retry) / 1e6, int(now) / 1e6, int(used))
 
     def release_lease(self, key: str, *, holder: str) -> bool:
-        full = self.key("concurrency", key)
-        with wrapped_errors("concurrency limit release", full):
+        with wrap_store_errors("concurrency limit release", key=key):
             # ZREM alone is atomic; an expired lease may already be gone (reclaimed).
-            return bool(self.client.zrem(full, holder))
+            return bool(self.client.zrem(self.key("concurrency", key), holder))
 
     def holders(self, key: str) -> dict[str, float]:
-        full = self.key("concurrency", key)
-        with wrapped_errors("concurrency limit holders", full):
-            seconds, micros = self.client.time()
-            now = seconds * 1_000_000 + micros
-            entries = self.client.zrangebyscore(full, now, "+inf", withscores=True)
-        return {holder: score / 1e6 for holder, score in entries}
+        return self.holders_at(self.key("concurrency", key))
 
     # -- inspection (admin views) ---------------------------------------------------------
+    def stored_keys(self, kind: str) -> dict[str, str]:
+        """Limiters of `kind` (gcra, window, concurrency) with state in Redis: each key (as
+        `resilience.keys.decode_key_part` shows it) and its Redis key."""
+        namespace = f"{self.prefix}:{kind}"
+        found = {}
+        with wrap_store_errors("limiter scan", kind=kind):
+            for name in self.client.scan_iter(match=redis_key_pattern(namespace), count=500):
+                parsed = parse_redis_key(namespace, name)
+                if parsed is not None and not parsed[1]:  # not a waiting line
+                    found[parsed[0]] = name
+        return found
+
     def keys(self, kind: str) -> list[str]:
         """Limiter keys of `kind` (gcra, window, concurrency) with state in Redis."""
-        pattern = f"{self.prefix}:{kind}:*"
-        start = len(self.prefix) + len(kind) + 2
-        with wrapped_errors("scan", pattern):
-            found = {
-                name[start:] for name in self.client.scan_iter(match=pattern, count=500)
-                if not name.endswith(":waiting")
-            }
-        return sorted(found)
+        return sorted(self.stored_keys(kind))
+
+    def holders_at(self, stored: str) -> dict[str, float]:
+        """Live holders of the semaphore stored at Redis key `stored` (see `stored_keys`)."""
+        with wrap_store_errors("concurrency limit holders", stored=stored):
+            seconds, micros = self.client.time()
+            now = seconds * 1_000_000 + micros
+            entries = self.client.zrangebyscore(stored, now, "+inf", withscores=True)
+        return {holder: score / 1e6 for holder, score in entries}
 
     def rate_state(self, kind: str, key: str) -> dict[str, float]:
         """Figures of one rate limiter: GCRA's TAT lead or the window's grant count, waiters."""
-        full = self.key(kind, key)
-        with wrapped_errors("rate limit state", full):
+        return self.rate_state_at(kind, self.key(kind, key))
+
+    def rate_state_at(self, kind: str, stored: str) -> dict[str, float]:
+        """`rate_state` of the limiter stored at Redis key `stored` (see `stored_keys`)."""
+        with wrap_store_errors("rate limit state", stored=stored):
             seconds, micros = self.client.time()
             now = seconds * 1_000_000 + micros
-            waiting = self.client.zcard(f"{full}:waiting")
+            waiting = self.client.zcard(f"{stored}:waiting")
             if kind == "gcra":
-                tat = float(self.client.get(full) or now)
+                tat = float(self.client.get(stored) or now)
                 return {"ahead_seconds": max(0.0, (tat - now) / 1e6), "waiting": waiting}
-            return {"in_window": self.client.zcard(full), "waiting": waiting}
+            return {"in_window": self.client.zcard(stored), "waiting": waiting}

@@ -14,7 +14,7 @@ from redis.connection import AbstractConnection
 from resilience.batch import RedisBatch
 from resilience.circuit.backends.redis import state_key
 from resilience.idempotency.cache import cache_key
-from resilience.retry.budget import KEY_PREFIX as BUDGET_PREFIX
+from resilience.retry.budget import budget_key
 
 
 @pytest.fixture()
@@ -108,7 +108,7 @@ class TestFullStack:
         assert cached is not None and f"done {fresh}" in str(cached)
         # both successes reached the breaker's count window
         assert redis_client.hget(state_key("batch-dependency"), "calls") == "2"
-        budget = redis_client.hgetall(BUDGET_PREFIX + "batch-dependency")
+        budget = redis_client.hgetall(budget_key("batch-dependency"))
         requests = sum(int(value) for field, value in budget.items() if field.startswith("q"))
         assert requests == 2
 

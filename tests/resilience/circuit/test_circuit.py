@@ -279,7 +279,7 @@ def test_open_breaker_spends_no_budget_and_respects_deadline(
 
     from resilience.deadletter.models import dead_letters
     from resilience.errors import DeadLettered
-    from resilience.retry.budget import KEY_PREFIX
+    from resilience.retry.budget import budget_key
     from tests.resilience.circuit.tasks import failure_breaker_gated
 
     CircuitBreaker(
@@ -291,7 +291,7 @@ def test_open_breaker_spends_no_budget_and_respects_deadline(
         wait_for(result.ready, timeout_seconds=60, message="gated job finished")
         assert dependency.total_calls == 0
     assert isinstance(result.result, DeadLettered)
-    assert not redis_client.exists(KEY_PREFIX + "test-gated")
+    assert not redis_client.exists(budget_key("test-gated"))
     with engine.connect() as connection:
         row = connection.execute(
             sa.select(dead_letters).where(dead_letters.c.task_id == result.id)

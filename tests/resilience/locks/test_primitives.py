@@ -30,7 +30,7 @@ from resilience.locks import (
     singleton,
 )
 from resilience.locks.guards import ExclusiveGuard, ExclusiveOptions, SingletonGuard
-from resilience.locks.redis_lock import Lease
+from resilience.locks.redis_lock import Lease, lock_key
 from tests.resilience.locks.conftest import Nodes
 
 
@@ -148,7 +148,7 @@ class TestRedlock:
         import redis
 
         for url in nodes.urls[:3]:
-            redis.Redis.from_url(url).set("resilience:lock:job", "other", px=10_000)
+            redis.Redis.from_url(url).set(lock_key("job"), "other", px=10_000)
         redlock = _redlock(nodes, retry_count=1, retry_delay_seconds=0.01)
         assert redlock.acquire("job", ttl_seconds=5) is None
         assert redlock.holders("job") == ["other"] * 3
@@ -303,7 +303,7 @@ class TestHeartbeat:
         lease = lock.acquire("hb2", ttl_seconds=0.3)
         assert lease is not None
         heartbeat = Heartbeat(lease, lock.extend, HeartbeatOptions(renew_fraction=0.3)).start()
-        redis_client.delete("resilience:lock:hb2")
+        redis_client.delete(lock_key("hb2"))
         time.sleep(0.4)
         with pytest.raises(LockNotOwnedError, match="lost"):
             heartbeat.check()

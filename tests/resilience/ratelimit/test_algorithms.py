@@ -69,10 +69,10 @@ class TestGcra:
         for _ in range(200):
             backend.gcra("one", interval_seconds=0.5, burst=10, caller="same-task")
         assert sorted(redis_client.keys("test:o1:*")) == [
-            "test:o1:gcra:one", "test:o1:gcra:one:waiting"]
-        assert redis_client.type("test:o1:gcra:one") == "string"
-        assert redis_client.zcard("test:o1:gcra:one:waiting") == 1
-        assert redis_client.pttl("test:o1:gcra:one:waiting") > 0
+            "test:o1:gcra:{one}", "test:o1:gcra:{one}:waiting"]
+        assert redis_client.type("test:o1:gcra:{one}") == "string"
+        assert redis_client.zcard("test:o1:gcra:{one}:waiting") == 1
+        assert redis_client.pttl("test:o1:gcra:{one}:waiting") > 0
 
     def test_waiters_get_spread_retry_times(self, backend: Any) -> None:
         """Denied callers are told to come back one interval apart, not all at once."""
