@@ -8,6 +8,7 @@ Every setting has the prefix `JOBS_`; the well-known URLs are also read without 
 from __future__ import annotations
 
 import ipaddress
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -26,6 +27,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from jobs.tiers import CRITICAL, OPTIONAL, STANDARD, TIERS
 from resilience.errors import ConfigurationError
+from resilience.redact import redact, redact_url
 
 RejectionPolicy = Literal["abort", "discard", "caller_runs", "wait"]
 
@@ -178,7 +180,7 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices(
             "JOBS_FLOWER_BASIC_AUTH", "FLOWER_BASIC_AUTH", "flower_basic_auth"
         ),
-        description="user:password; required when Flower binds beyond loopback",
+        description="user:password (comma list of pairs); required beyond loopback",
     )
     max_deliveries: int = Field(
         3, ge=1, description="deliveries that never returned before a job is dead-lettered"
@@ -239,14 +241,16 @@ class Settings(BaseSettings):
     def _redis_scheme(cls, value: Any) -> Any:
         for url in value if isinstance(value, list) else [value]:
             if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
-                raise ValueError(f"{url!r} is not a Redis URL (redis://host:port/db)")
+                raise ValueError(f"{redact_url(url)!r} is not a Redis URL (redis://host:port/db)")
         return value
 
     @field_validator("database_url")
     @classmethod
     def _postgres_scheme(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(("postgresql", "postgres://")):
-            raise ValueError(f"{value!r} is not a PostgreSQL URL (postgresql://user@host/db)")
+            raise ValueError(
+                f"{redact_url(value)!r} is not a PostgreSQL URL (postgresql://user@host/db)"
+            )
         return value
 
     @field_validator("broker_url")
@@ -255,7 +259,25 @@ class Settings(BaseSettings):
         if value is not None and not value.startswith(
             ("redis://", "rediss://", "amqp://", "amqps://", "pyamqp://")
         ):
-            raise ValueError(f"{value!r}: the broker must be Redis (redis://) or RabbitMQ (amqp://)")
+            raise ValueError(
+                f"{redact_url(value)!r}: the broker must be Redis (redis://) or RabbitMQ (amqp://)"
+            )
+        return value
+
+    @field_validator("flower_basic_auth")
+    @classmethod
+    def _user_and_password(cls, value: SecretStr | None) -> SecretStr | None:
+        # Flower splits the value on "," and accepts a request whose decoded credentials
+        # equal one entry, so an empty entry ("", "a:b,", ":") lets `Basic ==` in. Refused
+        # on loopback too: a value that is set means a password was intended.
+        if value is not None:
+            for pair in value.get_secret_value().split(","):
+                user, colon, password = pair.partition(":")
+                if not (colon and user.strip() and password.strip()):
+                    raise ValueError(
+                        "must be user:password, or a comma list of user:password pairs, "
+                        "with a non-empty user and password in every pair (value not shown)"
+                    )
         return value
 
     @model_validator(mode="after")
@@ -276,7 +298,7 @@ class Settings(BaseSettings):
         if self.flower_basic_auth is None and not _is_loopback(self.flower_address):
             raise ValueError(
                 f"JOBS_FLOWER_ADDRESS={self.flower_address} exposes Flower beyond this machine "
-                "without a password; set FLOWER_BASIC_AUTH=user:password or bind to 127.0.0.1"
+                "without a password; set FLOWER_BASIC_AUTH to user:password or bind to 127.0.0.1"
             )
         if self.pg_pool_mode in ("transaction", "statement"):
             raise ValueError(
@@ -340,9 +362,35 @@ def _is_loopback(address: str) -> bool:
         return False
 
 
-def _env_name(location: tuple[Any, ...]) -> str:
+def _variable_set(head: str, overrides: dict[str, Any]) -> str | None:
+    """The environment variable the field named `head` was read from, if it has aliases.
+
+    Errors locate an aliased field by its first alias (JOBS_REDIS_URL) even when the value
+    came from another (REDIS_URL); pydantic-settings reads the first alias present,
+    ignoring case, so the same search finds the variable the user actually set.
+    """
+    for name, field in Settings.model_fields.items():
+        alias = field.validation_alias
+        if not isinstance(alias, AliasChoices):
+            continue
+        choices = [choice for choice in alias.choices if isinstance(choice, str)]
+        if head != name and head not in choices:
+            continue
+        if overrides.keys() & {name, *choices}:
+            return None  # given in code, not read from the environment
+        environ = {key.lower(): key for key in os.environ}
+        for choice in choices:
+            if choice.lower() in environ:
+                return environ[choice.lower()]
+    return None
+
+
+def _env_name(location: tuple[Any, ...], overrides: dict[str, Any] | None = None) -> str:
     if not location:
         return "the configuration"
+    variable = _variable_set(str(location[0]), overrides or {})
+    if variable is not None:
+        return variable
     parts = [str(part).upper() for part in location if not str(part).isdigit()]
     if parts[0] in ("REDIS_URL", "DATABASE_URL", "BROKER_URL", "REDLOCK_URLS"):
         return parts[0]
@@ -362,8 +410,8 @@ def load_settings(**overrides: Any) -> Settings:
     except ValidationError as exc:
         lines = []
         for error in exc.errors():
-            message = str(error["msg"]).removeprefix("Value error, ")
-            lines.append(f"  {_env_name(tuple(error['loc']))}: {message}")
+            message = redact(str(error["msg"]).removeprefix("Value error, "))
+            lines.append(f"  {_env_name(tuple(error['loc']), overrides)}: {message}")
         raise SettingsError(
             "invalid platform configuration:\n" + "\n".join(lines), problems=lines
         ) from None

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from resilience.redact import redact
+
 if TYPE_CHECKING:
     from celery import Celery
 
@@ -28,7 +30,7 @@ class Check:
 
 
 def _failed(name: str, exc: BaseException) -> Check:
-    return Check(name, False, f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+    return Check(name, False, redact(f"{type(exc).__name__}: {exc}".splitlines()[0])[:300])
 
 
 def liveness(app: Celery, node: str, *, timeout_seconds: float = 5.0) -> list[Check]:
