@@ -7,6 +7,8 @@ from resilience.deadline.guard import (
     DeadlineGuard,
     DeadlinePolicy,
     DeadlineStamp,
+    finite_seconds,
+    header_seconds,
     headers_of,
 )
 
@@ -17,5 +19,7 @@ __all__ = [
     "DeadlineGuard",
     "DeadlinePolicy",
     "DeadlineStamp",
+    "finite_seconds",
+    "header_seconds",
     "headers_of",
 ]

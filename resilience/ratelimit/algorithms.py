@@ -56,8 +56,15 @@ def gcra(
     """Generic cell rate algorithm: one number of state (the theoretical arrival time).
 
     A request is allowed when, after adding `cost` emission intervals, the theoretical
-    arrival time is at most `burst` intervals ahead of now. With burst=1 permits are spaced
-    at least one interval apart, so any window of one period holds at most `limit` permits.
+    arrival time is at most `burst` intervals ahead of now.
+
+    Bounds, for any arrival pattern, when `interval_us` is the period / limit rounded up
+    (`Rate.emission_interval_us`; rounding down would let one extra permit in): the first
+    and last of n permits granted are at least (n - burst) intervals apart, so a half-open
+    window of one period, (t - period, t], holds at most `limit + burst - 1` permits:
+    `limit` with burst=1 (permits at least one interval apart), limit + b - 1 with burst b.
+    Over any span the long-run rate never exceeds the limit: permits <= span / interval +
+    burst.
 
     Returns:
         (allowed, new_tat_us, retry_after_us); new_tat_us is the state to store.

@@ -3,12 +3,19 @@
 Accepted forms: ``"N/unit"``, ``"N/K unit"`` and ``"N per unit"``, where unit is one of
 second, minute, hour, day (singular, plural or s/sec/m/min/h/hr/d). Anything else is a
 `ConfigurationError` at definition time, naming the accepted forms.
+
+Resolution: the limiters count time in whole microseconds (Python and Lua alike), so the
+finest rate is one permit per microsecond (1,000,000/s): a finer rate's emission interval
+would round to 0 µs and stop limiting. The shortest period is 1 ms (a decision is a Redis
+round trip). Both are refused at definition time.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 
 from resilience.errors import ConfigurationError
 
@@ -24,10 +31,21 @@ _PATTERN = re.compile(
     re.IGNORECASE,
 )
 
+#: The shortest period (a sliding window's length), seconds.
+MIN_PERIOD_SECONDS = 0.001
+#: The finest rate: permits per second at an emission interval of 1 µs.
+MAX_PER_SECOND = 1_000_000
+
 
 @dataclass(frozen=True, kw_only=True)
 class Rate:
-    """`limit` permits per `period_seconds`."""
+    """`limit` permits per `period_seconds`.
+
+    Raises:
+        ConfigurationError: limit not a positive integer; period not finite positive seconds
+            or under 1 ms; an emission interval (period / limit) under 1 µs, i.e. more than
+            1,000,000 permits per second.
+    """
 
     limit: int
     period_seconds: float
@@ -35,10 +53,31 @@ class Rate:
     def __post_init__(self) -> None:
         if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit <= 0:
             raise ConfigurationError(f"a rate limit must be a positive integer, got {self.limit!r}")
-        if not self.period_seconds > 0:
+        period = self.period_seconds
+        if (isinstance(period, bool) or not isinstance(period, int | float)
+                or not math.isfinite(period) or period <= 0):
             raise ConfigurationError(
-                f"a rate period must be positive seconds, got {self.period_seconds!r}"
+                f"a rate period must be positive finite seconds, got {period!r}"
             )
+        if period < MIN_PERIOD_SECONDS:
+            raise ConfigurationError(
+                f"rate {self}: the period must be at least 1 ms (a decision is a Redis round "
+                f"trip; a shorter window is not one a fleet can hold), got {period!r} s",
+                rate=str(self),
+            )
+        if self._period_us < self.limit:
+            raise ConfigurationError(
+                f"rate {self} is finer than the limiters resolve: its emission interval "
+                f"(period / limit) is {float(self._period_us / self.limit):.3g} µs, under the "
+                f"1 µs minimum; the finest rate is {MAX_PER_SECOND:,} per second "
+                "(e.g. '1000000/second', '60000000/minute')", rate=str(self),
+            )
+
+    @property
+    def _period_us(self) -> Fraction:
+        # Exact decimal value of the period as written ("0.1" is 1/10, not the float
+        # 0.1000000000000000055...), so the µs arithmetic below has no float error.
+        return Fraction(str(self.period_seconds)) * 1_000_000
 
     @property
     def per_second(self) -> float:
@@ -49,6 +88,16 @@ class Rate:
         """Seconds between permits at the steady rate (GCRA's T)."""
         return self.period_seconds / self.limit
 
+    @property
+    def emission_interval_us(self) -> int:
+        """Whole microseconds between permits (GCRA's T for a backend); always >= 1.
+
+        Rounded up, never to nearest: `limit` intervals then never add up to less than the
+        period, which is what keeps every window of one period within `limit` (burst 1);
+        rounding 1/3 s down to 333,333 µs would let 4 permits into one second.
+        """
+        return max(1, math.ceil(self._period_us / self.limit))
+
     def __str__(self) -> str:
         return f"{self.limit}/{self.period_seconds:g}s"
 
@@ -57,7 +106,8 @@ def parse(text: str | Rate) -> Rate:
     """Parse rate notation such as ``"100/minute"``, ``"5/10 seconds"``, ``"3 per hour"``.
 
     Raises:
-        ConfigurationError: the text is not rate notation or the limit is not positive.
+        ConfigurationError: the text is not rate notation, the limit is not positive, or the
+            rate is finer than 1,000,000 per second (or its period under 1 ms).
     """
     if isinstance(text, Rate):
         return text
