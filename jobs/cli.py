@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import os
 import shlex
 import shutil
@@ -28,6 +29,7 @@ from rich.table import Table
 from jobs.settings import Settings, SettingsError, get_settings
 from jobs.tiers import TIERS
 from resilience.errors import ResilienceError
+from resilience.redact import redact, redact_url
 
 cli = typer.Typer(
     help="Run and administer the job platform.",
@@ -170,7 +172,8 @@ def wait_for_services(settings: Settings, timeout_seconds: float = 60) -> None:
     from jobs.services import postgres_ready, redis_ready, wait_until
 
     wait_until(lambda: redis_ready(settings.effective_redis_url),
-               timeout_seconds=timeout_seconds, what=f"Redis at {settings.effective_redis_url}")
+               timeout_seconds=timeout_seconds,
+               what=f"Redis at {_masked(settings.effective_redis_url)}")
     wait_until(lambda: postgres_ready(settings.effective_database_url),
                timeout_seconds=timeout_seconds, what="PostgreSQL")
     migrate(settings.effective_database_url)
@@ -241,7 +244,8 @@ def require_broker(settings: Settings) -> None:
             connection.ensure_connection(max_retries=1)
     except Exception as exc:  # noqa: BLE001 - any failure means: not reachable
         errors.print(
-            f"[red]cannot reach the broker at {_masked(settings.effective_broker_url)}: {exc}[/red]"
+            f"[red]cannot reach the broker at {_masked(settings.effective_broker_url)}: "
+            f"{redact(str(exc))}[/red]"
             "\nStart the platform first (`make run`), or set BROKER_URL/REDIS_URL."
         )
         raise typer.Exit(2) from None
@@ -298,13 +302,40 @@ def config() -> None:
     console.print(table)
 
 
-def _masked(url: str) -> str:
-    from sqlalchemy import make_url
+@cli.command()
+def pipeline(
+    task_name: Annotated[str, typer.Argument(help="registered task name")],
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Print a task's effective enqueue and execution pipelines, in order, with options."""
+    settings_or_exit()
+    from jobs import app
+    from jobs.pipeline_view import describe_pipelines
 
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy parses; keep only the host part
-        return url.split("@")[-1]
+    app.loader.import_default_modules()
+    task = app.tasks.get(task_name)
+    if task is None:
+        close = [name for name in app.tasks if task_name.rsplit(".", 1)[-1] in name]
+        hint = f"; did you mean {', '.join(sorted(close)[:5])}?" if close else ""
+        errors.print(f"[red]no task named {task_name!r}{hint} (load your module with "
+                     "JOBS_IMPORTS)[/red]")
+        raise typer.Exit(2)
+    view = describe_pipelines(task)
+    if as_json:
+        console.print_json(json.dumps(view, default=str))
+        return
+    for phase in ("enqueue", "execution"):
+        table = Table(title=f"{task_name}: {phase} pipeline (runs top to bottom)")
+        for column in ("#", "stage", "guard", "options"):
+            table.add_column(column, overflow="fold")
+        for index, row in enumerate(view[phase], start=1):
+            table.add_row(str(index), row["stage"], row["guard"], row["options_text"])
+        console.print(table)
+
+
+def _masked(url: str) -> str:
+    # Not SQLAlchemy's make_url: it keeps `?password=` and fails on malformed URLs.
+    return redact_url(url)
 
 
 def _register_admin_commands() -> None:
@@ -319,7 +350,7 @@ def main() -> None:
     try:
         cli()
     except (ResilienceError, SettingsError) as exc:
-        errors.print(f"[red]{type(exc).__name__}: {exc}[/red]")
+        errors.print(f"[red]{type(exc).__name__}: {redact(str(exc))}[/red]")
         sys.exit(2)
 
 

@@ -18,6 +18,8 @@ class Outcome(str, Enum):
     DISCARDED = "DISCARDED"
     RETRY = "RETRY"
     DEAD_LETTERED = "DEAD-LETTERED"
+    #: A store was down and the guard let the job through (`on_store_down="fail_open"`).
+    FAIL_OPEN = "FAIL-OPEN"
 
     def __str__(self) -> str:
         return self.value

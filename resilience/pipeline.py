@@ -1,13 +1,42 @@
-"""The guard pipeline: one ordered list of hook objects around a task body.
+"""The guard pipeline and the contract of a stack of guards.
 
-Execution guards run `before_run` outermost first (the DESIGN.md order, by `Stage`), and
-`after_run` / `on_error` innermost first. A guard ends a call early by raising `Stop` with an
-outcome; the guards already entered then get `on_stop` so they can give back what they took
-(an idempotency claim, a lock, a concurrency slot).
+A call passes through five phases; every guard may act in each, and the pipeline runs them
+in one fixed order (the `STAGES` table below), whatever order the decorators were written in:
+
+    admit     `before_run`, outermost first: decide whether the call may run at all (poison,
+              deadline, breaker, limits); a guard that says no raises `Stop`.
+    take      also `before_run`: take what the call needs (idempotency claim, lock, slot).
+    run       the body.
+    commit    `commit`, innermost first, while *everything* every guard took is still held:
+              the body's transaction and the idempotency record commit here, after a
+              `call.checkpoint()` that proves the locks and leases are still owned.
+    give back `after_run` / `on_error` / `on_stop`, innermost first: locks, slots, claims.
+
+The rules that make guards compose:
+
+1. No effect commits after anything that protected it was given back: commits happen in
+   their own phase, before the first give-back.
+2. A guard that stops a call early (`Stop`), or an error anywhere (a guard, the body, a
+   commit), makes every guard already entered give back what it took, innermost first;
+   one guard failing to give back never keeps the others from it.
+3. `on_error` may replace the error for the guards further out (the retry guard turns a
+   failure into Celery's `Retry` or `DeadLettered`), as middleware layers do.
+4. Two guards never share a stage silently: a stage holds one guard unless the table says
+   it holds several (then they run in declaration order); a clash is a `ConfigurationError`
+   when the task's pipeline is built.
+5. Enqueue guards follow the same shape: `before_publish` takes (a unique key, an admission
+   reservation); when a later guard refuses or the publish raises, every guard already
+   entered gets `give_back`, innermost first; after a publish, `after_publish`.
+6. Inline execution (`task.apply()`, `caller_runs`, eager mode) never republishes: a deferral
+   there becomes `JobDeferred` for the caller (see `resilience.task`).
+
+docs/pipeline.md has the same contract with examples; `jobs pipeline TASK` prints a task's
+effective pipelines.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -15,6 +44,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from resilience.batch import Batches
+from resilience.errors import ConfigurationError
 from resilience.keys import bind_arguments
 from resilience.outcomes import Stop
 
@@ -23,23 +53,60 @@ if TYPE_CHECKING:
 
 
 class Stage(IntEnum):
-    """Where a guard sits in the execution path; lower runs first (outermost)."""
+    """Where an execution guard sits; lower runs first (outermost). See `STAGES`."""
 
+    UNIQUE = 5
+    POISON = 8
     DEADLINE = 10
     IDEMPOTENCY = 20
     EXCLUSIVITY = 30
     BREAKER = 40
-    LIMITS = 50
+    CONCURRENCY = 50
+    LIMITS = 50  # alias of CONCURRENCY, kept for guards written before the split
+    RATE = 55
     RETRY = 60
 
 
 class EnqueueStage(IntEnum):
-    """Where an enqueue guard sits in the publish path; lower runs first."""
+    """Where an enqueue guard sits in the publish path; lower runs first. See `ENQUEUE_STAGES`."""
 
     VALIDATE = 10
     UNIQUE = 20
     ADMIT = 30
-    PUBLISH = 40
+    STAMP = 40
+    PUBLISH = 40  # alias of STAMP, kept for guards written before the rename
+
+
+@dataclass(frozen=True)
+class StageRule:
+    """One row of the order table: what a stage is for and whether it holds several guards."""
+
+    purpose: str
+    several: bool = False
+
+
+#: The execution order, in one place (DESIGN.md "The path of one job").
+STAGES: dict[Stage, StageRule] = {
+    Stage.UNIQUE: StageRule("give the @unique key back when the job starts (or ends)"),
+    Stage.POISON: StageRule("dead-letter a message whose worker died too often"),
+    Stage.DEADLINE: StageRule("shed a job whose deadline passed before it started"),
+    Stage.IDEMPOTENCY: StageRule("claim the key in PostgreSQL; replay finished keys"),
+    Stage.EXCLUSIVITY: StageRule("@singleton or @exclusive: one holder per key"),
+    Stage.BREAKER: StageRule("per-dependency breaker; several dependencies allowed",
+                             several=True),
+    Stage.CONCURRENCY: StageRule("fleet-wide concurrency slots", several=True),
+    Stage.RATE: StageRule("fleet-wide rate limits", several=True),
+    Stage.RETRY: StageRule("classify errors; Celery retry within the budget"),
+}
+
+#: The enqueue order, in one place.
+ENQUEUE_STAGES: dict[EnqueueStage, StageRule] = {
+    EnqueueStage.VALIDATE: StageRule("keys of the execution guards build from the arguments",
+                                     several=True),
+    EnqueueStage.UNIQUE: StageRule("@unique: the same key within its TTL is the same job"),
+    EnqueueStage.ADMIT: StageRule("tier bulkhead: abort, discard, caller_runs or wait"),
+    EnqueueStage.STAMP: StageRule("headers every new message carries (deadline)"),
+}
 
 
 @dataclass
@@ -72,8 +139,15 @@ class Call:
     def task_id(self) -> str | None:
         return getattr(self.request, "id", None)
 
+    @property
+    def inline(self) -> bool:
+        """Run in the caller's process (`apply()`, caller-runs, eager), not from a message."""
+        request = self.request
+        return (request is None or bool(getattr(request, "called_directly", True))
+                or bool(getattr(request, "is_eager", False)))
+
     def checkpoint(self) -> None:
-        """Raise if any guard's hold was lost; call right before committing an effect.
+        """Raise if any guard's hold was lost; called right before an effect commits.
 
         Raises:
             LockNotOwnedError (or another guard's error): a lease or session was lost.
@@ -93,16 +167,34 @@ class Publish:
     state: dict[str, Any] = field(default_factory=dict)
 
 
+def _described(guard: Any, task: Task | None) -> dict[str, Any]:
+    """The options of a guard's config dataclass (`config`, `options` or `policy`)."""
+    for attribute in ("config", "options", "policy"):
+        value = getattr(guard, attribute, None)
+        if callable(value) and not dataclasses.is_dataclass(value) and task is not None:
+            try:
+                value = value(task)
+            except Exception:  # noqa: BLE001 - a description never fails
+                continue
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init}
+    return {}
+
+
 class Guard:
     """Base class of an execution guard; every hook is a no-op by default."""
 
     #: Short name used in outcomes, counters and logs.
     name: ClassVar[str] = "guard"
-    #: Position in the execution path.
-    stage: ClassVar[Stage] = Stage.LIMITS
+    #: Position in the execution path (`STAGES`).
+    stage: ClassVar[Stage] = Stage.RATE
 
     def bind(self, task: Task) -> None:
         """Called once per task when the pipeline is built; validate options against it."""
+
+    def describe(self, task: Task | None = None) -> dict[str, Any]:
+        """The guard's effective options, for `jobs pipeline` and docs."""
+        return _described(self, task)
 
     def prefetch(self, call: Call) -> None:
         """Queue Redis reads (`call.reads`) whose replies `before_run` may use.
@@ -112,19 +204,26 @@ class Guard:
         """
 
     def before_run(self, call: Call) -> None:
-        """Take what the call needs (claim, lock, slot) or raise `Stop`."""
+        """Admit and take: decide, take what the call needs (claim, lock, slot), or `Stop`."""
+
+    def commit(self, call: Call, result: Any) -> None:
+        """The body returned `result`: make its effect durable while every hold is kept.
+
+        Runs innermost first, before any guard gives anything back. Raising (`Stop` or an
+        error) turns the call into a stop or an error for every guard entered.
+        """
 
     def after_run(self, call: Call, result: Any) -> None:
-        """The body returned `result`; record it and give back what before_run took."""
+        """Give back after a committed success: what before_run took."""
 
     def on_error(self, call: Call, exc: BaseException) -> None:
-        """The body (or an inner guard) raised `exc`; give back what before_run took.
+        """The body, a commit or an inner guard raised `exc`; give back what was taken.
 
         Raising here replaces the error for the guards further out (see `Pipeline.run`).
         """
 
     def on_stop(self, call: Call, stop: Stop) -> None:
-        """An inner guard stopped the call; give back what before_run took."""
+        """An inner guard (or a commit) stopped the call; give back what before_run took."""
 
 
 class EnqueueGuard:
@@ -136,23 +235,45 @@ class EnqueueGuard:
     def bind(self, task: Task) -> None:
         """Called once per task when the pipeline is built."""
 
+    def describe(self, task: Task | None = None) -> dict[str, Any]:
+        """The guard's effective options, for `jobs pipeline` and docs."""
+        return _described(self, task)
+
     def before_publish(self, publish: Publish) -> None:
-        """Admit, edit or refuse the publish; raise `Stop` or an `AdmissionError` to refuse."""
+        """Admit, take, edit or refuse the publish; raise `Stop` or an `AdmissionError`."""
+
+    def give_back(self, publish: Publish, error: BaseException) -> None:
+        """A later guard refused, or the publish raised `error`: give back what was taken."""
 
     def after_publish(self, publish: Publish, result: Any) -> None:
-        """The message was published (or handled) and `result` goes back to the caller."""
+        """The message was published and `result` goes back to the caller."""
 
 
-def _ordered(guards: Iterable[Any]) -> list[Any]:
-    # sorted() is stable: guards of one stage keep the order they were declared in.
-    return sorted(guards, key=lambda guard: int(guard.stage))
+def _ordered(guards: Iterable[Any], rules: dict[Any, StageRule]) -> list[Any]:
+    """Guards in stage order; two in a stage that holds one is a `ConfigurationError`."""
+    ordered = sorted(guards, key=lambda guard: int(guard.stage))  # stable: declaration order
+    by_stage: dict[int, list[Any]] = {}
+    for guard in ordered:
+        by_stage.setdefault(int(guard.stage), []).append(guard)
+    for stage, members in by_stage.items():
+        names = [guard.name for guard in members]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        rule = next((rule for key, rule in rules.items() if int(key) == stage), None)
+        if len(members) > 1 and (rule is None or not rule.several or duplicates):
+            label = type(members[0].stage)(stage).name
+            raise ConfigurationError(
+                f"guards {', '.join(repr(n) for n in names)} share the {label} stage, which "
+                f"holds one guard ({rule.purpose if rule else 'unknown stage'}); keep one",
+                stage=label, guards=names,
+            )
+    return ordered
 
 
 class Pipeline:
-    """Runs execution guards around a body in stage order."""
+    """Runs execution guards around a body in stage order (the contract above)."""
 
     def __init__(self, guards: Iterable[Guard]) -> None:
-        self.guards: Sequence[Guard] = _ordered(guards)
+        self.guards: Sequence[Guard] = _ordered(guards, STAGES)
 
     def __bool__(self) -> bool:
         return bool(self.guards)
@@ -177,6 +298,8 @@ class Pipeline:
                 guard.before_run(call)
                 entered.append(guard)
             result = body()
+            for guard in reversed(entered):
+                guard.commit(call, result)
         except Stop as stop:
             signal = stop
             _unwind(entered, lambda guard: guard.on_stop(call, signal))
@@ -189,17 +312,24 @@ class Pipeline:
 
 
 class EnqueuePipeline:
-    """Runs enqueue guards in stage order before a publish."""
+    """Runs enqueue guards in stage order before a publish, giving back on refusal."""
 
     def __init__(self, guards: Iterable[EnqueueGuard]) -> None:
-        self.guards: Sequence[EnqueueGuard] = _ordered(guards)
+        self.guards: Sequence[EnqueueGuard] = _ordered(guards, ENQUEUE_STAGES)
 
     def run(self, publish: Publish, send: Callable[[Publish], Any]) -> Any:
-        """Run the guards, then `send`; a guard's `Stop` skips the send and is re-raised."""
-        for guard in self.guards:
-            guard.before_publish(publish)
-        result = send(publish)
-        _unwind(self.guards, lambda guard: guard.after_publish(publish, result))
+        """Run the guards, then `send`; a refusal or a failed send gives back, then re-raises."""
+        entered: list[EnqueueGuard] = []
+        try:
+            for guard in self.guards:
+                guard.before_publish(publish)
+                entered.append(guard)
+            result = send(publish)
+        except BaseException as exc:
+            error = exc
+            _unwind(entered, lambda guard: guard.give_back(publish, error))
+            raise
+        _unwind(entered, lambda guard: guard.after_publish(publish, result))
         return result
 
 
@@ -247,4 +377,3 @@ def attach(func: Callable[..., Any], guard: Guard | EnqueueGuard) -> Callable[..
 def attached(func: Any) -> list[Guard | EnqueueGuard]:
     """The guards attached to `func` by decorators, in declaration order."""
     return list(getattr(func, GUARDS_ATTRIBUTE, ()))
-

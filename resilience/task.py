@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from celery import Task
 from celery.exceptions import Retry
 
-from resilience.errors import JobDeferred, PayloadTooLarge
+from resilience.errors import JobDeferred, JobStopped, PayloadTooLarge
 from resilience.keys import bind_arguments, canonical_json
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import (
@@ -153,7 +153,18 @@ class GuardedTask(Task):
             return self.stopped(call, stop)
 
     def stopped(self, call: Call, stop: Stop) -> Any:
-        """Turn a guard's `Stop` into what Celery records: a result, or a deferral."""
+        """Turn a guard's `Stop` into what Celery records: a result, or a deferral.
+
+        In a canvas a stop never hands its outcome dict on as if it were a result:
+        REPLAYED passes the stored result on (a chain continues, a chord counts it); any
+        other stop ends the chain and its links, and fails a chord (`JobStopped`), so a
+        callback never runs on an outcome it would mistake for data.
+
+        Raises:
+            celery.exceptions.Retry: DEFERRED from a message (republished later).
+            JobDeferred: DEFERRED inline (`apply()`, caller-runs, eager): nothing is published.
+            JobStopped: a chord member was stopped (not REPLAYED).
+        """
         logger.info(
             "guard decision",
             extra={
@@ -167,13 +178,35 @@ class GuardedTask(Task):
         )
         if stop.outcome is Outcome.DEFERRED:
             self.defer(call, stop)
+        request = call.request
+        if request is None or call.inline:
+            return stop.as_result()
+        if stop.outcome is Outcome.REPLAYED:
+            if _in_canvas(request):
+                return stop.result
+            return stop.as_result()
+        if getattr(request, "chord", None):
+            raise JobStopped(
+                f"{stop.outcome.value} by {stop.guard}: {stop.reason}; a chord member that "
+                "did not run fails the chord instead of passing its outcome on",
+                outcome=stop.outcome.value, guard=stop.guard, details=stop.details,
+            )
+        # Nothing runs after a job that did not run: the chain and links end here.
+        request.chain = None
+        request.callbacks = None
         return stop.as_result()
 
     def defer(self, call: Call, stop: Stop) -> None:
         """Republish this message after `retry_after_seconds`, without spending a retry.
 
+        Inline (`apply()`, caller-runs, eager mode) there is no message: nothing is
+        published, and the caller gets `JobDeferred` with `retry_after_seconds`. Celery's
+        eager path would otherwise run a `Retry`'s signature again at once, which defers
+        again: a publish storm.
+
         Raises:
-            celery.exceptions.Retry: always; Celery records the state RETRY with the reason.
+            celery.exceptions.Retry: from a message; Celery records RETRY with the reason.
+            JobDeferred: inline.
         """
         countdown = max(0.05, float(stop.retry_after_seconds or 1.0))
         message = f"DEFERRED by {stop.guard}: {stop.reason}"
@@ -181,13 +214,16 @@ class GuardedTask(Task):
         # Flower) shows which guard deferred the job and why.
         reason = JobDeferred(message, guard=stop.guard, retry_after_seconds=countdown,
                              details=stop.details)
+        if call.inline:
+            raise reason
         request = call.request
-        if request is None or getattr(request, "called_directly", True):
-            # Called inline (tests, caller-runs): nothing to republish; report the deferral.
-            raise Retry(message, exc=reason, when=countdown)
         signature = self.signature_from_request(
             request, call.args, call.kwargs, countdown=countdown, retries=request.retries
         )
         signature.apply_async()
         raise Retry(message, exc=reason, when=countdown, sig=signature)
 
+
+def _in_canvas(request: Any) -> bool:
+    """Is this job part of a chain, group, chord or has links to call with its result?"""
+    return any(getattr(request, name, None) for name in ("chain", "callbacks", "chord", "group"))

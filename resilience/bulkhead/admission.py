@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 from resilience.bulkhead.backends import Admission, DepthBackend
 from resilience.bulkhead.backends.broker import depth_backend_for, new_reservation
 from resilience.counters import count
-from resilience.errors import ConfigurationError, StorageError, TierFull
+from resilience.errors import ConfigurationError, JobDeferred, StorageError, TierFull
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import EnqueueGuard, EnqueueStage, Publish, attach
+from resilience.store_down import StoreDown, resolve
 
 if TYPE_CHECKING:
     from celery import Task
@@ -73,7 +74,9 @@ class BulkheadConfig:
         reservation_ttl_seconds: an admitted publish that never completes (producer died)
             stops counting against the limit after this long.
         poll_seconds: policy `wait`: first poll interval (doubles up to 0.5 s).
-        fail_open: the broker cannot be asked: admit (True) or abort (False).
+        on_store_down: the broker cannot be asked: "fail_open" (admit, counted FAIL-OPEN;
+            the default) or "fail_closed" (raise the store's error to the caller).
+        fail_open: deprecated spelling of `on_store_down` (True / False).
     """
 
     tier: str
@@ -83,10 +86,14 @@ class BulkheadConfig:
     retry_after_seconds: float = 5.0
     reservation_ttl_seconds: float = 30.0
     poll_seconds: float = 0.02
-    fail_open: bool = True
+    on_store_down: StoreDown | str | None = None
+    fail_open: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", RejectionPolicy.parse(self.policy))
+        object.__setattr__(self, "on_store_down", resolve(
+            self.on_store_down, self.fail_open, legacy_option="fail_open",
+            default=StoreDown.FAIL_OPEN))
         if not isinstance(self.tier, str) or not self.tier:
             raise ConfigurationError(f"a bulkhead needs a tier name, got {self.tier!r}")
         depth = self.max_queue_depth
@@ -215,10 +222,10 @@ class TierAdmission(EnqueueGuard):
             return backend.try_admit(queue, limit=config.max_queue_depth, reservation=reservation,
                                      reservation_ttl_seconds=config.reservation_ttl_seconds)
         except StorageError as error:
-            if not config.fail_open:
+            if config.on_store_down is StoreDown.FAIL_CLOSED:
                 raise
             logger.warning("tier %s: depth unknown, admitting (fail open): %s", config.tier, error)
-            self._count(publish, config, "FAIL-OPEN", "depth-unknown")
+            self._count(publish, config, Outcome.FAIL_OPEN.value, "depth-unknown")
             return Admission(True, -1)
 
     def _wait(self, backend: DepthBackend, publish: Publish, config: BulkheadConfig,
@@ -253,6 +260,16 @@ class TierAdmission(EnqueueGuard):
                 task_id=publish.state.get("task_id"),
                 headers=publish.options.get("headers"),
             )
+            if isinstance(eager.result, JobDeferred):
+                # A guard deferred the inline run: nothing was queued and nothing ran, so
+                # the caller must hear it (a result would look like a finished job).
+                deferred = eager.result
+                raise JobDeferred(
+                    f"tier {config.tier!r} full; ran in the caller, which was "
+                    f"{deferred.message}; retry after "
+                    f"{deferred.fields.get('retry_after_seconds', 1.0):g}s",
+                    **{**deferred.fields, "tier": config.tier, "policy": policy.value},
+                )
             raise Stop(Outcome.REJECTED, guard=self.name,
                        reason=f"tier {config.tier!r} full; ran in the caller", result=eager,
                        details={"tier": config.tier, "policy": policy.value})
@@ -267,7 +284,15 @@ class TierAdmission(EnqueueGuard):
         )
 
     def after_publish(self, publish: Publish, result: Any) -> None:
-        taken = publish.state.get(_STATE)
+        self._release(publish)
+
+    def give_back(self, publish: Publish, error: BaseException) -> None:
+        """The publish raised (or a later guard refused): the reservation goes back now
+        instead of counting against the tier until it expires."""
+        self._release(publish)
+
+    def _release(self, publish: Publish) -> None:
+        taken = publish.state.pop(_STATE, None)
         if not taken:
             return
         backend, queue, reservation = taken

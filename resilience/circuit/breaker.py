@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 from resilience.circuit.backends.redis import Permission, RedisBreakerBackend, Verdict
 from resilience.circuit.config import BreakerConfig
 from resilience.counters import count
-from resilience.errors import ConfigurationError, StorageError
+from resilience.errors import ConfigurationError, StorageError, StoreRejected
+from resilience.outcomes import Outcome
+from resilience.store_down import StoreDown
 
 if TYPE_CHECKING:
     import redis
@@ -46,6 +48,8 @@ class CircuitBreaker:
         """May a call go ahead now? Applies `on_store_down` when Redis is unreachable."""
         try:
             permission = self.backend.acquire(self.config)
+        except StoreRejected:
+            raise  # not "down": the guard dead-letters the job with the store's reason
         except StorageError as exc:
             return self.store_down(exc)
         if permission.transition:
@@ -54,14 +58,15 @@ class CircuitBreaker:
 
     def store_down(self, exc: BaseException) -> Permission:
         """The permission `on_store_down` gives while Redis is unreachable (warned, counted)."""
-        allowed = self.config.on_store_down == "open"
+        allowed = self.config.on_store_down is StoreDown.FAIL_OPEN
         logger.warning(
             "breaker %s: store unavailable, failing %s (%s)",
             self.name,
             "open: call allowed" if allowed else "closed: call deferred",
             exc,
         )
-        self._count("STORE_DOWN")
+        if allowed:
+            self._count(Outcome.FAIL_OPEN.value)
         return Permission(
             allowed, "unknown", -1, wait_seconds=self.config.open_seconds, store_down=True
         )

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from resilience.errors import ConfigurationError
-
-STORE_DOWN_POLICIES = ("open", "closed")
+from resilience.store_down import StoreDown, store_down_policy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,7 +52,8 @@ class BreakerConfig:
         probe_timeout_seconds: a half-open state without a verdict this long opens again
             (probe workers died), so lost probe permits never wedge the breaker.
         fallback: called with the task's arguments instead of deferring while open.
-        on_store_down: "open" (fail open, default: run the call, warn) or "closed" (defer).
+        on_store_down: "fail_open" (default: run the call, warn, count FAIL-OPEN) or
+            "fail_closed" (defer); old "open" / "closed" still work, deprecated.
     """
 
     name: str
@@ -66,7 +66,7 @@ class BreakerConfig:
     half_open_probes: int = 3
     probe_timeout_seconds: float = 60.0
     fallback: Callable[..., Any] | None = None
-    on_store_down: str = "open"
+    on_store_down: StoreDown | str = StoreDown.FAIL_OPEN
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or len(self.name) > 200:
@@ -100,10 +100,7 @@ class BreakerConfig:
             )
         if self.fallback is not None and not callable(self.fallback):
             raise ConfigurationError(f"fallback must be callable, got {self.fallback!r}")
-        if self.on_store_down not in STORE_DOWN_POLICIES:
-            raise ConfigurationError(
-                f"on_store_down must be one of {STORE_DOWN_POLICIES}, got {self.on_store_down!r}"
-            )
+        object.__setattr__(self, "on_store_down", store_down_policy(self.on_store_down))
 
 
 def _rate(name: str, value: float) -> None:

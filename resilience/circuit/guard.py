@@ -30,10 +30,11 @@ from resilience.circuit.breaker import CircuitBreaker
 from resilience.circuit.config import BreakerConfig, CountWindow, TimeWindow
 from resilience.counters import count
 from resilience.deadletter.giveup import give_up
-from resilience.errors import DeadLettered
+from resilience.errors import DeadLettered, StoreRejected
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Guard, Stage, attach
 from resilience.retry.classify import ClassifyHook, is_retryable
+from resilience.store_down import StoreDown, store_failed
 from resilience.stores import stores_for
 
 if TYPE_CHECKING:
@@ -102,7 +103,14 @@ class BreakerGuard(Guard):
             # A closed breaker's acquire only reads; the prefetched read stands in for it.
             permission = self.breaker.backend.permission_from_peek(peek)
             if permission is None:
-                permission = self.breaker.acquire()
+                try:
+                    permission = self.breaker.acquire()
+                except StoreRejected as rejected:
+                    store_failed(call, rejected, guard=self.name,
+                                 policy=self.config.on_store_down,
+                                 retry_after_seconds=self.config.open_seconds,
+                                 name=self.config.name)
+                    raise  # store_failed always raises for a rejection
         if permission.allowed:
             call.state[self.name] = (permission, time.monotonic())
             return
@@ -180,26 +188,33 @@ DEADLINE_HEADER = "deadline"
 
 
 def _expires_at(request: Any) -> float | None:
-    """The job's deadline (epoch seconds): the earlier of its `deadline` header and `expires`."""
-    candidates = [_epoch(getattr(request, "expires", None))]
-    headers = getattr(request, "headers", None) or {}
-    candidates.append(_epoch(headers.get(DEADLINE_HEADER, getattr(request, DEADLINE_HEADER, None))))
+    """The job's deadline (epoch seconds): the earlier of its `deadline` header and `expires`.
+
+    The header is read by the deadline guard's rule (`resilience.deadline.finite_seconds`):
+    garbage, NaN or ±inf counts as no deadline, so a bad header can neither dead-letter
+    every deferred job nor exempt it for ever. No warning here: the deadline guard (the
+    outermost guard) already logs an unusable header once per run.
+    """
+    # The deadline guard's own reader (the deadline package never imports circuit: no cycle).
+    from resilience.deadline.guard import finite_seconds, headers_of
+
+    candidates = [
+        _epoch(getattr(request, "expires", None)),
+        finite_seconds(headers_of(request).get(DEADLINE_HEADER)),
+    ]
     known = [value for value in candidates if value is not None]
     return min(known) if known else None
 
 
 def _epoch(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return float(value)
+    """Celery's `expires` (finite number, numeric or ISO-8601 string, datetime) as epoch
+    seconds; None when absent or unusable (NaN and ±inf included)."""
+    from resilience.deadline.guard import finite_seconds
+
+    seconds = finite_seconds(value)
+    if seconds is not None or value is None or isinstance(value, bool):
+        return seconds
     if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            pass
         try:
             value = datetime.fromisoformat(value)
         except ValueError:
@@ -223,7 +238,7 @@ def circuit_breaker(
     half_open_probes: int = 3,
     probe_timeout_seconds: float = 60.0,
     fallback: Callable[..., Any] | None = None,
-    on_store_down: str = "open",
+    on_store_down: StoreDown | str = StoreDown.FAIL_OPEN,
     classify_hooks: Iterable[ClassifyHook] = (),
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: gate the task on the fleet-wide breaker `name`.

@@ -14,15 +14,26 @@ dropped early and the backlog drains to fresh work.
 
 Clocks: the deadline is wall-clock epoch time written by the producer and read by the
 worker; producer/worker clock skew shifts it by the skew (NTP keeps that to milliseconds).
+
+Reading the headers, one rule for both (`finite_seconds`; `header_seconds` adds the warning;
+the circuit breaker reads `deadline` by it too): a finite int/float, or a string that parses
+as one ("1700000000.5"), is used. Anything else (garbage, "", NaN, ±inf, a number beyond
+float range, a bool, bytes, a list) counts as absent and logs one warning naming the task id
+and the header. Such a header comes from a broken or hostile producer; treating it as
+absent runs the job as if it had no deadline (or no enqueue time, hence no pressure rule)
+instead of failing it with a traceback, shedding it always (NaN, -inf) or exempting it for
+ever (+inf).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from resilience.counters import count
@@ -39,6 +50,37 @@ DEADLINE_HEADER = "deadline"
 ENQUEUED_AT_HEADER = "enqueued_at"
 #: Per-call option of `apply_async`: seconds from now until the job is shed.
 DEADLINE_OPTION = "deadline_seconds"
+
+
+def finite_seconds(value: Any) -> float | None:
+    """`value` as float seconds if it is a finite number or numeric string, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    try:
+        seconds = float(value)
+    except (ValueError, OverflowError):
+        return None
+    return seconds if math.isfinite(seconds) else None
+
+
+def header_seconds(headers: dict[str, Any], name: str, *, task_id: str | None) -> float | None:
+    """Epoch seconds in the platform-stamped header `name`, or None (see the module's rule).
+
+    An unusable value is logged as one warning naming `task_id` and the header.
+    """
+    value = headers.get(name)
+    if value is None:
+        return None
+    seconds = finite_seconds(value)
+    if seconds is None:
+        logger.warning("task %s: ignoring unusable %s header %r (not a finite number); "
+                       "treated as absent", task_id, name, value)
+    return seconds
+
+
+def _positive_seconds(value: Any) -> bool:
+    """A usable duration option: a finite positive int or float (not a bool or string)."""
+    return isinstance(value, int | float) and finite_seconds(value) is not None and value > 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,9 +100,9 @@ class DeadlinePolicy:
     tier: str | None = None
 
     def __post_init__(self) -> None:
-        if self.deadline_seconds is not None and not self.deadline_seconds > 0:
+        if self.deadline_seconds is not None and not _positive_seconds(self.deadline_seconds):
             raise ConfigurationError(
-                f"deadline_seconds must be positive (or None for no deadline), got "
+                f"deadline_seconds must be positive finite seconds (or None for no deadline), got "
                 f"{self.deadline_seconds!r}"
             )
         if self.pressure_queue_depth is not None and (
@@ -91,7 +133,7 @@ class DeadlineStamp(EnqueueGuard):
     """
 
     name = "deadline"
-    stage = EnqueueStage.PUBLISH
+    stage = EnqueueStage.STAMP
 
     def __init__(self, policy: PolicySource, *, clock: Callable[[], float] = time.time) -> None:
         self.policy = policy
@@ -99,18 +141,43 @@ class DeadlineStamp(EnqueueGuard):
 
     def before_publish(self, publish: Publish) -> None:
         per_call = publish.options.pop(DEADLINE_OPTION, None)
-        if per_call is not None and not (isinstance(per_call, int | float) and per_call > 0):
+        if per_call is not None and not _positive_seconds(per_call):
             raise ConfigurationError(
-                f"{DEADLINE_OPTION} must be positive seconds, got {per_call!r}"
+                f"{DEADLINE_OPTION} must be positive finite seconds, got {per_call!r}"
             )
         policy = _resolve(self.policy, publish.task)
         seconds = per_call if per_call is not None else (policy and policy.deadline_seconds)
-        now = self.clock()
+        # A job with a countdown or an ETA is not late before it is due: its deadline (and
+        # the pressure window) count from when it becomes runnable, not from the enqueue.
+        now = _due_at(publish.options, self.clock())
         headers = dict(publish.options.get("headers") or {})
         headers.setdefault(ENQUEUED_AT_HEADER, now)
         if seconds and DEADLINE_HEADER not in headers:
             headers[DEADLINE_HEADER] = now + float(seconds)
         publish.options["headers"] = headers
+
+
+def _due_at(options: dict[str, Any], now: float) -> float:
+    """Epoch seconds at which a publish becomes runnable: now, or its countdown / ETA."""
+    due = now
+    countdown = finite_seconds(options.get("countdown"))
+    if countdown is not None and countdown > 0:
+        due = now + countdown
+    eta = options.get("eta")
+    if isinstance(eta, datetime):
+        if eta.tzinfo is None:
+            eta = eta.replace(tzinfo=timezone.utc)
+        due = max(due, eta.timestamp())
+    elif isinstance(eta, str):
+        try:
+            parsed = datetime.fromisoformat(eta)
+        except ValueError:
+            parsed = None
+        if parsed is not None:
+            if parsed.tzinfo is None:
+                parsed = parsed.replace(tzinfo=timezone.utc)
+            due = max(due, parsed.timestamp())
+    return due
 
 
 def headers_of(request: Any) -> dict[str, Any]:
@@ -171,25 +238,22 @@ class DeadlineGuard(Guard):
 
     def before_run(self, call: Call) -> None:
         headers = headers_of(call.request)
-        deadline = headers.get(DEADLINE_HEADER)
+        deadline = header_seconds(headers, DEADLINE_HEADER, task_id=call.task_id)
         if deadline is None:
             return
-        try:
-            deadline = float(deadline)
-        except (TypeError, ValueError):
-            logger.warning("task %s: ignoring malformed deadline header %r", call.task_id, deadline)
-            return
+        start = header_seconds(headers, ENQUEUED_AT_HEADER, task_id=call.task_id)
         now = self.clock()
         effective, pressure = deadline, False
         policy = _resolve(self.policy, call.task)
-        enqueued_at = headers.get(ENQUEUED_AT_HEADER)
-        if policy is not None and policy.pressure_queue_depth and enqueued_at is not None:
+        if policy is not None and policy.pressure_queue_depth and start is not None:
             queue = _queue_of(call)
             depth = self.queue_depth(call.task, queue) if queue else None
             if depth is not None and depth > policy.pressure_queue_depth:
                 pressure = True
-                start = float(enqueued_at)
-                effective = start + (deadline - start) * policy.pressure_deadline_factor
+                # min: pressure only ever shrinks (a deadline stamped before enqueued_at
+                # would otherwise be pushed later).
+                effective = min(deadline,
+                                start + (deadline - start) * policy.pressure_deadline_factor)
         if now <= effective:
             return
         tier = (policy.tier if policy else None) or getattr(call.task, "tier", None)

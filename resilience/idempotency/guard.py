@@ -22,7 +22,7 @@ import socket
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from resilience.counters import count
 from resilience.errors import (
@@ -38,6 +38,7 @@ from resilience.idempotency.store import Holder, PostgresStore, store_for, wrap_
 from resilience.keys import GuardKey, KeyOption, KeySpec, canonical_json
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, EnqueueGuard, EnqueueStage, Guard, Publish, Stage, attach
+from resilience.store_down import StoreDown, store_down_policy, store_failed
 from resilience.stores import stores_for
 
 if TYPE_CHECKING:
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("resilience.idempotency")
 
-StoreDownPolicy = Literal["defer", "run", "raise"]
 GUARD_NAME = "idempotency"
 #: Seconds added to the task's hard time limit for the default lease.
 LEASE_MARGIN_SECONDS = 30.0
@@ -87,8 +87,9 @@ class IdempotencyConfig:
             lease for less than the hard time limit (a live holder would be overtaken).
         transactional: the body receives `session` (SQLAlchemy); its writes and the
             record's completion commit in one transaction.
-        on_store_down: PostgreSQL unreachable at claim time: "defer" (retry later,
-            default: fail closed), "run" (run unguarded, warn, count) or "raise".
+        on_store_down: PostgreSQL unreachable at claim time: "fail_closed" (DEFERRED,
+            the default) or "fail_open" (run unguarded, warn, count FAIL-OPEN); see
+            `resilience.store_down`. A store that rejects the claim dead-letters the job.
         store_down_retry_seconds: deferral delay when the store is down.
         poll_seconds: longest deferral while another holder's claim is live.
         cache: use the Redis fast path for finished keys.
@@ -107,7 +108,7 @@ class IdempotencyConfig:
     ttl_seconds: float = 86400.0
     lease_seconds: float | None = None
     transactional: bool = False
-    on_store_down: StoreDownPolicy = "defer"
+    on_store_down: StoreDown | str = StoreDown.FAIL_CLOSED
     store_down_retry_seconds: float = 5.0
     poll_seconds: float = 1.0
     cache: bool = True
@@ -119,10 +120,7 @@ class IdempotencyConfig:
             raise ConfigurationError(f"ttl_seconds must be > 0, got {self.ttl_seconds!r}")
         if self.lease_seconds is not None and not self.lease_seconds > 0:
             raise ConfigurationError(f"lease_seconds must be > 0, got {self.lease_seconds!r}")
-        if self.on_store_down not in ("defer", "run", "raise"):
-            raise ConfigurationError(
-                f"on_store_down must be 'defer', 'run' or 'raise', got {self.on_store_down!r}"
-            )
+        object.__setattr__(self, "on_store_down", store_down_policy(self.on_store_down))
         if not self.store_down_retry_seconds > 0 or not self.poll_seconds > 0:
             raise ConfigurationError("store_down_retry_seconds and poll_seconds must be > 0")
         if self.key is not None and not isinstance(self.key, str) and not callable(self.key):
@@ -299,20 +297,9 @@ class IdempotencyGuard(Guard):
         )
 
     def _store_down(self, call: Call, key: GuardKey, exc: StorageError) -> None:
-        policy = self.config.on_store_down
-        logger.warning("idempotency store down for %s (%s): %s", key.full, policy, exc)
-        if policy == "raise":
-            raise exc
-        if policy == "defer":
-            self._count(call, Outcome.DEFERRED.value)
-            raise Stop(
-                Outcome.DEFERRED,
-                guard=GUARD_NAME,
-                reason=f"idempotency store unavailable: {exc}",
-                retry_after_seconds=self.config.store_down_retry_seconds,
-                details={"key": key.value, "store_down": True},
-            ) from exc
-        self._count(call, "UNGUARDED")
+        store_failed(call, exc, guard=GUARD_NAME, policy=self.config.on_store_down,
+                     retry_after_seconds=self.config.store_down_retry_seconds,
+                     name=self.task_name, details={"key": key.value})
         if self.config.transactional:
             self._open_transaction(call, call.state[GUARD_NAME])
 
@@ -339,8 +326,11 @@ class IdempotencyGuard(Guard):
         state.update(connection=connection, transaction=transaction, session=session)
         call.inject["session"] = session
 
-    # -- after -------------------------------------------------------------------------------
-    def after_run(self, call: Call, result: Any) -> None:
+    # -- commit (inside every lock and lease the call holds) ---------------------------------
+    def commit(self, call: Call, result: Any) -> None:
+        """Record the result, with the body's writes in transactional mode, before any
+        guard gives back: a lock released before this commit would let a second run read
+        state without these writes (a lost update)."""
         state = call.state.get(GUARD_NAME) or {}
         holder: Holder | None = state.get("holder")
         key: GuardKey = state["key"]
@@ -372,6 +362,8 @@ class IdempotencyGuard(Guard):
                                "(attempt %s)", key.full, holder.attempt)
                 self._count(call, "STALE")
                 return
+        # Committed: nothing is left to give back, whatever an outer guard does next.
+        state.pop("holder", None)
         if holder is not None and self.config.cache:
             cache = self._cache(call)
             cache.put_later(
@@ -403,18 +395,32 @@ class IdempotencyGuard(Guard):
                     retry_after_seconds=self.config.poll_seconds,
                     details={"key": key.value, "attempt": holder.attempt, "stale": True},
                 )
+            try:
+                # The commit must happen while every lock and lease is owned: prove it.
+                call.checkpoint()
+            except Exception as lost:
+                self._close_transaction(state, commit=False)
+                self._count(call, "LOCK-LOST")
+                raise Stop(
+                    Outcome.DEFERRED,
+                    guard=GUARD_NAME,
+                    reason=f"a lock or lease was lost before the commit ({lost}); this run's "
+                    "writes were rolled back",
+                    retry_after_seconds=self.config.poll_seconds,
+                    details={"key": key.value, "lock_lost": True},
+                ) from lost
             state["transaction"].commit()
         except DBAPIError as exc:
             self._close_transaction(state, commit=False)
             error = wrap_database_error(exc, "commit")
             logger.warning("idempotent commit of %s failed: %s", key.full, error)
-            self._count(call, Outcome.DEFERRED.value)
-            # Rolled back (or unknown): a later delivery replays, or reclaims after the lease.
-            raise Stop(
-                Outcome.DEFERRED, guard=GUARD_NAME, reason=str(error),
-                retry_after_seconds=self.config.store_down_retry_seconds,
-                details={"key": key.value, "store_down": True},
-            ) from exc
+            # Rolled back (or unknown): a later delivery replays, or reclaims after the lease;
+            # a write PostgreSQL rejects (too long, a constraint) is dead-lettered instead of
+            # deferred forever. The body's writes are part of this commit, so "down" never
+            # means "run unguarded" here.
+            store_failed(call, error, guard=GUARD_NAME, policy=StoreDown.FAIL_CLOSED,
+                         retry_after_seconds=self.config.store_down_retry_seconds,
+                         name=self.task_name, details={"key": key.value})
         finally:
             self._close_transaction(state, commit=False)
 
@@ -489,7 +495,7 @@ def idempotent(
     ttl_seconds: float = 86400.0,
     lease_seconds: float | None = None,
     transactional: bool = False,
-    on_store_down: StoreDownPolicy = "defer",
+    on_store_down: StoreDown | str = StoreDown.FAIL_CLOSED,
     store_down_retry_seconds: float = 5.0,
     poll_seconds: float = 1.0,
     cache: bool = True,

@@ -1,8 +1,10 @@
 """`@unique`: `.delay()` of a job already queued (or running) returns the existing job.
 
 Enqueue side (`EnqueueStage.UNIQUE`): one Lua script either takes the Redis key
-`resilience:unique:<task>:<key>` for the new task id (with a TTL) or returns the task id
-that holds it; a duplicate gets that job's `AsyncResult` (or `DuplicateJob`).
+`resilience:unique:{<task>:<key>}` (encoded, see `resilience.keys.redis_key`) for the new
+task id (with a TTL) or returns the task id that holds it; a duplicate gets that job's
+`AsyncResult` (or `DuplicateJob`). A later enqueue guard that refuses, or a publish that
+fails, gives the key back at once (`give_back`): a key never names a job that was not sent.
 Execution side (a guard at the outermost stage): the key is given back when the job
 starts (`until_started`) or when it finishes (`until_finished`), only if it still names this
 job (compare-and-delete), so a late release never frees another job's key.
@@ -21,11 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from celery import signals
+
 from resilience.counters import count
-from resilience.errors import ConfigurationError, DuplicateJob
-from resilience.keys import KeyOption, KeySpec
+from resilience.errors import ConfigurationError, DuplicateJob, StoreUnavailable
+from resilience.keys import KeyOption, KeySpec, redis_key
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, EnqueueGuard, EnqueueStage, Guard, Publish, Stage, attach
+from resilience.store_down import StoreDown, store_down_policy
 from resilience.stores import stores_for
 
 if TYPE_CHECKING:
@@ -36,7 +41,7 @@ logger = logging.getLogger("resilience.idempotency.unique")
 
 UniqueMode = Literal["until_started", "until_finished"]
 GUARD_NAME = "unique"
-PREFIX = "resilience:unique:"
+NAMESPACE = "resilience:unique"
 _SCRIPTS = {
     name: (Path(__file__).parent / f"unique_{name}.lua").read_text()
     for name in ("acquire", "release")
@@ -53,14 +58,19 @@ class UniqueConfig:
             "until_finished" (not until it finished).
         raise_on_duplicate: raise `DuplicateJob` instead of returning the existing job.
         key: None (all bound arguments), a template, or a callable (see `KeySpec`).
+        on_store_down: Redis unreachable at enqueue: "fail_open" (enqueue anyway, counted
+            FAIL-OPEN; the default: unique is a dedupe, not a guarantee) or "fail_closed"
+            (raise `StoreUnavailable` to the caller).
     """
 
     ttl_seconds: float = 3600.0
     mode: UniqueMode = "until_started"
     raise_on_duplicate: bool = False
     key: KeyOption = None
+    on_store_down: StoreDown | str = StoreDown.FAIL_OPEN
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "on_store_down", store_down_policy(self.on_store_down))
         if not self.ttl_seconds > 0:
             raise ConfigurationError(f"ttl_seconds must be > 0, got {self.ttl_seconds!r}")
         if self.mode not in ("until_started", "until_finished"):
@@ -99,7 +109,7 @@ class UniqueKeys:
 
     def redis_key(self, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> str:
         assert self.spec is not None, "guard used before bind()"
-        return PREFIX + self.spec.build(self.task_name, args, kwargs).full
+        return redis_key(NAMESPACE, self.spec.build(self.task_name, args, kwargs).full)
 
     def release(self, client: redis.Redis, key: str, task_id: str | None) -> None:
         if task_id is None:
@@ -131,10 +141,16 @@ class UniqueEnqueue(EnqueueGuard):
         ttl_ms = max(1, int(self.keys.config.ttl_seconds * 1000))
         try:
             holder = _run(client, "acquire", [key], [task_id, ttl_ms])
-        except Exception as exc:  # noqa: BLE001 - fail open: unique is a dedupe, not a guarantee
+        except Exception as exc:
+            if self.keys.config.on_store_down is StoreDown.FAIL_CLOSED:
+                raise StoreUnavailable(
+                    f"{self.keys.task_name}: unique check impossible, Redis unavailable "
+                    f"({type(exc).__name__}); not enqueued (on_store_down='fail_closed')",
+                    key=key,
+                ) from exc
             logger.warning("unique check of %s skipped, Redis unavailable: %s", key, exc)
-            count(client, outcome="UNGUARDED", tier=self.keys.tier, guard=GUARD_NAME,
-                  name=self.keys.task_name)
+            count(client, outcome=Outcome.FAIL_OPEN.value, tier=self.keys.tier,
+                  guard=GUARD_NAME, name=self.keys.task_name)
             return
         if holder is None:
             publish.state[GUARD_NAME] = (key, task_id)
@@ -158,12 +174,22 @@ class UniqueEnqueue(EnqueueGuard):
 
 
 
+    def give_back(self, publish: Publish, error: BaseException) -> None:
+        """A later guard refused the job or the publish failed: the key names no job, so
+        it is released at once (only if it still names this task id)."""
+        taken = publish.state.pop(GUARD_NAME, None)
+        if taken is None:
+            return
+        key, task_id = taken
+        self.keys.release(stores_for(publish.task.app).redis(), key, task_id)
+
+
 class UniqueRelease(Guard):
     """Gives the unique key back when the job starts or finishes (per `mode`)."""
 
     name = GUARD_NAME
     # Outermost, so the key is released even when the deadline guard sheds the job.
-    stage = Stage.DEADLINE
+    stage = Stage.UNIQUE
 
     def __init__(self, keys: UniqueKeys) -> None:
         self.keys = keys
@@ -204,6 +230,7 @@ def unique(
     mode: UniqueMode = "until_started",
     raise_on_duplicate: bool = False,
     key: KeyOption = None,
+    on_store_down: StoreDown | str = StoreDown.FAIL_OPEN,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Enqueue at most one copy of a job per key while it is queued (or running).
 
@@ -213,7 +240,8 @@ def unique(
         ConfigurationError: bad options or a key template naming a missing argument.
     """
     config = UniqueConfig(
-        ttl_seconds=ttl_seconds, mode=mode, raise_on_duplicate=raise_on_duplicate, key=key
+        ttl_seconds=ttl_seconds, mode=mode, raise_on_duplicate=raise_on_duplicate, key=key,
+        on_store_down=on_store_down,
     )
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -224,3 +252,30 @@ def unique(
         return func
 
     return decorate
+
+
+def _release_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """A revoked job will never run: give its unique key back (if the key still names it).
+
+    Celery's worker sends `task_revoked` when it drops a revoked message (or terminates the
+    job); without this a `mode="until_finished"` key would name a dead job for its TTL.
+    """
+    pipelines = getattr(sender, "pipelines", None)
+    if pipelines is None or request is None:
+        return
+    try:
+        execution, _ = pipelines()
+        releases = [g for g in execution.guards if isinstance(g, UniqueRelease)]
+        if not releases:
+            return
+        client = stores_for(sender.app).redis()
+        args, kwargs = list(getattr(request, "args", None) or ()), dict(
+            getattr(request, "kwargs", None) or {})
+        for guard in releases:
+            guard.keys.release(client, guard.keys.redis_key(args, kwargs),
+                               getattr(request, "id", None))
+    except Exception as exc:  # noqa: BLE001 - the key still expires with its TTL
+        logger.warning("unique key of revoked job not released: %s", exc)
+
+
+signals.task_revoked.connect(_release_revoked, weak=False)

@@ -24,8 +24,9 @@ Celery's own retry of the holder is never blocked by its own lock: the lock is r
 for its predecessor to let go instead of being skipped. A redelivery of a message whose
 holder still runs (same task id) waits the same way and then defers — it never runs beside it.
 
-When the lock store is down the guard fails closed by default (`on_store_error="defer"`);
-`"run"` runs the body unguarded, logs a warning and counts it.
+When the lock store is down the guard fails closed by default (`on_store_down="fail_closed"`:
+DEFERRED); `"fail_open"` runs the body unguarded, logs a warning and counts FAIL-OPEN. A
+store that rejects the operation (`StoreRejected`) dead-letters the job.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from resilience.locks.redlock import Redlock, RedlockOptions, require_node_count
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, EnqueueGuard, EnqueueStage, Guard, Publish, Stage, attach
 from resilience.prepared import PreparedStatement
+from resilience.store_down import StoreDown, resolve, store_failed
 from resilience.stores import stores_for
 
 if TYPE_CHECKING:
@@ -61,7 +63,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("resilience.locks")
 
 POLICIES = ("skip", "defer")
-STORE_FAILURE_POLICIES = ("defer", "run")
 #: The parameter name through which a body receives its fencing token.
 FENCING_PARAMETER = "fencing_token"
 #: The parameter name through which a body receives `call.checkpoint` (lease still held?).
@@ -78,22 +79,23 @@ class LockOptions:
         defer_seconds: delay of a deferral.
         same_task_wait_seconds: how long a run of the holder's own task id (a retry or a
             redelivery) waits for the holder to let go before the policy applies.
-        on_store_error: "defer" (fail closed, the default) or "run" (unguarded, counted).
+        on_store_down: "fail_closed" (DEFERRED, the default) or "fail_open" (unguarded,
+            counted FAIL-OPEN); see `resilience.store_down`.
+        on_store_error: deprecated spelling of `on_store_down` ("defer", "run").
     """
 
     policy: str = "skip"
     defer_seconds: float = 1.0
     same_task_wait_seconds: float = 5.0
-    on_store_error: str = "defer"
+    on_store_down: StoreDown | str | None = None
+    on_store_error: str | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ConfigurationError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        if self.on_store_error not in STORE_FAILURE_POLICIES:
-            raise ConfigurationError(
-                f"on_store_error must be one of {STORE_FAILURE_POLICIES}, "
-                f"got {self.on_store_error!r}"
-            )
+        object.__setattr__(self, "on_store_down", resolve(
+            self.on_store_down, self.on_store_error, legacy_option="on_store_error",
+            default=StoreDown.FAIL_CLOSED))
         if not self.defer_seconds > 0:
             raise ConfigurationError(f"defer_seconds must be > 0, got {self.defer_seconds}")
         if self.same_task_wait_seconds < 0:
@@ -200,6 +202,9 @@ class LockGuard(Guard):
         # A bound task's `run` hides `self`; keys bind to the signature callers use.
         self.keys = KeySpec(task.run, self.keys.key)
 
+    def describe(self, task: Task | None = None) -> dict[str, Any]:
+        return {"key": self.keys.key, **super().describe(task)}
+
     def key_for(self, task_name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> GuardKey:
         """The lock key of one call (injected parameters are never part of it)."""
         kwargs = {k: v for k, v in kwargs.items() if k not in INJECTED}
@@ -259,22 +264,9 @@ class LockGuard(Guard):
         )
 
     def _store_failed(self, call: Call, key: GuardKey, exc: StorageError) -> None:
-        redis = stores_for(call.task.app).redis()
-        tier = getattr(call.task, "tier", None)
-        if self.options.on_store_error == "run":
-            logger.warning("%s: lock store failed, running %s unguarded: %s",
-                           self.name, key.full, exc)
-            count(redis, outcome="FAIL-OPEN", tier=tier, guard=self.name, name=call.task.name)
-            return
-        count(redis, outcome=Outcome.DEFERRED.value, tier=tier, guard=self.name,
-              name=call.task.name)
-        raise Stop(
-            Outcome.DEFERRED,
-            guard=self.name,
-            reason=f"lock store unavailable, failing closed: {exc}",
-            retry_after_seconds=self.options.defer_seconds,
-            details={"key": key.full, "error": type(exc).__name__},
-        )
+        store_failed(call, exc, guard=self.name, policy=self.options.on_store_down,
+                     retry_after_seconds=self.options.defer_seconds, name=call.task.name,
+                     details={"key": key.full, "error": type(exc).__name__})
 
     def _give_back(self, call: Call) -> None:
         holding: Holding | None = call.state.pop(self.name, None)
@@ -585,7 +577,8 @@ def singleton(
     policy: str = "skip",
     defer_seconds: float = 1.0,
     same_task_wait_seconds: float = 5.0,
-    on_store_error: str = "defer",
+    on_store_down: StoreDown | str = StoreDown.FAIL_CLOSED,
+    on_store_error: str | None = None,
     database_url: str | None = None,
     pool_mode: str | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -596,8 +589,8 @@ def singleton(
     """
     options = SingletonOptions(
         policy=policy, defer_seconds=defer_seconds,
-        same_task_wait_seconds=same_task_wait_seconds, on_store_error=on_store_error,
-        database_url=database_url, pool_mode=pool_mode,
+        same_task_wait_seconds=same_task_wait_seconds, on_store_down=on_store_down,
+        on_store_error=on_store_error, database_url=database_url, pool_mode=pool_mode,
     )
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -615,7 +608,8 @@ def exclusive(
     policy: str = "skip",
     defer_seconds: float = 1.0,
     same_task_wait_seconds: float = 5.0,
-    on_store_error: str = "defer",
+    on_store_down: StoreDown | str = StoreDown.FAIL_CLOSED,
+    on_store_error: str | None = None,
     heartbeat: bool = True,
     renew_fraction: float = 1 / 3,
     max_extensions: int = 100,
@@ -632,8 +626,9 @@ def exclusive(
     """
     options = ExclusiveOptions(
         ttl_seconds=ttl_seconds, policy=policy, defer_seconds=defer_seconds,
-        same_task_wait_seconds=same_task_wait_seconds, on_store_error=on_store_error,
-        heartbeat=heartbeat, renew_fraction=renew_fraction, max_extensions=max_extensions,
+        same_task_wait_seconds=same_task_wait_seconds, on_store_down=on_store_down,
+        on_store_error=on_store_error, heartbeat=heartbeat, renew_fraction=renew_fraction,
+        max_extensions=max_extensions,
         nodes=tuple(_split_urls(nodes)) if isinstance(nodes, str) else
         (tuple(nodes) if nodes is not None else None),
         retry_count=retry_count, retry_delay_seconds=retry_delay_seconds,

@@ -2,8 +2,9 @@
 
 No slot or no permit ends the call with `Stop(DEFERRED)`: the message is republished with a
 countdown (the computed retry-after), so a waiting job never spins and never spends a retry.
-When the store is down the guards fail open by default (run, warn, count `FAIL-OPEN`);
-`fail_open=False` defers instead.
+When the store is down the guards fail open by default (`on_store_down="fail_open"`: run,
+warn, count `FAIL-OPEN`); `"fail_closed"` defers instead. A store that rejects the decision
+(`StoreRejected`) dead-letters the job.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Guard, Stage, attach
 from resilience.ratelimit.algorithms import Decision
 from resilience.ratelimit.rates import Rate, parse
+from resilience.store_down import StoreDown, resolve, store_failed
 
 if TYPE_CHECKING:
     from celery import Task
@@ -63,11 +65,14 @@ def split_name(name_or_key: str, key: KeyOption) -> tuple[str, KeyOption]:
     return name, prefix[len(name):].lstrip(":-_/ ") + brace + rest
 
 
-def _validate_common(name: str, retry_seconds: float) -> None:
+def _validate_common(config: Any, name: str, retry_seconds: float) -> None:
     if not name:
         raise ConfigurationError("a limit needs a non-empty name")
     if not retry_seconds > 0:
         raise ConfigurationError(f"retry_seconds must be positive, got {retry_seconds!r}")
+    object.__setattr__(config, "on_store_down", resolve(
+        config.on_store_down, config.fail_open, legacy_option="fail_open",
+        default=StoreDown.FAIL_OPEN))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,17 +87,19 @@ class ConcurrencyLimitConfig:
             the hard time limit, or a slow holder's slot would be handed to a second one.
         retry_seconds: typical countdown when no slot is free (jittered 0.5x-1.5x, and
             never past the earliest lease expiry).
-        fail_open: when Redis fails, run anyway (True) or defer (False).
+        on_store_down: "fail_open" (default: run anyway) or "fail_closed" (defer).
+        fail_open: deprecated spelling of `on_store_down` (True / False).
     """
 
     name: str
     limit: int
     lease_seconds: float | None = None
     retry_seconds: float = 1.0
-    fail_open: bool = True
+    on_store_down: StoreDown | str | None = None
+    fail_open: bool | None = None
 
     def __post_init__(self) -> None:
-        _validate_common(self.name, self.retry_seconds)
+        _validate_common(self, self.name, self.retry_seconds)
         if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit <= 0:
             raise ConfigurationError(
                 f"concurrency limit {self.name!r}: limit must be a positive integer, got "
@@ -117,7 +124,8 @@ class RateLimitConfig:
         burst: GCRA only; permits that may be taken at once (default 1: evenly spaced,
             which also keeps every window of one period within the limit).
         retry_seconds: countdown when the store failed and fail_open is False.
-        fail_open: when Redis fails, run anyway (True) or defer (False).
+        on_store_down: "fail_open" (default: run anyway) or "fail_closed" (defer).
+        fail_open: deprecated spelling of `on_store_down` (True / False).
     """
 
     name: str
@@ -125,10 +133,11 @@ class RateLimitConfig:
     algorithm: Algorithm = "gcra"
     burst: int = 1
     retry_seconds: float = 1.0
-    fail_open: bool = True
+    on_store_down: StoreDown | str | None = None
+    fail_open: bool | None = None
 
     def __post_init__(self) -> None:
-        _validate_common(self.name, self.retry_seconds)
+        _validate_common(self, self.name, self.retry_seconds)
         if not isinstance(self.rate, Rate):
             object.__setattr__(self, "rate", parse(self.rate))
         if self.algorithm not in ALGORITHMS:
@@ -151,7 +160,7 @@ class RateLimitConfig:
 class _LimitGuard(Guard):
     """Shared parts: key per call, backend per app, counting, fail-open."""
 
-    stage = Stage.LIMITS
+    stage = Stage.RATE
 
     def __init__(
         self,
@@ -181,6 +190,10 @@ class _LimitGuard(Guard):
 
             stores = stores_for(task.app)
             self.backend = RedisBackend(stores.redis)
+
+    def describe(self, task: Task | None = None) -> dict[str, Any]:
+        key = self.keys.key if self.keys is not None else None
+        return {"key": key, **super().describe(task)} if key is not None else super().describe(task)
 
     def limit_key(self, call: Call) -> str:
         if self.keys is None:
@@ -222,18 +235,9 @@ class _LimitGuard(Guard):
         )
 
     def store_failed(self, call: Call, key: str, error: StorageError) -> None:
-        if self.config.fail_open:
-            logger.warning("%s %s: store failed, running anyway (fail open): %s",
-                           self.name, key, error)
-            self.counter(call, "FAIL-OPEN")
-            return
-        self.counter(call, Outcome.DEFERRED.value)
-        raise Stop(
-            Outcome.DEFERRED, guard=self.name,
-            reason=f"limit store unavailable ({error}); deferred (fail closed)",
-            retry_after_seconds=self.config.retry_seconds,
-            details={"limit": self.config.name, "key": key},
-        ) from error
+        store_failed(call, error, guard=self.name, policy=self.config.on_store_down,
+                     retry_after_seconds=self.config.retry_seconds, name=self.config.name,
+                     details={"limit": self.config.name, "key": key})
 
 
 class ConcurrencyLimit(_LimitGuard):
@@ -245,6 +249,7 @@ class ConcurrencyLimit(_LimitGuard):
     """
 
     name = "concurrency"
+    stage = Stage.CONCURRENCY
     config: ConcurrencyLimitConfig
 
     def bind(self, task: Task) -> None:
@@ -320,6 +325,7 @@ class RateLimit(_LimitGuard):
     """Cluster-wide rate limit on Redis server time; no permit → DEFERRED until retry-after."""
 
     name = "rate-limit"
+    stage = Stage.RATE
     config: RateLimitConfig
 
     def decide(self, key: str, caller: str | None = None) -> Decision:
@@ -327,7 +333,7 @@ class RateLimit(_LimitGuard):
         rate = self.config.rate
         if self.config.algorithm == "gcra":
             return self.backend.gcra(
-                key, interval_seconds=rate.emission_interval_seconds, burst=self.config.burst,
+                key, interval_seconds=rate.emission_interval_us / 1e6, burst=self.config.burst,
                 caller=caller,
             )
         return self.backend.sliding_window(
@@ -359,7 +365,8 @@ def limit_concurrency(
     lease_seconds: float | None = None,
     key: KeyOption = None,
     retry_seconds: float = 1.0,
-    fail_open: bool = True,
+    on_store_down: StoreDown | str = StoreDown.FAIL_OPEN,
+    fail_open: bool | None = None,
     backend: LimiterBackend | None = None,
     on_decision: DecisionHook | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -373,7 +380,8 @@ def limit_concurrency(
     """
     name, key = split_name(name_or_key, key)
     config = ConcurrencyLimitConfig(name=name, limit=limit, lease_seconds=lease_seconds,
-                                    retry_seconds=retry_seconds, fail_open=fail_open)
+                                    retry_seconds=retry_seconds, on_store_down=on_store_down,
+                             fail_open=fail_open)
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         return attach(func, ConcurrencyLimit(config, key=key, func=func, backend=backend,
@@ -390,7 +398,8 @@ def rate_limit(
     burst: int = 1,
     key: KeyOption = None,
     retry_seconds: float = 1.0,
-    fail_open: bool = True,
+    on_store_down: StoreDown | str = StoreDown.FAIL_OPEN,
+    fail_open: bool | None = None,
     backend: LimiterBackend | None = None,
     on_decision: DecisionHook | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -401,7 +410,8 @@ def rate_limit(
     """
     name, key = split_name(name_or_key, key)
     config = RateLimitConfig(name=name, rate=parse(rate), algorithm=algorithm, burst=burst,
-                             retry_seconds=retry_seconds, fail_open=fail_open)
+                             retry_seconds=retry_seconds, on_store_down=on_store_down,
+                             fail_open=fail_open)
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         return attach(func, RateLimit(config, key=key, func=func, backend=backend,

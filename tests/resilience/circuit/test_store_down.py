@@ -53,7 +53,7 @@ def _fail(exc: BaseException) -> Any:
 class TestBreakerStoreDown:
     def test_fail_open_runs(self, app: Any, dead_redis: redis.Redis,
                             caplog: pytest.LogCaptureFixture) -> None:
-        """on_store_down="open" (default): the call runs and the outcome is dropped, warned."""
+        """on_store_down="fail_open" (default): the call runs and the outcome is dropped, warned."""
         from tests.resilience.circuit.tasks import failure_breaker_call
 
         guard = BreakerGuard(BreakerConfig(name="down-open"),
@@ -71,10 +71,10 @@ class TestBreakerStoreDown:
         assert any("store unavailable" in r.getMessage() for r in caplog.records)
 
     def test_fail_closed_defers(self, app: Any, dead_redis: redis.Redis) -> None:
-        """on_store_down="closed": the call is DEFERRED, not run and not crashed."""
+        """on_store_down="fail_closed": the call is DEFERRED, not run and not crashed."""
         from tests.resilience.circuit.tasks import failure_breaker_call
 
-        guard = BreakerGuard(BreakerConfig(name="down-closed", on_store_down="closed",
+        guard = BreakerGuard(BreakerConfig(name="down-closed", on_store_down="fail_closed",
                                            open_seconds=5),
                              backend=RedisBreakerBackend(lambda: dead_redis))
         guard.bind(failure_breaker_call)
@@ -86,7 +86,7 @@ class TestBreakerStoreDown:
 
 
 class TestBudgetStoreDown:
-    @pytest.mark.parametrize(("policy", "allowed"), [("allow", True), ("deny", False)])
+    @pytest.mark.parametrize(("policy", "allowed"), [("fail_open", True), ("fail_closed", False)])
     def test_policy(self, dead_redis: redis.Redis, policy: str, allowed: bool) -> None:
         """The budget allows (fail open, default) or denies (fail closed) retries, no raise."""
         gate = RetryBudgetGate("down", RetryBudget(on_store_down=policy),

@@ -146,13 +146,21 @@ class TestOnWorkers:
         assert shed_count(redis_client, "tests.deadline.mark") == 1
 
     def test_task_deadline_seconds_sheds_a_late_job(self, optional_worker: Any,
-                                                    redis_client: Any) -> None:
-        """deadline_seconds=1 on the task; held 2 s by a countdown, the job is shed.
+                                                    redis_client: Any,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+        """deadline_seconds=1 on the task; enqueued (by the stamp's clock) 3 s ago, the job
+        is shed. (A countdown no longer makes a job late: its deadline counts from when it
+        is due, see tests/resilience/pipeline/test_celery_features.py.)
 
         The same job with a per-call deadline of 300 s runs.
         """
+        from resilience.deadline import DeadlineStamp
+
+        _, enqueue = tasks.deadline_short.pipelines()
+        stamp = next(g for g in enqueue.guards if isinstance(g, DeadlineStamp))
+        monkeypatch.setattr(stamp, "clock", lambda: time.time() - 3)
         run_id = uuid.uuid4().hex
-        result = tasks.deadline_short.apply_async((run_id,), countdown=2)
+        result = tasks.deadline_short.apply_async((run_id,))
         assert result.get(timeout=60)["outcome"] == "SHED"
         assert redis_client.get(f"tests:deadline:ran:{run_id}") is None
         in_time = tasks.deadline_short.apply_async((run_id,), deadline_seconds=300)

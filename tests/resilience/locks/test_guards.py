@@ -221,14 +221,14 @@ class TestRetriesAndStoreFailure:
     def test_store_down_fails_closed(
         self, engine: Any, nodes: Nodes, run_id: str, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """With every Redlock node down, an exclusive task is DEFERRED, never run unguarded."""
-        from celery.exceptions import Retry
-
+        """With every Redlock node down, an exclusive task is DEFERRED, never run unguarded
+        (called inline, the deferral is `JobDeferred` for the caller: nothing published)."""
+        from resilience.errors import JobDeferred
         from tests.resilience.locks.tasks import exclusive_run
 
         monkeypatch.setenv("REDLOCK_URLS", ",".join(nodes.urls))
         nodes.kill(0, 1, 2, 3, 4)
-        with pytest.raises(Retry, match="DEFERRED by exclusive: lock store unavailable"):
+        with pytest.raises(JobDeferred, match="DEFERRED by exclusive: store unavailable"):
             exclusive_run(run_id, "store-down")
         assert runs(engine, run_id) == []
 
@@ -238,9 +238,9 @@ class TestPolicies:
         self, stores: Any, engine: Any, run_id: str
     ) -> None:
         """While another session holds the key: skip → SKIPPED, defer → DEFERRED (a Celery
-        Retry that spends no retry); both carry the holder; nothing runs."""
-        from celery.exceptions import Retry
-
+        Retry that spends no retry; inline, `JobDeferred`); both carry the holder; nothing
+        runs."""
+        from resilience.errors import JobDeferred
         from tests.resilience.locks.tasks import deferring_singleton, singleton_run
 
         with AdvisorySession(stores.database_url, label="other-task") as holder:
@@ -250,7 +250,7 @@ class TestPolicies:
             assert skipped["outcome"] == "SKIPPED"
             assert skipped["details"]["holder_task_id"] == "other-task"
             assert skipped["details"]["key"] == "tests.locks.singleton_run:busy"
-            with pytest.raises(Retry, match="DEFERRED by singleton"):
+            with pytest.raises(JobDeferred, match="DEFERRED by singleton"):
                 deferring_singleton(run_id, "busy")
         assert runs(engine, run_id) == []
         assert singleton_run(run_id, "busy", seconds=0)["ran"] is True

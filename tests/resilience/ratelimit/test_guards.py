@@ -70,10 +70,10 @@ class TestConcurrencyGuard:
         concurrency(backend=dead).before_run(call())
 
     def test_fail_closed_defers_when_redis_is_down(self) -> None:
-        """Store down, fail_open=False: DEFERRED."""
+        """Store down, on_store_down="fail_closed": DEFERRED."""
         dead = RedisBackend(redis.Redis(port=free_port(), socket_connect_timeout=0.2))
         with pytest.raises(Stop) as stopped:
-            concurrency(backend=dead, fail_open=False).before_run(call())
+            concurrency(backend=dead, on_store_down="fail_closed").before_run(call())
         assert stopped.value.outcome is Outcome.DEFERRED
 
 

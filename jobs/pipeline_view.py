@@ -1,0 +1,46 @@
+"""What `jobs pipeline TASK` prints: a task's effective pipelines, in order, with options."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+
+def _value(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if callable(value) and not isinstance(value, type):
+        return getattr(value, "__qualname__", None) or type(value).__name__
+    if isinstance(value, tuple | list):
+        return [_value(item) for item in value]
+    if hasattr(value, "__dataclass_fields__") and type(value).__str__ is not object.__str__:
+        return str(value)  # a value type with its own notation (a Rate: "100/60s")
+    if hasattr(value, "__dataclass_fields__"):
+        return {name: _value(getattr(value, name)) for name in value.__dataclass_fields__}
+    return value
+
+
+def _options_text(options: dict[str, Any]) -> str:
+    shown = {name: value for name, value in options.items() if value is not None}
+    return ", ".join(f"{name}={value!r}" if isinstance(value, str) else f"{name}={value}"
+                     for name, value in shown.items())
+
+
+def describe_pipelines(task: Any) -> dict[str, list[dict[str, Any]]]:
+    """The task's enqueue and execution guards in the order they run.
+
+    Raises:
+        ConfigurationError: the task's guards clash (two in a stage that holds one).
+    """
+    execution, enqueue = task.pipelines()
+    view: dict[str, list[dict[str, Any]]] = {"enqueue": [], "execution": []}
+    for phase, guards in (("enqueue", enqueue.guards), ("execution", execution.guards)):
+        for guard in guards:
+            options = {name: _value(value) for name, value in guard.describe(task).items()}
+            view[phase].append({
+                "stage": type(guard.stage)(guard.stage).name,
+                "guard": guard.name,
+                "options": options,
+                "options_text": _options_text(options),
+            })
+    return view

@@ -1,0 +1,137 @@
+"""One vocabulary for what a guard does when its store cannot be reached.
+
+Every guard takes `on_store_down=` with one of two values:
+
+- `"fail_open"`: the guard lets the job through as if it had said yes, logs a warning and
+  counts the outcome `FAIL-OPEN` (defaults of breakers, budgets, limits, admission, unique
+  enqueue: losing them for a while costs less than stopping every job);
+- `"fail_closed"`: the guard says no in its own way: an execution guard DEFERS the job (no
+  retry spent), the retry budget refuses the retry (the job is dead-lettered), admission
+  and unique enqueue raise to the caller (defaults of idempotency and exclusivity: never
+  risk a double effect).
+
+Only an unreachable store (`StoreUnavailable`) is "down". A store that answers with a
+deterministic error (`StoreRejected`: a value too long, a wrong type) is a bug the job cannot
+outrun by waiting: the guard dead-letters the job with the store's reason.
+
+Old spellings (`fail_open=True`, `on_store_error="run"`, `"defer"`, `"open"`, `"allow"`, ...)
+are accepted for one release with a `DeprecationWarning`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from enum import Enum
+from typing import Any
+
+from resilience.errors import ConfigurationError
+
+
+class StoreDown(str, Enum):
+    """What a guard does while its store is unreachable."""
+
+    FAIL_OPEN = "fail_open"
+    FAIL_CLOSED = "fail_closed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: Old spellings, kept for one release.
+LEGACY: Mapping[Any, StoreDown] = {
+    "run": StoreDown.FAIL_OPEN, "open": StoreDown.FAIL_OPEN, "allow": StoreDown.FAIL_OPEN,
+    True: StoreDown.FAIL_OPEN,
+    "defer": StoreDown.FAIL_CLOSED, "closed": StoreDown.FAIL_CLOSED,
+    "deny": StoreDown.FAIL_CLOSED, "raise": StoreDown.FAIL_CLOSED, False: StoreDown.FAIL_CLOSED,
+}
+
+
+def store_down_policy(value: Any, *, option: str = "on_store_down") -> StoreDown:
+    """Parse a store-down policy; an old spelling works with a `DeprecationWarning`.
+
+    Raises:
+        ConfigurationError: neither "fail_open" nor "fail_closed" (nor an old spelling).
+    """
+    if isinstance(value, StoreDown):
+        return value
+    try:
+        return StoreDown(value)
+    except ValueError:
+        pass
+    legacy = LEGACY.get(value) if isinstance(value, str | bool) else None
+    if legacy is None:
+        raise ConfigurationError(
+            f"{option} must be 'fail_open' or 'fail_closed', got {value!r}", option=option
+        )
+    warnings.warn(
+        f"{option}={value!r} is deprecated; write on_store_down={legacy.value!r}",
+        DeprecationWarning, stacklevel=4,
+    )
+    return legacy
+
+
+def resolve(on_store_down: Any, legacy_value: Any = None, *, legacy_option: str = "",
+            default: StoreDown) -> StoreDown:
+    """The policy from the new option, or a deprecated option given instead of it."""
+    if legacy_value is not None:
+        return store_down_policy(legacy_value, option=legacy_option)
+    if on_store_down is None:
+        return default
+    return store_down_policy(on_store_down)
+
+
+def count_outcome(app: Any, outcome: str, *, tier: str | None, guard: str,
+                  name: str | None) -> None:
+    """Count one guard outcome fleet-wide; never fails (a lost count beats a lost job)."""
+    import logging
+
+    from resilience.counters import count
+    from resilience.stores import stores_for
+
+    try:
+        client = stores_for(app).redis()
+    except Exception as exc:  # noqa: BLE001 - no stores configured: nothing to count into
+        logging.getLogger("resilience.counters").warning("cannot count %s: %s", outcome, exc)
+        return
+    count(client, outcome=outcome, tier=tier, guard=guard, name=name)
+
+
+def store_failed(call: Any, error: Exception, *, guard: str, policy: StoreDown,
+                 retry_after_seconds: float, name: str | None = None,
+                 details: Mapping[str, Any] | None = None) -> None:
+    """Apply an execution guard's store-down policy to `error`.
+
+    Returns when failing open (warned, counted FAIL-OPEN): the guard lets the call run.
+
+    Raises:
+        Stop: DEFERRED, failing closed while the store is unreachable.
+        DeadLettered: the store rejected the operation (`StoreRejected`): waiting cannot help.
+    """
+    import logging
+
+    from resilience.errors import StoreRejected
+    from resilience.outcomes import Outcome, Stop
+
+    task = call.task
+    tier = getattr(task, "tier", None)
+    if isinstance(error, StoreRejected):
+        from resilience.deadletter.giveup import give_up
+
+        raise give_up(
+            call, guard=guard, reason=f"the store refused the operation: {error}",
+            attempts=int(getattr(call.request, "retries", 0) or 0) + 1, exception=error,
+            name=name,
+        ) from error
+    logger = logging.getLogger(f"resilience.{guard}")
+    if policy is StoreDown.FAIL_OPEN:
+        logger.warning("%s: store unavailable, running unguarded (fail_open): %s", guard, error)
+        count_outcome(task.app, Outcome.FAIL_OPEN.value, tier=tier, guard=guard, name=name)
+        return
+    count_outcome(task.app, Outcome.DEFERRED.value, tier=tier, guard=guard, name=name)
+    raise Stop(
+        Outcome.DEFERRED, guard=guard,
+        reason=f"store unavailable, failing closed: {error}",
+        retry_after_seconds=retry_after_seconds,
+        details={**(details or {}), "store_down": True},
+    ) from error
