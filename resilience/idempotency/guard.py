@@ -450,18 +450,32 @@ class IdempotencyGuard(Guard):
             logger.warning("idempotency %s not recorded: %s", what, exc)
 
     def on_error(self, call: Call, exc: BaseException) -> None:
+        """Give the claim back; a transactional body whose database went away is DEFERRED.
+
+        Its writes were rolled back with the transaction, so the job has had no effect:
+        failing it would lose it (no retry policy) for what is only an outage.
+        """
         state = call.state.get(GUARD_NAME) or {}
         self._close_transaction(state, commit=False)
         holder: Holder | None = state.get("holder")
-        if holder is None:
-            return
-        store = self.store(call)
-        if is_retryable(exc):
-            self._quietly(call, lambda: store.release(holder), "release")
-        else:
-            error = f"{type(exc).__name__}: {exc}"
-            self._quietly(call, lambda: store.fail(holder, error, self.config.ttl_seconds),
-                          "fail")
+        outage = self.config.transactional and _database_outage(exc)
+        if holder is not None:
+            store = self.store(call)
+            if outage or is_retryable(exc):
+                self._quietly(call, lambda: store.release(holder), "release")
+            else:
+                error = f"{type(exc).__name__}: {exc}"
+                self._quietly(call, lambda: store.fail(holder, error, self.config.ttl_seconds),
+                              "fail")
+        if outage:
+            self._count(call, Outcome.DEFERRED.value)
+            raise Stop(
+                Outcome.DEFERRED, guard=GUARD_NAME,
+                reason=f"the database went away under the transactional body "
+                f"({type(exc).__name__}); its writes were rolled back",
+                retry_after_seconds=self.config.store_down_retry_seconds,
+                details={"store_down": True},
+            ) from exc
 
     def on_stop(self, call: Call, stop: Stop) -> None:
         # An inner guard stopped the call (lock held, breaker open): the body did not run.
@@ -536,3 +550,16 @@ def idempotent(
         return func
 
     return decorate
+
+
+def _database_outage(exc: BaseException) -> bool:
+    """Is `exc` PostgreSQL being unreachable (not a bug, not a constraint)?"""
+    from sqlalchemy.exc import DBAPIError
+
+    from resilience.errors import StoreUnavailable
+
+    if isinstance(exc, StoreUnavailable):
+        return True
+    if not isinstance(exc, DBAPIError):
+        return False
+    return isinstance(wrap_database_error(exc, "body"), StoreUnavailable)

@@ -44,7 +44,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from sqlalchemy import text
 
 from resilience.counters import count
-from resilience.errors import ConfigurationError, StorageError, StoreUnavailable
+from resilience.errors import (
+    ConfigurationError,
+    LockNotOwnedError,
+    StorageError,
+    StoreUnavailable,
+)
 from resilience.keys import GuardKey, KeyOption, KeySpec
 from resilience.locks.advisory import HOLDER_SQL, AdvisorySession, advisory_id, lock_parts
 from resilience.locks.fencing import FencingTokens
@@ -235,6 +240,15 @@ class LockGuard(Guard):
     def on_error(self, call: Call, exc: BaseException) -> None:
         # Released before Celery's retry message can run, so the retry is not blocked.
         self._give_back(call)
+        if isinstance(exc, LockNotOwnedError):
+            # The body stopped at checkpoint(): the hold was lost before it finished. The job
+            # did not complete; it runs again later instead of failing for good.
+            raise Stop(
+                Outcome.DEFERRED, guard=self.name,
+                reason=f"{self.kind} lock lost while the job ran ({exc}); run again later",
+                retry_after_seconds=self.options.defer_seconds,
+                details={"lock_lost": True},
+            ) from exc
 
     def on_stop(self, call: Call, stop: Stop) -> None:
         self._give_back(call)

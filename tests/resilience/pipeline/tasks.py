@@ -167,3 +167,18 @@ def held(self: Any, run_id: str, key: str) -> str:
 def held_unique(self: Any, run_id: str, key: str) -> str:
     _write(None, run_id, key, self.request.id)
     return key
+
+
+@app.task(bind=True, tier="critical", name="tests.pipeline.loses_lock")
+@idempotent(key="{key}", transactional=True)
+@singleton(key="{key}", policy="defer")
+def loses_lock(self: Any, run_id: str, key: str, session: Any = None,
+               checkpoint: Any = None) -> str:
+    """Writes, then finds at checkpoint() that its advisory-lock session is gone."""
+    from resilience.locks.guards import _SESSIONS
+
+    _write(session, run_id, key, self.request.id)
+    _, _, lock_session = _SESSIONS.session
+    lock_session.connection.close()  # as a PostgreSQL restart would
+    checkpoint()
+    return key

@@ -199,3 +199,16 @@ class TestNoLengthTraps:
         assert replay["outcome"] == "REPLAYED"
         assert replay["details"]["original_task_id"] == task_id
         assert effects(engine, run_id) == [key]
+
+
+class TestLostHoldsDefer:
+    def test_a_lock_lost_mid_body_defers_and_rolls_back(self, engine: Any, run_id: str) -> None:
+        """checkpoint() finds the lock's session gone: the job is DEFERRED (not FAILED, which
+        would lose it without a retry policy) and its transactional writes roll back."""
+        from resilience.errors import JobDeferred
+        from tests.resilience.pipeline.tasks import loses_lock
+
+        result = loses_lock.apply(args=(run_id, f"lost-{run_id}"))
+        assert isinstance(result.result, JobDeferred), result.result
+        assert "lock lost while the job ran" in str(result.result)
+        assert effects(engine, run_id) == []
