@@ -156,9 +156,10 @@ class GuardedTask(Task):
         """Turn a guard's `Stop` into what Celery records: a result, or a deferral.
 
         In a canvas a stop never hands its outcome dict on as if it were a result:
-        REPLAYED passes the stored result on (a chain continues, a chord counts it); any
-        other stop ends the chain and its links, and fails a chord (`JobStopped`), so a
-        callback never runs on an outcome it would mistake for data.
+        REPLAYED passes the stored result on (a chain continues, a chord counts it), as
+        does a breaker's fallback; any other stop ends the chain and its links, and fails
+        a chord (`JobStopped`), so a callback never runs on an outcome it would mistake
+        for data.
 
         Raises:
             celery.exceptions.Retry: DEFERRED from a message (republished later).
@@ -181,7 +182,9 @@ class GuardedTask(Task):
         request = call.request
         if request is None or call.inline:
             return stop.as_result()
-        if stop.outcome is Outcome.REPLAYED:
+        if stop.outcome is Outcome.REPLAYED or stop.result is not None:
+            # A stop with a result (REPLAYED's stored one, a breaker's fallback) stands in
+            # for the body's: in a canvas it is passed on as the body's would have been.
             if _in_canvas(request):
                 return stop.result
             return stop.as_result()
