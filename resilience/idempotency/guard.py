@@ -385,30 +385,16 @@ class IdempotencyGuard(Guard):
             if holder is not None and not self.store(call).complete_in(
                 connection, holder, result_json, self.config.ttl_seconds
             ):
-                self._close_transaction(state, commit=False)
-                self._count(call, "STALE")
-                raise Stop(
-                    Outcome.DEFERRED,
-                    guard=GUARD_NAME,
-                    reason=f"claim on {key.value!r} was taken over (attempt {holder.attempt}); "
-                    "this run's writes were rolled back",
-                    retry_after_seconds=self.config.poll_seconds,
-                    details={"key": key.value, "attempt": holder.attempt, "stale": True},
-                )
+                raise self._rolled_back(
+                    call, state, "STALE", {"attempt": holder.attempt, "stale": True},
+                    f"claim on {key.value!r} was taken over (attempt {holder.attempt})")
             try:
                 # The commit must happen while every lock and lease is owned: prove it.
                 call.checkpoint()
             except Exception as lost:
-                self._close_transaction(state, commit=False)
-                self._count(call, "LOCK-LOST")
-                raise Stop(
-                    Outcome.DEFERRED,
-                    guard=GUARD_NAME,
-                    reason=f"a lock or lease was lost before the commit ({lost}); this run's "
-                    "writes were rolled back",
-                    retry_after_seconds=self.config.poll_seconds,
-                    details={"key": key.value, "lock_lost": True},
-                ) from lost
+                raise self._rolled_back(
+                    call, state, "LOCK-LOST", {"lock_lost": True},
+                    f"a lock or lease was lost before the commit ({lost})") from lost
             state["transaction"].commit()
         except DBAPIError as exc:
             self._close_transaction(state, commit=False)
@@ -423,6 +409,19 @@ class IdempotencyGuard(Guard):
                          name=self.task_name, details={"key": key.value})
         finally:
             self._close_transaction(state, commit=False)
+
+    def _rolled_back(self, call: Call, state: dict[str, Any], counter: str,
+                     details: dict[str, Any], why: str) -> Stop:
+        """Roll this run's writes back and say so: DEFERRED, counted under `counter`."""
+        self._close_transaction(state, commit=False)
+        self._count(call, counter)
+        key: GuardKey = state["key"]
+        return Stop(
+            Outcome.DEFERRED, guard=GUARD_NAME,
+            reason=f"{why}; this run's writes were rolled back",
+            retry_after_seconds=self.config.poll_seconds,
+            details={"key": key.value, **details},
+        )
 
     def _close_transaction(self, state: dict[str, Any], *, commit: bool) -> None:
         session = state.pop("session", None)

@@ -182,3 +182,11 @@ def loses_lock(self: Any, run_id: str, key: str, session: Any = None,
     lock_session.connection.close()  # as a PostgreSQL restart would
     checkpoint()
     return key
+
+
+def effects(engine: Any, run_id: str) -> list[str]:
+    """The keys whose effect rows `run_id` wrote, in order (what the tests assert on)."""
+    with engine.connect() as connection:
+        return list(connection.execute(
+            text("SELECT key FROM pipeline_test_effects WHERE run_id = :r ORDER BY id"),
+            {"r": run_id}).scalars())

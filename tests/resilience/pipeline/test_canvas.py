@@ -9,22 +9,8 @@ from typing import Any
 
 import pytest
 from celery import chain, chord
-from sqlalchemy import text
 
-from tests.resilience.pipeline.tasks import CREATE_TABLES
-
-
-@pytest.fixture(scope="module", autouse=True)
-def tables(stores: Any) -> None:
-    with stores.engine().begin() as connection:
-        connection.execute(text(CREATE_TABLES))
-
-
-def effects(engine: Any, run_id: str) -> list[str]:
-    with engine.connect() as connection:
-        return list(connection.execute(
-            text("SELECT key FROM pipeline_test_effects WHERE run_id = :r ORDER BY id"),
-            {"r": run_id}).scalars())
+from tests.resilience.pipeline.tasks import effects
 
 
 @pytest.mark.usefixtures("tier_workers")

@@ -8,23 +8,9 @@ import uuid
 from typing import Any
 
 import pytest
-from sqlalchemy import text
 
-from tests.resilience.pipeline.tasks import CREATE_TABLES
+from tests.resilience.pipeline.tasks import effects
 from tests.support import wait_for
-
-
-@pytest.fixture(scope="module", autouse=True)
-def tables(stores: Any) -> None:
-    with stores.engine().begin() as connection:
-        connection.execute(text(CREATE_TABLES))
-
-
-def effects(engine: Any, run_id: str) -> list[str]:
-    with engine.connect() as connection:
-        return list(connection.execute(
-            text("SELECT key FROM pipeline_test_effects WHERE run_id = :r ORDER BY id"),
-            {"r": run_id}).scalars())
 
 
 @pytest.mark.usefixtures("tier_workers")

@@ -10,13 +10,7 @@ import pytest
 from celery import signals
 from sqlalchemy import event, text
 
-from tests.resilience.pipeline.tasks import CREATE_TABLES
-
-
-@pytest.fixture(scope="module", autouse=True)
-def tables(stores: Any) -> None:
-    with stores.engine().begin() as connection:
-        connection.execute(text(CREATE_TABLES))
+from tests.resilience.pipeline.tasks import effects
 
 
 @pytest.fixture()
@@ -37,11 +31,6 @@ def publishes() -> Iterator[list[str]]:
     signals.before_task_publish.disconnect(record)
 
 
-def effects(engine: Any, run_id: str) -> list[str]:
-    with engine.connect() as connection:
-        return list(connection.execute(
-            text("SELECT key FROM pipeline_test_effects WHERE run_id = :r ORDER BY id"),
-            {"r": run_id}).scalars())
 
 
 @pytest.fixture()
