@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from jobs.testing import Services, Worker, task_modules
+from tests.harness import Services, Worker, task_modules
 
 console = Console(stderr=False)
 

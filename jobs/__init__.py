@@ -1,6 +1,6 @@
 """The job platform's Celery app: `celery -A jobs worker -Q critical`.
 
-`jobs.app` is built on first access, so importing a helper module (`jobs.services`,
+`jobs.app` is built on first access, so importing a helper module (`jobs.embedded`,
 `jobs.settings`) never reads the environment early.
 """
 

@@ -96,7 +96,7 @@ def procfile(settings: Settings) -> str:
 def up() -> None:
     """Start the whole platform under honcho; Ctrl-C stops every process."""
     settings = settings_or_exit()
-    from jobs.services import port_in_use
+    from jobs.embedded import port_in_use
 
     ports = []
     if settings.embedded_redis:
@@ -147,7 +147,7 @@ def service(
 ) -> None:
     """Run one embedded service in the foreground (honcho supervises it)."""
     settings = settings_or_exit()
-    from jobs.services import exec_postgres, redis_command
+    from jobs.embedded import exec_postgres, redis_command
 
     data = settings.data_dir.resolve()
     if name == "redis":
@@ -169,7 +169,7 @@ def service(
 def wait_for_services(settings: Settings, timeout_seconds: float = 60) -> None:
     """Block until Redis, the broker and PostgreSQL answer, then apply migrations."""
     from jobs.db import migrate
-    from jobs.services import postgres_ready, redis_ready, wait_until
+    from jobs.embedded import postgres_ready, redis_ready, wait_until
 
     wait_until(lambda: redis_ready(settings.effective_redis_url),
                timeout_seconds=timeout_seconds,
@@ -255,7 +255,7 @@ def require_broker(settings: Settings) -> None:
 def flower() -> None:
     """Run Flower; beyond loopback it requires FLOWER_BASIC_AUTH (never on the command line)."""
     settings = settings_or_exit()
-    from jobs.services import redis_ready, wait_until
+    from jobs.embedded import redis_ready, wait_until
 
     wait_until(lambda: redis_ready(settings.effective_redis_url), timeout_seconds=60,
                what="Redis")

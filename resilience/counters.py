@@ -45,3 +45,27 @@ def read_all(client: redis.Redis) -> list[tuple[dict[str, str], int]]:
     """Every counter as (labels, value)."""
     values = client.hgetall(COUNTERS_KEY)
     return [(parse_field(field), int(value)) for field, value in values.items()]
+
+
+def count_outcome(app: Any, outcome: str, *, guard: str, tier: str | None = None,
+                  name: str | None = None, amount: int = 1) -> None:
+    """Count one guard decision fleet-wide in the app's shared Redis; never raises.
+
+    The one counting helper every guard calls: it finds the app's stores, and a missing
+    store or a Redis error is logged and dropped (a lost count beats a lost job).
+    """
+    from resilience.stores import stores_for
+
+    try:
+        client = stores_for(app).redis()
+    except Exception as exc:  # noqa: BLE001 - no stores configured: nothing to count into
+        logger.warning("cannot count %s: %s", outcome, exc)
+        return
+    count(client, amount, outcome=outcome, tier=tier, guard=guard, name=name)
+
+
+def count_call(call: Any, outcome: str, *, guard: str, name: str | None = None) -> None:
+    """`count_outcome` for one execution: the app and tier come from the call's task."""
+    task = call.task
+    count_outcome(task.app, outcome, guard=guard, tier=getattr(task, "tier", None),
+                  name=name if name is not None else task.name)

@@ -213,17 +213,24 @@ class Guard:
         error) turns the call into a stop or an error for every guard entered.
         """
 
+    def release(self, call: Call) -> None:
+        """Give back what before_run took; the three hooks below call it by default, so a
+        guard that gives back the same way whatever happened writes only this."""
+
     def after_run(self, call: Call, result: Any) -> None:
         """Give back after a committed success: what before_run took."""
+        self.release(call)
 
     def on_error(self, call: Call, exc: BaseException) -> None:
         """The body, a commit or an inner guard raised `exc`; give back what was taken.
 
         Raising here replaces the error for the guards further out (see `Pipeline.run`).
         """
+        self.release(call)
 
     def on_stop(self, call: Call, stop: Stop) -> None:
         """An inner guard (or a commit) stopped the call; give back what before_run took."""
+        self.release(call)
 
 
 class EnqueueGuard:

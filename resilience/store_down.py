@@ -81,22 +81,6 @@ def resolve(on_store_down: Any, legacy_value: Any = None, *, legacy_option: str 
     return store_down_policy(on_store_down)
 
 
-def count_outcome(app: Any, outcome: str, *, tier: str | None, guard: str,
-                  name: str | None) -> None:
-    """Count one guard outcome fleet-wide; never fails (a lost count beats a lost job)."""
-    import logging
-
-    from resilience.counters import count
-    from resilience.stores import stores_for
-
-    try:
-        client = stores_for(app).redis()
-    except Exception as exc:  # noqa: BLE001 - no stores configured: nothing to count into
-        logging.getLogger("resilience.counters").warning("cannot count %s: %s", outcome, exc)
-        return
-    count(client, outcome=outcome, tier=tier, guard=guard, name=name)
-
-
 def store_failed(call: Any, error: Exception, *, guard: str, policy: StoreDown,
                  retry_after_seconds: float, name: str | None = None,
                  details: Mapping[str, Any] | None = None) -> None:
@@ -110,11 +94,10 @@ def store_failed(call: Any, error: Exception, *, guard: str, policy: StoreDown,
     """
     import logging
 
+    from resilience.counters import count_call
     from resilience.errors import StoreRejected
     from resilience.outcomes import Outcome, Stop
 
-    task = call.task
-    tier = getattr(task, "tier", None)
     if isinstance(error, StoreRejected):
         from resilience.deadletter.giveup import give_up
 
@@ -126,9 +109,9 @@ def store_failed(call: Any, error: Exception, *, guard: str, policy: StoreDown,
     logger = logging.getLogger(f"resilience.{guard}")
     if policy is StoreDown.FAIL_OPEN:
         logger.warning("%s: store unavailable, running unguarded (fail_open): %s", guard, error)
-        count_outcome(task.app, Outcome.FAIL_OPEN.value, tier=tier, guard=guard, name=name)
+        count_call(call, Outcome.FAIL_OPEN.value, guard=guard, name=name)
         return
-    count_outcome(task.app, Outcome.DEFERRED.value, tier=tier, guard=guard, name=name)
+    count_call(call, Outcome.DEFERRED.value, guard=guard, name=name)
     raise Stop(
         Outcome.DEFERRED, guard=guard,
         reason=f"store unavailable, failing closed: {error}",

@@ -1,8 +1,8 @@
-"""Test-suite helpers: the shared harness in `jobs.testing`, plus the suite's task modules."""
+"""Test-suite helpers: the shared harness in `tests.harness`, plus the suite's task modules."""
 
 from __future__ import annotations
 
-from jobs.testing import ARTIFACTS, ROOT, Services, Worker, task_modules, wait_for
+from tests.harness import ARTIFACTS, ROOT, Services, Worker, task_modules, wait_for
 
 __all__ = ["ARTIFACTS", "ROOT", "Services", "Worker", "suite_task_modules", "wait_for"]
 

@@ -30,7 +30,7 @@ def run(argv: list[str]) -> dict[str, Any]:
     import redis
     from pottery import Redlock as PotteryRedlock
 
-    from jobs.services import embedded_redis, free_port
+    from jobs.embedded import embedded_redis, free_port
     from resilience.locks import AdvisorySession, RedisLock, Redlock
 
     folder = Path(tempfile.mkdtemp(prefix="bench-locks-"))

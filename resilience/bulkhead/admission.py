@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from resilience.bulkhead.backends import Admission, DepthBackend
 from resilience.bulkhead.backends.broker import depth_backend_for, new_reservation
-from resilience.counters import count
+from resilience.counters import count_outcome
 from resilience.errors import ConfigurationError, JobDeferred, StorageError, TierFull
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import EnqueueGuard, EnqueueStage, Publish, attach
@@ -303,14 +303,7 @@ class TierAdmission(EnqueueGuard):
             logger.warning("admission reservation on %s not released: %s", queue, error)
 
     def _count(self, publish: Publish, config: BulkheadConfig, outcome: str, name: str) -> None:
-        from resilience.stores import stores_for
-
-        try:
-            client = stores_for(publish.task.app).redis()
-        except Exception as exc:  # noqa: BLE001 - no stores configured: nothing to count into
-            logger.warning("cannot count %s: %s", outcome, exc)
-            return
-        count(client, outcome=outcome, tier=config.tier, guard=self.name, name=name)
+        count_outcome(publish.task.app, outcome, guard=self.name, tier=config.tier, name=name)
 
 
 def bulkhead(

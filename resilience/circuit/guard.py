@@ -28,7 +28,7 @@ from celery.exceptions import Retry
 from resilience.circuit.backends.redis import Permission, RedisBreakerBackend
 from resilience.circuit.breaker import CircuitBreaker
 from resilience.circuit.config import BreakerConfig, CountWindow, TimeWindow
-from resilience.counters import count
+from resilience.counters import count_call
 from resilience.deadletter.giveup import give_up
 from resilience.errors import DeadLettered, StoreRejected
 from resilience.outcomes import Outcome, Stop
@@ -167,17 +167,7 @@ class BreakerGuard(Guard):
         self._finish(call, "ignored")
 
     def _count(self, call: Call, outcome: Outcome) -> None:
-        try:
-            client = stores_for(call.task.app).redis()
-        except Exception:  # noqa: BLE001 - counting never fails a call
-            return
-        count(
-            client,
-            outcome=outcome.value,
-            tier=getattr(call.task, "tier", None),
-            guard=self.name,
-            name=self.config.name,
-        )
+        count_call(call, outcome.value, guard=self.name, name=self.config.name)
 
 
 #: `call.state` slot of the prefetched state read.

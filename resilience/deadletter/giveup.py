@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from resilience.counters import count
+from resilience.counters import count_outcome
 from resilience.deadletter.place import dead_letter
 from resilience.errors import DeadLettered, StorageError
 from resilience.outcomes import Outcome
@@ -62,12 +62,7 @@ def give_up(
             call.kwargs,
             exc,
         )
-    try:
-        redis = stores.redis()
-    except Exception as exc:  # noqa: BLE001 - counting must never fail the decision
-        logger.warning("dead-letter counter not recorded: %s", exc)
-    else:
-        count(redis, outcome=Outcome.DEAD_LETTERED.value, tier=tier, guard=guard, name=name)
+    count_outcome(task.app, Outcome.DEAD_LETTERED.value, guard=guard, tier=tier, name=name)
     logger.warning(
         "job dead-lettered",
         extra={

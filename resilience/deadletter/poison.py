@@ -24,14 +24,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resilience.deadletter.giveup import give_up
 from resilience.errors import ConfigurationError
 from resilience.keys import redis_key
-from resilience.outcomes import Stop
 from resilience.pipeline import Call, Guard, Stage, attach
+from resilience.scripts import LuaScript
 from resilience.stores import stores_for
 
 if TYPE_CHECKING:
@@ -73,14 +72,13 @@ class PoisonGuard(Guard):
 
     name = "poison"
     stage = Stage.POISON
-    SCRIPT = Path(__file__).with_name("deliveries.lua").read_text()
+    SCRIPT = LuaScript.load(__file__, "deliveries.lua")
 
     def __init__(
         self, policy: PoisonPolicy, *, client: Callable[[], redis.Redis] | None = None
     ) -> None:
         self.policy = policy
         self._client = client
-        self._scripts: dict[int, Any] = {}
 
     def bind(self, task: Task) -> None:
         if self._client is None:
@@ -97,14 +95,9 @@ class PoisonGuard(Guard):
         if not redelivered(call.request):
             return
         try:
-            client = self._redis()
-            script = self._scripts.get(id(client))
-            if script is None:
-                script = client.register_script(self.SCRIPT)
-                self._scripts = {id(client): script}
             deliveries = int(
-                script(keys=[deliveries_key(task_id)],
-                       args=[int(self.policy.ttl_seconds * 1000)])
+                self.SCRIPT(self._redis(), [deliveries_key(task_id)],
+                            [int(self.policy.ttl_seconds * 1000)])
             )
         except Exception as exc:  # noqa: BLE001 - fail open: the job runs, with a warning
             logger.warning("poison check skipped for %s (Redis unavailable): %s", task_id, exc)
@@ -132,18 +125,10 @@ class PoisonGuard(Guard):
         except Exception as exc:  # noqa: BLE001 - a stale count only expires later
             logger.warning("delivery counter of %s not cleared: %s", task_id, exc)
 
-    def _finished(self, call: Call) -> None:
+    def release(self, call: Call) -> None:
+        """Any normal end of the execution clears the count (see the module doc)."""
         if self.name in call.state:
             self._forget(call.task_id)
-
-    def after_run(self, call: Call, result: Any) -> None:
-        self._finished(call)
-
-    def on_error(self, call: Call, exc: BaseException) -> None:
-        self._finished(call)
-
-    def on_stop(self, call: Call, stop: Stop) -> None:
-        self._finished(call)
 
 
 def redelivered(request: Any) -> bool:

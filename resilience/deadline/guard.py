@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from resilience.counters import count
+from resilience.counters import count_outcome
 from resilience.errors import ConfigurationError, StorageError
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, EnqueueGuard, EnqueueStage, Guard, Publish, Stage
@@ -269,14 +269,8 @@ class DeadlineGuard(Guard):
         )
 
     def _count(self, call: Call, tier: str | None) -> None:
-        from resilience.stores import stores_for
-
-        try:
-            client = stores_for(call.task.app).redis()
-        except Exception as exc:  # noqa: BLE001 - no stores configured: nothing to count into
-            logger.warning("cannot count SHED: %s", exc)
-            return
-        count(client, outcome=Outcome.SHED.value, tier=tier, guard=self.name, name=call.task.name)
+        count_outcome(call.task.app, Outcome.SHED.value, guard=self.name, tier=tier,
+                      name=call.task.name)
 
 
 def _queue_of(call: Call) -> str | None:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from resilience.counters import count
+from resilience.counters import count_call
 from resilience.errors import (
     ConfigurationError,
     IdempotencyKeyReused,
@@ -195,12 +195,7 @@ class IdempotencyGuard(Guard):
         return ResultCache(self._stores(call).redis())
 
     def _count(self, call: Call, outcome: str) -> None:
-        try:
-            client = self._stores(call).redis()
-        except Exception as exc:  # noqa: BLE001 - counting never fails a job
-            logger.warning("no counter client: %s", exc)
-            return
-        count(client, outcome=outcome, tier=self.tier, guard=GUARD_NAME, name=self.task_name)
+        count_call(call, outcome, guard=GUARD_NAME, name=self.task_name)
 
     # -- before ----------------------------------------------------------------------------
     def prefetch(self, call: Call) -> None:

@@ -20,16 +20,16 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from celery import signals
 
-from resilience.counters import count
+from resilience.counters import count_outcome
 from resilience.errors import ConfigurationError, DuplicateJob, StoreUnavailable
 from resilience.keys import KeyOption, KeySpec, redis_key
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, EnqueueGuard, EnqueueStage, Guard, Publish, Stage, attach
+from resilience.scripts import LuaScript
 from resilience.store_down import StoreDown, store_down_policy
 from resilience.stores import stores_for
 
@@ -42,10 +42,8 @@ logger = logging.getLogger("resilience.idempotency.unique")
 UniqueMode = Literal["until_started", "until_finished"]
 GUARD_NAME = "unique"
 NAMESPACE = "resilience:unique"
-_SCRIPTS = {
-    name: (Path(__file__).parent / f"unique_{name}.lua").read_text()
-    for name in ("acquire", "release")
-}
+ACQUIRE = LuaScript.load(__file__, "unique_acquire.lua")
+RELEASE = LuaScript.load(__file__, "unique_release.lua")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,19 +77,6 @@ class UniqueConfig:
             )
 
 
-_registered: dict[int, dict[str, Any]] = {}
-
-
-def _run(client: redis.Redis, name: str, keys: list[str], args: list[Any]) -> Any:
-    """Run the named script on `client` (registered once per client, EVALSHA after that)."""
-    scripts = _registered.get(id(client))
-    if scripts is None:
-        scripts = {script: client.register_script(body) for script, body in _SCRIPTS.items()}
-        _registered[id(client)] = scripts
-    # client= always: a Script found under a recycled id() never talks to a dead client.
-    return scripts[name](keys=keys, args=args, client=client)
-
-
 class UniqueKeys:
     """The unique keys of one task: shared by its enqueue guard and its release guard."""
 
@@ -115,7 +100,7 @@ class UniqueKeys:
         if task_id is None:
             return
         try:
-            _run(client, "release", [key], [task_id])
+            RELEASE(client, [key], [task_id])
         except Exception as exc:  # noqa: BLE001 - the key expires with its TTL anyway
             logger.warning("unique key %s not released: %s", key, exc)
 
@@ -140,7 +125,7 @@ class UniqueEnqueue(EnqueueGuard):
         client = stores_for(publish.task.app).redis()
         ttl_ms = max(1, int(self.keys.config.ttl_seconds * 1000))
         try:
-            holder = _run(client, "acquire", [key], [task_id, ttl_ms])
+            holder = ACQUIRE(client, [key], [task_id, ttl_ms])
         except Exception as exc:
             if self.keys.config.on_store_down is StoreDown.FAIL_CLOSED:
                 raise StoreUnavailable(
@@ -149,14 +134,12 @@ class UniqueEnqueue(EnqueueGuard):
                     key=key,
                 ) from exc
             logger.warning("unique check of %s skipped, Redis unavailable: %s", key, exc)
-            count(client, outcome=Outcome.FAIL_OPEN.value, tier=self.keys.tier,
-                  guard=GUARD_NAME, name=self.keys.task_name)
+            self._count(publish, Outcome.FAIL_OPEN.value)
             return
         if holder is None:
             publish.state[GUARD_NAME] = (key, task_id)
             return
-        count(client, outcome=Outcome.REJECTED.value, tier=self.keys.tier, guard=GUARD_NAME,
-              name=self.keys.task_name)
+        self._count(publish, Outcome.REJECTED.value)
         if self.keys.config.raise_on_duplicate:
             raise DuplicateJob(
                 f"{self.keys.task_name}: a job with this key is already queued or running "
@@ -173,6 +156,10 @@ class UniqueEnqueue(EnqueueGuard):
         )
 
 
+
+    def _count(self, publish: Publish, outcome: str) -> None:
+        count_outcome(publish.task.app, outcome, guard=GUARD_NAME, tier=self.keys.tier,
+                      name=self.keys.task_name)
 
     def give_back(self, publish: Publish, error: BaseException) -> None:
         """A later guard refused the job or the publish failed: the key names no job, so

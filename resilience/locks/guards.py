@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import text
 
-from resilience.counters import count
+from resilience.counters import count_call
 from resilience.errors import (
     ConfigurationError,
     LockNotOwnedError,
@@ -234,12 +234,9 @@ class LockGuard(Guard):
         if self.injects_checkpoint:
             call.inject[CHECKPOINT_PARAMETER] = call.checkpoint
 
-    def after_run(self, call: Call, result: Any) -> None:
-        self._give_back(call)
-
     def on_error(self, call: Call, exc: BaseException) -> None:
         # Released before Celery's retry message can run, so the retry is not blocked.
-        self._give_back(call)
+        self.release(call)
         if isinstance(exc, LockNotOwnedError):
             # The body stopped at checkpoint(): the hold was lost before it finished. The job
             # did not complete; it runs again later instead of failing for good.
@@ -249,9 +246,6 @@ class LockGuard(Guard):
                 retry_after_seconds=self.options.defer_seconds,
                 details={"lock_lost": True},
             ) from exc
-
-    def on_stop(self, call: Call, stop: Stop) -> None:
-        self._give_back(call)
 
     # steps -------------------------------------------------------------------------------
     def _wait_for_predecessor(self, call: Call, key: GuardKey) -> tuple[Holding | None, Any]:
@@ -266,8 +260,7 @@ class LockGuard(Guard):
     def _refuse(self, call: Call, key: GuardKey) -> None:
         holder = self._holder_details(key)
         outcome = Outcome.SKIPPED if self.options.policy == "skip" else Outcome.DEFERRED
-        count(stores_for(call.task.app).redis(), outcome=outcome.value,
-              tier=getattr(call.task, "tier", None), guard=self.name, name=call.task.name)
+        count_call(call, outcome.value, guard=self.name)
         raise Stop(
             outcome,
             guard=self.name,
@@ -282,7 +275,7 @@ class LockGuard(Guard):
                      retry_after_seconds=self.options.defer_seconds, name=call.task.name,
                      details={"key": key.full, "error": type(exc).__name__})
 
-    def _give_back(self, call: Call) -> None:
+    def release(self, call: Call) -> None:
         holding: Holding | None = call.state.pop(self.name, None)
         if holding is None:
             return
@@ -302,8 +295,7 @@ class LockGuard(Guard):
         if not released:
             logger.warning("%s: lock %s was no longer held at release", self.name,
                            holding.key.full)
-            count(stores_for(call.task.app).redis(), outcome="LOCK-LOST",
-                  tier=getattr(call.task, "tier", None), guard=self.name, name=call.task.name)
+            count_call(call, "LOCK-LOST", guard=self.name)
 
     # per-kind ----------------------------------------------------------------------------
     def _try_acquire(self, call: Call, key: GuardKey) -> tuple[Holding | None, Any]:

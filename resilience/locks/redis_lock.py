@@ -9,18 +9,17 @@ so N nodes cost about one round trip, not N.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resilience.errors import ConfigurationError
 from resilience.keys import redis_key
+from resilience.scripts import LuaScript
 from resilience.stores import wrap_store_errors
 
 if TYPE_CHECKING:
@@ -29,26 +28,9 @@ if TYPE_CHECKING:
 #: Namespace of every lock key, so `jobs locks` and operators can find them.
 LOCK_NAMESPACE = "resilience:lock"
 
-_HERE = Path(__file__).parent
-
-
-@dataclass(frozen=True)
-class LuaScript:
-    """One Lua script from a `.lua` file of this package, addressed by its SHA1."""
-
-    name: str
-    text: str
-    sha: str
-
-    @classmethod
-    def load(cls, name: str) -> LuaScript:
-        text = (_HERE / f"{name}.lua").read_text()
-        return cls(name=name, text=text, sha=hashlib.sha1(text.encode()).hexdigest())
-
-
-ACQUIRE = LuaScript.load("acquire")
-RELEASE = LuaScript.load("release")
-EXTEND = LuaScript.load("extend")
+ACQUIRE = LuaScript.load(__file__, "acquire.lua")
+RELEASE = LuaScript.load(__file__, "release.lua")
+EXTEND = LuaScript.load(__file__, "extend.lua")
 
 
 def validate_ttl(ttl_seconds: float) -> float:
@@ -197,9 +179,6 @@ class RedisLock:
         self.client = client
         self.clock = clock
         self._node = describe(client)
-        self._acquire = client.register_script(ACQUIRE.text)
-        self._release = client.register_script(RELEASE.text)
-        self._extend = client.register_script(EXTEND.text)
 
     def acquire(self, name: str, *, ttl_seconds: float) -> Lease | None:
         """Take lock `name` for `ttl_seconds`; None when another owner holds it.
@@ -211,7 +190,7 @@ class RedisLock:
         ttl = validate_ttl(ttl_seconds)
         owner = new_owner_token()
         started = self.clock()
-        taken = self._call(self._acquire, name, owner, max(1, int(ttl * 1000)))
+        taken = self._call(ACQUIRE, name, owner, max(1, int(ttl * 1000)))
         if not taken:
             return None
         return Lease(name=name, owner=owner, ttl_seconds=ttl, acquired_at=started,
@@ -221,7 +200,7 @@ class RedisLock:
         """Reset the lease to `ttl_seconds` (default: its TTL) from now; False when lost."""
         ttl = validate_ttl(ttl_seconds if ttl_seconds is not None else lease.ttl_seconds)
         started = self.clock()
-        if not self._call(self._extend, lease.name, lease.owner, max(1, int(ttl * 1000))):
+        if not self._call(EXTEND, lease.name, lease.owner, max(1, int(ttl * 1000))):
             return False
         lease.valid_until = started + ttl
         lease.extensions += 1
@@ -229,7 +208,7 @@ class RedisLock:
 
     def release(self, lease: Lease) -> bool:
         """Give the lock back; False when it was no longer ours (expired, taken over)."""
-        return bool(self._call(self._release, lease.name, lease.owner))
+        return bool(self._call(RELEASE, lease.name, lease.owner))
 
     def locked(self, name: str) -> bool:
         """True when someone (anyone) holds lock `name`."""
@@ -237,8 +216,8 @@ class RedisLock:
         with wrap_store_errors("checking lock", lock=name, node=self._node):
             return bool(self.client.exists(key))
 
-    def _call(self, script: Any, name: str, *args: Any) -> Any:
+    def _call(self, script: LuaScript, name: str, *args: Any) -> Any:
         key = lock_key(name)
         with wrap_store_errors("lock", lock=name, node=self._node):
-            return script(keys=[key], args=list(args))
+            return script(self.client, [key], args)
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from resilience.counters import count
+from resilience.counters import count_call
 from resilience.errors import ConfigurationError, StorageError
 from resilience.keys import KeyOption, KeySpec
 from resilience.outcomes import Outcome, Stop
@@ -201,15 +201,7 @@ class _LimitGuard(Guard):
         return self.keys.build(self.config.name, call.args, call.kwargs).full
 
     def counter(self, call: Call, outcome: str) -> None:
-        from resilience.stores import stores_for
-
-        try:
-            client = stores_for(call.task.app).redis()
-        except Exception as exc:  # noqa: BLE001 - no stores, nothing to count into
-            logger.warning("cannot count %s: %s", outcome, exc)
-            return
-        count(client, outcome=outcome, tier=getattr(call.task, "tier", None), guard=self.name,
-              name=self.config.name)
+        count_call(call, outcome, guard=self.name, name=self.config.name)
 
     def observe(self, call: Call, key: str, decision: Decision) -> None:
         """Hand the decision to `on_decision` (metrics, audit); its errors never fail a job."""
@@ -298,7 +290,7 @@ class ConcurrencyLimit(_LimitGuard):
     def _state_key(self) -> str:
         return f"{self.name}:{id(self)}"
 
-    def _release(self, call: Call) -> None:
+    def release(self, call: Call) -> None:
         taken = call.state.pop(self._state_key, None)
         if taken is None or self.backend is None:
             return
@@ -310,15 +302,6 @@ class ConcurrencyLimit(_LimitGuard):
         except StorageError as error:
             # The lease expires on its own; nothing is lost but the slot's remaining time.
             logger.warning("concurrency slot %s of %s not released: %s", holder, key, error)
-
-    def after_run(self, call: Call, result: Any) -> None:
-        self._release(call)
-
-    def on_error(self, call: Call, exc: BaseException) -> None:
-        self._release(call)
-
-    def on_stop(self, call: Call, stop: Stop) -> None:
-        self._release(call)
 
 
 class RateLimit(_LimitGuard):

@@ -19,11 +19,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resilience.errors import ConfigurationError, StorageError
 from resilience.keys import redis_key
+from resilience.scripts import LuaScript
 from resilience.store_down import StoreDown, store_down_policy
 from resilience.stores import wrap_store_errors
 
@@ -93,19 +93,10 @@ class BudgetDecision:
 class RedisBudgetBackend:
     """The atomic step of the budget: one `budget.lua` call per decision."""
 
-    SCRIPT = (Path(__file__).with_name("budget.lua")).read_text()
+    SCRIPT = LuaScript.load(__file__, "budget.lua")
 
     def __init__(self, client: Callable[[], redis.Redis]) -> None:
         self._client = client
-        self._scripts: dict[int, Any] = {}
-
-    def _script(self) -> Any:
-        client = self._client()
-        script = self._scripts.get(id(client))
-        if script is None:
-            script = client.register_script(self.SCRIPT)
-            self._scripts = {id(client): script}
-        return script
 
     @staticmethod
     def _args(mode: str, budget: RetryBudget) -> list[Any]:
@@ -120,8 +111,8 @@ class RedisBudgetBackend:
         """
         key = budget_key(dependency)
         with wrap_store_errors("retry budget", dependency=dependency):
-            allowed, requests, retries = self._script()(
-                keys=[key], args=self._args(mode, budget)
+            allowed, requests, retries = self.SCRIPT(
+                self._client(), [key], self._args(mode, budget)
             )
         return BudgetDecision(bool(allowed), int(requests), int(retries))
 
@@ -136,8 +127,8 @@ class RedisBudgetBackend:
             if isinstance(reply, BaseException):
                 logger.warning("retry budget %s: %s not counted (%s)", dependency, mode, reply)
 
-        batch.script(self._script(), [budget_key(dependency)], self._args(mode, budget),
-                     then=done)
+        batch.script(self.SCRIPT.for_client(batch.client), [budget_key(dependency)],
+                     self._args(mode, budget), then=done)
 
 
 class RetryBudgetGate:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Ignore, Reject, Retry
 
-from resilience.counters import count
+from resilience.counters import count_call
 from resilience.deadletter.giveup import give_up
 from resilience.errors import ConfigurationError, DeadLettered
 from resilience.outcomes import Outcome, Stop
@@ -200,13 +200,7 @@ class RetryGuard(Guard):
                     f"retry budget of {self.dependency!r} exhausted "
                     f"({decision.retries} retries / {decision.requests} requests in window)"
                 )
-        count(
-            stores_for(task.app).redis(),
-            outcome=Outcome.RETRY.value,
-            tier=getattr(task, "tier", None),
-            guard=self.name,
-            name=self.dependency,
-        )
+        count_call(call, Outcome.RETRY.value, guard=self.name, name=self.dependency)
         headers = dict(getattr(request, "headers", None) or {})
         headers[PREVIOUS_DELAY_HEADER] = delay
         try:

@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
-from jobs.services import free_port, port_in_use
+from jobs.embedded import free_port, port_in_use
 from tests.support import ARTIFACTS, ROOT, wait_for
 
 CONFIGURED = ("REDIS_URL", "DATABASE_URL", "BROKER_URL", "REDLOCK_URLS")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from jobs.testing import Worker
+from tests.harness import Worker
 from tests.support import ROOT
 
 RABBITMQ_URL = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from jobs.services import free_port
+from jobs.embedded import free_port
 from tests.support import ARTIFACTS, ROOT, wait_for
 
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from jobs.embedded import free_port
 from jobs.observe.health import liveness, readiness
-from jobs.services import free_port
 from tests.support import ROOT
 
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from jobs.embedded import free_port
 from jobs.observe.snapshot import SECTIONS, collect, tiers_section, window_figures
-from jobs.services import free_port
 from resilience.counters import count
 from tests.support import ROOT, wait_for
 

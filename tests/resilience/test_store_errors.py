@@ -15,7 +15,7 @@ import pytest
 import redis
 import sqlalchemy as sa
 
-from jobs.services import free_port
+from jobs.embedded import free_port
 from resilience.errors import StorageError, StoreRejected, StoreUnavailable
 from resilience.idempotency.store import PostgresStore, autocommit_engine
 from resilience.locks.advisory import AdvisorySession

@@ -17,12 +17,12 @@ import os
 import threading
 import uuid
 import weakref
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resilience.bulkhead.backends import Admission
 from resilience.errors import StorageError
 from resilience.keys import redis_key
+from resilience.scripts import LuaScript
 from resilience.stores import translate_store_error
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ class RedisBrokerDepth:
     """
 
     overshoot_bound = "0 for producers admitted through this guard (reservation TTL aside)"
-    ADMIT = (Path(__file__).parent / "admit.lua").read_text()
+    ADMIT = LuaScript.load(__file__, "admit.lua")
 
     def __init__(self, broker_url: str, transport_options: dict[str, Any] | None = None) -> None:
         options = dict(transport_options or {})
@@ -60,7 +60,6 @@ class RedisBrokerDepth:
         self._lock = threading.Lock()
         self._pid = -1
         self._client: redis.Redis | None = None
-        self._scripts: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
     def client(self) -> redis.Redis:
         """The process's broker client (re-created after a fork)."""
@@ -102,10 +101,8 @@ class RedisBrokerDepth:
                   reservation_ttl_seconds: float) -> Admission:
         client = self.client()
         try:
-            script = self._scripts.get(client)
-            if script is None:
-                script = self._scripts[client] = client.register_script(self.ADMIT)
-            admitted, depth, reserved = script(
+            admitted, depth, reserved = self.ADMIT(
+                client,
                 keys=[self.reservations_key(queue), *self.lists(queue)],
                 args=[limit, reservation, round(reservation_ttl_seconds * 1e6)],
             )

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resilience.circuit.config import BreakerConfig, CountWindow
 from resilience.keys import parse_redis_key, redis_key, redis_key_pattern
+from resilience.scripts import LuaScript
 from resilience.stores import wrap_store_errors
 
 if TYPE_CHECKING:
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from resilience.batch import RedisBatch
 
 NAMESPACE = "resilience:breaker"
-_HERE = Path(__file__).parent
 
 
 @dataclass(frozen=True)
@@ -62,35 +61,21 @@ def window_key(name: str) -> str:
 class RedisBreakerBackend:
     """Runs `acquire.lua`, `record.lua` and `force.lua`; scripts registered once per client."""
 
-    ACQUIRE = (_HERE / "acquire.lua").read_text()
-    RECORD = (_HERE / "record.lua").read_text()
-    FORCE = (_HERE / "force.lua").read_text()
+    ACQUIRE = LuaScript.load(__file__, "acquire.lua")
+    RECORD = LuaScript.load(__file__, "record.lua")
+    FORCE = LuaScript.load(__file__, "force.lua")
 
     def __init__(self, client: Callable[[], redis.Redis]) -> None:
         self._client = client
-        self._registered: tuple[int, dict[str, Any]] | None = None
 
-    def _scripts(self) -> dict[str, Any]:
-        client = self._client()
-        if self._registered is None or self._registered[0] != id(client):
-            self._registered = (
-                id(client),
-                {
-                    "acquire": client.register_script(self.ACQUIRE),
-                    "record": client.register_script(self.RECORD),
-                    "force": client.register_script(self.FORCE),
-                },
-            )
-        return self._registered[1]
-
-    def _run(self, script: str, name: str, args: list[Any]) -> Any:
+    def _run(self, script: LuaScript, name: str, args: list[Any]) -> Any:
         state = state_key(name)
         with wrap_store_errors("breaker", breaker=name):
-            return self._scripts()[script](keys=[state, f"{state}:window"], args=args)
+            return script(self._client(), [state, f"{state}:window"], args)
 
     def acquire(self, config: BreakerConfig) -> Permission:
         allowed, state, generation, wait_ms, transition = self._run(
-            "acquire",
+            self.ACQUIRE,
             config.name,
             [
                 config.half_open_probes,
@@ -124,7 +109,7 @@ class RedisBreakerBackend:
         ]
 
     def record(self, config: BreakerConfig, generation: int, outcome: str, slow: bool) -> Verdict:
-        reply = self._run("record", config.name,
+        reply = self._run(self.RECORD, config.name,
                           self._record_args(config, generation, outcome, slow))
         return self.verdict(reply)
 
@@ -164,12 +149,12 @@ class RedisBreakerBackend:
                      outcome: str, slow: bool, then: Callable[[Any], None]) -> None:
         """Queue record.lua; `then` gets its reply (see `verdict`) or the exception."""
         state = state_key(config.name)
-        batch.script(self._scripts()["record"], [state, f"{state}:window"],
+        batch.script(self.RECORD.for_client(batch.client), [state, f"{state}:window"],
                      self._record_args(config, generation, outcome, slow), then=then)
 
     def force(self, name: str, state: str) -> str:
         """Set `state` ('forced_open', 'forced_closed', 'closed'); return the previous state."""
-        return str(self._run("force", name, [state]))
+        return str(self._run(self.FORCE, name, [state]))
 
     def snapshot(self, name: str) -> dict[str, str]:
         """The raw state hash (for admin views)."""

@@ -12,23 +12,16 @@ and its line share a Redis Cluster slot.
 from __future__ import annotations
 
 import uuid
-import weakref
 from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from resilience.keys import parse_redis_key, redis_key, redis_key_pattern
 from resilience.ratelimit.algorithms import Decision
+from resilience.scripts import LuaScript
 from resilience.stores import wrap_store_errors
 
 if TYPE_CHECKING:
     import redis
-
-_HERE = Path(__file__).parent
-
-
-def _lua(name: str) -> str:
-    return (_HERE / name).read_text()
 
 
 class RedisBackend:
@@ -39,35 +32,20 @@ class RedisBackend:
         prefix: key prefix of all limiter state (no `{` or `}`).
     """
 
-    #: Lua source, registered once per client.
-    GCRA = _lua("gcra.lua")
-    WINDOW = _lua("window.lua")
-    LEASE_ACQUIRE = _lua("lease_acquire.lua")
+    #: One Lua script per decision (see each file's contract comment).
+    GCRA = LuaScript.load(__file__, "gcra.lua")
+    WINDOW = LuaScript.load(__file__, "window.lua")
+    LEASE_ACQUIRE = LuaScript.load(__file__, "lease_acquire.lua")
 
     def __init__(
         self, client: redis.Redis | Callable[[], redis.Redis], *, prefix: str = "resilience:limits"
     ) -> None:
         self._client = client
         self.prefix = prefix
-        self._scripts: weakref.WeakKeyDictionary[Any, dict[str, Any]] = (
-            weakref.WeakKeyDictionary()
-        )
 
     @property
     def client(self) -> redis.Redis:
         return self._client() if callable(self._client) else self._client  # type: ignore[return-value]
-
-    def _script(self, name: str) -> Any:
-        client = self.client
-        scripts = self._scripts.get(client)
-        if scripts is None:
-            scripts = {
-                "gcra": client.register_script(self.GCRA),
-                "window": client.register_script(self.WINDOW),
-                "lease": client.register_script(self.LEASE_ACQUIRE),
-            }
-            self._scripts[client] = scripts
-        return scripts[name]
 
     def key(self, kind: str, key: str, *suffixes: str) -> str:
         """The Redis key of limiter `key` of `kind` (gcra, window, concurrency); its waiting
@@ -78,7 +56,8 @@ class RedisBackend:
              caller: str | None = None) -> Decision:
         full = self.key("gcra", key)
         with wrap_store_errors("rate limit", key=key):
-            allowed, retry, now = self._script("gcra")(
+            allowed, retry, now = self.GCRA(
+                self.client,
                 keys=[full, f"{full}:waiting"],
                 args=[round(interval_seconds * 1e6), burst, cost, caller or uuid.uuid4().hex],
             )
@@ -88,7 +67,8 @@ class RedisBackend:
                        caller: str | None = None) -> Decision:
         full = self.key("window", key)
         with wrap_store_errors("rate limit", key=key):
-            allowed, retry, now, used = self._script("window")(
+            allowed, retry, now, used = self.WINDOW(
+                self.client,
                 keys=[full, f"{full}:waiting"],
                 args=[limit, round(window_seconds * 1e6), uuid.uuid4().hex,
                       caller or uuid.uuid4().hex],
@@ -99,7 +79,8 @@ class RedisBackend:
         self, key: str, *, holder: str, limit: int, lease_seconds: float
     ) -> Decision:
         with wrap_store_errors("concurrency limit", key=key):
-            allowed, retry, now, used = self._script("lease")(
+            allowed, retry, now, used = self.LEASE_ACQUIRE(
+                self.client,
                 keys=[self.key("concurrency", key)],
                 args=[limit, round(lease_seconds * 1e6), holder],
             )

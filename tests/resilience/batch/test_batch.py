@@ -68,7 +68,7 @@ class TestRedisBatch:
         assert ids[2] is True
 
     def test_dead_redis_gives_each_owner_the_error(self, tmp_path: Path) -> None:
-        from jobs.services import embedded_redis, free_port
+        from jobs.embedded import embedded_redis, free_port
 
         server = embedded_redis(free_port(), tmp_path / "redis").start()
         client = redis.Redis.from_url(server.url, socket_timeout=0.5,

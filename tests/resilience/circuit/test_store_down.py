@@ -26,7 +26,7 @@ from resilience.retry.guard import RetryGuard, RetryPolicy
 @pytest.fixture()
 def dead_redis(tmp_path: Path) -> Iterator[redis.Redis]:
     """A client of a Redis that was running and was then killed."""
-    from jobs.services import embedded_redis, free_port
+    from jobs.embedded import embedded_redis, free_port
 
     server = embedded_redis(free_port(), tmp_path / "redis").start()
     client = redis.Redis.from_url(server.url, decode_responses=True, socket_timeout=0.5,

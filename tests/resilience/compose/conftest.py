@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from sqlalchemy import make_url, text
 
-from jobs.testing import Worker
+from tests.harness import Worker
 from tests.resilience.compose.proxy import Proxy
 
 #: Pool processes per compose worker, and workers: 4 processes for 2 concurrency slots.
@@ -80,7 +80,7 @@ class ComposeStores:
 @pytest.fixture(scope="package")
 def compose_stores(services: Any, tmp_path_factory: pytest.TempPathFactory
                    ) -> Iterator[ComposeStores]:
-    from jobs.services import embedded_redis, free_port
+    from jobs.embedded import embedded_redis, free_port
 
     folder: Path = tmp_path_factory.mktemp("compose")
     started: list[Any] = []

@@ -15,7 +15,7 @@ class Nodes:
     """N independent embedded Redis servers that a test may kill and restart."""
 
     def __init__(self, count: int, folder: Path) -> None:
-        from jobs.services import embedded_redis, free_port
+        from jobs.embedded import embedded_redis, free_port
 
         self.folder = folder
         self.servers = [
@@ -37,7 +37,7 @@ class Nodes:
 
     def restart_empty(self, index: int) -> None:
         """Start a fresh, empty server on the same port (a node that lost its data)."""
-        from jobs.services import embedded_redis
+        from jobs.embedded import embedded_redis
 
         port = int(self.servers[index].url.rsplit(":", 1)[1].split("/")[0])
         self.servers[index].kill()

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from jobs.testing import wait_for
 from resilience.locks import AdvisorySession, Redlock
+from tests.harness import wait_for
 from tests.resilience.locks.conftest import Nodes
 
 pytestmark = [pytest.mark.usefixtures("locks_tables", "own_critical_queue", "purge_queues")]

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from jobs.testing import ARTIFACTS, ROOT, wait_for
 from resilience.locks import AdvisorySession
 from resilience.locks.beat import LEADER_KEY
+from tests.harness import ARTIFACTS, ROOT, wait_for
 
 pytestmark = [pytest.mark.usefixtures("locks_tables", "own_critical_queue", "purge_queues")]
 
@@ -71,7 +71,7 @@ def test_leader_killed_takeover_without_double_sends(
     """Two beats: one leads; SIGKILL it, the other takes over; no slot runs twice;
     SIGTERM of the new leader gives leadership up at once."""
     worker_factory("critical", name="locks-beat", concurrency=1)
-    env = {"RESILIENCE_BEAT_SCHEDULE": "tests.resilience.locks.beat_schedule_test",
+    env = {"RESILIENCE_BEAT_SCHEDULE": "tests.resilience.locks.beat_schedule_fixture",
            "LOCKS_TEST_RUN_ID": run_id, "LOCKS_TEST_PERIOD_SECONDS": "1.0",
            "RESILIENCE_BEAT_POLL_SECONDS": "0.5"}
     beats = [Beat(f"beat-{run_id}-{i}", tmp_path, env) for i in range(2)]

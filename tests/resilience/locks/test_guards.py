@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from jobs.testing import Worker, wait_for
 from resilience.locks import AdvisorySession, Redlock
+from tests.harness import Worker, wait_for
 from tests.resilience.locks.conftest import Nodes
 
 pytestmark = [pytest.mark.usefixtures("locks_tables", "own_critical_queue", "purge_queues")]

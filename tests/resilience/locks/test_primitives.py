@@ -56,7 +56,7 @@ class TestBadInput:
 
     def test_unreachable_nodes_at_start(self) -> None:
         """A node that does not answer at start is named in a clear error."""
-        from jobs.services import free_port
+        from jobs.embedded import free_port
 
         urls = [f"redis://127.0.0.1:{free_port()}/0" for _ in range(3)]
         with pytest.raises(StoreUnavailable, match="unreachable at start"):

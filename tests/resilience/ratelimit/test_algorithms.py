@@ -186,7 +186,7 @@ class TestStorageErrors:
         """A dead Redis raises StoreUnavailable naming the key, never a raw redis error."""
         import redis
 
-        from jobs.services import free_port
+        from jobs.embedded import free_port
 
         client = redis.Redis(port=free_port(), socket_connect_timeout=0.2)
         with pytest.raises(StoreUnavailable, match="tests-key") as raised:

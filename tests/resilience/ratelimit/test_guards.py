@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import redis
 
-from jobs.services import free_port
+from jobs.embedded import free_port
 from resilience.counters import read_all
 from resilience.errors import ConfigurationError
 from resilience.outcomes import Outcome, Stop

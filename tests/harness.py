@@ -63,7 +63,7 @@ class Services:
         self.database_url = ""
 
     def start(self) -> Services:
-        from jobs.services import embedded_postgres, embedded_redis, free_port, redis_ready
+        from jobs.embedded import embedded_postgres, embedded_redis, free_port, redis_ready
 
         redis_url = os.environ.get("REDIS_URL")
         if redis_url and _reachable(redis_ready, redis_url):
@@ -139,7 +139,7 @@ def _reachable(check: Any, url: str) -> bool:
 
 
 def _postgres_server_ready(url: str) -> bool:
-    from jobs.services import postgres_ready
+    from jobs.embedded import postgres_ready
 
     return postgres_ready(url)
 
