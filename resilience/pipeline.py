@@ -117,8 +117,10 @@ class Call:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     request: Any
-    #: Scratch space per guard name: what before_run took and after_run must give back.
-    state: dict[str, Any] = field(default_factory=dict)
+    #: One slot per guard object: what its before_run took and its give-back returns
+    #: (`keep` / `kept` / `take_back`). Keyed by the guard itself, so two guards of one
+    #: kind (two breakers, two limits) never share a slot and no key is ever spelled.
+    slots: dict[object, Any] = field(default_factory=dict)
     #: Callables a guard registers to be checked before the body commits (lease still held?).
     checks: list[Callable[[], None]] = field(default_factory=list)
     #: Extra keyword arguments a guard hands to the body only (a transactional session, a
@@ -138,6 +140,18 @@ class Call:
     @property
     def task_id(self) -> str | None:
         return getattr(self.request, "id", None)
+
+    def keep(self, guard: object, value: Any) -> None:
+        """Put what `guard` took for this call in its slot."""
+        self.slots[guard] = value
+
+    def kept(self, guard: object, default: Any = None) -> Any:
+        """What `guard` keeps for this call, or `default`."""
+        return self.slots.get(guard, default)
+
+    def take_back(self, guard: object) -> Any:
+        """Empty `guard`'s slot and return what was in it (None if nothing)."""
+        return self.slots.pop(guard, None)
 
     @property
     def inline(self) -> bool:

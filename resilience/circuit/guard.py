@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -91,11 +92,12 @@ class BreakerGuard(Guard):
         assert self.breaker is not None, "BreakerGuard used before bind()"
         backend = self.breaker.backend
         backend.peek_later(call.reads.for_client(backend.client()), self.config.name,
-                           lambda reply: call.state.__setitem__(_PEEK, reply))
+                           lambda reply: call.keep(self, _Peek(reply)))
 
     def before_run(self, call: Call) -> None:
         assert self.breaker is not None, "BreakerGuard used before bind()"
-        peek = call.state.pop(_PEEK, None)
+        kept = call.take_back(self)
+        peek = kept.reply if isinstance(kept, _Peek) else None
         if isinstance(peek, redis_lib.ConnectionError | redis_lib.TimeoutError):
             # Redis just failed the call's read; asking again would only wait twice.
             permission = self.breaker.store_down(peek)
@@ -112,7 +114,7 @@ class BreakerGuard(Guard):
                                  name=self.config.name)
                     raise  # store_failed always raises for a rejection
         if permission.allowed:
-            call.state[self.name] = (permission, time.monotonic())
+            call.keep(self, (permission, time.monotonic()))
             return
         self._count(call, Outcome.DEFERRED if self.config.fallback is None else Outcome.SKIPPED)
         details = {"breaker": self.config.name, "state": permission.state}
@@ -146,7 +148,7 @@ class BreakerGuard(Guard):
         )
 
     def _finish(self, call: Call, outcome: str) -> None:
-        held = call.state.pop(self.name, None)
+        held = call.take_back(self)
         if held is None or self.breaker is None:
             return
         permission, started = held
@@ -170,8 +172,11 @@ class BreakerGuard(Guard):
         count_call(call, outcome.value, guard=self.name, name=self.config.name)
 
 
-#: `call.state` slot of the prefetched state read.
-_PEEK = "breaker.peek"
+@dataclass(frozen=True)
+class _Peek:
+    """The breaker's slot between prefetch and before_run: the batched state read's reply."""
+
+    reply: Any
 
 #: Message header holding the job's absolute deadline in epoch seconds (the deadline guard's).
 DEADLINE_HEADER = "deadline"

@@ -48,7 +48,7 @@ def deliveries_key(task_id: str) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class PoisonPolicy:
+class PoisonConfig:
     """Args:
     max_deliveries: deliveries that may end without the execution returning; the next
         delivery is dead-lettered (3 = run at most 3 times, dead-letter the 4th delivery).
@@ -75,7 +75,7 @@ class PoisonGuard(Guard):
     SCRIPT = LuaScript.load(__file__, "deliveries.lua")
 
     def __init__(
-        self, policy: PoisonPolicy, *, client: Callable[[], redis.Redis] | None = None
+        self, policy: PoisonConfig, *, client: Callable[[], redis.Redis] | None = None
     ) -> None:
         self.policy = policy
         self._client = client
@@ -104,7 +104,7 @@ class PoisonGuard(Guard):
             return
         # The counter holds redeliveries; the first delivery was never counted.
         deliveries += 1
-        call.state[self.name] = deliveries
+        call.keep(self, deliveries)
         if deliveries > self.policy.max_deliveries:
             self._forget(task_id)
             raise give_up(
@@ -127,7 +127,7 @@ class PoisonGuard(Guard):
 
     def release(self, call: Call) -> None:
         """Any normal end of the execution clears the count (see the module doc)."""
-        if self.name in call.state:
+        if call.take_back(self) is not None:
             self._forget(call.task_id)
 
 
@@ -145,9 +145,12 @@ def poison_guard(
     Raises:
         ConfigurationError: max_deliveries < 1 or ttl_seconds <= 0.
     """
-    guard = PoisonGuard(PoisonPolicy(max_deliveries=max_deliveries, ttl_seconds=ttl_seconds))
+    guard = PoisonGuard(PoisonConfig(max_deliveries=max_deliveries, ttl_seconds=ttl_seconds))
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         return attach(func, guard)
 
     return decorate
+
+
+PoisonPolicy = PoisonConfig  # deprecated alias, removed in the next release

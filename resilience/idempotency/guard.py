@@ -203,16 +203,16 @@ class IdempotencyGuard(Guard):
             return
         key = self.key_for(call.args, call.kwargs)
         state: dict[str, Any] = {"key": key}
-        call.state[GUARD_NAME] = state
+        call.keep(self, state)
         cache = self._cache(call)
         cache.get_later(call.reads.for_client(cache.client), self.task_name, key.value,
                         lambda cached: state.__setitem__("cached", cached))
 
     def before_run(self, call: Call) -> None:
-        state: dict[str, Any] = call.state.get(GUARD_NAME) or {}
+        state: dict[str, Any] = call.kept(self) or {}
         key = state.get("key") or self.key_for(call.args, call.kwargs)
         state["key"] = key
-        call.state[GUARD_NAME] = state
+        call.keep(self, state)
         if self.config.cache:
             if "cached" in state:
                 cached = state.pop("cached")
@@ -296,7 +296,7 @@ class IdempotencyGuard(Guard):
                      retry_after_seconds=self.config.store_down_retry_seconds,
                      name=self.task_name, details={"key": key.value})
         if self.config.transactional:
-            self._open_transaction(call, call.state[GUARD_NAME])
+            self._open_transaction(call, call.kept(self))
 
     def _open_transaction(self, call: Call, state: dict[str, Any]) -> None:
         from sqlalchemy.orm import Session
@@ -326,7 +326,7 @@ class IdempotencyGuard(Guard):
         """Record the result, with the body's writes in transactional mode, before any
         guard gives back: a lock released before this commit would let a second run read
         state without these writes (a lost update)."""
-        state = call.state.get(GUARD_NAME) or {}
+        state = call.kept(self) or {}
         holder: Holder | None = state.get("holder")
         key: GuardKey = state["key"]
         try:
@@ -449,7 +449,7 @@ class IdempotencyGuard(Guard):
         Its writes were rolled back with the transaction, so the job has had no effect:
         failing it would lose it (no retry policy) for what is only an outage.
         """
-        state = call.state.get(GUARD_NAME) or {}
+        state = call.kept(self) or {}
         self._close_transaction(state, commit=False)
         holder: Holder | None = state.get("holder")
         outage = self.config.transactional and _database_outage(exc)
@@ -473,14 +473,14 @@ class IdempotencyGuard(Guard):
 
     def on_stop(self, call: Call, stop: Stop) -> None:
         # An inner guard stopped the call (lock held, breaker open): the body did not run.
-        state = call.state.get(GUARD_NAME) or {}
+        state = call.kept(self) or {}
         self._close_transaction(state, commit=False)
         holder: Holder | None = state.get("holder")
         if holder is not None:
             self._quietly(call, lambda: self.store(call).release(holder), "release")
 
 
-class IdempotencyKeyCheck(EnqueueGuard):
+class IdempotencyKeyGuard(EnqueueGuard):
     """Builds the idempotency key at enqueue time, so a bad key fails in the producer."""
 
     name = "idempotency-key"
@@ -540,7 +540,7 @@ def idempotent(
                 )
         guard = IdempotencyGuard(config)
         attach(func, guard)
-        attach(func, IdempotencyKeyCheck(guard))
+        attach(func, IdempotencyKeyGuard(guard))
         return func
 
     return decorate
@@ -557,3 +557,6 @@ def _database_outage(exc: BaseException) -> bool:
     if not isinstance(exc, DBAPIError):
         return False
     return isinstance(wrap_database_error(exc, "body"), StoreUnavailable)
+
+
+IdempotencyKeyCheck = IdempotencyKeyGuard  # deprecated alias, removed in the next release

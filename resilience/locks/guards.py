@@ -53,9 +53,9 @@ from resilience.errors import (
 from resilience.keys import GuardKey, KeyOption, KeySpec
 from resilience.locks.advisory import HOLDER_SQL, AdvisorySession, advisory_id, lock_parts
 from resilience.locks.fencing import FencingTokens
-from resilience.locks.heartbeat import Heartbeat, HeartbeatOptions
+from resilience.locks.heartbeat import Heartbeat, HeartbeatConfig
 from resilience.locks.redis_lock import Lease, validate_ttl
-from resilience.locks.redlock import Redlock, RedlockOptions, require_node_count
+from resilience.locks.redlock import Redlock, RedlockConfig, require_node_count
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, EnqueueGuard, EnqueueStage, Guard, Publish, Stage, attach
 from resilience.prepared import PreparedStatement
@@ -76,7 +76,7 @@ INJECTED = (FENCING_PARAMETER, CHECKPOINT_PARAMETER)
 
 
 @dataclass(frozen=True, kw_only=True)
-class LockOptions:
+class LockConfig:
     """Options shared by both guards.
 
     Args:
@@ -110,7 +110,7 @@ class LockOptions:
 
 
 @dataclass(frozen=True, kw_only=True)
-class SingletonOptions(LockOptions):
+class SingletonConfig(LockConfig):
     """Options of `@singleton`.
 
     Args:
@@ -123,7 +123,7 @@ class SingletonOptions(LockOptions):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ExclusiveOptions(LockOptions):
+class ExclusiveConfig(LockConfig):
     """Options of `@exclusive`.
 
     Args:
@@ -144,8 +144,8 @@ class ExclusiveOptions(LockOptions):
     retry_delay_seconds: float = 0.05
     clock_drift_factor: float = 0.01
     fencing: bool = True
-    heartbeat_options: HeartbeatOptions = field(init=False)
-    redlock_options: RedlockOptions = field(init=False)
+    heartbeat_options: HeartbeatConfig = field(init=False)
+    redlock_options: RedlockConfig = field(init=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -156,9 +156,9 @@ class ExclusiveOptions(LockOptions):
             else:
                 object.__setattr__(self, "nodes", tuple(self.nodes))
             require_node_count(len(self.nodes))
-        object.__setattr__(self, "heartbeat_options", HeartbeatOptions(
+        object.__setattr__(self, "heartbeat_options", HeartbeatConfig(
             renew_fraction=self.renew_fraction, max_extensions=self.max_extensions))
-        object.__setattr__(self, "redlock_options", RedlockOptions(
+        object.__setattr__(self, "redlock_options", RedlockConfig(
             retry_count=self.retry_count, retry_delay_seconds=self.retry_delay_seconds,
             clock_drift_factor=self.clock_drift_factor))
 
@@ -177,7 +177,7 @@ def _split_urls(value: str) -> list[str]:
 # -- the shared shape of both guards ---------------------------------------------------------
 @dataclass
 class Holding:
-    """What a guard took for one call, kept in `call.state` until it is given back."""
+    """What a guard took for one call, kept in its slot of the call until given back."""
 
     key: GuardKey
     release: Callable[[], bool]
@@ -192,7 +192,7 @@ class LockGuard(Guard):
     stage: ClassVar[Stage] = Stage.EXCLUSIVITY
     kind: ClassVar[str] = "lock"
 
-    def __init__(self, func: Callable[..., Any], key: KeyOption, options: LockOptions) -> None:
+    def __init__(self, func: Callable[..., Any], key: KeyOption, options: LockConfig) -> None:
         self.func = func
         self.keys = KeySpec(func, key)
         self.options = options
@@ -227,7 +227,7 @@ class LockGuard(Guard):
             return
         if holding is None:
             self._refuse(call, key)
-        call.state[self.name] = holding
+        call.keep(self, holding)
         call.checks.append(holding.check)
         if self.injects_token and token is not None:
             call.inject[FENCING_PARAMETER] = token
@@ -276,7 +276,7 @@ class LockGuard(Guard):
                      details={"key": key.full, "error": type(exc).__name__})
 
     def release(self, call: Call) -> None:
-        holding: Holding | None = call.state.pop(self.name, None)
+        holding: Holding | None = call.take_back(self)
         if holding is None:
             return
         if holding.heartbeat is not None:
@@ -316,9 +316,9 @@ class SingletonGuard(LockGuard):
     kind: ClassVar[str] = "singleton"
 
     def __init__(self, func: Callable[..., Any], key: KeyOption,
-                 options: SingletonOptions) -> None:
+                 options: SingletonConfig) -> None:
         super().__init__(func, key, options)
-        self.options: SingletonOptions = options
+        self.options: SingletonConfig = options
 
     def _database_url(self, call: Call) -> str:
         return self.options.database_url or stores_for(call.task.app).database_url
@@ -420,9 +420,9 @@ class ExclusiveGuard(LockGuard):
     kind: ClassVar[str] = "exclusive"
 
     def __init__(self, func: Callable[..., Any], key: KeyOption,
-                 options: ExclusiveOptions) -> None:
+                 options: ExclusiveConfig) -> None:
         super().__init__(func, key, options)
-        self.options: ExclusiveOptions = options
+        self.options: ExclusiveConfig = options
         self._redlock: tuple[int, tuple[str, ...], Redlock] | None = None
         self._lock = threading.Lock()
 
@@ -563,7 +563,7 @@ def _register_exclusive(engine: Any, key: GuardKey, lease: Lease, call: Call) ->
 
 
 # -- enqueue-side key check ----------------------------------------------------------------------
-class LockKeyCheck(EnqueueGuard):
+class LockKeyGuard(EnqueueGuard):
     """Builds the lock key in the producer, so a bad key fails at enqueue, not in the worker."""
 
     name: ClassVar[str] = "lock-key"
@@ -593,7 +593,7 @@ def singleton(
     Raises:
         ConfigurationError: a bad policy, delay or key template (at definition time).
     """
-    options = SingletonOptions(
+    options = SingletonConfig(
         policy=policy, defer_seconds=defer_seconds,
         same_task_wait_seconds=same_task_wait_seconds, on_store_down=on_store_down,
         on_store_error=on_store_error, database_url=database_url, pool_mode=pool_mode,
@@ -601,7 +601,7 @@ def singleton(
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         guard = SingletonGuard(func, key, options)
-        attach(func, LockKeyCheck(guard))
+        attach(func, LockKeyGuard(guard))
         return attach(func, guard)
 
     return decorate
@@ -630,7 +630,7 @@ def exclusive(
     Raises:
         ConfigurationError: TTL <= 0, fewer than 3 nodes, a bad policy or key template.
     """
-    options = ExclusiveOptions(
+    options = ExclusiveConfig(
         ttl_seconds=ttl_seconds, policy=policy, defer_seconds=defer_seconds,
         same_task_wait_seconds=same_task_wait_seconds, on_store_down=on_store_down,
         on_store_error=on_store_error, heartbeat=heartbeat, renew_fraction=renew_fraction,
@@ -643,7 +643,13 @@ def exclusive(
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         guard = ExclusiveGuard(func, key, options)
-        attach(func, LockKeyCheck(guard))
+        attach(func, LockKeyGuard(guard))
         return attach(func, guard)
 
     return decorate
+
+
+LockOptions = LockConfig  # deprecated alias, removed in the next release
+SingletonOptions = SingletonConfig  # deprecated alias, removed in the next release
+ExclusiveOptions = ExclusiveConfig  # deprecated alias, removed in the next release
+LockKeyCheck = LockKeyGuard  # deprecated alias, removed in the next release

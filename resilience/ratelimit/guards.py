@@ -232,7 +232,7 @@ class _LimitGuard(Guard):
                      details={"limit": self.config.name, "key": key})
 
 
-class ConcurrencyLimit(_LimitGuard):
+class ConcurrencyGuard(_LimitGuard):
     """Cluster-wide semaphore: a slot is a lease in Redis, released after the body.
 
     Race timeline a lease covers: worker A takes a slot, is SIGKILLed before releasing;
@@ -284,14 +284,11 @@ class ConcurrencyLimit(_LimitGuard):
                 call, key, decision,
                 f"all {self.config.limit} slots of {key!r} are taken",
             )
-        call.state[self._state_key] = (key, holder)
+        call.keep(self, (key, holder))
 
-    @property
-    def _state_key(self) -> str:
-        return f"{self.name}:{id(self)}"
 
     def release(self, call: Call) -> None:
-        taken = call.state.pop(self._state_key, None)
+        taken = call.take_back(self)
         if taken is None or self.backend is None:
             return
         key, holder = taken
@@ -304,7 +301,7 @@ class ConcurrencyLimit(_LimitGuard):
             logger.warning("concurrency slot %s of %s not released: %s", holder, key, error)
 
 
-class RateLimit(_LimitGuard):
+class RateLimitGuard(_LimitGuard):
     """Cluster-wide rate limit on Redis server time; no permit → DEFERRED until retry-after."""
 
     name = "rate-limit"
@@ -335,7 +332,6 @@ class RateLimit(_LimitGuard):
         except StorageError as error:
             self.store_failed(call, key, error)
             return
-        call.state[f"{self.name}:{id(self)}"] = decision
         self.observe(call, key, decision)
         if not decision.allowed:
             raise self.defer(call, key, decision, f"rate {self.config.rate} of {key!r} reached")
@@ -367,7 +363,7 @@ def limit_concurrency(
                              fail_open=fail_open)
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        return attach(func, ConcurrencyLimit(config, key=key, func=func, backend=backend,
+        return attach(func, ConcurrencyGuard(config, key=key, func=func, backend=backend,
                                                  on_decision=on_decision))
 
     return decorate
@@ -397,7 +393,11 @@ def rate_limit(
                              fail_open=fail_open)
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        return attach(func, RateLimit(config, key=key, func=func, backend=backend,
-                                          on_decision=on_decision))
+        return attach(func, RateLimitGuard(config, key=key, func=func, backend=backend,
+                                               on_decision=on_decision))
 
     return decorate
+
+
+ConcurrencyLimit = ConcurrencyGuard  # deprecated alias, removed in the next release
+RateLimit = RateLimitGuard  # deprecated alias, removed in the next release

@@ -51,7 +51,7 @@ DEFAULT_MAX_COUNTDOWN_SECONDS = 300.0
 
 
 @dataclass(frozen=True, kw_only=True)
-class RetryPolicy:
+class RetryConfig:
     """How one task retries.
 
     Args:
@@ -119,7 +119,7 @@ class RetryGuard(Guard):
     name = "retry"
     stage = Stage.RETRY
 
-    def __init__(self, policy: RetryPolicy, *, backend: RedisBudgetBackend | None = None) -> None:
+    def __init__(self, policy: RetryConfig, *, backend: RedisBudgetBackend | None = None) -> None:
         self.policy = policy
         self._backend = backend
         self.gate: RetryBudgetGate | None = None
@@ -141,10 +141,10 @@ class RetryGuard(Guard):
     # after-run writes (no round trip of its own), or inside the retry decision it precedes.
     def before_run(self, call: Call) -> None:
         if self.gate is not None:
-            call.state[_UNCOUNTED] = True
+            call.keep(self, _UNCOUNTED)
 
     def _count_request(self, call: Call, mode: str = "request") -> None:
-        if self.gate is not None and call.state.pop(_UNCOUNTED, False):
+        if self.gate is not None and call.take_back(self) is _UNCOUNTED:
             self.gate.count_later(call.writes, mode)
 
     def after_run(self, call: Call, result: Any) -> None:
@@ -194,7 +194,7 @@ class RetryGuard(Guard):
         previous = _previous_delay(request)
         delay = min(cap, policy.delay_seconds(attempt, exc, previous))
         if self.gate is not None:
-            decision = self.gate.try_spend(with_request=call.state.pop(_UNCOUNTED, False))
+            decision = self.gate.try_spend(with_request=call.take_back(self) is _UNCOUNTED)
             if not decision.allowed:
                 return dead(
                     f"retry budget of {self.dependency!r} exhausted "
@@ -217,8 +217,8 @@ class RetryGuard(Guard):
         return exc  # pragma: no cover - task.retry always raises
 
 
-#: `call.state` flag: this execution is not yet counted as a budget request.
-_UNCOUNTED = "retry.uncounted"
+#: The retry guard's slot while this execution is not yet counted as a budget request.
+_UNCOUNTED = "uncounted"
 
 
 def _previous_delay(request: Any) -> float | None:
@@ -256,7 +256,7 @@ def retry_policy(
         ConfigurationError: at definition time for bad values (negative delays, cap below
             base, max_attempts < 1, ratio outside 0..1, window <= 0, unknown jitter).
     """
-    policy = RetryPolicy(
+    policy = RetryConfig(
         max_attempts=max_attempts,
         base_delay_seconds=base_delay_seconds,
         cap_delay_seconds=cap_delay_seconds,
@@ -271,3 +271,6 @@ def retry_policy(
         return attach(func, RetryGuard(policy))
 
     return decorate
+
+
+RetryPolicy = RetryConfig  # deprecated alias, removed in the next release
