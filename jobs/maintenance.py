@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from jobs import app
-from resilience.idempotency.cleanup import CleanupPolicy, delete_expired, reap_abandoned
+from resilience.idempotency.cleanup import CleanupConfig, delete_expired, reap_abandoned
 from resilience.locks.guards import singleton
 from resilience.stores import stores_for
 
@@ -21,7 +21,7 @@ def cleanup_idempotency(
     batch_size: int = 1000, pause_seconds: float = 0.1, max_batches: int = 100
 ) -> dict[str, Any]:
     """Delete expired, finished idempotency records in bounded batches."""
-    policy = CleanupPolicy(
+    policy = CleanupConfig(
         batch_size=batch_size, pause_seconds=pause_seconds, max_batches=max_batches
     )
     deleted = delete_expired(stores_for(app).engine(), policy)
@@ -34,7 +34,7 @@ def reap_idempotency_claims(
     grace_seconds: float = 300.0, batch_size: int = 1000, max_batches: int = 100
 ) -> dict[str, Any]:
     """Turn claims whose holder died long ago (lease ended > grace) into failed records."""
-    policy = CleanupPolicy(
+    policy = CleanupConfig(
         batch_size=batch_size, max_batches=max_batches, grace_seconds=grace_seconds
     )
     reaped = reap_abandoned(stores_for(app).engine(), policy)

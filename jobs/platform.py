@@ -10,9 +10,9 @@ from kombu import Exchange, Queue
 
 from jobs.settings import Settings, get_settings
 from jobs.tiers import DEFAULT_TIER, TIERS, validate_tier
-from resilience.bulkhead import BulkheadConfig, TierAdmission, depth_backend_for
-from resilience.deadletter.poison import PoisonGuard, PoisonPolicy
-from resilience.deadline import DeadlineGuard, DeadlinePolicy, DeadlineStamp
+from resilience.bulkhead import AdmissionGuard, BulkheadConfig, depth_backend_for
+from resilience.deadletter.poison import PoisonConfig, PoisonGuard
+from resilience.deadline import DeadlineConfig, DeadlineGuard, DeadlineStampGuard
 from resilience.errors import ConfigurationError
 from resilience.stores import Stores, install
 from resilience.task import GuardedTask
@@ -41,14 +41,14 @@ class JobTask(GuardedTask):
             wait_timeout_seconds=limits.wait_timeout_seconds,
         )
 
-    def deadline_policy(self) -> DeadlinePolicy:
+    def deadline_policy(self) -> DeadlineConfig:
         """When this task's jobs are shed: its own deadline_seconds, else the tier's."""
         limits = self.app.settings.tier(self.tier)
         seconds = self.deadline_seconds or limits.deadline_seconds
         pressure_depth = limits.shed_queue_depth
         if pressure_depth is None and seconds is not None:
             pressure_depth = max(1, limits.max_queue_depth // 2)
-        return DeadlinePolicy(
+        return DeadlineConfig(
             deadline_seconds=seconds,
             pressure_queue_depth=pressure_depth,
             pressure_deadline_factor=limits.shed_deadline_factor,
@@ -58,13 +58,13 @@ class JobTask(GuardedTask):
     #: Every platform task: the tier bulkhead at enqueue, and a deadline stamped on the
     #: message. A task's own guard of the same name (e.g. `@bulkhead`) replaces the default.
     enqueue_guards = (
-        TierAdmission(lambda task: task.admission_config()),
-        DeadlineStamp(lambda task: task.deadline_policy()),
+        AdmissionGuard(lambda task: task.admission_config()),
+        DeadlineStampGuard(lambda task: task.deadline_policy()),
     )
     #: Every platform task: poison messages are dead-lettered after JOBS_MAX_DELIVERIES
     #: deliveries that never returned; expired jobs are shed before they take a slot.
     guards = (
-        PoisonGuard(PoisonPolicy(max_deliveries=get_settings().max_deliveries)),
+        PoisonGuard(PoisonConfig(max_deliveries=get_settings().max_deliveries)),
         DeadlineGuard(
             lambda task: task.deadline_policy(),
             depth=lambda task, queue: depth_backend_for(task.app).depth(queue),

@@ -1,6 +1,7 @@
 """Tier bulkheads at enqueue: queue depth against a limit, then abort/discard/caller_runs/wait."""
 
 from resilience.bulkhead.admission import (
+    AdmissionGuard,
     BulkheadConfig,
     DiscardedResult,
     RejectionPolicy,
@@ -15,8 +16,10 @@ from resilience.bulkhead.backends.broker import (
     depth_backend_for,
 )
 
+# TierAdmission: deprecated alias of AdmissionGuard, removed in the next release.
 __all__ = [
     "Admission",
+    "AdmissionGuard",
     "AmqpBrokerDepth",
     "BulkheadConfig",
     "DepthBackend",

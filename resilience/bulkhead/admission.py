@@ -138,7 +138,7 @@ class DiscardedResult:
         """The outcome as the dict a guard-stopped task returns."""
         return {
             "outcome": self.outcome.value,
-            "guard": TierAdmission.name,
+            "guard": AdmissionGuard.name,
             "reason": f"tier {self.tier!r} full ({self.depth}/{self.limit}); job discarded",
             "details": {"tier": self.tier, "queue": self.queue, "depth": self.depth,
                         "limit": self.limit},
@@ -159,7 +159,7 @@ def queue_of(publish: Publish) -> str:
     return str(publish.task.app.conf.task_default_queue)
 
 
-class TierAdmission(EnqueueGuard):
+class AdmissionGuard(EnqueueGuard):
     """Admit a publish only while the target queue is below its tier's depth limit.
 
     Args:
@@ -335,6 +335,9 @@ def bulkhead(
         return replace(template, tier=str(getattr(task, "tier", None) or task.name))
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        return attach(func, TierAdmission(config, backend=backend, sleep=sleep))
+        return attach(func, AdmissionGuard(config, backend=backend, sleep=sleep))
 
     return decorate
+
+
+TierAdmission = AdmissionGuard  # deprecated alias, removed in the next release

@@ -4,21 +4,26 @@ from resilience.deadline.guard import (
     DEADLINE_HEADER,
     DEADLINE_OPTION,
     ENQUEUED_AT_HEADER,
+    DeadlineConfig,
     DeadlineGuard,
     DeadlinePolicy,
     DeadlineStamp,
+    DeadlineStampGuard,
     finite_seconds,
     header_seconds,
     headers_of,
 )
 
+# DeadlinePolicy, DeadlineStamp: deprecated aliases, removed in the next release.
 __all__ = [
     "DEADLINE_HEADER",
     "DEADLINE_OPTION",
     "ENQUEUED_AT_HEADER",
+    "DeadlineConfig",
     "DeadlineGuard",
     "DeadlinePolicy",
     "DeadlineStamp",
+    "DeadlineStampGuard",
     "finite_seconds",
     "header_seconds",
     "headers_of",

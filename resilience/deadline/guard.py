@@ -84,7 +84,7 @@ def _positive_seconds(value: Any) -> bool:
 
 
 @dataclass(frozen=True, kw_only=True)
-class DeadlinePolicy:
+class DeadlineConfig:
     """When a task's jobs are shed.
 
     Args:
@@ -118,14 +118,14 @@ class DeadlinePolicy:
             )
 
 
-PolicySource = DeadlinePolicy | Callable[["Task"], "DeadlinePolicy | None"]
+PolicySource = DeadlineConfig | Callable[["Task"], "DeadlineConfig | None"]
 
 
-def _resolve(source: PolicySource, task: Task) -> DeadlinePolicy | None:
-    return source if isinstance(source, DeadlinePolicy) else source(task)
+def _resolve(source: PolicySource, task: Task) -> DeadlineConfig | None:
+    return source if isinstance(source, DeadlineConfig) else source(task)
 
 
-class DeadlineStamp(EnqueueGuard):
+class DeadlineStampGuard(EnqueueGuard):
     """Write `deadline` / `enqueued_at` headers on each new job (republishes keep theirs).
 
     A caller may pass `deadline_seconds=` to `apply_async`, or its own `headers={"deadline":
@@ -194,7 +194,7 @@ class DeadlineGuard(Guard):
     """Shed a job whose (effective) deadline has passed before it takes a slot.
 
     Args:
-        policy: a `DeadlinePolicy` or callable(task) giving one (for pressure settings).
+        policy: a `DeadlineConfig` or callable(task) giving one (for pressure settings).
         depth: callable(task, queue) -> messages waiting; needed for pressure shedding.
         clock: epoch seconds now (injectable).
         depth_cache_seconds: a depth reading is reused this long per process and queue,
@@ -206,7 +206,7 @@ class DeadlineGuard(Guard):
 
     def __init__(
         self,
-        policy: PolicySource = DeadlinePolicy(),
+        policy: PolicySource = DeadlineConfig(),
         *,
         depth: Callable[[Task, str], int] | None = None,
         clock: Callable[[], float] = time.time,
@@ -276,3 +276,7 @@ class DeadlineGuard(Guard):
 def _queue_of(call: Call) -> str | None:
     info = getattr(call.request, "delivery_info", None) or {}
     return info.get("routing_key") or getattr(call.task, "queue", None)
+
+
+DeadlinePolicy = DeadlineConfig  # deprecated alias, removed in the next release
+DeadlineStamp = DeadlineStampGuard  # deprecated alias, removed in the next release

@@ -65,7 +65,7 @@ WHERE r.id = batch.id AND r.state = '{IN_PROGRESS}'
 
 
 @dataclass(frozen=True, kw_only=True)
-class CleanupPolicy:
+class CleanupConfig:
     """How much one cleanup run may do.
 
     Args:
@@ -90,7 +90,7 @@ class CleanupPolicy:
 
 
 def _batches(
-    engine: Engine, sql: str, parameters: dict[str, float | int], policy: CleanupPolicy,
+    engine: Engine, sql: str, parameters: dict[str, float | int], policy: CleanupConfig,
     sleep: Callable[[float], None], action: str,
 ) -> int:
     total = 0
@@ -109,7 +109,7 @@ def _batches(
 
 
 def delete_expired(
-    engine: Engine, policy: CleanupPolicy | None = None,
+    engine: Engine, policy: CleanupConfig | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """Delete expired finished records; returns how many were deleted.
@@ -117,7 +117,7 @@ def delete_expired(
     Raises:
         StoreUnavailable, StorageError.
     """
-    policy = policy or CleanupPolicy()
+    policy = policy or CleanupConfig()
     deleted = _batches(engine, DELETE_EXPIRED_SQL, {"batch_size": policy.batch_size}, policy,
                        sleep, "cleanup")
     logger.info("idempotency cleanup deleted %d expired records", deleted)
@@ -125,7 +125,7 @@ def delete_expired(
 
 
 def reap_abandoned(
-    engine: Engine, policy: CleanupPolicy | None = None,
+    engine: Engine, policy: CleanupConfig | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """Mark claims abandoned long ago as failed (reclaimable); returns how many.
@@ -133,8 +133,11 @@ def reap_abandoned(
     Raises:
         StoreUnavailable, StorageError.
     """
-    policy = policy or CleanupPolicy()
+    policy = policy or CleanupConfig()
     parameters = {"batch_size": policy.batch_size, "grace_seconds": float(policy.grace_seconds)}
     reaped = _batches(engine, REAP_SQL, parameters, policy, sleep, "reap")
     logger.info("idempotency reaper marked %d abandoned claims failed", reaped)
     return reaped
+
+
+CleanupPolicy = CleanupConfig  # deprecated alias, removed in the next release

@@ -105,7 +105,7 @@ class UniqueKeys:
             logger.warning("unique key %s not released: %s", key, exc)
 
 
-class UniqueEnqueue(EnqueueGuard):
+class UniqueEnqueueGuard(EnqueueGuard):
     """Refuses a second copy of a queued job: returns its AsyncResult or raises DuplicateJob."""
 
     name = GUARD_NAME
@@ -171,7 +171,7 @@ class UniqueEnqueue(EnqueueGuard):
         self.keys.release(stores_for(publish.task.app).redis(), key, task_id)
 
 
-class UniqueRelease(Guard):
+class UniqueReleaseGuard(Guard):
     """Gives the unique key back when the job starts or finishes (per `mode`)."""
 
     name = GUARD_NAME
@@ -234,8 +234,8 @@ def unique(
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         KeySpec(func, key)
         keys = UniqueKeys(config)
-        attach(func, UniqueEnqueue(keys))
-        attach(func, UniqueRelease(keys))
+        attach(func, UniqueEnqueueGuard(keys))
+        attach(func, UniqueReleaseGuard(keys))
         return func
 
     return decorate
@@ -252,7 +252,7 @@ def _release_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
         return
     try:
         execution, _ = pipelines()
-        releases = [g for g in execution.guards if isinstance(g, UniqueRelease)]
+        releases = [g for g in execution.guards if isinstance(g, UniqueReleaseGuard)]
         if not releases:
             return
         client = stores_for(sender.app).redis()
@@ -266,3 +266,7 @@ def _release_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
 
 
 signals.task_revoked.connect(_release_revoked, weak=False)
+
+
+UniqueEnqueue = UniqueEnqueueGuard  # deprecated alias, removed in the next release
+UniqueRelease = UniqueReleaseGuard  # deprecated alias, removed in the next release

@@ -10,28 +10,36 @@
 from resilience.locks.advisory import AdvisorySession, advisory_id
 from resilience.locks.fencing import FencingTokens
 from resilience.locks.guards import (
+    ExclusiveConfig,
     ExclusiveGuard,
     ExclusiveOptions,
+    SingletonConfig,
     SingletonGuard,
     SingletonOptions,
     exclusive,
     singleton,
 )
-from resilience.locks.heartbeat import Heartbeat, HeartbeatOptions
+from resilience.locks.heartbeat import Heartbeat, HeartbeatConfig, HeartbeatOptions
 from resilience.locks.redis_lock import Lease, RedisLock
-from resilience.locks.redlock import Redlock, RedlockOptions
+from resilience.locks.redlock import Redlock, RedlockConfig, RedlockOptions
 
+# ExclusiveOptions, SingletonOptions, HeartbeatOptions, RedlockOptions: deprecated
+# aliases of the *Config names, removed in the next release.
 __all__ = [
     "AdvisorySession",
+    "ExclusiveConfig",
     "ExclusiveGuard",
     "ExclusiveOptions",
     "FencingTokens",
     "Heartbeat",
+    "HeartbeatConfig",
     "HeartbeatOptions",
     "Lease",
     "RedisLock",
     "Redlock",
+    "RedlockConfig",
     "RedlockOptions",
+    "SingletonConfig",
     "SingletonGuard",
     "SingletonOptions",
     "advisory_id",

@@ -23,7 +23,7 @@ logger = logging.getLogger("resilience.locks.heartbeat")
 
 
 @dataclass(frozen=True, kw_only=True)
-class HeartbeatOptions:
+class HeartbeatConfig:
     """How often and how many times a lease is renewed.
 
     Args:
@@ -56,11 +56,11 @@ class Heartbeat:
         self,
         lease: Lease,
         extend: Callable[[Lease], bool],
-        options: HeartbeatOptions | None = None,
+        options: HeartbeatConfig | None = None,
     ) -> None:
         self.lease = lease
         self.extend = extend
-        self.options = options or HeartbeatOptions()
+        self.options = options or HeartbeatConfig()
         self.lost_reason: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -113,3 +113,6 @@ class Heartbeat:
                 "ago (the holder was paused or renewals stalled); stopping before commit",
                 key=self.lease.name, token=self.lease.fencing_token,
             )
+
+
+HeartbeatOptions = HeartbeatConfig  # deprecated alias, removed in the next release

@@ -63,7 +63,7 @@ def require_node_count(nodes: int) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RedlockOptions:
+class RedlockConfig:
     """How hard Redlock tries and how much clock drift it allows.
 
     Args:
@@ -105,7 +105,7 @@ class Redlock:
         self,
         clients: Sequence[redis.Redis],
         *,
-        options: RedlockOptions | None = None,
+        options: RedlockConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         rng: Callable[[], float] = random.random,
@@ -113,7 +113,7 @@ class Redlock:
         require_node_count(len(clients))
         self.clients = list(clients)
         self.connections = NodeConnections(self.clients)
-        self.options = options or RedlockOptions()
+        self.options = options or RedlockConfig()
         self.clock = clock
         self.sleep = sleep
         self.rng = rng
@@ -263,3 +263,6 @@ class Redlock:
             for client, reply in zip(self.clients, replies, strict=True)
             if isinstance(reply, BaseException)
         ]
+
+
+RedlockOptions = RedlockConfig  # deprecated alias, removed in the next release

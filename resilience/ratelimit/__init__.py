@@ -13,16 +13,20 @@ from resilience.ratelimit.algorithms import Decision
 from resilience.ratelimit.backends.memory import MemoryBackend
 from resilience.ratelimit.backends.redis import RedisBackend
 from resilience.ratelimit.guards import (
+    ConcurrencyGuard,
     ConcurrencyLimit,
     ConcurrencyLimitConfig,
     RateLimit,
     RateLimitConfig,
+    RateLimitGuard,
     limit_concurrency,
     rate_limit,
 )
 from resilience.ratelimit.rates import Rate, parse
 
+# ConcurrencyLimit, RateLimit: deprecated aliases, removed in the next release.
 __all__ = [
+    "ConcurrencyGuard",
     "ConcurrencyLimit",
     "ConcurrencyLimitConfig",
     "Decision",
@@ -30,6 +34,7 @@ __all__ = [
     "Rate",
     "RateLimit",
     "RateLimitConfig",
+    "RateLimitGuard",
     "RedisBackend",
     "limit_concurrency",
     "parse",

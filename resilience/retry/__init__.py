@@ -7,11 +7,13 @@
 
 from resilience.retry.budget import RetryBudget
 from resilience.retry.classify import NonRetryable, Retryable, is_retryable, retry_after
-from resilience.retry.guard import RetryGuard, RetryPolicy, retry_policy
+from resilience.retry.guard import RetryConfig, RetryGuard, RetryPolicy, retry_policy
 
+# RetryPolicy: deprecated alias of RetryConfig, removed in the next release.
 __all__ = [
     "NonRetryable",
     "RetryBudget",
+    "RetryConfig",
     "RetryGuard",
     "RetryPolicy",
     "Retryable",

@@ -19,15 +19,15 @@ def _configs(on_store_down: Any) -> list[Any]:
     from resilience.circuit.config import BreakerConfig
     from resilience.idempotency.guard import IdempotencyConfig
     from resilience.idempotency.unique import UniqueConfig
-    from resilience.locks.guards import ExclusiveOptions, SingletonOptions
+    from resilience.locks.guards import ExclusiveConfig, SingletonConfig
     from resilience.ratelimit.guards import ConcurrencyLimitConfig, RateLimitConfig
     from resilience.retry.budget import RetryBudget
 
     return [
         IdempotencyConfig(on_store_down=on_store_down),
         UniqueConfig(on_store_down=on_store_down),
-        SingletonOptions(on_store_down=on_store_down),
-        ExclusiveOptions(on_store_down=on_store_down),
+        SingletonConfig(on_store_down=on_store_down),
+        ExclusiveConfig(on_store_down=on_store_down),
         BreakerConfig(name="b", on_store_down=on_store_down),
         ConcurrencyLimitConfig(name="c", limit=1, on_store_down=on_store_down),
         RateLimitConfig(name="r", rate="1/s", on_store_down=on_store_down),
@@ -58,11 +58,11 @@ class TestVocabulary:
             assert store_down_policy(old) is new
 
     def test_old_option_names_still_work_with_a_warning(self) -> None:
-        from resilience.locks.guards import SingletonOptions
+        from resilience.locks.guards import SingletonConfig
         from resilience.ratelimit.guards import RateLimitConfig
 
         with pytest.warns(DeprecationWarning):
-            assert SingletonOptions(on_store_error="run").on_store_down is StoreDown.FAIL_OPEN
+            assert SingletonConfig(on_store_error="run").on_store_down is StoreDown.FAIL_OPEN
         with pytest.warns(DeprecationWarning):
             config = RateLimitConfig(name="r", rate="1/s", fail_open=False)
         assert config.on_store_down is StoreDown.FAIL_CLOSED
@@ -73,11 +73,11 @@ class TestVocabulary:
         from resilience.circuit.config import BreakerConfig
         from resilience.idempotency.guard import IdempotencyConfig
         from resilience.idempotency.unique import UniqueConfig
-        from resilience.locks.guards import ExclusiveOptions, SingletonOptions
+        from resilience.locks.guards import ExclusiveConfig, SingletonConfig
         from resilience.ratelimit.guards import ConcurrencyLimitConfig, RateLimitConfig
         from resilience.retry.budget import RetryBudget
 
-        closed = [IdempotencyConfig(), SingletonOptions(), ExclusiveOptions()]
+        closed = [IdempotencyConfig(), SingletonConfig(), ExclusiveConfig()]
         opened = [UniqueConfig(), BreakerConfig(name="b"), RetryBudget(),
                   ConcurrencyLimitConfig(name="c", limit=1),
                   RateLimitConfig(name="r", rate="1/s"),

@@ -12,10 +12,10 @@ import pytest
 from kombu import Exchange, Queue
 
 from resilience.bulkhead import (
+    AdmissionGuard,
     BulkheadConfig,
     DiscardedResult,
     RejectionPolicy,
-    TierAdmission,
     depth_backend_for,
 )
 from resilience.counters import read_all
@@ -108,7 +108,7 @@ class TestPolicies:
             if len(sleeps) == 2:
                 backend.client().rpop(queue.name)
 
-        guard = TierAdmission(
+        guard = AdmissionGuard(
             BulkheadConfig(tier="optional", max_queue_depth=tasks.LIMIT, policy="wait",
                            wait_timeout_seconds=3600),
             sleep=consume_one,
@@ -205,7 +205,7 @@ class TestTierDefaults:
     def test_own_bulkhead_takes_precedence(self) -> None:
         """A task's own @bulkhead replaces the tier default: one admission decision."""
         guards = tasks.bulkhead_abort.pipelines()[1].guards
-        admissions = [guard for guard in guards if isinstance(guard, TierAdmission)]
+        admissions = [guard for guard in guards if isinstance(guard, AdmissionGuard)]
         assert len(admissions) == 1
         config = admissions[0].config_for(tasks.bulkhead_abort)
         assert config is not None and config.max_queue_depth == tasks.LIMIT

@@ -16,11 +16,11 @@ from celery.app.task import Context
 from resilience.circuit.backends.redis import RedisBreakerBackend
 from resilience.circuit.config import BreakerConfig
 from resilience.circuit.guard import BreakerGuard
-from resilience.deadletter.poison import PoisonGuard, PoisonPolicy
+from resilience.deadletter.poison import PoisonConfig, PoisonGuard
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Pipeline
 from resilience.retry.budget import RedisBudgetBackend, RetryBudget, RetryBudgetGate
-from resilience.retry.guard import RetryGuard, RetryPolicy
+from resilience.retry.guard import RetryConfig, RetryGuard
 
 
 @pytest.fixture()
@@ -100,7 +100,7 @@ class TestBudgetStoreDown:
         """The retry guard's request count is skipped with a warning; the result stands."""
         from tests.resilience.retry.tasks import failure_storm_budgeted
 
-        guard = RetryGuard(RetryPolicy(), backend=RedisBudgetBackend(lambda: dead_redis))
+        guard = RetryGuard(RetryConfig(), backend=RedisBudgetBackend(lambda: dead_redis))
         guard.bind(failure_storm_budgeted)
         call = _call(failure_storm_budgeted, "http://127.0.0.1:1/")
         assert Pipeline([guard]).run(call, lambda: "done") == "done"
@@ -112,7 +112,7 @@ class TestPoisonStoreDown:
         """The poison check fails open: the job runs."""
         from tests.resilience.deadletter.tasks import failure_echo
 
-        guard = PoisonGuard(PoisonPolicy(max_deliveries=1), client=lambda: dead_redis)
+        guard = PoisonGuard(PoisonConfig(max_deliveries=1), client=lambda: dead_redis)
         guard.bind(failure_echo)
         for _ in range(3):
             call = _call(failure_echo, 1, redelivered=True)

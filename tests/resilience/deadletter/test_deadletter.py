@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from resilience.deadletter.place import DeadLetterNotFound, dead_letter, get, list_entries, requeue
-from resilience.deadletter.poison import PoisonPolicy, poison_guard
+from resilience.deadletter.poison import PoisonConfig, poison_guard
 from resilience.errors import ConfigurationError
 from tests.support import wait_for
 
@@ -51,7 +51,7 @@ class TestPlace:
         with pytest.raises(ConfigurationError):
             poison_guard(max_deliveries=0)
         with pytest.raises(ConfigurationError):
-            PoisonPolicy(ttl_seconds=0)
+            PoisonConfig(ttl_seconds=0)
 
 
 @pytest.mark.chaos

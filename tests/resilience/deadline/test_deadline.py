@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from resilience.counters import read_all
-from resilience.deadline import DeadlineGuard, DeadlinePolicy, DeadlineStamp
+from resilience.deadline import DeadlineConfig, DeadlineGuard, DeadlineStampGuard
 from resilience.errors import ConfigurationError
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Publish
@@ -47,7 +47,7 @@ class TestDeadlineGuard:
 
     def test_pressure_shrinks_the_deadline(self) -> None:
         """Beyond the pressure depth only a quarter of the deadline is kept: old work goes."""
-        policy = DeadlinePolicy(deadline_seconds=100, pressure_queue_depth=10,
+        policy = DeadlineConfig(deadline_seconds=100, pressure_queue_depth=10,
                                 pressure_deadline_factor=0.25)
         headers = {"enqueued_at": NOW - 30, "deadline": NOW + 70}
         calm = DeadlineGuard(policy, depth=lambda task, queue: 10, clock=lambda: NOW)
@@ -66,7 +66,7 @@ class TestDeadlineGuard:
             readings.append(queue)
             return 0
 
-        guard = DeadlineGuard(DeadlinePolicy(deadline_seconds=10, pressure_queue_depth=5),
+        guard = DeadlineGuard(DeadlineConfig(deadline_seconds=10, pressure_queue_depth=5),
                               depth=depth, clock=lambda: NOW, depth_cache_seconds=3600)
         for _ in range(5):
             guard.before_run(call_with({"enqueued_at": NOW, "deadline": NOW + 10}))
@@ -80,13 +80,13 @@ class TestDeadlineStamp:
     def test_stamps_enqueue_time_and_deadline(self) -> None:
         """New jobs carry enqueued_at and, with a deadline, the absolute deadline."""
         publish = self.publish()
-        DeadlineStamp(DeadlinePolicy(deadline_seconds=30), clock=lambda: NOW).before_publish(
+        DeadlineStampGuard(DeadlineConfig(deadline_seconds=30), clock=lambda: NOW).before_publish(
             publish)
         assert publish.options["headers"] == {"enqueued_at": NOW, "deadline": NOW + 30}
 
     def test_per_call_deadline_and_explicit_header(self) -> None:
         """deadline_seconds= per call wins over the policy; an explicit header is kept."""
-        stamp = DeadlineStamp(DeadlinePolicy(deadline_seconds=30), clock=lambda: NOW)
+        stamp = DeadlineStampGuard(DeadlineConfig(deadline_seconds=30), clock=lambda: NOW)
         publish = self.publish(deadline_seconds=5)
         stamp.before_publish(publish)
         assert publish.options["headers"]["deadline"] == NOW + 5
@@ -97,7 +97,7 @@ class TestDeadlineStamp:
 
     def test_no_deadline_by_default(self) -> None:
         publish = self.publish()
-        DeadlineStamp(DeadlinePolicy(), clock=lambda: NOW).before_publish(publish)
+        DeadlineStampGuard(DeadlineConfig(), clock=lambda: NOW).before_publish(publish)
         assert "deadline" not in publish.options["headers"]
 
     def test_tier_defaults(self, app: Any) -> None:
@@ -115,7 +115,7 @@ class TestBadInput:
                                          {"pressure_deadline_factor": 1.5}])
     def test_refused(self, options: dict[str, Any]) -> None:
         with pytest.raises(ConfigurationError):
-            DeadlinePolicy(**options)
+            DeadlineConfig(**options)
 
     def test_bad_per_call_deadline(self) -> None:
         with pytest.raises(ConfigurationError, match="deadline_seconds"):
@@ -154,10 +154,10 @@ class TestOnWorkers:
 
         The same job with a per-call deadline of 300 s runs.
         """
-        from resilience.deadline import DeadlineStamp
+        from resilience.deadline import DeadlineStampGuard
 
         _, enqueue = tasks.deadline_short.pipelines()
-        stamp = next(g for g in enqueue.guards if isinstance(g, DeadlineStamp))
+        stamp = next(g for g in enqueue.guards if isinstance(g, DeadlineStampGuard))
         monkeypatch.setattr(stamp, "clock", lambda: time.time() - 3)
         run_id = uuid.uuid4().hex
         result = tasks.deadline_short.apply_async((run_id,))

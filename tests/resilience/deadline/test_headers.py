@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from resilience.circuit.guard import _expires_at
-from resilience.deadline import DeadlineGuard, DeadlinePolicy, DeadlineStamp
+from resilience.deadline import DeadlineConfig, DeadlineGuard, DeadlineStampGuard
 from resilience.errors import ConfigurationError
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Publish
@@ -57,7 +57,7 @@ class TestDeadlineHeader:
     def test_unusable_deadline_under_pressure(self, value: Any,
                                               caplog: pytest.LogCaptureFixture) -> None:
         """Pressure cannot turn an unusable deadline into a shed (or an error) either."""
-        policy = DeadlinePolicy(deadline_seconds=100, pressure_queue_depth=1)
+        policy = DeadlineConfig(deadline_seconds=100, pressure_queue_depth=1)
         guard = DeadlineGuard(policy, depth=lambda task, queue: 50, clock=lambda: NOW)
         with caplog.at_level(logging.WARNING, logger="resilience.deadline"):
             guard.before_run(call_with({"deadline": value, "enqueued_at": NOW - 1000}))
@@ -79,7 +79,7 @@ class TestEnqueuedAtHeader:
                                                  caplog: pytest.LogCaptureFixture) -> None:
         """No ValueError: without an enqueue time there is no pressure rule, the plain
         deadline decides, and one warning names the task and header."""
-        policy = DeadlinePolicy(deadline_seconds=100, pressure_queue_depth=10)
+        policy = DeadlineConfig(deadline_seconds=100, pressure_queue_depth=10)
         guard = DeadlineGuard(policy, depth=lambda task, queue: 11, clock=lambda: NOW)
         with caplog.at_level(logging.WARNING, logger="resilience.deadline"):
             guard.before_run(call_with({"enqueued_at": value, "deadline": NOW + 70},
@@ -92,7 +92,7 @@ class TestEnqueuedAtHeader:
 
     def test_numeric_string_enqueued_at_is_used(self) -> None:
         """A numeric-string enqueue time still drives the pressure rule."""
-        policy = DeadlinePolicy(deadline_seconds=100, pressure_queue_depth=10)
+        policy = DeadlineConfig(deadline_seconds=100, pressure_queue_depth=10)
         guard = DeadlineGuard(policy, depth=lambda task, queue: 11, clock=lambda: NOW)
         with pytest.raises(Stop) as stopped:
             guard.before_run(call_with({"enqueued_at": str(NOW - 30), "deadline": NOW + 70}))
@@ -106,7 +106,7 @@ class TestNonFiniteDeadlineSeconds:
     @pytest.mark.parametrize("seconds", [math.nan, math.inf, -math.inf, True], ids=repr)
     def test_per_call_option_refused(self, seconds: Any) -> None:
         """`deadline_seconds=` per call must be finite positive seconds."""
-        stamp = DeadlineStamp(DeadlinePolicy(), clock=lambda: NOW)
+        stamp = DeadlineStampGuard(DeadlineConfig(), clock=lambda: NOW)
         with pytest.raises(ConfigurationError, match="deadline_seconds"):
             stamp.before_publish(self.publish(deadline_seconds=seconds))
 
@@ -114,12 +114,12 @@ class TestNonFiniteDeadlineSeconds:
     def test_policy_refused(self, seconds: Any) -> None:
         """A policy's deadline_seconds must be finite positive seconds too."""
         with pytest.raises(ConfigurationError, match="deadline_seconds"):
-            DeadlinePolicy(deadline_seconds=seconds)
+            DeadlineConfig(deadline_seconds=seconds)
 
     @pytest.mark.parametrize("factor", [math.nan, math.inf], ids=repr)
     def test_pressure_factor_refused(self, factor: float) -> None:
         with pytest.raises(ConfigurationError, match="pressure_deadline_factor"):
-            DeadlinePolicy(pressure_deadline_factor=factor)
+            DeadlineConfig(pressure_deadline_factor=factor)
 
 
 class TestBreakerReadsTheSameRule:

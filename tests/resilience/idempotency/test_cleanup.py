@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from resilience.idempotency.cleanup import CleanupPolicy, delete_expired, reap_abandoned
+from resilience.idempotency.cleanup import CleanupConfig, delete_expired, reap_abandoned
 
 INSERT = text(
     """
@@ -53,7 +53,7 @@ class TestCleanup:
         # Claims are never deleted by cleanup, even when their record TTL has passed.
         seed(engine, task, "claim_live-", 200, "in_progress", -60, lease=60)
         seed(engine, task, "claim_dead-", 200, "in_progress", -60, lease=-3600)
-        policy = CleanupPolicy(batch_size=97, pause_seconds=0.0, max_batches=1000)
+        policy = CleanupConfig(batch_size=97, pause_seconds=0.0, max_batches=1000)
         results: list[int] = []
         threads = [
             threading.Thread(target=lambda: results.append(delete_expired(engine, policy)))
@@ -71,10 +71,10 @@ class TestCleanup:
     def test_batches_are_bounded_and_paused(self, engine: Any) -> None:
         """A run stops after max_batches and sleeps between batches (sleep injected)."""
         task = f"tests.cleanup.{uuid.uuid4().hex[:8]}"
-        delete_expired(engine, CleanupPolicy(batch_size=1000, pause_seconds=0))
+        delete_expired(engine, CleanupConfig(batch_size=1000, pause_seconds=0))
         seed(engine, task, "expired_ok-", 50, "succeeded", -5)
         pauses: list[float] = []
-        policy = CleanupPolicy(batch_size=10, pause_seconds=0.25, max_batches=3)
+        policy = CleanupConfig(batch_size=10, pause_seconds=0.25, max_batches=3)
         assert delete_expired(engine, policy, sleep=pauses.append) == 30
         assert pauses == [0.25, 0.25]
         assert counts(engine, task) == {"expired_ok": 20}
@@ -87,7 +87,7 @@ class TestReaper:
         seed(engine, task, "abandoned-", 30, "in_progress", 3600, lease=-3600)
         seed(engine, task, "recent-", 20, "in_progress", 3600, lease=-10)
         seed(engine, task, "live-", 10, "in_progress", 3600, lease=60)
-        policy = CleanupPolicy(batch_size=7, pause_seconds=0, grace_seconds=300)
+        policy = CleanupConfig(batch_size=7, pause_seconds=0, grace_seconds=300)
         assert reap_abandoned(engine, policy) >= 30
         with engine.connect() as connection:
             rows = connection.execute(

@@ -22,20 +22,20 @@ from resilience.locks import (
     AdvisorySession,
     FencingTokens,
     Heartbeat,
-    HeartbeatOptions,
+    HeartbeatConfig,
     RedisLock,
     Redlock,
-    RedlockOptions,
+    RedlockConfig,
     exclusive,
     singleton,
 )
-from resilience.locks.guards import ExclusiveGuard, ExclusiveOptions, SingletonGuard
+from resilience.locks.guards import ExclusiveConfig, ExclusiveGuard, SingletonGuard
 from resilience.locks.redis_lock import Lease, lock_key
 from tests.resilience.locks.conftest import Nodes
 
 
 def _redlock(nodes: Nodes, **options: Any) -> Redlock:
-    return Redlock.from_urls(nodes.urls, options=RedlockOptions(**options))
+    return Redlock.from_urls(nodes.urls, options=RedlockConfig(**options))
 
 
 class TestBadInput:
@@ -100,7 +100,7 @@ class TestBadInput:
 
         def body() -> None: ...
 
-        guard = ExclusiveGuard(body, None, ExclusiveOptions(ttl_seconds=5, heartbeat=False))
+        guard = ExclusiveGuard(body, None, ExclusiveConfig(ttl_seconds=5, heartbeat=False))
         with pytest.raises(ConfigurationError, match="time limit"):
             guard.bind(types.SimpleNamespace(name="t", time_limit=20, run=body))  # type: ignore[arg-type]
 
@@ -112,9 +112,9 @@ class TestBadInput:
 
 
 def _singleton_options() -> Any:
-    from resilience.locks.guards import SingletonOptions
+    from resilience.locks.guards import SingletonConfig
 
-    return SingletonOptions()
+    return SingletonConfig()
 
 
 class TestRedisLock:
@@ -190,7 +190,7 @@ class TestRedlock:
         nodes.kill(0, 1, 2)
         sleeps: list[float] = []
         redlock = Redlock(
-            _clients(nodes), options=RedlockOptions(retry_count=3, retry_delay_seconds=0.1),
+            _clients(nodes), options=RedlockConfig(retry_count=3, retry_delay_seconds=0.1),
             sleep=sleeps.append,
         )
         started = time.monotonic()
@@ -204,7 +204,7 @@ class TestRedlock:
     def test_validity_discounts_elapsed_time_and_drift(self, nodes: Nodes) -> None:
         """validity = ttl - elapsed - drift on the injected monotonic clock."""
         ticks = iter([100.0, 100.4])
-        redlock = Redlock(_clients(nodes), options=RedlockOptions(clock_drift_factor=0.01),
+        redlock = Redlock(_clients(nodes), options=RedlockConfig(clock_drift_factor=0.01),
                           clock=lambda: next(ticks))
         lease = redlock.acquire("job", ttl_seconds=10)
         assert lease is not None
@@ -213,7 +213,7 @@ class TestRedlock:
     def test_too_slow_acquisition_is_not_a_lock(self, nodes: Nodes) -> None:
         """An acquisition that took longer than the TTL is given back everywhere."""
         ticks = iter([0.0, 6.0])
-        redlock = Redlock(_clients(nodes), options=RedlockOptions(retry_count=0),
+        redlock = Redlock(_clients(nodes), options=RedlockConfig(retry_count=0),
                           clock=lambda: next(ticks))
         assert redlock.acquire("job", ttl_seconds=5) is None
         assert Redlock(_clients(nodes)).holders("job") == []
@@ -227,7 +227,7 @@ def _clients(nodes: Nodes) -> list[Any]:
 
 
 def _redlock_unchecked(nodes: Nodes, **options: Any) -> Redlock:
-    return Redlock(_clients(nodes), options=RedlockOptions(**options))
+    return Redlock(_clients(nodes), options=RedlockConfig(**options))
 
 
 class TestFencing:
@@ -291,7 +291,7 @@ class TestHeartbeat:
         lock = RedisLock(redis_client)
         lease = lock.acquire("hb", ttl_seconds=0.3)
         assert lease is not None
-        heartbeat = Heartbeat(lease, lock.extend, HeartbeatOptions(renew_fraction=0.3)).start()
+        heartbeat = Heartbeat(lease, lock.extend, HeartbeatConfig(renew_fraction=0.3)).start()
         time.sleep(0.8)
         heartbeat.check()
         assert lease.extensions >= 2 and lock.locked("hb")
@@ -302,7 +302,7 @@ class TestHeartbeat:
         lock = RedisLock(redis_client)
         lease = lock.acquire("hb2", ttl_seconds=0.3)
         assert lease is not None
-        heartbeat = Heartbeat(lease, lock.extend, HeartbeatOptions(renew_fraction=0.3)).start()
+        heartbeat = Heartbeat(lease, lock.extend, HeartbeatConfig(renew_fraction=0.3)).start()
         redis_client.delete(lock_key("hb2"))
         time.sleep(0.4)
         with pytest.raises(LockNotOwnedError, match="lost"):
@@ -314,7 +314,7 @@ class TestHeartbeat:
         lease = lock.acquire("hb3", ttl_seconds=0.2)
         assert lease is not None
         heartbeat = Heartbeat(
-            lease, lock.extend, HeartbeatOptions(renew_fraction=0.25, max_extensions=1)
+            lease, lock.extend, HeartbeatConfig(renew_fraction=0.25, max_extensions=1)
         ).start()
         time.sleep(0.4)
         with pytest.raises(LockNotOwnedError, match="cap"):

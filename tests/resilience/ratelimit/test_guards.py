@@ -14,11 +14,11 @@ from resilience.errors import ConfigurationError
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call
 from resilience.ratelimit import (
-    ConcurrencyLimit,
+    ConcurrencyGuard,
     ConcurrencyLimitConfig,
     MemoryBackend,
-    RateLimit,
     RateLimitConfig,
+    RateLimitGuard,
     RedisBackend,
 )
 from resilience.ratelimit.guards import split_name
@@ -30,8 +30,8 @@ def call(task_id: str = "t1", **kwargs: Any) -> Call:
                 request=SimpleNamespace(id=task_id))
 
 
-def concurrency(limit: int = 1, backend: Any = None, **options: Any) -> ConcurrencyLimit:
-    guard = ConcurrencyLimit(ConcurrencyLimitConfig(name="api", limit=limit, **options),
+def concurrency(limit: int = 1, backend: Any = None, **options: Any) -> ConcurrencyGuard:
+    guard = ConcurrencyGuard(ConcurrencyLimitConfig(name="api", limit=limit, **options),
                              backend=backend or MemoryBackend(), random_fraction=lambda: 0.5)
     guard.bind(tasks.limited_slot)
     return guard
@@ -80,8 +80,8 @@ class TestConcurrencyGuard:
 class TestRateGuard:
     def test_keys_per_call(self) -> None:
         """A key template gives each customer its own limit."""
-        guard = RateLimit(RateLimitConfig(name="vendor", rate="1/minute"), key="{run_id}",
-                          func=tasks.windowed.run, backend=MemoryBackend())
+        guard = RateLimitGuard(RateLimitConfig(name="vendor", rate="1/minute"), key="{run_id}",
+                               func=tasks.windowed.run, backend=MemoryBackend())
         guard.bind(tasks.windowed)
         guard.before_run(call(run_id="alice"))
         guard.before_run(call(run_id="bob"))

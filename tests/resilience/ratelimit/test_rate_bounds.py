@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from resilience.errors import ConfigurationError
-from resilience.ratelimit import RateLimit, RateLimitConfig, RedisBackend, algorithms
+from resilience.ratelimit import RateLimitConfig, RateLimitGuard, RedisBackend, algorithms
 from resilience.ratelimit.rates import Rate, parse
 
 pytestmark = pytest.mark.timeout(60)
@@ -129,7 +129,7 @@ class TestOnRedis:
         reported hold the bound in every window of one period."""
         config = RateLimitConfig(name=f"bound-{uuid.uuid4().hex[:6]}", rate=parse(rate),
                                  algorithm=algorithm, burst=burst)
-        guard = RateLimit(config, backend=RedisBackend(redis_client, prefix="test:bounds"))
+        guard = RateLimitGuard(config, backend=RedisBackend(redis_client, prefix="test:bounds"))
         grants: list[int] = []
         denied = 0
         stop = time.monotonic() + 1.0

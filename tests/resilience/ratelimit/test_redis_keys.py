@@ -17,7 +17,7 @@ from redis.crc import key_slot
 from resilience.keys import encode_key_part
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call
-from resilience.ratelimit import RateLimit, RateLimitConfig, RedisBackend
+from resilience.ratelimit import RateLimitConfig, RateLimitGuard, RedisBackend
 from tests.resilience.ratelimit import tasks
 
 PREFIX = "resilience:limits"
@@ -88,8 +88,8 @@ class TestGuardDoesNotFailOpen:
     def test_waiting_line_named_key_is_deferred(self, redis_client: Any) -> None:
         """Through the guard: the second `acme:waiting` call is DEFERRED, not run because a
         WRONGTYPE reply made the guard fail open."""
-        guard = RateLimit(RateLimitConfig(name="vendor", rate="1/minute"), key="{run_id}",
-                          func=tasks.windowed.run, backend=RedisBackend(redis_client))
+        guard = RateLimitGuard(RateLimitConfig(name="vendor", rate="1/minute"), key="{run_id}",
+                               func=tasks.windowed.run, backend=RedisBackend(redis_client))
         guard.bind(tasks.windowed)
 
         def call(task_id: str, run_id: str) -> Call:

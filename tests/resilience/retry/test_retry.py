@@ -13,7 +13,7 @@ from resilience.errors import ConfigurationError
 from resilience.retry.backoff import DecorrelatedJitter, FullJitter, backoff_for
 from resilience.retry.budget import RedisBudgetBackend, RetryBudget, RetryBudgetGate
 from resilience.retry.classify import NonRetryable, Retryable, is_retryable, retry_after
-from resilience.retry.guard import RetryPolicy, retry_policy
+from resilience.retry.guard import RetryConfig, retry_policy
 from tests.resilience.retry.dependency import DependencyServer
 from tests.support import wait_for
 
@@ -98,7 +98,7 @@ class TestBackoff:
 
     def test_retry_after_is_a_floor(self) -> None:
         """A dependency's Retry-After wins over a shorter backoff."""
-        policy = RetryPolicy(base_delay_seconds=0.1, cap_delay_seconds=1, random=lambda: 0.5)
+        policy = RetryConfig(base_delay_seconds=0.1, cap_delay_seconds=1, random=lambda: 0.5)
         assert policy.delay_seconds(1, Retryable(retry_after_seconds=4)) == 4
         assert policy.delay_seconds(1, Retryable()) == pytest.approx(0.05)
 
