@@ -20,7 +20,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -331,6 +331,64 @@ def pipeline(
         for index, row in enumerate(view[phase], start=1):
             table.add_row(str(index), row["stage"], row["guard"], row["options_text"])
         console.print(table)
+
+
+def _pause_switch() -> Any:
+    settings_or_exit()
+    from jobs import app
+    from jobs.platform import pause_backend
+    from resilience.pause import PauseSwitch
+
+    return PauseSwitch(pause_backend(app))
+
+
+@cli.command()
+def pause(
+    tier: Annotated[str | None, typer.Argument(help="tier to pause")] = None,
+    task: Annotated[str | None, typer.Option("--task", help="pause one task instead")] = None,
+    reason: Annotated[str, typer.Option(help="shown on every deferred job")] = (
+        "paused by an operator"),
+) -> None:
+    """Pause a tier (or --task NAME) fleet-wide: its jobs are DEFERRED, none lost, none run."""
+    scope, name = _pause_target(tier, task)
+    _pause_switch().pause(scope, name, reason=reason)
+    console.print(f"paused {scope} {name!r}: its jobs wait (within 1 s on every worker); "
+                  f"`jobs resume {'--task ' if scope == 'task' else ''}{name}` lets them run")
+
+
+@cli.command()
+def resume(
+    tier: Annotated[str | None, typer.Argument(help="tier to resume")] = None,
+    task: Annotated[str | None, typer.Option("--task", help="resume one task instead")] = None,
+) -> None:
+    """Resume a paused tier (or --task NAME): its deferred jobs run again."""
+    scope, name = _pause_target(tier, task)
+    was = _pause_switch().resume(scope, name)
+    console.print(f"resumed {scope} {name!r}" if was else f"{scope} {name!r} was not paused")
+
+
+@cli.command()
+def paused() -> None:
+    """List the pause switches that are on."""
+    table = Table(title="paused")
+    for column in ("scope", "name", "reason", "since"):
+        table.add_column(column)
+    for switch in _pause_switch().describe():
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(switch.since_epoch_seconds))
+        table.add_row(switch.scope, switch.name, switch.reason, f"{since} UTC")
+    console.print(table)
+
+
+def _pause_target(tier: str | None, task: str | None) -> tuple[str, str]:
+    if (tier is None) == (task is None):
+        errors.print("[red]name a tier (jobs pause critical) or a task (--task NAME)[/red]")
+        raise typer.Exit(2)
+    if tier is not None:
+        if tier not in TIERS:
+            errors.print(f"[red]unknown tier {tier!r}; tiers are {', '.join(TIERS)}[/red]")
+            raise typer.Exit(2)
+        return "tier", tier
+    return "task", str(task)
 
 
 def _masked(url: str) -> str:

@@ -14,6 +14,7 @@ from resilience.bulkhead import AdmissionGuard, BulkheadConfig, depth_backend_fo
 from resilience.deadletter.poison import PoisonConfig, PoisonGuard
 from resilience.deadline import DeadlineConfig, DeadlineGuard, DeadlineStampGuard
 from resilience.errors import ConfigurationError
+from resilience.pause import PauseConfig, PauseGuard, RedisPauseBackend
 from resilience.stores import Stores, install
 from resilience.task import GuardedTask
 
@@ -62,13 +63,15 @@ class JobTask(GuardedTask):
         DeadlineStampGuard(lambda task: task.deadline_policy()),
     )
     #: Every platform task: poison messages are dead-lettered after JOBS_MAX_DELIVERIES
-    #: deliveries that never returned; expired jobs are shed before they take a slot.
+    #: deliveries that never returned; expired jobs are shed before they take a slot; a
+    #: paused tier or task defers its jobs (`jobs pause`).
     guards = (
         PoisonGuard(PoisonConfig(max_deliveries=get_settings().max_deliveries)),
         DeadlineGuard(
             lambda task: task.deadline_policy(),
             depth=lambda task, queue: depth_backend_for(task.app).depth(queue),
         ),
+        PauseGuard(PauseConfig(), lambda task: pause_backend(task.app)),
     )
 
 
@@ -225,3 +228,11 @@ def tier_of(app: Celery, task_name: str) -> str:
     """The tier of a registered task."""
     return getattr(app.tasks[task_name], "tier", DEFAULT_TIER)
 
+
+
+def pause_backend(app: Celery) -> RedisPauseBackend:
+    """The fleet's pause switches, in the app's shared Redis."""
+    from resilience.stores import stores_for
+
+    stores = stores_for(app)
+    return RedisPauseBackend(stores.redis)

@@ -58,6 +58,7 @@ class Stage(IntEnum):
     UNIQUE = 5
     POISON = 8
     DEADLINE = 10
+    PAUSE = 15
     IDEMPOTENCY = 20
     EXCLUSIVITY = 30
     BREAKER = 40
@@ -90,6 +91,7 @@ STAGES: dict[Stage, StageRule] = {
     Stage.UNIQUE: StageRule("give the @unique key back when the job starts (or ends)"),
     Stage.POISON: StageRule("dead-letter a message whose worker died too often"),
     Stage.DEADLINE: StageRule("shed a job whose deadline passed before it started"),
+    Stage.PAUSE: StageRule("defer the jobs of a paused tier or task"),
     Stage.IDEMPOTENCY: StageRule("claim the key in PostgreSQL; replay finished keys"),
     Stage.EXCLUSIVITY: StageRule("@singleton or @exclusive: one holder per key"),
     Stage.BREAKER: StageRule("per-dependency breaker; several dependencies allowed",

@@ -1,0 +1,75 @@
+"""Pause switches in Redis: one hash per switch, read for a whole call with one MGET-like
+pipeline; keys from `resilience.keys.redis_key`, so a task name cannot name another key."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from resilience.keys import parse_redis_key, redis_key, redis_key_pattern
+from resilience.pause.backends import Paused
+from resilience.stores import wrap_store_errors
+
+if TYPE_CHECKING:
+    import redis
+
+NAMESPACE = "resilience:pause"
+
+
+class RedisPauseBackend:
+    """Switches as string keys holding `{"reason": ..., "since": ...}` (no TTL: a pause
+    lasts until someone resumes it).
+
+    Args:
+        client: a Redis client, or a callable returning the process's client (fork-safe).
+    """
+
+    def __init__(self, client: redis.Redis | Callable[[], redis.Redis]) -> None:
+        self._client = client
+
+    @property
+    def client(self) -> redis.Redis:
+        return self._client() if callable(self._client) else self._client  # type: ignore[return-value]
+
+    @staticmethod
+    def key(scope: str, name: str) -> str:
+        return redis_key(NAMESPACE, f"{scope}:{name}")
+
+    @wrap_store_errors("pause")
+    def pause(self, scope: str, name: str, *, reason: str) -> None:
+        seconds, micros = self.client.time()
+        value = json.dumps({"reason": reason, "since": seconds + micros / 1e6})
+        self.client.set(self.key(scope, name), value)
+
+    @wrap_store_errors("resume")
+    def resume(self, scope: str, name: str) -> bool:
+        return bool(self.client.delete(self.key(scope, name)))
+
+    @wrap_store_errors("pause switches")
+    def paused(self, switches: Sequence[tuple[str, str]]) -> list[Paused]:
+        if not switches:
+            return []
+        values = self.client.mget([self.key(scope, name) for scope, name in switches])
+        return [_decode(scope, name, value)
+                for (scope, name), value in zip(switches, values, strict=True) if value]
+
+    @wrap_store_errors("pause switches")
+    def all_paused(self) -> list[Paused]:
+        found = []
+        for key in self.client.scan_iter(match=redis_key_pattern(NAMESPACE), count=200):
+            parsed = parse_redis_key(NAMESPACE, key)
+            value = self.client.get(key)
+            if parsed is None or value is None:
+                continue
+            scope, _, name = parsed[0].partition(":")
+            found.append(_decode(scope, name, value))
+        return sorted(found, key=lambda paused: (paused.scope, paused.name))
+
+
+def _decode(scope: str, name: str, value: str) -> Paused:
+    try:
+        data = json.loads(value)
+        return Paused(scope, name, str(data.get("reason", "")), float(data.get("since", 0)))
+    except (ValueError, TypeError, AttributeError):
+        return Paused(scope, name, "", 0.0)
