@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from tests.harness import Services, Worker, task_modules
+from tests.harness import Services, Worker, running, task_modules
 
 console = Console(stderr=False)
 
@@ -40,18 +40,9 @@ def platform(extra_env: dict[str, str] | None = None) -> Iterator[Services]:
 def workers(queues: str, *, count: int = 1, concurrency: int = 2,
             env: dict[str, str] | None = None, pool: str = "prefork") -> Iterator[list[Worker]]:
     """`count` real worker processes on `queues`, stopped afterwards."""
-    started = [
-        Worker(queues, name=f"bench-{queues}-{index}", concurrency=concurrency, env=env,
-               pool=pool).start(wait=False)
-        for index in range(count)
-    ]
-    try:
-        for worker in started:
-            worker.wait_ready()
+    with running(Worker(queues, name=f"bench-{queues}-{index}", concurrency=concurrency,
+                        env=env, pool=pool) for index in range(count)) as started:
         yield started
-    finally:
-        for worker in started:
-            worker.stop()
 
 
 def purge(queues: Iterable[str]) -> None:

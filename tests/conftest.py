@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import Services, Worker, suite_task_modules
+from tests.support import Services, Worker, running, suite_task_modules
 
 _services: Services | None = None
 
@@ -71,14 +71,9 @@ def tier_workers(app: Any) -> Iterator[dict[str, Worker]]:
     """One real worker process per tier, shared by the tests that only need them running."""
     from jobs.tiers import TIERS
 
-    workers = {tier: Worker(tier, name=f"{tier}-shared").start(wait=False) for tier in TIERS}
-    try:
-        for worker in workers.values():
-            worker.wait_ready()
+    workers = {tier: Worker(tier, name=f"{tier}-shared") for tier in TIERS}
+    with running(workers.values()):
         yield workers
-    finally:
-        for worker in workers.values():
-            worker.stop()
 
 
 @pytest.fixture()

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -264,6 +264,23 @@ class Worker:
     def restart(self, *, wait: bool = True) -> Worker:
         self.stop()
         return self.start(wait=wait)
+
+
+@contextlib.contextmanager
+def running(workers: Iterable[Worker]) -> Iterator[list[Worker]]:
+    """Start every worker at once (those not yet started), wait until each answers, and
+    stop them all afterwards, whatever happened in between."""
+    started = list(workers)
+    try:
+        for worker in started:
+            if not worker.alive():
+                worker.start(wait=False)
+        for worker in started:
+            worker.wait_ready()
+        yield started
+    finally:
+        for worker in started:
+            worker.stop()
 
 
 def wait_for(predicate: Any, *, timeout_seconds: float = 30, interval: float = 0.05,

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from tests.harness import ARTIFACTS, ROOT, Services, Worker, task_modules, wait_for
+from tests.harness import (
+    ARTIFACTS,
+    ROOT,
+    Services,
+    Worker,
+    running,
+    task_modules,
+    wait_for,
+)
 
-__all__ = ["ARTIFACTS", "ROOT", "Services", "Worker", "suite_task_modules", "wait_for"]
+__all__ = ["ARTIFACTS", "ROOT", "Services", "Worker", "running", "suite_task_modules",
+           "wait_for"]
 
 
 def suite_task_modules() -> list[str]:

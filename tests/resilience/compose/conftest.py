@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from sqlalchemy import make_url, text
 
-from tests.harness import Worker
+from tests.harness import Worker, running
 from tests.resilience.compose.proxy import Proxy
 
 #: Pool processes per compose worker, and workers: 4 processes for 2 concurrency slots.
@@ -136,17 +136,9 @@ def compose_workers(app: Any, services: Any, compose_stores: ComposeStores,
     }
     with app.connection_for_write() as connection:
         connection.default_channel.queue_purge(QUEUE)
-    workers = [ComposeWorker(QUEUE, name=f"compose{index}", concurrency=CONCURRENCY, env=env)
-               for index in range(WORKERS)]
-    try:
-        for worker in workers:
-            worker.start(wait=False)
-        for worker in workers:
-            worker.wait_ready()
+    with running(ComposeWorker(QUEUE, name=f"compose{index}", concurrency=CONCURRENCY,
+                               env=env) for index in range(WORKERS)) as workers:
         yield workers
-    finally:
-        for worker in workers:
-            worker.stop()
 
 
 @pytest.fixture(scope="package")

@@ -14,7 +14,7 @@ from sqlalchemy import text
 from resilience.counters import read_all
 from tests.resilience.ratelimit import tasks
 from tests.resilience.ratelimit.test_algorithms import max_in_window
-from tests.support import Worker, wait_for
+from tests.support import Worker, running, wait_for
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -33,15 +33,9 @@ def tables(engine: Any) -> None:
 @pytest.fixture(scope="module")
 def three_workers(app: Any) -> Iterator[list[Worker]]:
     """Three worker processes (one pool process each) on the standard tier, for the module."""
-    workers = [Worker("standard", name=f"limits-{i}", concurrency=1).start(wait=False)
-               for i in range(3)]
-    try:
-        for worker in workers:
-            worker.wait_ready()
+    with running(Worker("standard", name=f"limits-{i}", concurrency=1)
+                 for i in range(3)) as workers:
         yield workers
-    finally:
-        for worker in workers:
-            worker.stop()
 
 
 def rows(engine: Any, sql: str, **params: Any) -> list[Any]:
