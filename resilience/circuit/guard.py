@@ -20,7 +20,6 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import redis as redis_lib
@@ -190,35 +189,15 @@ def _expires_at(request: Any) -> float | None:
     every deferred job nor exempt it for ever. No warning here: the deadline guard (the
     outermost guard) already logs an unusable header once per run.
     """
-    # The deadline guard's own reader (the deadline package never imports circuit: no cycle).
-    from resilience.deadline.guard import finite_seconds, headers_of
+    # The deadline guard's own readers (the deadline package never imports circuit: no cycle).
+    from resilience.deadline.guard import epoch_seconds, finite_seconds, headers_of
 
     candidates = [
-        _epoch(getattr(request, "expires", None)),
+        epoch_seconds(getattr(request, "expires", None)),
         finite_seconds(headers_of(request).get(DEADLINE_HEADER)),
     ]
     known = [value for value in candidates if value is not None]
     return min(known) if known else None
-
-
-def _epoch(value: Any) -> float | None:
-    """Celery's `expires` (finite number, numeric or ISO-8601 string, datetime) as epoch
-    seconds; None when absent or unusable (NaN and ±inf included)."""
-    from resilience.deadline.guard import finite_seconds
-
-    seconds = finite_seconds(value)
-    if seconds is not None or value is None or isinstance(value, bool):
-        return seconds
-    if isinstance(value, str):
-        try:
-            value = datetime.fromisoformat(value)
-        except ValueError:
-            return None
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=UTC)
-        return value.timestamp()
-    return None
 
 
 def circuit_breaker(

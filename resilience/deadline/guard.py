@@ -163,21 +163,29 @@ def _due_at(options: dict[str, Any], now: float) -> float:
     countdown = finite_seconds(options.get("countdown"))
     if countdown is not None and countdown > 0:
         due = now + countdown
-    eta = options.get("eta")
-    if isinstance(eta, datetime):
-        if eta.tzinfo is None:
-            eta = eta.replace(tzinfo=timezone.utc)
-        due = max(due, eta.timestamp())
-    elif isinstance(eta, str):
+    eta = epoch_seconds(options.get("eta"))
+    return max(due, eta) if eta is not None else due
+
+
+def epoch_seconds(value: Any) -> float | None:
+    """A moment as epoch seconds: a finite number, a numeric or ISO-8601 string, or a
+    datetime (naive means UTC); None when absent or unusable (NaN and ±inf included).
+
+    Reads Celery's `expires` and `eta` wherever a guard needs them.
+    """
+    seconds = finite_seconds(value)
+    if seconds is not None or value is None or isinstance(value, bool):
+        return seconds
+    if isinstance(value, str):
         try:
-            parsed = datetime.fromisoformat(eta)
+            value = datetime.fromisoformat(value)
         except ValueError:
-            parsed = None
-        if parsed is not None:
-            if parsed.tzinfo is None:
-                parsed = parsed.replace(tzinfo=timezone.utc)
-            due = max(due, parsed.timestamp())
-    return due
+            return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value.timestamp()
+    return None
 
 
 def headers_of(request: Any) -> dict[str, Any]:

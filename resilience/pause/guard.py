@@ -89,37 +89,43 @@ class PauseGuard(Guard):
         self.config = config
         self._backend = backend
         self._lock = threading.Lock()
-        #: Per (tier, task name): when the switches were read, and those found on.
-        self._copies: dict[tuple[str, str], tuple[float, list[Paused]]] = {}
+        #: Per (tier, task name): when the switches were last read, and what came back
+        #: (the switches found on, or the store's error while there is no copy to keep).
+        self._copies: dict[tuple[str, str], tuple[float, list[Paused] | StorageError]] = {}
 
     def backend(self, task: Task) -> PauseBackend:
         return self._backend(task) if callable(self._backend) else self._backend
 
     def _switches_on(self, call: Call) -> list[Paused]:
         """The call's switches (its tier's, its task's) that are on, from this process's
-        copy, read again (one MGET) when older than `refresh_seconds`.
+        copy, read again (one MGET) when older than `refresh_seconds`. A failed read is
+        not retried before the next refresh either: a store that is down costs one
+        attempt per refresh, not one per job.
 
         Raises:
-            StorageError: unreadable and no copy to fall back on.
+            StorageError: unreadable and no earlier copy to keep.
         """
         task = call.task
         mine = (str(getattr(task, "tier", None) or ""), task.name)
         now = time.monotonic()
         with self._lock:
             copy = self._copies.get(mine)
-        if copy is not None and now - copy[0] < self.config.refresh_seconds:
-            return copy[1]
-        switches = [("tier", mine[0]), ("task", mine[1])] if mine[0] else [("task", mine[1])]
-        try:
-            found = self.backend(task).paused(switches)
-        except StorageError as error:
-            if copy is None:
-                raise
-            logger.warning("pause switches unreadable, keeping the last copy: %s", error)
-            return copy[1]
-        with self._lock:
-            self._copies[mine] = (now, found)
-        return found
+        if copy is None or now - copy[0] >= self.config.refresh_seconds:
+            switches = [("tier", mine[0]), ("task", mine[1])] if mine[0] else [("task", mine[1])]
+            try:
+                found: list[Paused] | StorageError = self.backend(task).paused(switches)
+            except StorageError as error:
+                kept = copy[1] if copy is not None else error
+                if not isinstance(kept, StorageError):
+                    logger.warning("pause switches unreadable, keeping the last copy: %s",
+                                   error)
+                found = kept
+            copy = (now, found)
+            with self._lock:
+                self._copies[mine] = copy
+        if isinstance(copy[1], StorageError):
+            raise copy[1]
+        return copy[1]
 
     def before_run(self, call: Call) -> None:
         try:

@@ -78,3 +78,72 @@ class TestOnWorkers:
             switch.resume("task", counted.name)
         assert sorted(r.get(timeout=30) for r in results) == list(range(6))
         assert int(redis_client.get(f"tests:pause:{run_id}")) == 6
+
+
+class CountingBackend(RedisPauseBackend):
+    """The Redis backend, counting how often the guard reads the switches."""
+
+    reads = 0
+
+    def paused(self, switches: Any) -> Any:
+        self.reads += 1
+        return super().paused(switches)
+
+
+def _call(task: Any) -> Any:
+    from resilience.pipeline import Call
+
+    return Call(task=task, args=(1,), kwargs={}, request=None)
+
+
+class TestStoreDown:
+    def test_a_dead_store_is_asked_once_per_refresh_not_once_per_job(self, app: Any) -> None:
+        """Redis refuses connections: fail_open runs every job, fail_closed defers every
+        job, and either way the store is tried once per refresh period."""
+        import redis
+
+        from jobs.embedded import free_port
+        from resilience.outcomes import Outcome, Stop
+        from resilience.pause import PauseConfig, PauseGuard
+        from tests.resilience.pause.tasks import inline
+
+        for policy in ("fail_open", "fail_closed"):
+            backend = CountingBackend(redis.Redis(port=free_port(), socket_connect_timeout=0.2))
+            guard = PauseGuard(PauseConfig(refresh_seconds=60, on_store_down=policy), backend)
+            for _ in range(5):
+                if policy == "fail_open":
+                    guard.before_run(_call(inline))
+                else:
+                    with pytest.raises(Stop) as stopped:
+                        guard.before_run(_call(inline))
+                    assert stopped.value.outcome is Outcome.DEFERRED
+            assert backend.reads == 1, policy
+
+    def test_the_last_copy_is_kept_while_the_store_is_down(
+        self, app: Any, tmp_path: Any
+    ) -> None:
+        """A switch read while Redis was up keeps deferring after the server is killed."""
+        import redis
+
+        from jobs.embedded import embedded_redis, free_port
+        from resilience.outcomes import Stop
+        from resilience.pause import PauseConfig, PauseGuard
+        from tests.resilience.pause.tasks import inline
+
+        server = embedded_redis(free_port(), tmp_path / "pause-redis").start()
+        try:
+            client = redis.Redis.from_url(server.url, decode_responses=True,
+                                          socket_connect_timeout=0.2)
+            backend = CountingBackend(client)
+            PauseSwitch(backend).pause("tier", "optional", reason="maintenance")
+            guard = PauseGuard(PauseConfig(refresh_seconds=0.2), backend)
+            with pytest.raises(Stop, match="maintenance"):
+                guard.before_run(_call(inline))
+            server.kill()
+            time.sleep(0.3)  # the copy is stale: the guard tries the dead store once
+            for _ in range(3):
+                with pytest.raises(Stop, match="maintenance"):
+                    guard.before_run(_call(inline))
+            assert backend.reads == 2
+        finally:
+            server.stop()
