@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     import redis
     from redis.commands.core import Script
 
+    from resilience.pipeline import Rounds
+
 logger = logging.getLogger("resilience.batch")
 
 #: A callback receives the command's reply, or the exception it raised.
@@ -124,19 +126,16 @@ class RedisBatch:
             pool.release(connection)
 
 
-class Batches:
-    """A call's batches, one per Redis client (guards normally share the app's client)."""
+def for_client(rounds: Rounds, client: redis.Redis) -> RedisBatch:
+    """The `RedisBatch` for `client` in a call's `reads` or `writes`, made on first use.
 
-    def __init__(self) -> None:
-        self._by_client: dict[int, RedisBatch] = {}
-
-    def for_client(self, client: redis.Redis) -> RedisBatch:
-        batch = self._by_client.get(id(client))
-        if batch is None:
-            batch = self._by_client[id(client)] = RedisBatch(client)
-        return batch
-
-    def execute(self) -> None:
-        """One round trip per client with something queued."""
-        for batch in list(self._by_client.values()):
-            batch.execute()
+    This is how a Redis backend opts into batching: it queues its command here instead of
+    sending it, and the pipeline executes every round once (see `resilience.pipeline.Call`).
+    Keyed by the client's identity; the batch holds the client, so the id cannot be reused
+    while the batch lives.
+    """
+    key = (RedisBatch, id(client))
+    batch = rounds.get(key)
+    if batch is None:
+        batch = rounds[key] = RedisBatch(client)
+    return batch  # type: ignore[return-value]

@@ -37,13 +37,12 @@ effective pipelines.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from resilience.batch import Batches
 from resilience.errors import ConfigurationError
 from resilience.keys import bind_arguments
 from resilience.outcomes import Stop
@@ -111,6 +110,22 @@ ENQUEUE_STAGES: dict[EnqueueStage, StageRule] = {
 }
 
 
+class Round(Protocol):
+    """Work a backend queued for a call, sent at once by `execute()` (which never raises)."""
+
+    def execute(self) -> None: ...
+
+
+#: A call's rounds, keyed by the backend that owns each (one per Redis client, say).
+Rounds = dict[Hashable, Round]
+
+
+def _execute(rounds: Rounds) -> None:
+    for queued in list(rounds.values()):
+        queued.execute()
+    rounds.clear()
+
+
 @dataclass
 class Call:
     """One execution of a task body, as the guards see it."""
@@ -128,11 +143,14 @@ class Call:
     #: Extra keyword arguments a guard hands to the body only (a transactional session, a
     #: fencing token); never republished with the message.
     inject: dict[str, Any] = field(default_factory=dict)
-    #: Redis reads queued by `Guard.prefetch`, sent in one round trip before any before_run.
-    reads: Batches = field(default_factory=Batches)
-    #: Redis writes nobody waits for (cache fills, outcome reports), sent in one round trip
-    #: after the last hook of the call.
-    writes: Batches = field(default_factory=Batches)
+    #: Reads a backend queued during `Guard.prefetch` instead of sending them, executed
+    #: once after every prefetch and before any before_run. A backend opts in by keeping a
+    #: round here (the Redis backends: `resilience.batch.for_client`); the pipeline knows
+    #: no store.
+    reads: Rounds = field(default_factory=dict)
+    #: Writes nobody waits for (cache fills, outcome reports), executed once after the
+    #: call's last hook.
+    writes: Rounds = field(default_factory=dict)
 
     @cached_property
     def arguments(self) -> dict[str, Any]:
@@ -308,11 +326,11 @@ class Pipeline:
                 guard.prefetch(call)
             except Exception:  # noqa: BLE001 - before_run raises it again, in order
                 continue
-        call.reads.execute()
+        _execute(call.reads)
         try:
             return self._run(call, body)
         finally:
-            call.writes.execute()
+            _execute(call.writes)
 
     def _run(self, call: Call, body: Callable[[], Any]) -> Any:
         entered: list[Guard] = []

@@ -26,7 +26,7 @@ from resilience.store_down import StoreDown
 if TYPE_CHECKING:
     import redis
 
-    from resilience.batch import RedisBatch
+    from resilience.pipeline import Rounds
 
 logger = logging.getLogger("resilience.circuit")
 
@@ -91,9 +91,9 @@ class CircuitBreaker:
         self._recorded(verdict)
         return verdict
 
-    def record_later(self, batch: RedisBatch, permission: Permission, outcome: str, *,
+    def record_later(self, rounds: Rounds, permission: Permission, outcome: str, *,
                      duration_seconds: float) -> None:
-        """`record`, queued in `batch`: sent with the call's other after-run writes."""
+        """`record`, queued in the call's write round with its other after-run writes."""
         if permission.store_down:
             return
 
@@ -103,7 +103,7 @@ class CircuitBreaker:
                 return
             self._recorded(self.backend.verdict(reply))
 
-        self.backend.record_later(batch, self.config, permission.generation, outcome,
+        self.backend.record_later(rounds, self.config, permission.generation, outcome,
                                   self._slow(outcome, duration_seconds), done)
 
     def _recorded(self, verdict: Verdict) -> None:

@@ -90,7 +90,7 @@ class BreakerGuard(Guard):
     def prefetch(self, call: Call) -> None:
         assert self.breaker is not None, "BreakerGuard used before bind()"
         backend = self.breaker.backend
-        backend.peek_later(call.reads.for_client(backend.client()), self.config.name,
+        backend.peek_later(call.reads, self.config.name,
                            lambda reply: call.keep(self, _Peek(reply)))
 
     def before_run(self, call: Call) -> None:
@@ -152,7 +152,7 @@ class BreakerGuard(Guard):
             return
         permission, started = held
         self.breaker.record_later(
-            call.writes.for_client(self.breaker.backend.client()), permission, outcome,
+            call.writes, permission, outcome,
             duration_seconds=time.monotonic() - started,
         )
 

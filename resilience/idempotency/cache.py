@@ -13,12 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from resilience.batch import for_client
 from resilience.keys import redis_key
 
 if TYPE_CHECKING:
     import redis
 
-    from resilience.batch import RedisBatch
+    from resilience.pipeline import Rounds
 
 logger = logging.getLogger("resilience.idempotency")
 
@@ -55,9 +56,9 @@ class ResultCache:
             return None
         return self.parse(raw)
 
-    def get_later(self, batch: RedisBatch, task_name: str, key: str,
+    def get_later(self, rounds: Rounds, task_name: str, key: str,
                   then: Callable[[CachedResult | None], None]) -> None:
-        """Queue the read of `key` in `batch`; `then` gets what `get` would have returned."""
+        """Queue the read of `key` in the call's read round; `then` gets what `get` would."""
 
         def parsed(reply: Any) -> None:
             if isinstance(reply, BaseException):
@@ -66,7 +67,7 @@ class ResultCache:
             else:
                 then(self.parse(reply))
 
-        batch.command("GET", cache_key(task_name, key), then=parsed)
+        for_client(rounds, self.client).command("GET", cache_key(task_name, key), then=parsed)
 
     @staticmethod
     def parse(raw: Any) -> CachedResult | None:
@@ -80,11 +81,11 @@ class ResultCache:
             return None
 
     def put_later(
-        self, batch: RedisBatch, task_name: str, key: str, *, fingerprint: str,
+        self, rounds: Rounds, task_name: str, key: str, *, fingerprint: str,
         result_json: str, task_id: str | None, ttl_seconds: float,
     ) -> None:
         """Cache a succeeded record for `ttl_seconds` (the record's own TTL), queued in
-        `batch` with the call's other after-run writes."""
+        the call's write round with its other after-run writes."""
 
         def done(reply: Any) -> None:
             if isinstance(reply, BaseException):  # a missed fill costs one PG read later
@@ -94,8 +95,10 @@ class ResultCache:
         payload = (
             f'{{"f":{json.dumps(fingerprint)},"t":{json.dumps(task_id)},"r":{result_json}}}'
         )
-        batch.command("SET", cache_key(task_name, key), payload, "PX",
-                      max(1, int(ttl_seconds * 1000)), then=done)
+        for_client(rounds, self.client).command(
+            "SET", cache_key(task_name, key), payload, "PX", max(1, int(ttl_seconds * 1000)),
+            then=done,
+        )
 
     def forget(self, task_name: str, key: str) -> None:
         """Drop a cached key (admin purge)."""

@@ -205,7 +205,7 @@ class IdempotencyGuard(Guard):
         state: dict[str, Any] = {"key": key}
         call.keep(self, state)
         cache = self._cache(call)
-        cache.get_later(call.reads.for_client(cache.client), self.task_name, key.value,
+        cache.get_later(call.reads, self.task_name, key.value,
                         lambda cached: state.__setitem__("cached", cached))
 
     def before_run(self, call: Call) -> None:
@@ -279,7 +279,7 @@ class IdempotencyGuard(Guard):
             # Warm the fast path so the next duplicate costs one Redis round trip.
             cache = self._cache(call)
             cache.put_later(
-                call.writes.for_client(cache.client), self.task_name, key.value,
+                call.writes, self.task_name, key.value,
                 fingerprint=key.fingerprint, result_json=canonical_json(result),
                 task_id=task_id, ttl_seconds=ttl_seconds,
             )
@@ -362,7 +362,7 @@ class IdempotencyGuard(Guard):
         if holder is not None and self.config.cache:
             cache = self._cache(call)
             cache.put_later(
-                call.writes.for_client(cache.client), self.task_name, key.value,
+                call.writes, self.task_name, key.value,
                 fingerprint=key.fingerprint, result_json=result_json, task_id=call.task_id,
                 ttl_seconds=self.config.ttl_seconds,
             )

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from resilience.batch import for_client
 from resilience.errors import ConfigurationError, StorageError
 from resilience.keys import redis_key
 from resilience.scripts import LuaScript
@@ -30,7 +31,7 @@ from resilience.stores import wrap_store_errors
 if TYPE_CHECKING:
     import redis
 
-    from resilience.batch import Batches, RedisBatch
+    from resilience.pipeline import Rounds
 
 logger = logging.getLogger("resilience.retry.budget")
 
@@ -119,14 +120,15 @@ class RedisBudgetBackend:
     def client(self) -> redis.Redis:
         return self._client()
 
-    def count_later(self, batch: RedisBatch, dependency: str, mode: str,
+    def count_later(self, rounds: Rounds, dependency: str, mode: str,
                     budget: RetryBudget) -> None:
-        """Queue a counting mode ("request", "request+forced") in `batch`; nothing waits."""
+        """Queue a counting mode ("request", "request+forced") in the call's write round."""
 
         def done(reply: Any) -> None:
             if isinstance(reply, BaseException):
                 logger.warning("retry budget %s: %s not counted (%s)", dependency, mode, reply)
 
+        batch = for_client(rounds, self.client())
         batch.script(self.SCRIPT.for_client(batch.client), [budget_key(dependency)],
                      self._args(mode, budget), then=done)
 
@@ -167,8 +169,6 @@ class RetryBudgetGate:
         """Count a retry the task made on its own (Celery's self.retry / autoretry_for)."""
         return self._decide("forced")
 
-    def count_later(self, calls: Batches, mode: str) -> None:
+    def count_later(self, rounds: Rounds, mode: str) -> None:
         """Count "request" or "request+forced" with the call's after-run writes."""
-        backend = self.backend
-        backend.count_later(calls.for_client(backend.client()), self.dependency, mode,
-                            self.budget)
+        self.backend.count_later(rounds, self.dependency, mode, self.budget)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from resilience.batch import for_client
 from resilience.circuit.config import BreakerConfig, CountWindow
 from resilience.keys import parse_redis_key, redis_key, redis_key_pattern
 from resilience.scripts import LuaScript
@@ -20,7 +21,7 @@ from resilience.stores import wrap_store_errors
 if TYPE_CHECKING:
     import redis
 
-    from resilience.batch import RedisBatch
+    from resilience.pipeline import Rounds
 
 NAMESPACE = "resilience:breaker"
 
@@ -122,10 +123,10 @@ class RedisBreakerBackend:
     def client(self) -> redis.Redis:
         return self._client()
 
-    @staticmethod
-    def peek_later(batch: RedisBatch, name: str, then: Callable[[Any], None]) -> None:
+    def peek_later(self, rounds: Rounds, name: str, then: Callable[[Any], None]) -> None:
         """Queue a read of the state and generation (what acquire.lua reads first)."""
-        batch.command("HMGET", state_key(name), "state", "gen", then=then)
+        for_client(rounds, self.client()).command("HMGET", state_key(name), "state", "gen",
+                                                   then=then)
 
     @staticmethod
     def permission_from_peek(reply: Any) -> Permission | None:
@@ -145,10 +146,11 @@ class RedisBreakerBackend:
             return None
         return Permission(True, state, generation)
 
-    def record_later(self, batch: RedisBatch, config: BreakerConfig, generation: int,
+    def record_later(self, rounds: Rounds, config: BreakerConfig, generation: int,
                      outcome: str, slow: bool, then: Callable[[Any], None]) -> None:
         """Queue record.lua; `then` gets its reply (see `verdict`) or the exception."""
         state = state_key(config.name)
+        batch = for_client(rounds, self.client())
         batch.script(self.RECORD.for_client(batch.client), [state, f"{state}:window"],
                      self._record_args(config, generation, outcome, slow), then=then)
 
