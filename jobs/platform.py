@@ -132,6 +132,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
+        # Messages that cannot become a task call are dead-lettered, never dropped and never
+        # allowed to stop the worker (resilience.deadletter.intake).
+        "worker_consumer": "resilience.deadletter.intake:IntakeConsumer",
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "task_queues": [Queue(tier, exchange, routing_key=tier) for tier in TIERS],
         "task_default_queue": DEFAULT_TIER,

@@ -54,7 +54,7 @@ def _cached_signature(func: Callable[..., Any]) -> inspect.Signature:
     return inspect.signature(func)
 
 
-def _signature(func: Callable[..., Any]) -> inspect.Signature:
+def signature_of(func: Callable[..., Any]) -> inspect.Signature:
     """`inspect.signature`, computed once per function (it costs more than the binding)."""
     try:
         return _cached_signature(func)
@@ -70,7 +70,7 @@ def bind_arguments(
     Raises:
         ArgumentsDoNotBind: the arguments do not fit the signature.
     """
-    signature = _signature(func)
+    signature = signature_of(func)
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError as exc:

@@ -14,7 +14,7 @@ from celery import Task
 from celery.exceptions import Retry
 
 from resilience.errors import JobDeferred, JobStopped, PayloadTooLarge
-from resilience.keys import bind_arguments, canonical_json
+from resilience.keys import bind_arguments, canonical_json, signature_of
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import (
     Call,
@@ -144,13 +144,37 @@ class GuardedTask(Task):
     # -- execution path ----------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         pipeline, _ = self.pipelines()
+        call = Call(task=self, args=args, kwargs=kwargs, request=self.request)
+        if not call.inline:
+            self.check_arguments(call)
         if not pipeline:
             return self.run(*args, **kwargs)
-        call = Call(task=self, args=args, kwargs=kwargs, request=self.request)
         try:
             return pipeline.run(call, lambda: self.run(*call.args, **call.kwargs, **call.inject))
         except Stop as stop:
             return self.stopped(call, stop)
+
+    def check_arguments(self, call: Call) -> None:
+        """Dead-letter a message whose arguments cannot fit the task's signature.
+
+        Enqueue validation refuses such a call in a producer that has the task; a message
+        from elsewhere (another service, `send_task`, an old deploy) would fail with a
+        TypeError on every delivery and leave nothing to inspect. It is deterministic, so it
+        is not retried.
+
+        Raises:
+            DeadLettered: the arguments do not bind (the row has them as they came).
+        """
+        # Partial: a parameter a guard fills in (a transactional session, a fencing token)
+        # is legitimately absent from the message.
+        try:
+            signature_of(self.run).bind_partial(*call.args, **call.kwargs)
+        except TypeError as exc:
+            from resilience.deadletter.giveup import give_up
+
+            reason = f"arguments do not fit {self.name}{signature_of(self.run)}: {exc}"
+            raise give_up(call, guard="intake", reason=reason, attempts=1,
+                          exception=exc) from None
 
     def stopped(self, call: Call, stop: Stop) -> Any:
         """Turn a guard's `Stop` into what Celery records: a result, or a deferral.

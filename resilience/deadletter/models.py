@@ -26,6 +26,8 @@ dead_letters = sa.Table(
     ),
     sa.Column("requeued_at", sa.DateTime(timezone=True)),
     sa.Column("requeued_task_id", sa.Text),
+    #: What arrived, for messages the worker's intake could not turn into a task (else NULL).
+    sa.Column("raw_message", sa.JSON),
     sa.Index("ix_dead_letters_task_name", "task_name"),
     sa.Index("ix_dead_letters_created_at", "created_at"),
 )

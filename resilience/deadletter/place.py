@@ -31,6 +31,10 @@ class DeadLetterNotFound(ResilienceError, LookupError):
     """Raised when a dead-letter id does not exist or was already requeued."""
 
 
+class DeadLetterNotRunnable(ResilienceError, ValueError):
+    """Raised when requeueing a dead letter whose message never decoded into a task call."""
+
+
 @dataclass(frozen=True)
 class DeadLetter:
     """One row of the dead-letter place."""
@@ -50,6 +54,8 @@ class DeadLetter:
     created_at: datetime
     requeued_at: datetime | None
     requeued_task_id: str | None
+    #: What arrived, when the worker's intake could not turn the message into a task.
+    raw_message: dict[str, Any] | None = None
 
 
 def _jsonable(value: Any) -> Any:
@@ -74,6 +80,7 @@ def dead_letter(
     tier: str | None = None,
     queue: str | None = None,
     exception: BaseException | None = None,
+    raw_message: dict[str, Any] | None = None,
 ) -> int:
     """Record a job in the dead-letter place and return the entry's id.
 
@@ -93,6 +100,7 @@ def dead_letter(
         "exception_type": None if exception is None else _qualified_name(type(exception)),
         "exception_message": None if exception is None else str(exception)[:4000],
         "attempts": attempts,
+        "raw_message": raw_message,
     }
     with (
         wrap_store_errors("dead-letter place: insert", task_id=task_id),
@@ -145,6 +153,11 @@ def get(engine: Engine, entry_id: int) -> DeadLetter:
     return _entry(row)
 
 
+def runnable(entry: DeadLetter) -> bool:
+    """Whether the entry can be published again: a task name and decoded arguments."""
+    return entry.raw_message is None or bool(entry.raw_message.get("runnable"))
+
+
 def requeue(engine: Engine, app: Celery, entry_id: int) -> str:
     """Publish the entry's task again with its original arguments; return the new task id.
 
@@ -153,8 +166,16 @@ def requeue(engine: Engine, app: Celery, entry_id: int) -> str:
 
     Raises:
         DeadLetterNotFound: no such entry, or it was already requeued.
+        DeadLetterNotRunnable: the entry is a message that never decoded into a task call
+            (see `jobs dead-letters show`); it is left as it is.
     """
     table = dead_letters
+    if not runnable(get(engine, entry_id)):
+        raise DeadLetterNotRunnable(
+            f"dead letter {entry_id} is a message that never decoded into a task call; "
+            "inspect it with `jobs dead-letters show` and publish a corrected job instead",
+            id=entry_id,
+        )
     try:
         with engine.begin() as connection:
             row = connection.execute(
