@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install lint bench clean
+.PHONY: run test install lint bench stress clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,12 @@ test: install lint
 	$(BIN)/python -m pytest
 
 bench: install
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	$(BIN)/python -m bench baseline
+
+# Long soaks, outside `make test`: the transfer chaos test 50 times in a row.
+stress: install
+	$(BIN)/python -m bench chaos --runs 50
 
 clean:
 	rm -rf $(VENV) .data artifacts

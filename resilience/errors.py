@@ -17,7 +17,6 @@ without the other.
     │   └── StoreRejected           the store refused an operation retrying cannot fix
     ├── LockError                   misuse of a lock (release of a lock never acquired, ...)
     │   ├── LockNotOwnedError       the lock's ownership was lost (expired, stolen, session gone)
-    │   ├── LockUnavailable         acquisition failed within its time bound
     │   └── StaleFencingToken       a write carried a token older than the newest seen
     ├── IdempotencyError
     │   ├── IdempotencyKeyReused    same key, different arguments (HTTP 422 semantics)
@@ -26,6 +25,7 @@ without the other.
     ├── JobStopped                  a guard stopped a chord member, so the chord fails
     ├── AdmissionError
     │   ├── TierFull                the tier's queue is at its depth limit (HTTP 503 semantics)
+    │   │   └── QueueFull           the broker refused a bounded publish (nothing was sent)
     │   └── DuplicateJob            a unique job with this key is already queued or running
     └── RetryError
         ├── RetryBudgetExhausted    the fleet-wide retry budget for a dependency is spent
@@ -111,10 +111,6 @@ class LockNotOwnedError(LockError):
     """Raised when a lock's ownership was lost: its lease expired or its session died."""
 
 
-class LockUnavailable(LockError):
-    """Raised when a lock could not be acquired within its time bound."""
-
-
 class StaleFencingToken(LockError):
     """Raised when a protected write carries a fencing token older than the newest seen."""
 
@@ -148,6 +144,10 @@ class AdmissionError(ResilienceError):
 
 class TierFull(AdmissionError):
     """Raised when a tier's queue is at its depth limit; carries `retry_after` seconds."""
+
+
+class QueueFull(TierFull):
+    """Raised by a broker transport when a bounded publish finds the queue at its limit."""
 
 
 class DuplicateJob(AdmissionError):

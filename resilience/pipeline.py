@@ -367,24 +367,30 @@ class EnqueuePipeline:
                 entered.append(guard)
             result = send(publish)
         except BaseException as exc:
-            error = exc
-            _unwind(entered, lambda guard: guard.give_back(publish, error))
+            _unwind_replacing(entered, lambda guard, error: guard.give_back(publish, error), exc)
             raise
         _unwind(entered, lambda guard: guard.after_publish(publish, result))
         return result
 
 
 def _unwind_errors(guards: Sequence[Guard], call: Call, error: BaseException) -> None:
-    """Give `error` to each guard's `on_error`, innermost first.
+    """Give `error` to each guard's `on_error`, innermost first (see `_unwind_replacing`)."""
+    _unwind_replacing(guards, lambda guard, current: guard.on_error(call, current), error)
+
+
+def _unwind_replacing(guards: Sequence[Any], hook: Callable[[Any, BaseException], None],
+                      error: BaseException) -> None:
+    """Give `error` to each guard's hook, innermost first.
 
     A hook may raise to replace the error (the retry guard turns a failure into Celery's
-    `Retry` or a dead-letter error); guards further out then see the replacement, as
-    middleware layers do. The last replacement, if any, is raised.
+    `Retry` or a dead-letter error; the admission guard turns a broker's `QueueFull` into its
+    tier's policy); guards further out then see the replacement, as middleware layers do.
+    The last replacement, if any, is raised.
     """
     current = error
     for guard in reversed(guards):
         try:
-            guard.on_error(call, current)
+            hook(guard, current)
         except BaseException as replacement:  # noqa: BLE001 - propagated outward
             current = replacement
     if current is not error:

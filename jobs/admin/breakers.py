@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -12,18 +11,17 @@ from rich.table import Table
 if TYPE_CHECKING:
     from resilience.circuit.backends.redis import RedisBreakerBackend
 
-cli = typer.Typer(help="Circuit breakers: list, force-open, force-close, reset.",
-                  no_args_is_help=True)
+cli = typer.Typer(
+    help="Circuit breakers: list, force-open, force-close, reset.", no_args_is_help=True
+)
 console = Console()
 
 
 def _backend() -> RedisBreakerBackend:
     from jobs import app
     from resilience.circuit.backends.redis import RedisBreakerBackend
-    from resilience.stores import stores_for
 
-    stores = stores_for(app)
-    return RedisBreakerBackend(stores.redis)
+    return RedisBreakerBackend.of_app(app)
 
 
 def _force(name: str, state: str) -> None:
@@ -37,23 +35,20 @@ def _force(name: str, state: str) -> None:
 @cli.command("list")
 def list_command() -> None:
     """Every breaker with state in Redis: state, window figures, transitions."""
-    backend = _backend()
     view = Table(title="circuit breakers")
     for column in ("name", "state", "since", "calls", "failures", "slow", "opened", "probes"):
         view.add_column(column, no_wrap=column in ("name", "state", "id", "task"))
-    now_ms = time.time() * 1000
-    for name, state in backend.states().items():
-        changed = float(state.get("changed_at") or 0)
-        since = f"{(now_ms - changed) / 1000:.0f}s ago" if changed else ""
+    for state in _backend().describe(include_stored=True):
+        since = state.seconds_in_state
         view.add_row(
-            name,
-            state.get("state", "closed"),
-            since,
-            state.get("calls", "0"),
-            state.get("failures", "0"),
-            state.get("slow", "0"),
-            state.get("n_opened", "0"),
-            state.get("n_probes", "0"),
+            state.name,
+            state.state,
+            "" if since is None else f"{since:.0f}s ago",
+            str(state.calls),
+            str(state.failures),
+            str(state.slow_calls),
+            str(state.times_opened),
+            str(state.probes_total),
         )
     console.print(view)
 

@@ -1,4 +1,4 @@
-"""`jobs idempotency`: show a record by key, list recent records, purge one key."""
+"""`jobs idempotency`: live state, a record by key, recent records, purge one key."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-cli = typer.Typer(help="Idempotency records: show one, list recent ones, purge a key.",
-                  no_args_is_help=True)
+cli = typer.Typer(
+    help="Idempotency records: status, show one, list recent ones, purge a key.",
+    no_args_is_help=True,
+)
 console = Console()
 
 TaskOption = Annotated[str, typer.Option("--task", "-t", help="the task name (key namespace)")]
@@ -23,8 +25,45 @@ def _stores() -> Any:
     return stores_for(app)
 
 
+def _records() -> Any:
+    from resilience.idempotency import records_for
+
+    return records_for(_stores())
+
+
 def _when(value: Any) -> str:
     return "" if value is None else value.isoformat(timespec="seconds")
+
+
+@cli.command("status")
+def status_command(
+    limit: Annotated[
+        int, typer.Option("--limit", "-n", min=1, max=1000, help="most open claims listed")
+    ] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """What is on now: records by state, open claims and their holders, cached results."""
+    from resilience.idempotency import describe
+
+    state = describe(_stores(), holders_limit=limit)
+    if as_json:
+        console.print_json(json.dumps(state.as_dict()))
+        return
+    counts = ", ".join(f"{name} {n}" for name, n in state.by_state.items())
+    cached = "unknown" if state.cached_results is None else str(state.cached_results)
+    console.print(f"records: {state.total} ({counts}); cached results: {cached}")
+    view = Table(title="open claims (oldest first)")
+    for column in ("key", "holder", "attempt", "held", "alive"):
+        view.add_column(column, no_wrap=column == "key")
+    for holder in state.holders:
+        view.add_row(
+            holder.key,
+            holder.owner or "",
+            str(holder.token),
+            f"{holder.held_seconds or 0:.1f}s",
+            "yes" if holder.alive else "lapsed",
+        )
+    console.print(view)
 
 
 @cli.command("show")
@@ -33,9 +72,7 @@ def show_command(
     task: TaskOption,
 ) -> None:
     """One record: state, attempt (fencing number), lease, result or error, expiry."""
-    from resilience.idempotency.records import find
-
-    record = find(_stores().engine(), task, key)
+    record = _records().find(task, key)
     if record is None:
         console.print(f"no record for {task}:{key}")
         raise typer.Exit(1)
@@ -68,14 +105,19 @@ def list_command(
     ] = None,
 ) -> None:
     """The most recently updated records."""
-    from resilience.idempotency.records import recent
-
     view = Table(title="idempotency records (newest first)")
     for column in ("task", "key", "state", "attempt", "task id", "updated", "expires"):
         view.add_column(column, no_wrap=column in ("task", "key"))
-    for record in recent(_stores().engine(), limit=limit, task_name=task, state=state):
-        view.add_row(record.task_name, record.key, record.state, str(record.attempt),
-                     record.task_id or "", _when(record.updated_at), _when(record.expires_at))
+    for record in _records().recent(limit=limit, task_name=task, state=state):
+        view.add_row(
+            record.task_name,
+            record.key,
+            record.state,
+            str(record.attempt),
+            record.task_id or "",
+            _when(record.updated_at),
+            _when(record.expires_at),
+        )
     console.print(view)
 
 
@@ -83,20 +125,18 @@ def list_command(
 def purge_command(
     key: Annotated[str, typer.Argument(help="the idempotency key")],
     task: TaskOption,
-    force: Annotated[bool, typer.Option(
-        "--force", help="also delete an open claim (its holder's result is then not recorded)"
-    )] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="also delete an open claim (its holder's result is then not recorded)"
+        ),
+    ] = False,
     yes: Annotated[bool, typer.Option("--yes", help="do not ask for confirmation")] = False,
 ) -> None:
     """Delete one record (and its cached copy), so the next delivery of KEY runs again."""
-    from resilience.idempotency.cache import ResultCache
-    from resilience.idempotency.records import purge
-
     if not yes:
         typer.confirm(f"purge {task}:{key}? the next job with this key runs again", abort=True)
-    stores = _stores()
-    deleted = purge(stores.engine(), task, key, force=force)
-    ResultCache(stores.redis()).forget(task, key)
+    deleted = _records().purge(task, key, force=force)
     if not deleted:
         console.print(f"{task}:{key}: nothing deleted (no record, or an open claim: --force)")
         raise typer.Exit(1)

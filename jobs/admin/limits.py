@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-cli = typer.Typer(help="Overload control: bulkheads, semaphores, rate limits.",
-                  no_args_is_help=True)
+cli = typer.Typer(
+    help="Overload control: bulkheads, semaphores, rate limits.", no_args_is_help=True
+)
 console = Console()
 
 #: Guards whose counters this view shows.
 GUARDS = ("bulkhead", "concurrency", "rate-limit", "deadline")
+#: How `show` prints a rate algorithm's figures (`LimiterState.figures`); others as "N name".
+FIGURES = {"ahead_seconds": "{:.3f}s ahead", "in_window": "{} in window"}
 
 
 def snapshot() -> dict[str, Any]:
@@ -24,7 +26,7 @@ def snapshot() -> dict[str, Any]:
     from jobs.tiers import TIERS
     from resilience.bulkhead import RedisBrokerDepth, depth_backend_for
     from resilience.counters import read_all
-    from resilience.ratelimit import RedisBackend
+    from resilience.ratelimit import ALGORITHMS, RedisBackend
     from resilience.stores import stores_for
 
     stores = stores_for(app)
@@ -33,24 +35,46 @@ def snapshot() -> dict[str, Any]:
     for tier in TIERS:
         limits = app.settings.tier(tier)
         reserved = depth.reserved(tier) if isinstance(depth, RedisBrokerDepth) else 0
-        tiers.append({"tier": tier, "depth": depth.depth(tier), "reserved": reserved,
-                      "max_queue_depth": limits.max_queue_depth,
-                      "policy": limits.rejection_policy,
-                      "wait_timeout_seconds": limits.wait_timeout_seconds})
-    backend = RedisBackend(stores.redis)
-    now = time.time()
-    # Read through the stored Redis keys: a key too long to keep readable is shown by its
-    # digest (`#<sha256>`), which names no key by itself.
+        tiers.append(
+            {
+                "tier": tier,
+                "depth": depth.depth(tier),
+                "reserved": reserved,
+                "max_queue_depth": limits.max_queue_depth,
+                "policy": limits.rejection_policy,
+                "wait_timeout_seconds": limits.wait_timeout_seconds,
+            }
+        )
+    # Every limiter with state in Redis, decoded by the backend (a key too long to keep
+    # readable shows as its digest, `#<sha256>`); lease times on Redis server time.
+    states = RedisBackend(stores.redis).describe()
     semaphores = [
-        {"key": key, "holders": {holder: round(expiry - now, 3)
-                                 for holder, expiry in backend.holders_at(stored).items()}}
-        for key, stored in sorted(backend.stored_keys("concurrency").items())
+        {
+            "key": state.key,
+            "holders": {
+                lease.owner: round(lease.expires_in_seconds, 3)
+                for lease in state.holders
+                if lease.alive
+            },
+        }
+        for state in states
+        if ALGORITHMS[state.algorithm].holds
     ]
-    rates = [{"key": key, "algorithm": kind, **backend.rate_state_at(kind, stored)}
-             for kind in ("gcra", "window")
-             for key, stored in sorted(backend.stored_keys(kind).items())]
-    counters = [{**labels, "count": value} for labels, value in read_all(stores.redis())
-                if labels.get("guard") in GUARDS]
+    rates = [
+        {
+            "key": state.key,
+            "algorithm": ALGORITHMS[state.algorithm].namespace,
+            **state.figures,
+            "waiting": state.waiting,
+        }
+        for state in states
+        if not ALGORITHMS[state.algorithm].holds
+    ]
+    counters = [
+        {**labels, "count": value}
+        for labels, value in read_all(stores.redis())
+        if labels.get("guard") in GUARDS
+    ]
     return {"tiers": tiers, "semaphores": semaphores, "rates": rates, "counters": counters}
 
 
@@ -65,24 +89,35 @@ def show(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = F
     for column in ("tier", "depth", "reserved", "limit", "policy", "wait s"):
         view.add_column(column)
     for tier in state["tiers"]:
-        view.add_row(tier["tier"], str(tier["depth"]), str(tier["reserved"]),
-                     str(tier["max_queue_depth"]), tier["policy"],
-                     f"{tier['wait_timeout_seconds']:g}")
+        view.add_row(
+            tier["tier"],
+            str(tier["depth"]),
+            str(tier["reserved"]),
+            str(tier["max_queue_depth"]),
+            tier["policy"],
+            f"{tier['wait_timeout_seconds']:g}",
+        )
     console.print(view)
     view = Table(title="concurrency limits (lease semaphores)")
     for column in ("key", "holders", "lease left (s) per holder"):
         view.add_column(column)
     for semaphore in state["semaphores"]:
         holders = semaphore["holders"]
-        view.add_row(semaphore["key"], str(len(holders)),
-                     ", ".join(f"{h}: {left:.1f}" for h, left in holders.items()))
+        view.add_row(
+            semaphore["key"],
+            str(len(holders)),
+            ", ".join(f"{h}: {left:.1f}" for h, left in holders.items()),
+        )
     console.print(view)
     view = Table(title="rate limits")
     for column in ("key", "algorithm", "state", "waiting"):
         view.add_column(column)
     for rate in state["rates"]:
-        figure = (f"{rate['ahead_seconds']:.3f}s ahead" if rate["algorithm"] == "gcra"
-                  else f"{rate['in_window']} in window")
+        figure = ", ".join(
+            FIGURES.get(name, f"{{:g}} {name}").format(rate[name])
+            for name in rate
+            if name not in ("key", "algorithm", "waiting")
+        )
         view.add_row(rate["key"], rate["algorithm"], figure, str(rate["waiting"]))
     console.print(view)
     view = Table(title="decisions (fleet-wide counters)")
@@ -100,8 +135,8 @@ def release(
 ) -> None:
     """Free one holder's slot by hand (a holder known dead whose lease is long)."""
     from jobs import app
-    from resilience.ratelimit import RedisBackend
+    from resilience.ratelimit import LEASE, RedisBackend
     from resilience.stores import stores_for
 
-    released = RedisBackend(stores_for(app).redis).release_lease(key, holder=holder)
+    released = RedisBackend(stores_for(app).redis).release(LEASE, key, holder)
     console.print(f"{key}: {holder} {'released' if released else 'was not holding a slot'}")

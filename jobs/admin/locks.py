@@ -28,18 +28,19 @@ def list_command(
     all_rows: Annotated[bool, typer.Option("--all", help="also show stale registry rows")] = False,
 ) -> None:
     """Held locks: key, kind, holder task, age, fencing token."""
-    from resilience.locks.registry import list_locks
+    from resilience.locks import describe
 
     stores, urls = _context()
     view = Table(title="held locks")
     for column in ("key", "kind", "holder", "age", "token", "state"):
         view.add_column(column, no_wrap=column in ("key", "kind"))
-    for lock in list_locks(stores, urls):  # type: ignore[arg-type]
-        if not lock.held and not all_rows:
+    for holder in describe(stores, urls):  # type: ignore[arg-type]
+        if not holder.alive and not all_rows:
             continue
-        view.add_row(lock.key, lock.kind, lock.holder, f"{lock.age_seconds:.1f}s",
-                     "" if lock.token is None else str(lock.token),
-                     "held" if lock.held else "stale")
+        view.add_row(holder.key, holder.kind, holder.owner or "-",
+                     f"{holder.held_seconds or 0:.1f}s",
+                     "" if holder.token is None else str(holder.token),
+                     "held" if holder.alive else "stale")
     console.print(view)
 
 
@@ -49,7 +50,7 @@ def release_command(
     yes: Annotated[bool, typer.Option("--yes", help="do not ask for confirmation")] = False,
 ) -> None:
     """Force-release KEY: delete it on the Redlock nodes or end the session holding it."""
-    from resilience.locks.registry import force_release
+    from resilience.locks import force_release
 
     if not yes:
         typer.confirm(f"force-release {key!r}? its holder loses the lock", abort=True)

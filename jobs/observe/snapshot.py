@@ -166,113 +166,66 @@ def tiers_section(app: Celery, counters: Any, depths: Any, active: Any) -> dict[
     return tiers
 
 
-def _stored_names(client: redis.Redis, namespace: str,
-                  configured: dict[str, str]) -> dict[str, str]:
-    """Name -> Redis key of every `resilience.keys.redis_key(namespace, name)` key without
-    a suffix in Redis, plus the `configured` ones (Redis key -> name). A configured name
-    keeps its own spelling even when its key is a digest; another digested one is shown as
-    `#<sha256>`."""
-    from resilience.keys import parse_redis_key, redis_key_pattern
-
-    found = {name: key for key, name in configured.items()}
-    for key in client.scan_iter(match=redis_key_pattern(namespace), count=SCAN_COUNT):
-        parsed = parse_redis_key(namespace, key)
-        if parsed is not None and not parsed[1] and key not in configured:
-            found[parsed[0]] = key
-    return found
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def breakers_section(app: Celery, client: redis.Redis) -> list[dict[str, Any]]:
-    """Every breaker with state in Redis or configured on a task: state and failure rate."""
-    from resilience.circuit.backends.redis import NAMESPACE, state_key
+    """Every breaker with state in Redis or configured on a task: state and failure rate.
+
+    Read by the circuit package (`RedisBreakerBackend.describe`: one SCAN, one pipeline).
+    """
+    from resilience.circuit.backends.redis import RedisBreakerBackend
 
     configs = {guard.config.name: guard.config for _, guard in _guards_of(app, "breaker")}
-    stored = _stored_names(client, NAMESPACE, {state_key(name): name for name in configs})
-    ordered = sorted(stored)
-    with client.pipeline(transaction=False) as pipe:
-        pipe.time()
-        for name in ordered:
-            pipe.hgetall(stored[name])
-        replies = pipe.execute()
-    seconds, micros = replies[0]
-    now_ms = seconds * 1000 + micros // 1000
-    rows = []
-    for name, state in zip(ordered, replies[1:], strict=True):
-        calls = int(state.get("calls") or 0)
-        failures = int(state.get("failures") or 0)
-        config = configs.get(name)
-        current = state.get("state") or "closed"
-        open_until = float(state.get("open_until") or 0)
-        rows.append({
-            "name": name,
-            "state": current,
-            "open": current in ("open", "forced_open"),
-            "calls": calls,
-            "failures": failures,
-            "slow_calls": int(state.get("slow") or 0),
-            "failure_rate": round(failures / calls, 4) if calls else 0.0,
-            "failure_rate_threshold": getattr(config, "failure_rate_threshold", None),
-            "times_opened": int(state.get("n_opened") or 0),
-            "seconds_in_state": (round((now_ms - float(state["changed_at"])) / 1000, 1)
-                                 if state.get("changed_at") else None),
-            "retry_in_seconds": (round(max(0.0, open_until - now_ms) / 1000, 1)
-                                 if current == "open" and open_until else None),
-        })
-    return rows
+    states = RedisBreakerBackend(lambda: client).describe(configs, include_stored=True)
+    return [
+        {
+            "name": state.name,
+            "state": state.state,
+            "open": state.open,
+            "calls": state.calls,
+            "failures": state.failures,
+            "slow_calls": state.slow_calls,
+            "failure_rate": round(state.failure_rate, 4),
+            "failure_rate_threshold": getattr(
+                configs.get(state.name), "failure_rate_threshold", None
+            ),
+            "times_opened": state.times_opened,
+            "seconds_in_state": _rounded(state.seconds_in_state, 1),
+            "retry_in_seconds": _rounded(state.retry_in_seconds, 1),
+        }
+        for state in states
+    ]
 
 
 def budgets_section(app: Celery, client: redis.Redis) -> list[dict[str, Any]]:
-    """Retry budgets: requests and retries in the window, and the share of the budget used."""
-    from resilience.retry.budget import NAMESPACE, RetryBudget, budget_key
+    """Retry budgets: requests and retries in the window, and the share of the budget used.
 
-    default = RetryBudget()
+    Read by the retry package (`RedisBudgetBackend.describe`: one SCAN, one pipeline); a
+    budget no loaded task configures is read with the default window.
+    """
+    from resilience.retry.budget import RedisBudgetBackend
+
     configs: dict[str, Any] = {}
     for task, guard in _guards_of(app, "retry"):
         budget = getattr(getattr(guard, "policy", None), "budget", None)
         if budget is not None:
             configs[guard.policy.dependency or task.name] = budget
-    stored = _stored_names(client, NAMESPACE, {budget_key(name): name for name in configs})
-    ordered = sorted(stored)
-    with client.pipeline(transaction=False) as pipe:
-        pipe.time()
-        for name in ordered:
-            pipe.hgetall(stored[name])
-        replies = pipe.execute()
-    seconds, micros = replies[0]
-    now_ms = seconds * 1000 + micros // 1000
-    rows = []
-    for name, fields in zip(ordered, replies[1:], strict=True):
-        # A budget no loaded task configures is read with the default window.
-        budget = configs.get(name) or default
-        slots, window_seconds = budget.slots, budget.window_seconds
-        ratio, floor = budget.ratio, budget.floor
-        requests, retries = window_figures(fields, now_ms=now_ms,
-                                           window_ms=int(window_seconds * 1000), slots=slots)
-        allowed = ratio * requests + floor
-        rows.append({
-            "dependency": name,
-            "requests": requests,
-            "retries": retries,
-            "retries_allowed": round(allowed, 2),
-            "used": round(retries / allowed, 4) if allowed else 0.0,
-            "ratio": ratio,
-            "window_seconds": window_seconds,
-            "configured": name in configs,
-        })
-    return rows
-
-
-def window_figures(fields: dict[str, str], *, now_ms: int, window_ms: int,
-                   slots: int) -> tuple[int, int]:
-    """Requests and retries in the window of a budget hash, read as `budget.lua` reads it."""
-    slot_ms = max(1, window_ms // slots)
-    epoch = now_ms // slot_ms
-    requests = retries = 0
-    for i in range(slots):
-        if int(fields.get(f"e{i}", -1)) > epoch - slots:
-            requests += int(fields.get(f"q{i}", 0))
-            retries += int(fields.get(f"r{i}", 0))
-    return requests, retries
+    states = RedisBudgetBackend(lambda: client).describe(configs, include_stored=True)
+    return [
+        {
+            "dependency": state.dependency,
+            "requests": state.requests,
+            "retries": state.retries,
+            "retries_allowed": round(state.retries_allowed, 2),
+            "used": round(state.used, 4),
+            "ratio": state.ratio,
+            "window_seconds": state.window_seconds,
+            "configured": state.dependency in configs,
+        }
+        for state in states
+    ]
 
 
 def limits_section(app: Celery, client: redis.Redis, counters: Any) -> dict[str, Any]:
@@ -284,23 +237,11 @@ def limits_section(app: Celery, client: redis.Redis, counters: Any) -> dict[str,
                 key = (c["guard"], c.get("name") or "")
                 deferred[key] = deferred.get(key, 0) + (
                     c["value"] if c["outcome"] == "DEFERRED" else 0)
-    from resilience.ratelimit import RedisBackend
+    from resilience.ratelimit import LEASE, RedisBackend
 
-    # The limiter's own key listing (one SCAN, its bookkeeping keys filtered out), then
-    # every semaphore's live leases in one pipeline, on Redis server time.
-    backend = RedisBackend(client)
-    stored = sorted(backend.stored_keys("concurrency").items())
-    keys = [key for key, _ in stored]
-    with client.pipeline(transaction=False) as pipe:
-        pipe.time()
-        for _, name in stored:
-            pipe.zrangebyscore(name, "-inf", "+inf", withscores=True)
-        replies = pipe.execute()
-    seconds, micros = replies[0]
-    now_us = seconds * 1_000_000 + micros
-    # A lease's score is its expiry (µs, server time); an expired one is free again.
-    in_use = {key: sum(1 for _, expiry in holders if expiry >= now_us)
-              for key, holders in zip(keys, replies[1:], strict=True)}
+    # Every semaphore with state (one SCAN, one pipeline, on Redis server time), as the
+    # limiter's backend decodes it: live leases are in use, a lapsed one is free again.
+    in_use = {state.key: state.used for state in RedisBackend(client).describe(LEASE)}
     concurrency, rates, seen = [], [], set()
     for task, guard in configured_guards(app):
         config = getattr(guard, "config", None)
@@ -328,21 +269,20 @@ def limits_section(app: Celery, client: redis.Redis, counters: Any) -> dict[str,
 
 
 def held_locks(app: Celery) -> list[dict[str, Any]]:
-    """Every lock held now (and the beat leader), from the locks package's registry.
+    """Every lock held now (and the beat leader): `resilience.locks.describe`.
 
-    `resilience.locks.registry.list_locks` checks each registry row against the real lock
-    (the advisory lock in `pg_locks`, the owner on the Redlock nodes): a row a dead holder
-    left behind is marked `stale`.
+    Each registry row is checked against the real lock (the advisory lock in `pg_locks`, the
+    owner on the Redlock nodes): a row a dead holder left behind is marked `stale`.
     """
-    from resilience.locks.registry import list_locks
+    from resilience.locks import describe
     from resilience.stores import stores_for
 
     stores = stores_for(app)
     return [
-        {"key": lock.key, "kind": lock.kind, "holder": lock.holder,
-         "held_seconds": round(lock.age_seconds, 1), "token": lock.token,
-         "stale": not lock.held}
-        for lock in list_locks(stores, stores.redlock_urls)
+        {"key": holder.key, "kind": holder.kind, "holder": holder.owner or "-",
+         "held_seconds": round(holder.held_seconds or 0.0, 1), "token": holder.token,
+         "stale": not holder.alive}
+        for holder in describe(stores, stores.redlock_urls)
     ]
 
 
@@ -355,17 +295,12 @@ def locks_section(held: Any) -> dict[str, Any]:
 
 
 def idempotency_section(app: Celery) -> dict[str, Any]:
-    """Idempotency records by state (one GROUP BY on the record table)."""
-    from sqlalchemy import text
-
+    """Idempotency records by state and the oldest open claims' holders
+    (`resilience.idempotency.describe`: two statements; the cache is not scanned)."""
+    from resilience.idempotency import describe
     from resilience.stores import stores_for
 
-    with stores_for(app).engine().connect() as connection:
-        rows = connection.execute(text(
-            "SELECT state, count(*) AS n FROM idempotency_records GROUP BY state")).all()
-    by_state = {"in_progress": 0, "succeeded": 0, "failed": 0}
-    by_state.update({row.state: int(row.n) for row in rows})
-    return {"by_state": by_state, "total": sum(by_state.values())}
+    return describe(stores_for(app), holders_limit=20, cache_size=False).as_dict()
 
 
 def beat_leader_section(held: Any) -> dict[str, Any]:

@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 from resilience.bulkhead.backends import Admission, DepthBackend
 from resilience.bulkhead.backends.broker import depth_backend_for, new_reservation
 from resilience.counters import count_outcome
-from resilience.errors import ConfigurationError, JobDeferred, StorageError, TierFull
+from resilience.errors import ConfigurationError, JobDeferred, QueueFull, StorageError, TierFull
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import EnqueueGuard, EnqueueStage, Publish, attach
+from resilience.publish import BOUND_HEADER, HEADERS
 from resilience.store_down import StoreDown, resolve
 
 if TYPE_CHECKING:
@@ -145,6 +146,14 @@ class DiscardedResult:
         }
 
 
+@dataclass(frozen=True)
+class _Bounded:
+    """A publish the transport bounds itself (nothing reserved, nothing to release)."""
+
+    config: BulkheadConfig
+    queue: str
+
+
 ConfigSource = BulkheadConfig | Callable[["Task"], "BulkheadConfig | None"]
 
 
@@ -203,6 +212,15 @@ class AdmissionGuard(EnqueueGuard):
             return
         backend = self.backend_for(publish.task)
         queue = queue_of(publish)
+        if config.policy is not RejectionPolicy.WAIT and getattr(backend, "bounded_publish",
+                                                                  False):
+            # The transport checks the depth and pushes in one script; a full queue comes
+            # back as QueueFull from the publish, and give_back applies the policy.
+            headers = dict(publish.options.get("headers") or {})
+            headers[BOUND_HEADER] = backend.bound(queue, config.max_queue_depth)
+            publish.options["headers"] = headers
+            publish.state[_STATE] = _Bounded(config, queue)
+            return
         reservation = new_reservation()
         decision = self._try(backend, publish, config, queue, reservation)
         if decision.admitted:
@@ -288,12 +306,26 @@ class AdmissionGuard(EnqueueGuard):
 
     def give_back(self, publish: Publish, error: BaseException) -> None:
         """The publish raised (or a later guard refused): the reservation goes back now
-        instead of counting against the tier until it expires."""
+        instead of counting against the tier until it expires.
+
+        Raises:
+            TierFull / Stop: the transport refused a bounded publish (`QueueFull`): the
+                tier's policy answers in its place, as it would have before publishing.
+        """
+        taken = publish.state.get(_STATE)
+        if isinstance(taken, _Bounded):
+            publish.state.pop(_STATE, None)
+            for header in HEADERS:  # an inline run (caller_runs) must not carry them
+                (publish.options.get("headers") or {}).pop(header, None)
+            if isinstance(error, QueueFull):
+                self._reject(publish, taken.config, taken.queue,
+                             Admission(False, int(error.depth), int(error.reserved)))
+            return
         self._release(publish)
 
     def _release(self, publish: Publish) -> None:
         taken = publish.state.pop(_STATE, None)
-        if not taken:
+        if not taken or isinstance(taken, _Bounded):
             return
         backend, queue, reservation = taken
         try:

@@ -6,26 +6,24 @@
     half_open ──(one failure or slow probe, or no verdict within probe_timeout)──▶ open
     any ──(operator)──▶ forced_open | forced_closed | closed (reset)
 
-Every transition happens inside one Lua script (acquire or record) on Redis server time, so
-two workers can never both see "closed → open" or hand out more probes than allowed.
-Transitions are logged here and counted with `resilience.counters.count`.
+Every transition happens inside one atomic step of the backend (`acquire` or `record`: a
+Lua script on Redis server time in `backends/redis.py`), so two workers can never both see
+"closed → open" or hand out more probes than allowed. Transitions are logged here and
+counted through the backend (`BreakerBackend.count`).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from resilience.circuit.backends.redis import Permission, RedisBreakerBackend, Verdict
+from resilience.circuit.backends import BreakerBackend, BreakerState, Permission, Verdict
 from resilience.circuit.config import BreakerConfig
-from resilience.counters import count
 from resilience.errors import ConfigurationError, StorageError, StoreRejected
 from resilience.outcomes import Outcome
 from resilience.store_down import StoreDown
 
 if TYPE_CHECKING:
-    import redis
-
     from resilience.pipeline import Rounds
 
 logger = logging.getLogger("resilience.circuit")
@@ -36,7 +34,7 @@ FORCEABLE = ("forced_open", "forced_closed", "closed")
 class CircuitBreaker:
     """A fleet-wide breaker: `acquire()` before the call, `record()` after it."""
 
-    def __init__(self, config: BreakerConfig, backend: RedisBreakerBackend) -> None:
+    def __init__(self, config: BreakerConfig, backend: BreakerBackend) -> None:
         self.config = config
         self.backend = backend
 
@@ -45,7 +43,11 @@ class CircuitBreaker:
         return self.config.name
 
     def acquire(self) -> Permission:
-        """May a call go ahead now? Applies `on_store_down` when Redis is unreachable."""
+        """May a call go ahead now? Applies `on_store_down` when the store is unreachable.
+
+        Raises:
+            StoreRejected: the store refused the step (no retry can fix it).
+        """
         try:
             permission = self.backend.acquire(self.config)
         except StoreRejected:
@@ -57,7 +59,8 @@ class CircuitBreaker:
         return permission
 
     def store_down(self, exc: BaseException) -> Permission:
-        """The permission `on_store_down` gives while Redis is unreachable (warned, counted)."""
+        """The permission `on_store_down` gives while the store is unreachable (warned,
+        counted)."""
         allowed = self.config.on_store_down is StoreDown.FAIL_OPEN
         logger.warning(
             "breaker %s: store unavailable, failing %s (%s)",
@@ -83,28 +86,36 @@ class CircuitBreaker:
         if permission.store_down:
             return Verdict("", "unknown")
         try:
-            verdict = self.backend.record(self.config, permission.generation, outcome,
-                                          self._slow(outcome, duration_seconds))
+            verdict = self.backend.record(
+                self.config, permission.generation, outcome, self._slow(outcome, duration_seconds)
+            )
         except StorageError as exc:
             logger.warning("breaker %s: outcome not recorded (%s)", self.name, exc)
             return Verdict("", "unknown")
         self._recorded(verdict)
         return verdict
 
-    def record_later(self, rounds: Rounds, permission: Permission, outcome: str, *,
-                     duration_seconds: float) -> None:
+    def record_later(
+        self, rounds: Rounds, permission: Permission, outcome: str, *, duration_seconds: float
+    ) -> None:
         """`record`, queued in the call's write round with its other after-run writes."""
         if permission.store_down:
             return
 
-        def done(reply: Any) -> None:
-            if isinstance(reply, BaseException):
-                logger.warning("breaker %s: outcome not recorded (%s)", self.name, reply)
+        def done(verdict: Verdict | StorageError) -> None:
+            if isinstance(verdict, StorageError):
+                logger.warning("breaker %s: outcome not recorded (%s)", self.name, verdict)
                 return
-            self._recorded(self.backend.verdict(reply))
+            self._recorded(verdict)
 
-        self.backend.record_later(rounds, self.config, permission.generation, outcome,
-                                  self._slow(outcome, duration_seconds), done)
+        self.backend.record_later(
+            rounds,
+            self.config,
+            permission.generation,
+            outcome,
+            self._slow(outcome, duration_seconds),
+            done,
+        )
 
     def _recorded(self, verdict: Verdict) -> None:
         if verdict.transition:
@@ -129,9 +140,13 @@ class CircuitBreaker:
         logger.warning("breaker %s -> %s (%s)", self.name, state, why)
         self._count(f"BREAKER_{state.upper()}")
 
+    def describe(self) -> BreakerState:
+        """This breaker's live state (see `BreakerBackend.describe`).
+
+        Raises:
+            StorageError: the store failed.
+        """
+        return self.backend.describe([self.name])[0]
+
     def _count(self, outcome: str) -> None:
-        try:
-            client: redis.Redis = self.backend._client()
-        except Exception:  # noqa: BLE001 - counting never fails a call
-            return
-        count(client, outcome=outcome, guard="breaker", name=self.name)
+        self.backend.count(self.name, outcome)

@@ -22,20 +22,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import redis as redis_lib
 from celery.exceptions import Retry
 
-from resilience.circuit.backends.redis import Permission, RedisBreakerBackend
+from resilience.circuit.backends import BreakerBackend, Peek, Permission
+from resilience.circuit.backends.redis import RedisBreakerBackend
 from resilience.circuit.breaker import CircuitBreaker
 from resilience.circuit.config import BreakerConfig, CountWindow, TimeWindow
 from resilience.counters import count_call
 from resilience.deadletter.giveup import give_up
-from resilience.errors import DeadLettered, StoreRejected
+from resilience.errors import DeadLettered, StorageError, StoreRejected, StoreUnavailable
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Guard, Stage, attach
 from resilience.retry.classify import ClassifyHook, is_retryable
 from resilience.store_down import StoreDown, store_failed
-from resilience.stores import stores_for
 
 if TYPE_CHECKING:
     from celery import Task
@@ -60,8 +59,20 @@ def original_error(exc: BaseException) -> BaseException:
     return exc
 
 
+def _redis_backend(task: Task) -> BreakerBackend:
+    """The default store of a fleet-wide breaker: the task's app's shared Redis."""
+    return RedisBreakerBackend.of_app(task.app)
+
+
 class BreakerGuard(Guard):
-    """Gates a task's calls on a fleet-wide circuit breaker."""
+    """Gates a task's calls on a fleet-wide circuit breaker.
+
+    Args:
+        config: the breaker's thresholds and timings.
+        backend: where the breaker lives: a `BreakerBackend`, or a callable giving one for
+            the bound task; None = the app's shared Redis.
+        classify_hooks: extra rules telling a failure from an ignored error.
+    """
 
     name = "breaker"
     stage = Stage.BREAKER
@@ -70,47 +81,50 @@ class BreakerGuard(Guard):
         self,
         config: BreakerConfig,
         *,
-        backend: RedisBreakerBackend | None = None,
+        backend: BreakerBackend | Callable[[Task], BreakerBackend] | None = None,
         classify_hooks: Iterable[ClassifyHook] = (),
     ) -> None:
         self.config = config
         self.classify_hooks = tuple(classify_hooks)
+        self._backend = backend if backend is not None else _redis_backend
         self.breaker: CircuitBreaker | None = (
-            CircuitBreaker(config, backend) if backend is not None else None
+            None if callable(self._backend) else CircuitBreaker(config, self._backend)
         )
         self.task: Task | None = None
 
     def bind(self, task: Task) -> None:
         self.task = task
-        if self.breaker is None:
-            self.breaker = CircuitBreaker(
-                self.config, RedisBreakerBackend(lambda: stores_for(task.app).redis())
-            )
+        if self.breaker is None and callable(self._backend):
+            self.breaker = CircuitBreaker(self.config, self._backend(task))
 
     def prefetch(self, call: Call) -> None:
         assert self.breaker is not None, "BreakerGuard used before bind()"
-        backend = self.breaker.backend
-        backend.peek_later(call.reads, self.config.name,
-                           lambda reply: call.keep(self, _Peek(reply)))
+        self.breaker.backend.peek_later(
+            call.reads, self.config.name, lambda peek: call.keep(self, _Peek(peek))
+        )
 
     def before_run(self, call: Call) -> None:
         assert self.breaker is not None, "BreakerGuard used before bind()"
         kept = call.take_back(self)
-        peek = kept.reply if isinstance(kept, _Peek) else None
-        if isinstance(peek, redis_lib.ConnectionError | redis_lib.TimeoutError):
-            # Redis just failed the call's read; asking again would only wait twice.
+        peek = kept.peek if isinstance(kept, _Peek) else None
+        if isinstance(peek, StoreUnavailable):
+            # The store just failed the call's read; asking again would only wait twice.
             permission = self.breaker.store_down(peek)
         else:
             # A closed breaker's acquire only reads; the prefetched read stands in for it.
-            permission = self.breaker.backend.permission_from_peek(peek)
+            permission = peek if isinstance(peek, Permission) else None
             if permission is None:
                 try:
                     permission = self.breaker.acquire()
                 except StoreRejected as rejected:
-                    store_failed(call, rejected, guard=self.name,
-                                 policy=self.config.on_store_down,
-                                 retry_after_seconds=self.config.open_seconds,
-                                 name=self.config.name)
+                    store_failed(
+                        call,
+                        rejected,
+                        guard=self.name,
+                        policy=self.config.on_store_down,
+                        retry_after_seconds=self.config.open_seconds,
+                        name=self.config.name,
+                    )
                     raise  # store_failed always raises for a rejection
         if permission.allowed:
             call.keep(self, (permission, time.monotonic()))
@@ -152,7 +166,9 @@ class BreakerGuard(Guard):
             return
         permission, started = held
         self.breaker.record_later(
-            call.writes, permission, outcome,
+            call.writes,
+            permission,
+            outcome,
             duration_seconds=time.monotonic() - started,
         )
 
@@ -173,9 +189,10 @@ class BreakerGuard(Guard):
 
 @dataclass(frozen=True)
 class _Peek:
-    """The breaker's slot between prefetch and before_run: the batched state read's reply."""
+    """The breaker's slot between prefetch and before_run: what the state read told."""
 
-    reply: Any
+    peek: Peek | StorageError
+
 
 #: Message header holding the job's absolute deadline in epoch seconds (the deadline guard's).
 DEADLINE_HEADER = "deadline"

@@ -1,8 +1,10 @@
 """Redis fast path: finished keys cached with the record's TTL, one GET for a duplicate.
 
-PostgreSQL stays the truth: a miss (flushed Redis, evicted key, Redis down) falls through to
-the claim statement, which finds the record and replays it from there. Only succeeded
-records are cached; in-progress and failed ones always go to PostgreSQL.
+Not a backend of the records but a hint in front of any of them: the backend stays the
+truth, so a miss (flushed Redis, evicted key, Redis down) falls through to the claim, which
+finds the record and replays it from there. Only succeeded records are cached; in-progress
+and failed ones always go to the backend. Reads and fills join the call's Redis rounds
+(`resilience.batch.for_client`): one round trip for every guard's reads, one for the writes.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from resilience.batch import for_client
-from resilience.keys import redis_key
+from resilience.keys import redis_key, redis_key_pattern
+from resilience.stores import wrap_store_errors
 
 if TYPE_CHECKING:
     import redis
@@ -56,8 +59,9 @@ class ResultCache:
             return None
         return self.parse(raw)
 
-    def get_later(self, rounds: Rounds, task_name: str, key: str,
-                  then: Callable[[CachedResult | None], None]) -> None:
+    def get_later(
+        self, rounds: Rounds, task_name: str, key: str, then: Callable[[CachedResult | None], None]
+    ) -> None:
         """Queue the read of `key` in the call's read round; `then` gets what `get` would."""
 
         def parsed(reply: Any) -> None:
@@ -81,8 +85,15 @@ class ResultCache:
             return None
 
     def put_later(
-        self, rounds: Rounds, task_name: str, key: str, *, fingerprint: str,
-        result_json: str, task_id: str | None, ttl_seconds: float,
+        self,
+        rounds: Rounds,
+        task_name: str,
+        key: str,
+        *,
+        fingerprint: str,
+        result_json: str,
+        task_id: str | None,
+        ttl_seconds: float,
     ) -> None:
         """Cache a succeeded record for `ttl_seconds` (the record's own TTL), queued in
         the call's write round with its other after-run writes."""
@@ -92,11 +103,13 @@ class ResultCache:
                 logger.warning("idempotency cache write failed: %s", reply)
 
         # The result is already canonical JSON: splice it in rather than parse and re-dump.
-        payload = (
-            f'{{"f":{json.dumps(fingerprint)},"t":{json.dumps(task_id)},"r":{result_json}}}'
-        )
+        payload = f'{{"f":{json.dumps(fingerprint)},"t":{json.dumps(task_id)},"r":{result_json}}}'
         for_client(rounds, self.client).command(
-            "SET", cache_key(task_name, key), payload, "PX", max(1, int(ttl_seconds * 1000)),
+            "SET",
+            cache_key(task_name, key),
+            payload,
+            "PX",
+            max(1, int(ttl_seconds * 1000)),
             then=done,
         )
 
@@ -106,3 +119,14 @@ class ResultCache:
             self.client.delete(cache_key(task_name, key))
         except Exception as exc:  # noqa: BLE001 - the cached copy expires with its TTL anyway
             logger.warning("idempotency cache delete failed: %s", exc)
+
+    def size(self) -> int:
+        """How many results are cached now (one SCAN over the cache's keys: admin views).
+
+        Raises:
+            StoreUnavailable, StorageError.
+        """
+        with wrap_store_errors("idempotency cache size"):
+            return sum(
+                1 for _ in self.client.scan_iter(match=redis_key_pattern(NAMESPACE), count=1000)
+            )

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 from sqlalchemy.exc import DBAPIError
 
 from resilience.errors import ConfigurationError
+from resilience.idempotency.backends.postgres import wrap_database_error
 from resilience.idempotency.models import FAILED, IN_PROGRESS, TABLE_NAME
-from resilience.idempotency.store import wrap_database_error
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -90,8 +90,12 @@ class CleanupConfig:
 
 
 def _batches(
-    engine: Engine, sql: str, parameters: dict[str, float | int], policy: CleanupConfig,
-    sleep: Callable[[float], None], action: str,
+    engine: Engine,
+    sql: str,
+    parameters: dict[str, float | int],
+    policy: CleanupConfig,
+    sleep: Callable[[float], None],
+    action: str,
 ) -> int:
     total = 0
     for batch in range(policy.max_batches):
@@ -109,7 +113,8 @@ def _batches(
 
 
 def delete_expired(
-    engine: Engine, policy: CleanupConfig | None = None,
+    engine: Engine,
+    policy: CleanupConfig | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """Delete expired finished records; returns how many were deleted.
@@ -118,14 +123,16 @@ def delete_expired(
         StoreUnavailable, StorageError.
     """
     policy = policy or CleanupConfig()
-    deleted = _batches(engine, DELETE_EXPIRED_SQL, {"batch_size": policy.batch_size}, policy,
-                       sleep, "cleanup")
+    deleted = _batches(
+        engine, DELETE_EXPIRED_SQL, {"batch_size": policy.batch_size}, policy, sleep, "cleanup"
+    )
     logger.info("idempotency cleanup deleted %d expired records", deleted)
     return deleted
 
 
 def reap_abandoned(
-    engine: Engine, policy: CleanupConfig | None = None,
+    engine: Engine,
+    policy: CleanupConfig | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """Mark claims abandoned long ago as failed (reclaimable); returns how many.

@@ -1,16 +1,22 @@
 """`@idempotent`: a job delivered twice has its effect once and returns the first result.
 
-The guard sits at `Stage.IDEMPOTENCY`, just inside the deadline. Per call:
+The guard sits at `Stage.IDEMPOTENCY`, just inside the deadline. Flow only; the records
+live in an `IdempotencyBackend` (PostgreSQL unless given one). Per call:
 
-1. build the key (task name + key template/function or all bound arguments) and the
+1. key: the task name + key template/function (or all bound arguments), and the
    fingerprint of all bound arguments;
-2. Redis fast path: a cached succeeded record with the same fingerprint -> REPLAYED;
-3. claim in PostgreSQL (one statement): claimed -> run the body; a succeeded record ->
-   REPLAYED; a live claim of another holder -> DEFERRED; another fingerprint ->
-   `IdempotencyKeyReused` (the task fails, never retried);
-4. after the body: record the result (in the body's transaction in transactional mode),
-   cache it in Redis; on error: release the claim when the error will be retried, record
-   it failed otherwise. Failures are not cached: the next delivery may claim again.
+2. cache hint (`prefetch`, batched with the other guards' reads): a cached succeeded
+   record with the same fingerprint -> REPLAYED;
+3. claim (one atomic step): claimed -> run the body (in transactional mode inside the
+   backend's transaction, its `session` injected); a succeeded record -> REPLAYED; a live
+   claim of another holder -> DEFERRED; another fingerprint -> `IdempotencyKeyReused`
+   (the task fails, never retried);
+4. commit (inside every lock and lease the call holds, after `call.checkpoint()` in
+   transactional mode): record the result, with the body's writes in transactional mode,
+   and queue the cache fill;
+5. on error or stop: release the claim when the call will run again, record it failed
+   otherwise; a transactional body whose database went away is DEFERRED. Failures are not
+   cached: the next delivery may claim again.
 """
 
 from __future__ import annotations
@@ -32,14 +38,24 @@ from resilience.errors import (
     StorageError,
     UnserializableResult,
 )
-from resilience.idempotency.cache import ResultCache
-from resilience.idempotency.models import IN_PROGRESS, SUCCEEDED
-from resilience.idempotency.store import Holder, PostgresStore, store_for, wrap_database_error
+from resilience.idempotency.backends import (
+    IN_PROGRESS,
+    SUCCEEDED,
+    Claim,
+    IdempotencyBackend,
+    Transaction,
+)
+from resilience.idempotency.cache import CachedResult, ResultCache
+from resilience.idempotency.config import (
+    DEFAULT_LEASE_SECONDS,
+    LEASE_MARGIN_SECONDS,
+    IdempotencyConfig,
+)
 from resilience.keys import GuardKey, KeyOption, KeySpec, canonical_json
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, EnqueueGuard, EnqueueStage, Guard, Publish, Stage, attach
-from resilience.store_down import StoreDown, store_down_policy, store_failed
-from resilience.stores import stores_for
+from resilience.store_down import StoreDown, store_failed
+from resilience.stores import stores_for, translate_store_error
 
 if TYPE_CHECKING:
     from celery import Task
@@ -47,10 +63,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("resilience.idempotency")
 
 GUARD_NAME = "idempotency"
-#: Seconds added to the task's hard time limit for the default lease.
-LEASE_MARGIN_SECONDS = 30.0
-#: Default lease when the task has no hard time limit.
-DEFAULT_LEASE_SECONDS = 300.0
+
+#: How a guard finds its backend: one object, or one per task (the task's app's stores).
+BackendOption = IdempotencyBackend | Callable[["Task"], IdempotencyBackend] | None
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -74,80 +89,45 @@ def is_retryable(exc: BaseException) -> bool:
     return classify(exc)
 
 
-@dataclass(frozen=True, kw_only=True)
-class IdempotencyConfig:
-    """Options of `@idempotent`.
-
-    Args:
-        key: None (all bound arguments), a template like ``"transfer:{transfer_id}"``, or
-            a callable receiving the bound arguments as keywords.
-        ttl_seconds: how long a finished record (and its cached result) is kept and replayed.
-        lease_seconds: how long a claim holds before another delivery may take it over;
-            None = the task's hard time limit + 30 s. Non-transactional tasks must not
-            lease for less than the hard time limit (a live holder would be overtaken).
-        transactional: the body receives `session` (SQLAlchemy); its writes and the
-            record's completion commit in one transaction.
-        on_store_down: PostgreSQL unreachable at claim time: "fail_closed" (DEFERRED,
-            the default) or "fail_open" (run unguarded, warn, count FAIL-OPEN); see
-            `resilience.store_down`. A store that rejects the claim dead-letters the job.
-        store_down_retry_seconds: deferral delay when the store is down.
-        poll_seconds: longest deferral while another holder's claim is live.
-        cache: use the Redis fast path for finished keys.
-        synchronous_commit: wait for PostgreSQL's WAL flush on the claim and (outside
-            transactional mode) the completion. Off by default: it halves their latency,
-            and a PostgreSQL *crash* may then forget the last ~0.6 s of records, which can
-            re-run a non-transactional body (the same exposure as a worker crash between
-            effect and record). Transactional mode's completion commits with the body's
-            writes and is always durable.
-        prepared_statements: prepare the claim/completion statements once per connection
-            (saves PostgreSQL's parse and plan per call); turn off behind PgBouncer in
-            transaction mode before 1.21, which does not keep them.
-    """
-
-    key: KeyOption = None
-    ttl_seconds: float = 86400.0
-    lease_seconds: float | None = None
-    transactional: bool = False
-    on_store_down: StoreDown | str = StoreDown.FAIL_CLOSED
-    store_down_retry_seconds: float = 5.0
-    poll_seconds: float = 1.0
-    cache: bool = True
-    synchronous_commit: bool = False
-    prepared_statements: bool = True
-
-    def __post_init__(self) -> None:
-        if not self.ttl_seconds > 0:
-            raise ConfigurationError(f"ttl_seconds must be > 0, got {self.ttl_seconds!r}")
-        if self.lease_seconds is not None and not self.lease_seconds > 0:
-            raise ConfigurationError(f"lease_seconds must be > 0, got {self.lease_seconds!r}")
-        object.__setattr__(self, "on_store_down", store_down_policy(self.on_store_down))
-        if not self.store_down_retry_seconds > 0 or not self.poll_seconds > 0:
-            raise ConfigurationError("store_down_retry_seconds and poll_seconds must be > 0")
-        if self.key is not None and not isinstance(self.key, str) and not callable(self.key):
-            raise ConfigurationError(
-                f"key must be None, a template string or a callable, not {type(self.key)}"
-            )
-
-
 def _owner_token() -> str:
     # Unique per claim: the fencing pair is (attempt, owner), so a deleted-and-recreated
     # record (attempt back to 1) still fences out a holder from before the deletion.
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
+@dataclass
+class _Taken:
+    """What the guard keeps in its slot for one call."""
+
+    key: GuardKey
+    #: The cache hint `prefetch` read (`prefetched` once its reply arrived).
+    prefetched: bool = False
+    cached: CachedResult | None = None
+    #: The claim held until it is completed, failed or released.
+    claim: Claim | None = None
+    #: The body's transaction (transactional mode) until committed or closed.
+    transaction: Transaction | None = None
+
+
 class IdempotencyGuard(Guard):
-    """Claims the call's key in PostgreSQL, replays finished keys, defers live claims."""
+    """Claims the call's key, replays finished keys, defers live claims.
+
+    Args:
+        config: the options.
+        backend: where records live: a backend, a callable returning one per task, or None
+            for PostgreSQL of the task's app (`backends.postgres.backend_for`).
+    """
 
     name = GUARD_NAME
     stage = Stage.IDEMPOTENCY
 
-    def __init__(self, config: IdempotencyConfig) -> None:
+    def __init__(self, config: IdempotencyConfig, backend: BackendOption = None) -> None:
         self.config = config
+        self._backend = backend
         self.task_name = ""
         self.tier: str | None = None
         self.spec: KeySpec | None = None
         self.lease_seconds = config.lease_seconds or DEFAULT_LEASE_SECONDS
-        self._store_factory: Callable[[], PostgresStore] | None = None
 
     # -- setup ---------------------------------------------------------------------------
     def bind(self, task: Task) -> None:
@@ -181,84 +161,102 @@ class IdempotencyGuard(Guard):
         assert self.spec is not None, "guard used before bind()"
         return self.spec.build(self.task_name, args, kwargs)
 
-    def _stores(self, call: Call) -> Any:
-        return stores_for(call.task.app)
+    def backend(self, task: Task) -> IdempotencyBackend:
+        """The records' backend for `task`'s calls."""
+        if self._backend is None:
+            from resilience.idempotency.backends.postgres import backend_for
 
-    def store(self, call: Call) -> PostgresStore:
-        return store_for(
-            self._stores(call),
-            synchronous_commit=self.config.synchronous_commit,
-            prepared=self.config.prepared_statements,
-        )
+            return backend_for(
+                stores_for(task.app),
+                synchronous_commit=self.config.synchronous_commit,
+                prepared=self.config.prepared_statements,
+            )
+        if callable(self._backend):
+            return self._backend(task)
+        return self._backend
 
     def _cache(self, call: Call) -> ResultCache:
-        return ResultCache(self._stores(call).redis())
+        return ResultCache(stores_for(call.task.app).redis())
 
     def _count(self, call: Call, outcome: str) -> None:
         count_call(call, outcome, guard=GUARD_NAME, name=self.task_name)
 
-    # -- before ----------------------------------------------------------------------------
+    def _taken(self, call: Call) -> _Taken:
+        taken: _Taken | None = call.kept(self)
+        if taken is None:
+            taken = _Taken(self.key_for(call.args, call.kwargs))
+            call.keep(self, taken)
+        return taken
+
+    # -- take: key, cache hint, claim ------------------------------------------------------
     def prefetch(self, call: Call) -> None:
         if not self.config.cache:
             return
-        key = self.key_for(call.args, call.kwargs)
-        state: dict[str, Any] = {"key": key}
-        call.keep(self, state)
-        cache = self._cache(call)
-        cache.get_later(call.reads, self.task_name, key.value,
-                        lambda cached: state.__setitem__("cached", cached))
+        taken = self._taken(call)
+
+        def arrived(cached: CachedResult | None) -> None:
+            taken.prefetched, taken.cached = True, cached
+
+        self._cache(call).get_later(call.reads, self.task_name, taken.key.value, arrived)
 
     def before_run(self, call: Call) -> None:
-        state: dict[str, Any] = call.kept(self) or {}
-        key = state.get("key") or self.key_for(call.args, call.kwargs)
-        state["key"] = key
-        call.keep(self, state)
+        taken = self._taken(call)
+        key = taken.key
         if self.config.cache:
-            if "cached" in state:
-                cached = state.pop("cached")
-            else:
-                cached = self._cache(call).get(self.task_name, key.value)
+            cached = (
+                taken.cached
+                if taken.prefetched
+                else self._cache(call).get(self.task_name, key.value)
+            )
+            taken.prefetched, taken.cached = False, None
             if cached is not None:
                 if cached.fingerprint != key.fingerprint:
                     self._reused(call, key)
                 self._replay(call, key, cached.result, cached.task_id, source="cache")
 
-        owner = _owner_token()
         try:
-            claim = self.store(call).claim(
+            found = self.backend(call.task).claim(
                 task_name=self.task_name,
                 key=key.value,
                 fingerprint=key.fingerprint,
-                owner=owner,
+                owner=_owner_token(),
                 task_id=call.task_id,
                 lease_seconds=self.lease_seconds,
                 ttl_seconds=self.config.ttl_seconds,
             )
         except StorageError as exc:
-            self._store_down(call, key, exc)
+            self._store_down(call, taken, exc)
             return
-        if claim.claimed:
-            state["holder"] = Holder(
-                task_name=self.task_name, key=key.value, attempt=claim.attempt, owner=owner
-            )
+        if found.claim is not None:
+            taken.claim = found.claim
             if self.config.transactional:
-                self._open_transaction(call, state)
+                self._begin(call, taken)
             return
-        if claim.fingerprint != key.fingerprint:
+        if found.fingerprint != key.fingerprint:
             self._reused(call, key)
-        if claim.state == SUCCEEDED:
-            self._replay(call, key, claim.result, claim.task_id, source="database",
-                         ttl_seconds=claim.expires_in_seconds)
+        if found.state == SUCCEEDED:
+            self._replay(
+                call,
+                key,
+                found.result,
+                found.task_id,
+                source="database",
+                ttl_seconds=found.expires_in_seconds,
+            )
         self._count(call, Outcome.DEFERRED.value)
-        remaining = claim.lease_remaining_seconds if claim.state == IN_PROGRESS else None
+        remaining = found.lease_remaining_seconds if found.state == IN_PROGRESS else None
         wait = min(self.config.poll_seconds, max(0.05, remaining or self.config.poll_seconds))
         raise Stop(
             Outcome.DEFERRED,
             guard=GUARD_NAME,
-            reason=f"key {key.value!r} is being run by task {claim.task_id}",
+            reason=f"key {key.value!r} is being run by task {found.task_id}",
             retry_after_seconds=wait,
-            details={"key": key.value, "holder_task_id": claim.task_id,
-                     "attempt": claim.attempt, "state": claim.state},
+            details={
+                "key": key.value,
+                "holder_task_id": found.task_id,
+                "attempt": found.attempt,
+                "state": found.state,
+            },
         )
 
     def _reused(self, call: Call, key: GuardKey) -> None:
@@ -271,17 +269,26 @@ class IdempotencyGuard(Guard):
         )
 
     def _replay(
-        self, call: Call, key: GuardKey, result: Any, task_id: str | None, *, source: str,
+        self,
+        call: Call,
+        key: GuardKey,
+        result: Any,
+        task_id: str | None,
+        *,
+        source: str,
         ttl_seconds: float = 0.0,
     ) -> None:
         self._count(call, Outcome.REPLAYED.value)
         if source == "database" and self.config.cache and ttl_seconds > 0:
             # Warm the fast path so the next duplicate costs one Redis round trip.
-            cache = self._cache(call)
-            cache.put_later(
-                call.writes, self.task_name, key.value,
-                fingerprint=key.fingerprint, result_json=canonical_json(result),
-                task_id=task_id, ttl_seconds=ttl_seconds,
+            self._cache(call).put_later(
+                call.writes,
+                self.task_name,
+                key.value,
+                fingerprint=key.fingerprint,
+                result_json=canonical_json(result),
+                task_id=task_id,
+                ttl_seconds=ttl_seconds,
             )
         raise Stop(
             Outcome.REPLAYED,
@@ -291,180 +298,176 @@ class IdempotencyGuard(Guard):
             details={"key": key.value, "original_task_id": task_id, "source": source},
         )
 
-    def _store_down(self, call: Call, key: GuardKey, exc: StorageError) -> None:
-        store_failed(call, exc, guard=GUARD_NAME, policy=self.config.on_store_down,
-                     retry_after_seconds=self.config.store_down_retry_seconds,
-                     name=self.task_name, details={"key": key.value})
-        if self.config.transactional:
-            self._open_transaction(call, call.kept(self))
+    def _store_down(self, call: Call, taken: _Taken, exc: StorageError) -> None:
+        store_failed(
+            call,
+            exc,
+            guard=GUARD_NAME,
+            policy=self.config.on_store_down,
+            retry_after_seconds=self.config.store_down_retry_seconds,
+            name=self.task_name,
+            details={"key": taken.key.value},
+        )
+        if self.config.transactional:  # failing open: the body still gets its transaction
+            self._begin(call, taken)
 
-    def _open_transaction(self, call: Call, state: dict[str, Any]) -> None:
-        from sqlalchemy.orm import Session
-
+    def _begin(self, call: Call, taken: _Taken) -> None:
+        """Open the body's transaction and hand its session to the body; when none can be
+        opened the claim is given back and the call DEFERRED."""
         try:
-            connection = self._stores(call).engine().connect()
-            transaction = connection.begin()
+            taken.transaction = self.backend(call.task).begin()
         except Exception as exc:
-            holder = state.pop("holder", None)
-            if holder is not None:
-                self._quietly(call, lambda: self.store(call).release(holder), "release")
-            error = wrap_database_error(exc, "open transaction")
+            self._release(call, taken)
+            if isinstance(exc, ConfigurationError):
+                raise
+            error = translate_store_error(exc, "idempotency store: open transaction")
             raise Stop(
-                Outcome.DEFERRED, guard=GUARD_NAME, reason=str(error),
+                Outcome.DEFERRED,
+                guard=GUARD_NAME,
+                reason=str(error),
                 retry_after_seconds=self.config.store_down_retry_seconds,
                 details={"store_down": True},
             ) from exc
-        # rollback_only: the body's session.commit() only flushes into this transaction;
-        # the guard commits it together with the record's completion.
-        session = Session(bind=connection, join_transaction_mode="rollback_only",
-                          expire_on_commit=False)
-        state.update(connection=connection, transaction=transaction, session=session)
-        call.inject["session"] = session
+        call.inject["session"] = taken.transaction.session
 
-    # -- commit (inside every lock and lease the call holds) ---------------------------------
+    # -- commit (inside every lock and lease the call holds) -------------------------------
     def commit(self, call: Call, result: Any) -> None:
         """Record the result, with the body's writes in transactional mode, before any
         guard gives back: a lock released before this commit would let a second run read
         state without these writes (a lost update)."""
-        state = call.kept(self) or {}
-        holder: Holder | None = state.get("holder")
-        key: GuardKey = state["key"]
+        taken: _Taken = call.kept(self)
+        claim, key = taken.claim, taken.key
         try:
             result_json = canonical_json(result)
         except NonJsonArguments as exc:
-            self._close_transaction(state, commit=False)
+            self._close(taken)
             message = f"UnserializableResult: {exc}"
-            if holder is not None:
-                self._quietly(call, lambda: self.store(call).fail(
-                    holder, message, self.config.ttl_seconds), "fail")
+            if claim is not None:
+                taken.claim = None
+                self._quietly(
+                    lambda: self.backend(call.task).fail(claim, message, self.config.ttl_seconds),
+                    "fail",
+                )
             raise UnserializableResult(
                 f"{self.task_name}: the result of an idempotent task must be JSON so it can "
                 f"be replayed; got {type(result).__name__}",
                 key=key.value,
             ) from None
         if self.config.transactional:
-            self._commit_with_record(call, state, holder, result_json)
-        elif holder is not None:
+            self._commit_transaction(call, taken, result_json)
+        elif claim is not None:
             try:
-                done = self.store(call).complete(holder, result_json, self.config.ttl_seconds)
+                done = self.backend(call.task).complete(claim, result_json, self.config.ttl_seconds)
             except StorageError as exc:
                 # The effect happened; the record stays open until its lease ends.
                 logger.error("idempotency completion of %s not recorded: %s", key.full, exc)
                 self._count(call, "UNRECORDED")
                 return
             if not done:
-                logger.warning("idempotency claim on %s was taken over before completion "
-                               "(attempt %s)", key.full, holder.attempt)
+                logger.warning(
+                    "idempotency claim on %s was taken over before completion (attempt %s)",
+                    key.full,
+                    claim.attempt,
+                )
                 self._count(call, "STALE")
                 return
         # Committed: nothing is left to give back, whatever an outer guard does next.
-        state.pop("holder", None)
-        if holder is not None and self.config.cache:
-            cache = self._cache(call)
-            cache.put_later(
-                call.writes, self.task_name, key.value,
-                fingerprint=key.fingerprint, result_json=result_json, task_id=call.task_id,
+        taken.claim = None
+        if claim is not None and self.config.cache:
+            self._cache(call).put_later(
+                call.writes,
+                self.task_name,
+                key.value,
+                fingerprint=key.fingerprint,
+                result_json=result_json,
+                task_id=call.task_id,
                 ttl_seconds=self.config.ttl_seconds,
             )
 
-    def _commit_with_record(
-        self, call: Call, state: dict[str, Any], holder: Holder | None, result_json: str
-    ) -> None:
-        from sqlalchemy.exc import DBAPIError
-
-        key: GuardKey = state["key"]
-        session = state["session"]
-        connection = state["connection"]
+    def _commit_transaction(self, call: Call, taken: _Taken, result_json: str) -> None:
+        """The body's writes and the record's completion commit as one, after proving every
+        lock and lease is still owned; otherwise both roll back and the call is DEFERRED."""
+        transaction, claim, key = taken.transaction, taken.claim, taken.key
+        assert transaction is not None, "transactional call without a transaction"
         try:
-            session.flush()
-            if holder is not None and not self.store(call).complete_in(
-                connection, holder, result_json, self.config.ttl_seconds
-            ):
+            if not transaction.complete(claim, result_json, self.config.ttl_seconds):
+                assert claim is not None
                 raise self._rolled_back(
-                    call, state, "STALE", {"attempt": holder.attempt, "stale": True},
-                    f"claim on {key.value!r} was taken over (attempt {holder.attempt})")
+                    call,
+                    taken,
+                    "STALE",
+                    {"attempt": claim.attempt, "stale": True},
+                    f"claim on {key.value!r} was taken over (attempt {claim.attempt})",
+                )
             try:
-                # The commit must happen while every lock and lease is owned: prove it.
                 call.checkpoint()
             except Exception as lost:
                 raise self._rolled_back(
-                    call, state, "LOCK-LOST", {"lock_lost": True},
-                    f"a lock or lease was lost before the commit ({lost})") from lost
-            state["transaction"].commit()
-        except DBAPIError as exc:
-            self._close_transaction(state, commit=False)
-            error = wrap_database_error(exc, "commit")
+                    call,
+                    taken,
+                    "LOCK-LOST",
+                    {"lock_lost": True},
+                    f"a lock or lease was lost before the commit ({lost})",
+                ) from lost
+            transaction.commit()
+        except StorageError as error:
+            self._close(taken)
             logger.warning("idempotent commit of %s failed: %s", key.full, error)
             # Rolled back (or unknown): a later delivery replays, or reclaims after the lease;
             # a write PostgreSQL rejects (too long, a constraint) is dead-lettered instead of
             # deferred forever. The body's writes are part of this commit, so "down" never
             # means "run unguarded" here.
-            store_failed(call, error, guard=GUARD_NAME, policy=StoreDown.FAIL_CLOSED,
-                         retry_after_seconds=self.config.store_down_retry_seconds,
-                         name=self.task_name, details={"key": key.value})
+            store_failed(
+                call,
+                error,
+                guard=GUARD_NAME,
+                policy=StoreDown.FAIL_CLOSED,
+                retry_after_seconds=self.config.store_down_retry_seconds,
+                name=self.task_name,
+                details={"key": key.value},
+            )
         finally:
-            self._close_transaction(state, commit=False)
+            self._close(taken)
 
-    def _rolled_back(self, call: Call, state: dict[str, Any], counter: str,
-                     details: dict[str, Any], why: str) -> Stop:
+    def _rolled_back(
+        self, call: Call, taken: _Taken, counter: str, details: dict[str, Any], why: str
+    ) -> Stop:
         """Roll this run's writes back and say so: DEFERRED, counted under `counter`."""
-        self._close_transaction(state, commit=False)
+        self._close(taken)
         self._count(call, counter)
-        key: GuardKey = state["key"]
         return Stop(
-            Outcome.DEFERRED, guard=GUARD_NAME,
+            Outcome.DEFERRED,
+            guard=GUARD_NAME,
             reason=f"{why}; this run's writes were rolled back",
             retry_after_seconds=self.config.poll_seconds,
-            details={"key": key.value, **details},
+            details={"key": taken.key.value, **details},
         )
 
-    def _close_transaction(self, state: dict[str, Any], *, commit: bool) -> None:
-        session = state.pop("session", None)
-        transaction = state.pop("transaction", None)
-        connection = state.pop("connection", None)
-        try:
-            if session is not None:
-                session.close()
-            if transaction is not None and transaction.is_active:
-                if commit:
-                    transaction.commit()
-                else:
-                    transaction.rollback()
-        except Exception as exc:  # noqa: BLE001 - rollback of a broken connection; it is closed
-            logger.warning("idempotency transaction cleanup: %s", exc)
-        finally:
-            if connection is not None:
-                connection.close()
-
-    def _quietly(self, call: Call, action: Callable[[], Any], what: str) -> None:
-        try:
-            action()
-        except StorageError as exc:
-            # The lease ends on its own; only the record's view is late.
-            logger.warning("idempotency %s not recorded: %s", what, exc)
-
+    # -- give back -------------------------------------------------------------------------
     def on_error(self, call: Call, exc: BaseException) -> None:
         """Give the claim back; a transactional body whose database went away is DEFERRED.
 
         Its writes were rolled back with the transaction, so the job has had no effect:
         failing it would lose it (no retry policy) for what is only an outage.
         """
-        state = call.kept(self) or {}
-        self._close_transaction(state, commit=False)
-        holder: Holder | None = state.get("holder")
-        outage = self.config.transactional and _database_outage(exc)
-        if holder is not None:
-            store = self.store(call)
+        taken: _Taken | None = call.kept(self)
+        self._close(taken)
+        outage = self.config.transactional and self.backend(call.task).unavailable(exc)
+        if taken is not None and taken.claim is not None:
             if outage or is_retryable(exc):
-                self._quietly(call, lambda: store.release(holder), "release")
+                self._release(call, taken)
             else:
-                error = f"{type(exc).__name__}: {exc}"
-                self._quietly(call, lambda: store.fail(holder, error, self.config.ttl_seconds),
-                              "fail")
+                claim, error = taken.claim, f"{type(exc).__name__}: {exc}"
+                taken.claim = None
+                self._quietly(
+                    lambda: self.backend(call.task).fail(claim, error, self.config.ttl_seconds),
+                    "fail",
+                )
         if outage:
             self._count(call, Outcome.DEFERRED.value)
             raise Stop(
-                Outcome.DEFERRED, guard=GUARD_NAME,
+                Outcome.DEFERRED,
+                guard=GUARD_NAME,
                 reason=f"the database went away under the transactional body "
                 f"({type(exc).__name__}); its writes were rolled back",
                 retry_after_seconds=self.config.store_down_retry_seconds,
@@ -473,11 +476,30 @@ class IdempotencyGuard(Guard):
 
     def on_stop(self, call: Call, stop: Stop) -> None:
         # An inner guard stopped the call (lock held, breaker open): the body did not run.
-        state = call.kept(self) or {}
-        self._close_transaction(state, commit=False)
-        holder: Holder | None = state.get("holder")
-        if holder is not None:
-            self._quietly(call, lambda: self.store(call).release(holder), "release")
+        taken: _Taken | None = call.kept(self)
+        self._close(taken)
+        if taken is not None:
+            self._release(call, taken)
+
+    def _release(self, call: Call, taken: _Taken) -> None:
+        claim, taken.claim = taken.claim, None
+        if claim is not None:
+            self._quietly(lambda: self.backend(call.task).release(claim), "release")
+
+    @staticmethod
+    def _close(taken: _Taken | None) -> None:
+        """Roll back and close the body's transaction, if one is open."""
+        if taken is not None and taken.transaction is not None:
+            transaction, taken.transaction = taken.transaction, None
+            transaction.close()
+
+    @staticmethod
+    def _quietly(action: Callable[[], Any], what: str) -> None:
+        try:
+            action()
+        except StorageError as exc:
+            # The lease ends on its own; only the record's view is late.
+            logger.warning("idempotency %s not recorded: %s", what, exc)
 
 
 class IdempotencyKeyGuard(EnqueueGuard):
@@ -509,20 +531,27 @@ def idempotent(
     cache: bool = True,
     synchronous_commit: bool = False,
     prepared_statements: bool = True,
+    backend: BackendOption = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Make a task idempotent: one effect and one result per key within `ttl_seconds`.
 
-    Place it under `@app.task(...)`. See `IdempotencyConfig` for the options.
+    Place it under `@app.task(...)`. See `IdempotencyConfig` for the options; `backend`
+    replaces PostgreSQL of the app's stores (see `IdempotencyGuard`).
 
     Raises:
         ConfigurationError: bad options, a key template naming a missing argument, or
             `transactional=True` on a function without a `session=None` parameter.
     """
     config = IdempotencyConfig(
-        key=key, ttl_seconds=ttl_seconds, lease_seconds=lease_seconds,
-        transactional=transactional, on_store_down=on_store_down,
-        store_down_retry_seconds=store_down_retry_seconds, poll_seconds=poll_seconds,
-        cache=cache, synchronous_commit=synchronous_commit,
+        key=key,
+        ttl_seconds=ttl_seconds,
+        lease_seconds=lease_seconds,
+        transactional=transactional,
+        on_store_down=on_store_down,
+        store_down_retry_seconds=store_down_retry_seconds,
+        poll_seconds=poll_seconds,
+        cache=cache,
+        synchronous_commit=synchronous_commit,
         prepared_statements=prepared_statements,
     )
 
@@ -530,33 +559,23 @@ def idempotent(
         KeySpec(func, key)  # a template naming a missing argument fails here
         if transactional:
             parameter = inspect.signature(func).parameters.get("session")
-            if parameter is None or parameter.default is not None or parameter.kind not in (
-                inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
+            if (
+                parameter is None
+                or parameter.default is not None
+                or parameter.kind
+                not in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
             ):
                 raise ConfigurationError(
                     f"{func.__name__}: transactional=True gives the body a SQLAlchemy session; "
                     "declare a parameter `session: Session | None = None` for it",
                     function=func.__name__,
                 )
-        guard = IdempotencyGuard(config)
+        guard = IdempotencyGuard(config, backend)
         attach(func, guard)
         attach(func, IdempotencyKeyGuard(guard))
         return func
 
     return decorate
-
-
-def _database_outage(exc: BaseException) -> bool:
-    """Is `exc` PostgreSQL being unreachable (not a bug, not a constraint)?"""
-    from sqlalchemy.exc import DBAPIError
-
-    from resilience.errors import StoreUnavailable
-
-    if isinstance(exc, StoreUnavailable):
-        return True
-    if not isinstance(exc, DBAPIError):
-        return False
-    return isinstance(wrap_database_error(exc, "body"), StoreUnavailable)
 
 
 IdempotencyKeyCheck = IdempotencyKeyGuard  # deprecated alias, removed in the next release

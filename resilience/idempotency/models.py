@@ -31,15 +31,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
+from resilience.idempotency.backends import FAILED, IN_PROGRESS, STATES, SUCCEEDED
 from resilience.schema import metadata
 
 TABLE_NAME = "idempotency_records"
 
-#: Record states, as stored.
-IN_PROGRESS = "in_progress"
-SUCCEEDED = "succeeded"
-FAILED = "failed"
-STATES = (IN_PROGRESS, SUCCEEDED, FAILED)
+__all__ = ["FAILED", "IN_PROGRESS", "STATES", "SUCCEEDED", "TABLE_NAME", "idempotency_records"]
 
 idempotency_records = Table(
     TABLE_NAME,
@@ -61,9 +58,7 @@ idempotency_records = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("expires_at", DateTime(timezone=True), nullable=False),
     UniqueConstraint("task_name", "key", name="uq_idempotency_records_task_name_key"),
-    CheckConstraint(
-        "state IN ('in_progress', 'succeeded', 'failed')", name="state_known"
-    ),
+    CheckConstraint("state IN ('in_progress', 'succeeded', 'failed')", name="state_known"),
     # Cleanup scans only finished rows by expiry; the reaper only open claims by lease.
     Index(
         "ix_idempotency_records_expires_at_finished",

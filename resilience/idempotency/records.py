@@ -1,90 +1,119 @@
-"""Read and purge idempotency records, for the admin commands and the dashboard."""
+"""The operator's side of idempotency: show, list and purge records; describe live state.
+
+`jobs idempotency ...` and the status snapshot use these instead of querying the record
+table themselves; every read goes through the backend, so its errors arrive wrapped
+(`StoreUnavailable`, `StorageError`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
+import logging
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.exc import DBAPIError
-
-from resilience.idempotency.models import IN_PROGRESS, TABLE_NAME
-from resilience.idempotency.store import wrap_database_error
+from resilience.errors import StorageError
+from resilience.holders import Holder
+from resilience.idempotency.backends import IdempotencyBackend, Record
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Engine
+    from resilience.idempotency.cache import ResultCache
+    from resilience.stores import Stores
 
-_FIELDS = (
-    "task_name, key, fingerprint, state, result, error, attempt, lease_owner, "
-    "lease_expires_at, task_id, created_at, updated_at, expires_at"
-)
+logger = logging.getLogger("resilience.idempotency")
 
 
 @dataclass(frozen=True)
-class Record:
-    """One idempotency record as stored."""
+class IdempotencyState:
+    """What is on now: records by state, the open claims' holders, the cache's size.
 
-    task_name: str
-    key: str
-    fingerprint: str
-    state: str
-    result: Any
-    error: str | None
-    attempt: int
-    lease_owner: str | None
-    lease_expires_at: datetime | None
-    task_id: str | None
-    created_at: datetime
-    updated_at: datetime
-    expires_at: datetime
-
-
-def _query(engine: Engine, sql: str, parameters: dict[str, Any]) -> list[Record]:
-    try:
-        with engine.connect() as connection:
-            rows = connection.exec_driver_sql(sql, parameters).all()
-    except DBAPIError as exc:
-        raise wrap_database_error(exc, "read") from exc
-    return [Record(*row) for row in rows]
-
-
-def find(engine: Engine, task_name: str, key: str) -> Record | None:
-    """The record of `key` under `task_name`, or None."""
-    rows = _query(
-        engine,
-        f"SELECT {_FIELDS} FROM {TABLE_NAME} WHERE task_name = %(t)s AND key = %(k)s",
-        {"t": task_name, "k": key},
-    )
-    return rows[0] if rows else None
-
-
-def recent(
-    engine: Engine, *, limit: int = 20, task_name: str | None = None, state: str | None = None
-) -> list[Record]:
-    """The most recently updated records, newest first, optionally of one task or state."""
-    return _query(
-        engine,
-        f"SELECT {_FIELDS} FROM {TABLE_NAME} "
-        "WHERE (%(t)s::text IS NULL OR task_name = %(t)s) "
-        "AND (%(s)s::text IS NULL OR state = %(s)s) "
-        "ORDER BY updated_at DESC LIMIT %(n)s",
-        {"t": task_name, "s": state, "n": int(limit)},
-    )
-
-
-def purge(engine: Engine, task_name: str, key: str, *, force: bool = False) -> bool:
-    """Delete one record so the key runs again; an open claim only with `force`.
-
-    Returns:
-        True when a record was deleted.
+    Args:
+        by_state: record count per state (every state, zeros included).
+        holders: open claims, oldest first (at most the limit asked for).
+        cached_results: results in the Redis cache; None when not counted or unreadable.
     """
-    guard = "" if force else f" AND state <> '{IN_PROGRESS}'"
-    try:
-        with engine.begin() as connection:
-            deleted = connection.exec_driver_sql(
-                f"DELETE FROM {TABLE_NAME} WHERE task_name = %(t)s AND key = %(k)s{guard}",
-                {"t": task_name, "k": key},
-            ).rowcount
-    except DBAPIError as exc:
-        raise wrap_database_error(exc, "purge") from exc
-    return deleted > 0
+
+    by_state: dict[str, int]
+    holders: list[Holder] = field(default_factory=list)
+    cached_results: int | None = None
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_state.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready fields (status views, `--json`)."""
+        return {
+            "by_state": dict(self.by_state),
+            "total": self.total,
+            "holders": [holder.as_dict() for holder in self.holders],
+            "cached_results": self.cached_results,
+        }
+
+
+class IdempotencyRecords:
+    """Show, list and purge records, and describe live state.
+
+    Args:
+        backend: where the records live.
+        cache: the result cache, so a purge also drops the cached copy (None: no cache).
+    """
+
+    def __init__(self, backend: IdempotencyBackend, cache: ResultCache | None = None) -> None:
+        self.backend = backend
+        self.cache = cache
+
+    def find(self, task_name: str, key: str) -> Record | None:
+        """The record of `key` under `task_name`, or None."""
+        return self.backend.read(task_name, key)
+
+    def recent(
+        self, *, limit: int = 20, task_name: str | None = None, state: str | None = None
+    ) -> list[Record]:
+        """The most recently updated records, newest first, optionally of one task or state."""
+        return self.backend.recent(limit=limit, task_name=task_name, state=state)
+
+    def purge(self, task_name: str, key: str, *, force: bool = False) -> bool:
+        """Delete one record and its cached copy so the key runs again; an open claim only
+        with `force`. Returns True when a record was deleted."""
+        deleted = self.backend.purge(task_name, key, force=force)
+        if self.cache is not None:
+            self.cache.forget(task_name, key)
+        return deleted
+
+    def describe(self, *, holders_limit: int = 20, cache_size: bool = True) -> IdempotencyState:
+        """Records by state, the oldest open claims, and (when asked) the cache's size.
+
+        Args:
+            holders_limit: most open claims listed.
+            cache_size: count the cached results (one SCAN of the cache's keys).
+
+        Raises:
+            StoreUnavailable, StorageError: the records cannot be read (an unreadable
+                cache only leaves `cached_results` None).
+        """
+        cached: int | None = None
+        if cache_size and self.cache is not None:
+            try:
+                cached = self.cache.size()
+            except StorageError as exc:
+                logger.warning("idempotency cache size unknown: %s", exc)
+        return IdempotencyState(
+            by_state=self.backend.count_by_state(),
+            holders=self.backend.holders(limit=holders_limit),
+            cached_results=cached,
+        )
+
+
+def records_for(stores: Stores) -> IdempotencyRecords:
+    """The records of `stores`: PostgreSQL, with the Redis result cache."""
+    from resilience.idempotency.backends.postgres import backend_for
+    from resilience.idempotency.cache import ResultCache
+
+    return IdempotencyRecords(backend_for(stores), ResultCache(stores.redis()))
+
+
+def describe(
+    stores: Stores, *, holders_limit: int = 20, cache_size: bool = True
+) -> IdempotencyState:
+    """Live idempotency state of `stores` (see `IdempotencyRecords.describe`)."""
+    return records_for(stores).describe(holders_limit=holders_limit, cache_size=cache_size)

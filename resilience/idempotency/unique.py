@@ -29,6 +29,7 @@ from resilience.errors import ConfigurationError, DuplicateJob, StoreUnavailable
 from resilience.keys import KeyOption, KeySpec, redis_key
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, EnqueueGuard, EnqueueStage, Guard, Publish, Stage, attach
+from resilience.publish import UNIQUE_HEADER, broker_redis, guarded_publish
 from resilience.scripts import LuaScript
 from resilience.store_down import StoreDown, store_down_policy
 from resilience.stores import stores_for
@@ -77,6 +78,13 @@ class UniqueConfig:
             )
 
 
+class _InPush(tuple[str, str]):
+    """(key, task id) of a unique key the transport takes in the push (guarded publish)."""
+
+    def __new__(cls, key: str, task_id: str) -> _InPush:
+        return super().__new__(cls, (key, task_id))
+
+
 class UniqueKeys:
     """The unique keys of one task: shared by its enqueue guard and its release guard."""
 
@@ -95,6 +103,14 @@ class UniqueKeys:
     def redis_key(self, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> str:
         assert self.spec is not None, "guard used before bind()"
         return redis_key(NAMESPACE, self.spec.build(self.task_name, args, kwargs).full)
+
+    @staticmethod
+    def client(app: Any) -> redis.Redis:
+        """Where the keys live: the broker's Redis when its transport checks them in the
+        push (`resilience.publish`: one round trip per `.delay()`), else the shared Redis."""
+        if guarded_publish(app):
+            return broker_redis(app)
+        return stores_for(app).redis()
 
     def release(self, client: redis.Redis, key: str, task_id: str | None) -> None:
         if task_id is None:
@@ -122,8 +138,16 @@ class UniqueEnqueueGuard(EnqueueGuard):
         task_id = publish.state.get("task_id") or str(uuid.uuid4())
         # GuardedTask publishes with publish.state["task_id"], so the key names the real job.
         publish.state["task_id"] = task_id
-        client = stores_for(publish.task.app).redis()
         ttl_ms = max(1, int(self.keys.config.ttl_seconds * 1000))
+        if guarded_publish(publish.task.app):
+            # The transport takes the key in the push itself; a duplicate comes back as
+            # DuplicateJob from the publish, answered in give_back.
+            headers = dict(publish.options.get("headers") or {})
+            headers[UNIQUE_HEADER] = {"key": key, "task_id": task_id, "ttl_ms": ttl_ms}
+            publish.options["headers"] = headers
+            publish.state[GUARD_NAME] = _InPush(key, task_id)
+            return
+        client = self.keys.client(publish.task.app)
         try:
             holder = ACQUIRE(client, [key], [task_id, ttl_ms])
         except Exception as exc:
@@ -139,6 +163,10 @@ class UniqueEnqueueGuard(EnqueueGuard):
         if holder is None:
             publish.state[GUARD_NAME] = (key, task_id)
             return
+        self._duplicate(publish, key, holder)
+
+    def _duplicate(self, publish: Publish, key: str, holder: str) -> None:
+        """Answer a duplicate: the existing job's AsyncResult (a Stop) or `DuplicateJob`."""
         self._count(publish, Outcome.REJECTED.value)
         if self.keys.config.raise_on_duplicate:
             raise DuplicateJob(
@@ -155,11 +183,14 @@ class UniqueEnqueueGuard(EnqueueGuard):
             details={"key": key, "existing_task_id": holder},
         )
 
-
-
     def _count(self, publish: Publish, outcome: str) -> None:
-        count_outcome(publish.task.app, outcome, guard=GUARD_NAME, tier=self.keys.tier,
-                      name=self.keys.task_name)
+        count_outcome(
+            publish.task.app,
+            outcome,
+            guard=GUARD_NAME,
+            tier=self.keys.tier,
+            name=self.keys.task_name,
+        )
 
     def give_back(self, publish: Publish, error: BaseException) -> None:
         """A later guard refused the job or the publish failed: the key names no job, so
@@ -168,7 +199,12 @@ class UniqueEnqueueGuard(EnqueueGuard):
         if taken is None:
             return
         key, task_id = taken
-        self.keys.release(stores_for(publish.task.app).redis(), key, task_id)
+        if isinstance(taken, _InPush):
+            (publish.options.get("headers") or {}).pop(UNIQUE_HEADER, None)
+            if isinstance(error, DuplicateJob) and error.fields.get("key") == key:
+                self._duplicate(publish, key, str(error.fields["task_id"]))
+        # Compare-and-delete: a no-op when the key was never taken for this task id.
+        self.keys.release(self.keys.client(publish.task.app), key, task_id)
 
 
 class UniqueReleaseGuard(Guard):
@@ -190,7 +226,7 @@ class UniqueReleaseGuard(Guard):
         except Exception as exc:  # noqa: BLE001 - bad arguments fail the task elsewhere
             logger.warning("unique key not computable: %s", exc)
             return
-        self.keys.release(stores_for(call.task.app).redis(), key, call.task_id)
+        self.keys.release(self.keys.client(call.task.app), key, call.task_id)
 
     def before_run(self, call: Call) -> None:
         if self.keys.config.mode == "until_started":
@@ -227,7 +263,10 @@ def unique(
         ConfigurationError: bad options or a key template naming a missing argument.
     """
     config = UniqueConfig(
-        ttl_seconds=ttl_seconds, mode=mode, raise_on_duplicate=raise_on_duplicate, key=key,
+        ttl_seconds=ttl_seconds,
+        mode=mode,
+        raise_on_duplicate=raise_on_duplicate,
+        key=key,
         on_store_down=on_store_down,
     )
 
@@ -255,12 +294,15 @@ def _release_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
         releases = [g for g in execution.guards if isinstance(g, UniqueReleaseGuard)]
         if not releases:
             return
-        client = stores_for(sender.app).redis()
-        args, kwargs = list(getattr(request, "args", None) or ()), dict(
-            getattr(request, "kwargs", None) or {})
+        client = UniqueKeys.client(sender.app)
+        args, kwargs = (
+            list(getattr(request, "args", None) or ()),
+            dict(getattr(request, "kwargs", None) or {}),
+        )
         for guard in releases:
-            guard.keys.release(client, guard.keys.redis_key(args, kwargs),
-                               getattr(request, "id", None))
+            guard.keys.release(
+                client, guard.keys.redis_key(args, kwargs), getattr(request, "id", None)
+            )
     except Exception as exc:  # noqa: BLE001 - the key still expires with its TTL
         logger.warning("unique key of revoked job not released: %s", exc)
 

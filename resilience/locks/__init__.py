@@ -1,32 +1,40 @@
 """Exclusive-run guards: PostgreSQL advisory-lock singletons, Redis locks and Redlock.
 
-    singleton   at most one run per key; PostgreSQL session advisory lock (advisory.py)
+    singleton   at most one run per key; PostgreSQL session advisory lock
     exclusive   at most one holder per key; Redlock + lease heartbeat + fencing token
-    RedisLock   one-node lock (redis_lock.py);  Redlock  N-node quorum lock (redlock.py)
-    FencingTokens   tokens from a PostgreSQL sequence and the resource-side check (fencing.py)
-    LeaderElectedScheduler  celery beat that only schedules while it leads (beat.py)
+    describe    who holds which lock now (`Holder`s), for admin and status views
+
+    config.py       SingletonConfig, ExclusiveConfig (options)
+    guards.py       the flow: SingletonGuard, ExclusiveGuard, Hold, the decorators
+    backends/       LockBackend and its stores: postgres.py (AdvisorySession, the registry),
+                    redis.py (RedisLock, the Lua scripts), redlock.py (Redlock)
+    fencing.py      FencingTokens: tokens from a PostgreSQL sequence, the resource-side check
+    heartbeat.py    Heartbeat: renews a lease while the body runs
+    registry.py     describe(), force_release() (`jobs locks`)
+    beat.py         LeaderElectedScheduler: celery beat that only schedules while it leads
 """
 
-from resilience.locks.advisory import AdvisorySession, advisory_id
-from resilience.locks.fencing import FencingTokens
-from resilience.locks.guards import (
+from resilience.locks.backends import Claimant, Lease, LockBackend, Taken
+from resilience.locks.backends.postgres import AdvisoryLockBackend, AdvisorySession, advisory_id
+from resilience.locks.backends.redis import RedisLock
+from resilience.locks.backends.redlock import Redlock, RedlockBackend, RedlockConfig, RedlockOptions
+from resilience.locks.config import (
     ExclusiveConfig,
-    ExclusiveGuard,
     ExclusiveOptions,
     SingletonConfig,
-    SingletonGuard,
     SingletonOptions,
-    exclusive,
-    singleton,
 )
+from resilience.locks.fencing import FencingTokens
+from resilience.locks.guards import ExclusiveGuard, Hold, SingletonGuard, exclusive, singleton
 from resilience.locks.heartbeat import Heartbeat, HeartbeatConfig, HeartbeatOptions
-from resilience.locks.redis_lock import Lease, RedisLock
-from resilience.locks.redlock import Redlock, RedlockConfig, RedlockOptions
+from resilience.locks.registry import describe, force_release
 
 # ExclusiveOptions, SingletonOptions, HeartbeatOptions, RedlockOptions: deprecated
 # aliases of the *Config names, removed in the next release.
 __all__ = [
+    "AdvisoryLockBackend",
     "AdvisorySession",
+    "Claimant",
     "ExclusiveConfig",
     "ExclusiveGuard",
     "ExclusiveOptions",
@@ -34,15 +42,21 @@ __all__ = [
     "Heartbeat",
     "HeartbeatConfig",
     "HeartbeatOptions",
+    "Hold",
     "Lease",
+    "LockBackend",
     "RedisLock",
     "Redlock",
+    "RedlockBackend",
     "RedlockConfig",
     "RedlockOptions",
     "SingletonConfig",
     "SingletonGuard",
     "SingletonOptions",
+    "Taken",
     "advisory_id",
+    "describe",
     "exclusive",
+    "force_release",
     "singleton",
 ]

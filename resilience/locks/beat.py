@@ -3,7 +3,7 @@
     celery -A jobs beat -S resilience.locks.beat:LeaderElectedScheduler
 
 Leadership is a PostgreSQL session advisory lock on a connection the beat process opens for
-itself (advisory.py), chosen over a Redis lease because:
+itself (backends/postgres.py), chosen over a Redis lease because:
   * SIGKILL / crash of the leader: the kernel closes its socket, PostgreSQL ends the
     session and frees the lock at once; a standby polls every `leader_poll_seconds`
     (default 1 s), so takeover happens within ~1 s of the leader's death (a whole host
@@ -39,7 +39,7 @@ from typing import Any
 from celery.beat import PersistentScheduler, ScheduleEntry
 
 from resilience.errors import ResilienceError
-from resilience.locks.advisory import AdvisorySession
+from resilience.locks.backends.postgres import AdvisorySession
 from resilience.stores import stores_for
 
 logger = logging.getLogger("resilience.locks.beat")

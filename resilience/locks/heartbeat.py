@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from resilience.errors import ConfigurationError, LockNotOwnedError
-from resilience.locks.redis_lock import Lease
+from resilience.locks.backends import Lease
 
 logger = logging.getLogger("resilience.locks.heartbeat")
 

@@ -5,19 +5,31 @@
     @rate_limit("vendor:{customer_id}", "100/minute")
     def charge(customer_id: str, amount: int) -> None: ...
 
-Algorithms (`algorithms.py`) are pure functions; `backends/redis.py` runs each decision as
-one Lua script on Redis server time; `backends/memory.py` serves one process and tests.
+Algorithms (`algorithms.py`, registry `ALGORITHMS`) are pure functions, each with the Lua
+script that runs it atomically on Redis server time (`backends/redis.py`);
+`backends/memory.py` runs the pure functions for one process and tests. The guards
+(`guards.py`, options in `config.py`) take one step of their algorithm per call.
 """
 
-from resilience.ratelimit.algorithms import Decision
+from resilience.ratelimit.algorithms import (
+    ALGORITHMS,
+    GCRA,
+    LEASE,
+    SLIDING_WINDOW,
+    Algorithm,
+    Decision,
+    Lease,
+    LimiterState,
+    Params,
+)
+from resilience.ratelimit.backends import LimiterBackend
 from resilience.ratelimit.backends.memory import MemoryBackend
 from resilience.ratelimit.backends.redis import RedisBackend
+from resilience.ratelimit.config import ConcurrencyLimitConfig, RateLimitConfig
 from resilience.ratelimit.guards import (
     ConcurrencyGuard,
     ConcurrencyLimit,
-    ConcurrencyLimitConfig,
     RateLimit,
-    RateLimitConfig,
     RateLimitGuard,
     limit_concurrency,
     rate_limit,
@@ -26,11 +38,20 @@ from resilience.ratelimit.rates import Rate, parse
 
 # ConcurrencyLimit, RateLimit: deprecated aliases, removed in the next release.
 __all__ = [
+    "ALGORITHMS",
+    "GCRA",
+    "LEASE",
+    "SLIDING_WINDOW",
+    "Algorithm",
     "ConcurrencyGuard",
     "ConcurrencyLimit",
     "ConcurrencyLimitConfig",
     "Decision",
+    "Lease",
+    "LimiterBackend",
+    "LimiterState",
     "MemoryBackend",
+    "Params",
     "Rate",
     "RateLimit",
     "RateLimitConfig",

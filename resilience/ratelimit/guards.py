@@ -1,6 +1,8 @@
-"""Execution guards: cluster-wide concurrency limit and rate limit (stage LIMITS).
+"""Execution guards: cluster-wide concurrency limit and rate limit (stages CONCURRENCY, RATE).
 
-No slot or no permit ends the call with `Stop(DEFERRED)`: the message is republished with a
+Flow only: options live in `config.py`, the arithmetic in `algorithms.py`, state in a
+backend. Both guards take one step of their algorithm per call (`LimiterBackend.run`); no
+slot or no permit ends the call with `Stop(DEFERRED)`: the message is republished with a
 countdown (the computed retry-after), so a waiting job never spins and never spends a retry.
 When the store is down the guards fail open by default (`on_store_down="fail_open"`: run,
 warn, count `FAIL-OPEN`); `"fail_closed"` defers instead. A store that rejects the decision
@@ -13,17 +15,17 @@ import logging
 import random
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from resilience.counters import count_call
 from resilience.errors import ConfigurationError, StorageError
 from resilience.keys import KeyOption, KeySpec
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Guard, Stage, attach
-from resilience.ratelimit.algorithms import Decision
+from resilience.ratelimit.algorithms import LEASE, Algorithm, Decision, Params, algorithm_named
+from resilience.ratelimit.config import ConcurrencyLimitConfig, RateLimitConfig, split_name
 from resilience.ratelimit.rates import Rate, parse
-from resilience.store_down import StoreDown, resolve, store_failed
+from resilience.store_down import StoreDown, store_failed
 
 if TYPE_CHECKING:
     from celery import Task
@@ -32,135 +34,25 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("resilience.ratelimit")
 
-Algorithm = Literal["gcra", "sliding_window"]
 #: Called with (call, limit key, decision) after every decision: grant times for audits.
 DecisionHook = Callable[[Call, str, Decision], None]
-ALGORITHMS: tuple[str, ...] = ("gcra", "sliding_window")
 
 #: Seconds added to the task's hard time limit for a default lease: the hard limit kills
 #: the process, so a lease this long never ends while its holder still runs.
 LEASE_MARGIN_SECONDS = 10.0
 
 
-def split_name(name_or_key: str, key: KeyOption) -> tuple[str, KeyOption]:
-    """`"customer:{customer_id}"` -> ("customer", "{customer_id}"); a plain name stays.
-
-    Raises:
-        ConfigurationError: empty name, a template without a name prefix, or a template
-            together with `key=`.
-    """
-    if not isinstance(name_or_key, str) or not name_or_key.strip():
-        raise ConfigurationError(f"a limit needs a non-empty name, got {name_or_key!r}")
-    if "{" not in name_or_key:
-        return name_or_key, key
-    if key is not None:
-        raise ConfigurationError(f"limit {name_or_key!r} is a key template; do not also pass key=")
-    prefix, brace, rest = name_or_key.partition("{")
-    name = prefix.rstrip(":-_/ ")
-    if not name:
-        raise ConfigurationError(
-            f"key template {name_or_key!r} needs a name before the first field, e.g. "
-            "'vendor:{customer_id}'; or pass the name and key= separately"
-        )
-    return name, prefix[len(name):].lstrip(":-_/ ") + brace + rest
-
-
-def _validate_common(config: Any, name: str, retry_seconds: float) -> None:
-    if not name:
-        raise ConfigurationError("a limit needs a non-empty name")
-    if not retry_seconds > 0:
-        raise ConfigurationError(f"retry_seconds must be positive, got {retry_seconds!r}")
-    object.__setattr__(config, "on_store_down", resolve(
-        config.on_store_down, config.fail_open, legacy_option="fail_open",
-        default=StoreDown.FAIL_OPEN))
-
-
-@dataclass(frozen=True, kw_only=True)
-class ConcurrencyLimitConfig:
-    """At most `limit` executions at once across the fleet, per `name` (and key).
-
-    Args:
-        name: the limit's name (a dependency: "payments-api"); counters use it.
-        limit: slots (> 0).
-        lease_seconds: how long a slot is held if its holder never releases it (SIGKILL);
-            None takes the task's hard time limit plus 10 s. It must not be shorter than
-            the hard time limit, or a slow holder's slot would be handed to a second one.
-        retry_seconds: typical countdown when no slot is free (jittered 0.5x-1.5x, and
-            never past the earliest lease expiry).
-        on_store_down: "fail_open" (default: run anyway) or "fail_closed" (defer).
-        fail_open: deprecated spelling of `on_store_down` (True / False).
-    """
-
-    name: str
-    limit: int
-    lease_seconds: float | None = None
-    retry_seconds: float = 1.0
-    on_store_down: StoreDown | str | None = None
-    fail_open: bool | None = None
-
-    def __post_init__(self) -> None:
-        _validate_common(self, self.name, self.retry_seconds)
-        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit <= 0:
-            raise ConfigurationError(
-                f"concurrency limit {self.name!r}: limit must be a positive integer, got "
-                f"{self.limit!r}", name=self.name,
-            )
-        if self.lease_seconds is not None and not self.lease_seconds > 0:
-            raise ConfigurationError(
-                f"concurrency limit {self.name!r}: lease_seconds must be positive, got "
-                f"{self.lease_seconds!r}", name=self.name,
-            )
-
-
-@dataclass(frozen=True, kw_only=True)
-class RateLimitConfig:
-    """At most `rate` permits across the fleet, per `name` (and key).
-
-    Args:
-        name: the limit's name; counters use it.
-        rate: `Rate` or notation such as "100/minute".
-        algorithm: "gcra" (O(1) state, smooth; default) or "sliding_window" (strict quota:
-            never more than `limit` in any window; O(limit) state).
-        burst: GCRA only; permits that may be taken at once (default 1: evenly spaced,
-            which also keeps every window of one period within the limit).
-        retry_seconds: countdown when the store failed and fail_open is False.
-        on_store_down: "fail_open" (default: run anyway) or "fail_closed" (defer).
-        fail_open: deprecated spelling of `on_store_down` (True / False).
-    """
-
-    name: str
-    rate: Rate
-    algorithm: Algorithm = "gcra"
-    burst: int = 1
-    retry_seconds: float = 1.0
-    on_store_down: StoreDown | str | None = None
-    fail_open: bool | None = None
-
-    def __post_init__(self) -> None:
-        _validate_common(self, self.name, self.retry_seconds)
-        if not isinstance(self.rate, Rate):
-            object.__setattr__(self, "rate", parse(self.rate))
-        if self.algorithm not in ALGORITHMS:
-            raise ConfigurationError(
-                f"rate limit {self.name!r}: unknown algorithm {self.algorithm!r}; use one of "
-                f"{', '.join(ALGORITHMS)}", name=self.name,
-            )
-        if isinstance(self.burst, bool) or not isinstance(self.burst, int) or self.burst < 1:
-            raise ConfigurationError(
-                f"rate limit {self.name!r}: burst must be an integer >= 1, got {self.burst!r}",
-                name=self.name,
-            )
-        if self.algorithm == "sliding_window" and self.burst != 1:
-            raise ConfigurationError(
-                f"rate limit {self.name!r}: burst applies to gcra only; a sliding window "
-                "allows its whole limit at once", name=self.name,
-            )
-
-
 class _LimitGuard(Guard):
-    """Shared parts: key per call, backend per app, counting, fail-open."""
+    """One step of `algorithm` per call: key per call, backend per app, defer, fail-open.
 
-    stage = Stage.RATE
+    A subclass says who asks (`caller`), with which figures (`params`), how long a denied
+    call waits (`countdown`) and what a grant leaves to give back (`granted`).
+    """
+
+    config: Any
+    algorithm: Algorithm
+    #: The limit's kind in a refusal ("slots", "rate").
+    refusal: ClassVar[str] = "limit"
 
     def __init__(
         self,
@@ -172,13 +64,13 @@ class _LimitGuard(Guard):
         random_fraction: Callable[[], float] = random.random,
         on_decision: DecisionHook | None = None,
     ) -> None:
-        self.config = config
-        self.on_decision = on_decision
-        self.keys = KeySpec(func, key) if (key is not None and func is not None) else None
         if key is not None and func is None:
             raise ConfigurationError("a keyed limit needs the task function (use the decorator)")
+        self.config = config
+        self.keys = KeySpec(func, key) if (key is not None and func is not None) else None
         self.backend = backend
         self.random_fraction = random_fraction
+        self.on_decision = on_decision
 
     def bind(self, task: Task) -> None:
         if self.keys is not None:
@@ -188,20 +80,67 @@ class _LimitGuard(Guard):
             from resilience.ratelimit.backends.redis import RedisBackend
             from resilience.stores import stores_for
 
-            stores = stores_for(task.app)
-            self.backend = RedisBackend(stores.redis)
+            self.backend = RedisBackend(stores_for(task.app).redis)
 
     def describe(self, task: Task | None = None) -> dict[str, Any]:
-        key = self.keys.key if self.keys is not None else None
-        return {"key": key, **super().describe(task)} if key is not None else super().describe(task)
+        options = super().describe(task)
+        return {"key": self.keys.key, **options} if self.keys is not None else options
 
     def limit_key(self, call: Call) -> str:
+        """The limit's key for `call`: its name, or `name:value` of a keyed limit."""
         if self.keys is None:
             return self.config.name
         return self.keys.build(self.config.name, call.args, call.kwargs).full
 
-    def counter(self, call: Call, outcome: str) -> None:
-        count_call(call, outcome, guard=self.name, name=self.config.name)
+    # -- what a subclass decides ---------------------------------------------------------
+    def caller(self, call: Call) -> str | None:
+        """Who asks, as the algorithm knows it (None: the backend draws one)."""
+        return call.task_id
+
+    def params(self, call: Call) -> Params:
+        """The limit's figures for `call`."""
+        raise NotImplementedError
+
+    def refused(self, key: str) -> str:
+        """The reason a denied call is given."""
+        raise NotImplementedError
+
+    def countdown(self, decision: Decision) -> float:
+        """Seconds until the deferred message comes back: the store's retry-after."""
+        return max(0.05, decision.retry_after_seconds)
+
+    def granted(self, call: Call, key: str, caller: str | None) -> None:
+        """A permit or slot was granted; keep what must be given back."""
+
+    # -- the flow ------------------------------------------------------------------------
+    def before_run(self, call: Call) -> None:
+        assert self.backend is not None, "bind() sets the backend"
+        key = self.limit_key(call)
+        caller = self.caller(call)
+        try:
+            decision = self.backend.run(self.algorithm, key, self.params(call), caller)
+        except StorageError as error:
+            store_failed(
+                call,
+                error,
+                guard=self.name,
+                policy=self.config.on_store_down,
+                retry_after_seconds=self.config.retry_seconds,
+                name=self.config.name,
+                details={"limit": self.config.name, "key": key},
+            )
+            return
+        self.observe(call, key, decision)
+        if not decision.allowed:
+            count_call(call, Outcome.DEFERRED.value, guard=self.name, name=self.config.name)
+            raise Stop(
+                Outcome.DEFERRED,
+                guard=self.name,
+                reason=self.refused(key),
+                retry_after_seconds=self.countdown(decision),
+                details={"limit": self.config.name, "key": key, "used": decision.used},
+            )
+        self.granted(call, key, caller)
 
     def observe(self, call: Call, key: str, decision: Decision) -> None:
         """Hand the decision to `on_decision` (metrics, audit); its errors never fail a job."""
@@ -212,28 +151,9 @@ class _LimitGuard(Guard):
         except Exception as exc:  # noqa: BLE001 - an observer must not change the outcome
             logger.warning("%s on_decision hook failed: %s", self.name, exc)
 
-    def countdown(self, decision: Decision) -> float:
-        """Seconds until the deferred message comes back: the store's retry-after."""
-        return max(0.05, decision.retry_after_seconds)
-
-    def defer(self, call: Call, key: str, decision: Decision, reason: str) -> Stop:
-        self.counter(call, Outcome.DEFERRED.value)
-        return Stop(
-            Outcome.DEFERRED,
-            guard=self.name,
-            reason=reason,
-            retry_after_seconds=self.countdown(decision),
-            details={"limit": self.config.name, "key": key, "used": decision.used},
-        )
-
-    def store_failed(self, call: Call, key: str, error: StorageError) -> None:
-        store_failed(call, error, guard=self.name, policy=self.config.on_store_down,
-                     retry_after_seconds=self.config.retry_seconds, name=self.config.name,
-                     details={"limit": self.config.name, "key": key})
-
 
 class ConcurrencyGuard(_LimitGuard):
-    """Cluster-wide semaphore: a slot is a lease in Redis, released after the body.
+    """Cluster-wide semaphore: a slot is a lease in the store, released after the body.
 
     Race timeline a lease covers: worker A takes a slot, is SIGKILLed before releasing;
     its lease expires at acquire + lease_seconds on Redis's clock, and the next acquire
@@ -242,6 +162,7 @@ class ConcurrencyGuard(_LimitGuard):
 
     name = "concurrency"
     stage = Stage.CONCURRENCY
+    algorithm = LEASE
     config: ConcurrencyLimitConfig
 
     def bind(self, task: Task) -> None:
@@ -253,39 +174,34 @@ class ConcurrencyGuard(_LimitGuard):
                 f"{task.name}: concurrency limit {self.config.name!r} lease_seconds={lease:g} "
                 f"is shorter than the task's hard time limit ({hard:g}s): a slow holder's "
                 "slot would be given to another execution; raise lease_seconds or lower "
-                "time_limit", name=self.config.name,
+                "time_limit",
+                name=self.config.name,
             )
 
     def lease_for(self, call: Call) -> float:
+        """The lease of `call`'s slot: the configured one, or the hard time limit + margin."""
         if self.config.lease_seconds is not None:
             return self.config.lease_seconds
         hard = getattr(call.task, "time_limit", None) or 300.0
         return float(hard) + LEASE_MARGIN_SECONDS
+
+    def caller(self, call: Call) -> str:
+        # Unique per execution: a redelivered message must not renew its dead twin's slot.
+        return f"{call.task_id or 'inline'}:{uuid.uuid4().hex[:12]}"
+
+    def params(self, call: Call) -> Params:
+        return self.config.params(self.lease_for(call))
+
+    def refused(self, key: str) -> str:
+        return f"all {self.config.limit} slots of {key!r} are taken"
 
     def countdown(self, decision: Decision) -> float:
         typical = self.config.retry_seconds * (0.5 + self.random_fraction())
         # A slot is certainly free once the earliest lease ends; usually sooner (release).
         return max(0.05, min(typical, decision.retry_after_seconds or typical))
 
-    def before_run(self, call: Call) -> None:
-        assert self.backend is not None
-        key = self.limit_key(call)
-        holder = f"{call.task_id or 'inline'}:{uuid.uuid4().hex[:12]}"
-        try:
-            decision = self.backend.acquire_lease(
-                key, holder=holder, limit=self.config.limit, lease_seconds=self.lease_for(call)
-            )
-        except StorageError as error:
-            self.store_failed(call, key, error)
-            return
-        self.observe(call, key, decision)
-        if not decision.allowed:
-            raise self.defer(
-                call, key, decision,
-                f"all {self.config.limit} slots of {key!r} are taken",
-            )
-        call.keep(self, (key, holder))
-
+    def granted(self, call: Call, key: str, caller: str | None) -> None:
+        call.keep(self, (key, caller))
 
     def release(self, call: Call) -> None:
         taken = call.take_back(self)
@@ -293,9 +209,8 @@ class ConcurrencyGuard(_LimitGuard):
             return
         key, holder = taken
         try:
-            if not self.backend.release_lease(key, holder=holder):
-                logger.warning("concurrency slot %s of %s had expired before release",
-                               holder, key)
+            if not self.backend.release(self.algorithm, key, holder):
+                logger.warning("concurrency slot %s of %s had expired before release", holder, key)
         except StorageError as error:
             # The lease expires on its own; nothing is lost but the slot's remaining time.
             logger.warning("concurrency slot %s of %s not released: %s", holder, key, error)
@@ -308,33 +223,39 @@ class RateLimitGuard(_LimitGuard):
     stage = Stage.RATE
     config: RateLimitConfig
 
-    def decide(self, key: str, caller: str | None = None) -> Decision:
-        assert self.backend is not None
-        rate = self.config.rate
-        if self.config.algorithm == "gcra":
-            return self.backend.gcra(
-                key, interval_seconds=rate.emission_interval_us / 1e6, burst=self.config.burst,
-                caller=caller,
-            )
-        return self.backend.sliding_window(
-            key, limit=rate.limit, window_seconds=rate.period_seconds, caller=caller
-        )
+    def __init__(self, config: RateLimitConfig, **options: Any) -> None:
+        super().__init__(config, **options)
+        self.algorithm = algorithm_named(config.algorithm)
+        self._params = config.params()
+
+    def params(self, call: Call) -> Params:
+        return self._params
+
+    def refused(self, key: str) -> str:
+        return f"rate {self.config.rate} of {key!r} reached"
 
     def countdown(self, decision: Decision) -> float:
         # The store already gave each waiter its own slot; a little late is harmless, early
         # would be denied again, so the jitter only adds (at most 20 ms).
         return max(0.05, decision.retry_after_seconds) + 0.02 * self.random_fraction()
 
-    def before_run(self, call: Call) -> None:
-        key = self.limit_key(call)
-        try:
-            decision = self.decide(key, call.task_id)
-        except StorageError as error:
-            self.store_failed(call, key, error)
-            return
-        self.observe(call, key, decision)
-        if not decision.allowed:
-            raise self.defer(call, key, decision, f"rate {self.config.rate} of {key!r} reached")
+
+def _decorator(
+    guard: type[_LimitGuard],
+    config: Any,
+    key: KeyOption,
+    *,
+    backend: LimiterBackend | None,
+    on_decision: DecisionHook | None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The decorator attaching one `guard` with `config` to a task function."""
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        return attach(
+            func, guard(config, key=key, func=func, backend=backend, on_decision=on_decision)
+        )
+
+    return decorate
 
 
 def limit_concurrency(
@@ -358,22 +279,22 @@ def limit_concurrency(
         ConfigurationError: limit <= 0, bad lease, a key template naming no argument.
     """
     name, key = split_name(name_or_key, key)
-    config = ConcurrencyLimitConfig(name=name, limit=limit, lease_seconds=lease_seconds,
-                                    retry_seconds=retry_seconds, on_store_down=on_store_down,
-                             fail_open=fail_open)
-
-    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        return attach(func, ConcurrencyGuard(config, key=key, func=func, backend=backend,
-                                                 on_decision=on_decision))
-
-    return decorate
+    config = ConcurrencyLimitConfig(
+        name=name,
+        limit=limit,
+        lease_seconds=lease_seconds,
+        retry_seconds=retry_seconds,
+        on_store_down=on_store_down,
+        fail_open=fail_open,
+    )
+    return _decorator(ConcurrencyGuard, config, key, backend=backend, on_decision=on_decision)
 
 
 def rate_limit(
     name_or_key: str,
     rate: str | Rate,
     *,
-    algorithm: Algorithm = "gcra",
+    algorithm: str = "gcra",
     burst: int = 1,
     key: KeyOption = None,
     retry_seconds: float = 1.0,
@@ -388,15 +309,16 @@ def rate_limit(
         ConfigurationError: unparsable rate, limit <= 0, unknown algorithm, bad burst.
     """
     name, key = split_name(name_or_key, key)
-    config = RateLimitConfig(name=name, rate=parse(rate), algorithm=algorithm, burst=burst,
-                             retry_seconds=retry_seconds, on_store_down=on_store_down,
-                             fail_open=fail_open)
-
-    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        return attach(func, RateLimitGuard(config, key=key, func=func, backend=backend,
-                                               on_decision=on_decision))
-
-    return decorate
+    config = RateLimitConfig(
+        name=name,
+        rate=parse(rate),
+        algorithm=algorithm,
+        burst=burst,
+        retry_seconds=retry_seconds,
+        on_store_down=on_store_down,
+        fail_open=fail_open,
+    )
+    return _decorator(RateLimitGuard, config, key, backend=backend, on_decision=on_decision)
 
 
 ConcurrencyLimit = ConcurrencyGuard  # deprecated alias, removed in the next release

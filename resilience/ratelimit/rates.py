@@ -20,10 +20,24 @@ from fractions import Fraction
 from resilience.errors import ConfigurationError
 
 _UNITS = {
-    "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
-    "m": 60.0, "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
-    "h": 3600.0, "hr": 3600.0, "hrs": 3600.0, "hour": 3600.0, "hours": 3600.0,
-    "d": 86400.0, "day": 86400.0, "days": 86400.0,
+    "s": 1.0,
+    "sec": 1.0,
+    "secs": 1.0,
+    "second": 1.0,
+    "seconds": 1.0,
+    "m": 60.0,
+    "min": 60.0,
+    "mins": 60.0,
+    "minute": 60.0,
+    "minutes": 60.0,
+    "h": 3600.0,
+    "hr": 3600.0,
+    "hrs": 3600.0,
+    "hour": 3600.0,
+    "hours": 3600.0,
+    "d": 86400.0,
+    "day": 86400.0,
+    "days": 86400.0,
 }
 
 _PATTERN = re.compile(
@@ -54,8 +68,12 @@ class Rate:
         if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit <= 0:
             raise ConfigurationError(f"a rate limit must be a positive integer, got {self.limit!r}")
         period = self.period_seconds
-        if (isinstance(period, bool) or not isinstance(period, int | float)
-                or not math.isfinite(period) or period <= 0):
+        if (
+            isinstance(period, bool)
+            or not isinstance(period, int | float)
+            or not math.isfinite(period)
+            or period <= 0
+        ):
             raise ConfigurationError(
                 f"a rate period must be positive finite seconds, got {period!r}"
             )
@@ -70,7 +88,8 @@ class Rate:
                 f"rate {self} is finer than the limiters resolve: its emission interval "
                 f"(period / limit) is {float(self._period_us / self.limit):.3g} µs, under the "
                 f"1 µs minimum; the finest rate is {MAX_PER_SECOND:,} per second "
-                "(e.g. '1000000/second', '60000000/minute')", rate=str(self),
+                "(e.g. '1000000/second', '60000000/minute')",
+                rate=str(self),
             )
 
     @property
@@ -114,7 +133,7 @@ def parse(text: str | Rate) -> Rate:
     if not isinstance(text, str):
         raise ConfigurationError(f"a rate must be a string like '100/minute', got {text!r}")
     match = _PATTERN.match(text)
-    unit = (match.group("unit").lower() if match else "")
+    unit = match.group("unit").lower() if match else ""
     if match is None or unit not in _UNITS:
         raise ConfigurationError(
             f"cannot parse rate {text!r}; write 'N/unit', 'N/K units' or 'N per unit' with "

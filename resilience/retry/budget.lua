@@ -13,6 +13,7 @@
 -- The window is a ring of slots, slot i holding fields e<i> (the slot's epoch: which
 -- window-slice it counts), q<i> (requests), r<i> (retries). A slot whose epoch is stale is
 -- reset on write and skipped on read, so memory is bounded and no cleanup job is needed.
+-- Status views read the same ring with budget.py's `window_figures` (keep the two in step).
 -- A retry is granted while retries + 1 <= ratio * requests + floor (Finagle/Envoy budget).
 local key = KEYS[1]
 local mode = ARGV[1]

@@ -7,7 +7,8 @@ Every execution of a guarded task counts as a request; a retry is granted while
 over a sliding window of `window_seconds` (a ring of slots, so the window slides in steps of
 window/slots). Because retried executions also count as requests, a dependency failing 100%
 sees at most 1 / (1 - ratio) calls per job plus the floor: 1.25 for ratio 0.2. Each decision
-is one Lua script on Redis server time.
+is one Lua script on Redis server time. `RedisBudgetBackend.describe` reads what the
+windows hold now (status views); `window_figures` is the one reader of the budget hash.
 
 When Redis is unreachable the budget follows `on_store_down`: "fail_open" (the default:
 retries are still bounded by `max_attempts`) or "fail_closed" (dead-letter).
@@ -17,13 +18,13 @@ Either way it logs a warning and never crashes the task.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from resilience.batch import for_client
 from resilience.errors import ConfigurationError, StorageError
-from resilience.keys import redis_key
+from resilience.keys import parse_redis_key, redis_key, redis_key_pattern
 from resilience.scripts import LuaScript
 from resilience.store_down import StoreDown, store_down_policy
 from resilience.stores import wrap_store_errors
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("resilience.retry.budget")
 
 NAMESPACE = "resilience:budget"
+SCAN_COUNT = 500
 
 
 def budget_key(dependency: str) -> str:
@@ -91,6 +93,39 @@ class BudgetDecision:
     store_down: bool = False
 
 
+@dataclass(frozen=True)
+class BudgetState:
+    """One dependency's budget now: what its window holds and how much of it is spent."""
+
+    dependency: str
+    requests: int
+    retries: int
+    #: Retries the budget allows in this window: ratio * requests + floor.
+    retries_allowed: float
+    ratio: float
+    window_seconds: float
+
+    @property
+    def used(self) -> float:
+        """Share of the allowed retries spent (0.0 when none are allowed)."""
+        return self.retries / self.retries_allowed if self.retries_allowed else 0.0
+
+
+def window_figures(
+    fields: Mapping[str, str], *, now_ms: int, window_ms: int, slots: int
+) -> tuple[int, int]:
+    """Requests and retries in the window of a budget hash at `now_ms` (server time), read
+    as `budget.lua` reads it: a slot whose epoch left the window is skipped."""
+    slot_ms = max(1, window_ms // slots)
+    epoch = now_ms // slot_ms
+    requests = retries = 0
+    for i in range(slots):
+        if int(fields.get(f"e{i}", -1)) > epoch - slots:
+            requests += int(fields.get(f"q{i}", 0))
+            retries += int(fields.get(f"r{i}", 0))
+    return requests, retries
+
+
 class RedisBudgetBackend:
     """The atomic step of the budget: one `budget.lua` call per decision."""
 
@@ -101,8 +136,13 @@ class RedisBudgetBackend:
 
     @staticmethod
     def _args(mode: str, budget: RetryBudget) -> list[Any]:
-        return [mode, int(budget.window_seconds * 1000), repr(float(budget.ratio)),
-                repr(float(budget.floor)), budget.slots]
+        return [
+            mode,
+            int(budget.window_seconds * 1000),
+            repr(float(budget.ratio)),
+            repr(float(budget.floor)),
+            budget.slots,
+        ]
 
     def decide(self, dependency: str, mode: str, budget: RetryBudget) -> BudgetDecision:
         """Run one decision.
@@ -120,8 +160,7 @@ class RedisBudgetBackend:
     def client(self) -> redis.Redis:
         return self._client()
 
-    def count_later(self, rounds: Rounds, dependency: str, mode: str,
-                    budget: RetryBudget) -> None:
+    def count_later(self, rounds: Rounds, dependency: str, mode: str, budget: RetryBudget) -> None:
         """Queue a counting mode ("request", "request+forced") in the call's write round."""
 
         def done(reply: Any) -> None:
@@ -129,8 +168,68 @@ class RedisBudgetBackend:
                 logger.warning("retry budget %s: %s not counted (%s)", dependency, mode, reply)
 
         batch = for_client(rounds, self.client())
-        batch.script(self.SCRIPT.for_client(batch.client), [budget_key(dependency)],
-                     self._args(mode, budget), then=done)
+        batch.script(
+            self.SCRIPT.for_client(batch.client),
+            [budget_key(dependency)],
+            self._args(mode, budget),
+            then=done,
+        )
+
+    def _stored_keys(self) -> dict[str, str]:
+        """Key -> dependency of every budget in Redis (one SCAN); a dependency too long to
+        keep shows as its digest (`resilience.keys.decode_key_part`)."""
+        found = {}
+        for key in self._client().scan_iter(match=redis_key_pattern(NAMESPACE), count=SCAN_COUNT):
+            parsed = parse_redis_key(NAMESPACE, key)
+            if parsed is not None and not parsed[1]:
+                found[key] = parsed[0]
+        return found
+
+    def describe(
+        self, budgets: Mapping[str, RetryBudget], *, include_stored: bool = False
+    ) -> list[BudgetState]:
+        """Live use of the budgets of `budgets` (dependency -> its budget) and, with
+        `include_stored`, of every budget in Redis (one SCAN; one no task configures is read
+        with the default `RetryBudget()`), sorted by dependency; one round trip on Redis
+        server time.
+
+        Raises:
+            StoreUnavailable, StoreRejected, StorageError: Redis failed.
+        """
+        default = RetryBudget()
+        with wrap_store_errors("retry budgets"):
+            client = self._client()
+            keys = {budget_key(dependency): dependency for dependency in budgets}
+            if include_stored:
+                keys = {**self._stored_keys(), **keys}
+            ordered = sorted(keys.items(), key=lambda item: item[1])
+            with client.pipeline(transaction=False) as pipe:
+                pipe.time()
+                for key, _ in ordered:
+                    pipe.hgetall(key)
+                replies = pipe.execute()
+        seconds, micros = replies[0]
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        states = []
+        for (_, dependency), fields in zip(ordered, replies[1:], strict=True):
+            budget = budgets.get(dependency) or default
+            requests, retries = window_figures(
+                fields,
+                now_ms=now_ms,
+                window_ms=int(budget.window_seconds * 1000),
+                slots=budget.slots,
+            )
+            states.append(
+                BudgetState(
+                    dependency=dependency,
+                    requests=requests,
+                    retries=retries,
+                    retries_allowed=budget.ratio * requests + budget.floor,
+                    ratio=budget.ratio,
+                    window_seconds=budget.window_seconds,
+                )
+            )
+        return states
 
 
 class RetryBudgetGate:
@@ -172,3 +271,11 @@ class RetryBudgetGate:
     def count_later(self, rounds: Rounds, mode: str) -> None:
         """Count "request" or "request+forced" with the call's after-run writes."""
         self.backend.count_later(rounds, self.dependency, mode, self.budget)
+
+    def describe(self) -> BudgetState:
+        """This budget's live use (see `RedisBudgetBackend.describe`).
+
+        Raises:
+            StorageError: Redis failed.
+        """
+        return self.backend.describe({self.dependency: self.budget})[0]

@@ -51,3 +51,117 @@ class TestRedisTransport:
                     connection.drain_events(timeout=2)
             queue(connection.default_channel).delete()
         assert received == [{"n": 0}, {"n": 1}, {"n": 2}]
+
+
+def _queue(name: str) -> Any:
+    from kombu import Exchange, Queue
+
+    return Queue(name, Exchange(name, type="direct"), routing_key=name)
+
+
+def _publish(connection: Any, queue: Any, bodies: list[Any]) -> None:
+    producer = connection.Producer(serializer="json")
+    for body in bodies:
+        producer.publish(body, exchange=queue.exchange, routing_key=queue.routing_key,
+                         declare=[queue])
+
+
+def _drain(connection: Any, queue: Any, count: int, *, no_ack: bool = False) -> list[Any]:
+    """Receive `count` messages without acknowledging them."""
+    received: list[Any] = []
+    with connection.Consumer([queue], accept=["json"], no_ack=no_ack) as consumer:
+        consumer.qos(prefetch_count=count)
+        consumer.register_callback(lambda body, message: received.append(message))
+        for _ in range(20):
+            if len(received) >= count:
+                break
+            connection.drain_events(timeout=2)
+    return received
+
+
+class TestReliableFetch:
+    """Taking a message and recording it as unacknowledged are one step (fetch.lua)."""
+
+    def test_a_message_taken_is_already_recorded_as_unacked(
+        self, app: Any, redis_broker: None
+    ) -> None:
+        """The step that takes a message from the queue writes kombu's unacked record in the
+        same script: if the worker died right after it, the visibility restore brings the
+        message back (with kombu's BRPOP the message was in neither place)."""
+        name = f"tests-fetch-{uuid.uuid4().hex}"
+        queue = _queue(name)
+        with app.connection_for_write() as connection:
+            channel = connection.default_channel
+            _publish(connection, queue, [{"n": 1}])
+            queue(channel).declare()
+            client = channel.client
+            taken = channel._fetch([name])  # what _brpop_read does once woken; then "dies"
+            assert taken is not None and taken[0] == name and taken[1]["body"]
+            tag = taken[1]["properties"]["delivery_tag"]
+            assert client.llen(name) == 0
+            assert client.hexists(channel.unacked_key, tag)
+            assert client.zscore(channel.unacked_index_key, tag) is not None
+            # kombu's own recovery, as a survivor runs it after the visibility timeout:
+            channel.qos.restore_by_tag(tag, client)
+            assert client.llen(name) == 1
+            received = _drain(connection, queue, 1)
+            assert [m.payload for m in received] == [{"n": 1}]
+            received[0].ack()
+            assert not client.hexists(channel.unacked_key, tag)
+            queue(channel).delete()
+
+    def test_delivered_messages_are_unacked_until_acked_in_order(
+        self, app: Any, redis_broker: None
+    ) -> None:
+        """Delivery keeps FIFO order; each delivered message stays in the unacked hash until
+        its ack, and kombu's QoS does not write the record a second time."""
+        name = f"tests-fetch-{uuid.uuid4().hex}"
+        queue = _queue(name)
+        with app.connection_for_write() as connection:
+            channel = connection.default_channel
+            _publish(connection, queue, [{"n": i} for i in range(3)])
+            received = _drain(connection, queue, 3)
+            assert [m.payload for m in received] == [{"n": 0}, {"n": 1}, {"n": 2}]
+            client = channel.client
+            tags = [m.delivery_tag for m in received]
+            assert all(client.hexists(channel.unacked_key, t) for t in tags)
+            assert not channel.recorded  # every record was handed to the QoS
+            for message in received:
+                message.ack()
+            assert not any(client.hexists(channel.unacked_key, t) for t in tags)
+            queue(channel).delete()
+
+    def test_an_item_that_is_not_a_message_is_set_aside(
+        self, app: Any, redis_broker: None
+    ) -> None:
+        """Garbage pushed straight into a queue list goes to `jobs:unreadable`; the consumer
+        keeps going and the message behind it is delivered."""
+        from jobs.broker import UNREADABLE_KEY
+
+        name = f"tests-fetch-{uuid.uuid4().hex}"
+        queue = _queue(name)
+        garbage = f"not json {name}"
+        with app.connection_for_write() as connection:
+            channel = connection.default_channel
+            queue(channel).declare()
+            channel.client.lpush(name, garbage)
+            _publish(connection, queue, [{"n": 7}])
+            received = _drain(connection, queue, 1)
+            assert [m.payload for m in received] == [{"n": 7}]
+            received[0].ack()
+            assert garbage.encode() in channel.client.lrange(UNREADABLE_KEY, 0, -1)
+            channel.client.lrem(UNREADABLE_KEY, 0, garbage)
+            queue(channel).delete()
+
+    def test_a_no_ack_consumer_leaves_no_record(self, app: Any, redis_broker: None) -> None:
+        """Consumers that never acknowledge (Celery's control replies) keep kombu's BRPOP: a
+        record would be restored later as a duplicate."""
+        name = f"tests-fetch-{uuid.uuid4().hex}"
+        queue = _queue(name)
+        with app.connection_for_write() as connection:
+            channel = connection.default_channel
+            _publish(connection, queue, [{"n": 1}])
+            received = _drain(connection, queue, 1, no_ack=True)
+            assert [m.payload for m in received] == [{"n": 1}]
+            assert not channel.client.hexists(channel.unacked_key, received[0].delivery_tag)
+            queue(channel).delete()

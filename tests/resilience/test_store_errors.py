@@ -17,8 +17,8 @@ import sqlalchemy as sa
 
 from jobs.embedded import free_port
 from resilience.errors import StorageError, StoreRejected, StoreUnavailable
-from resilience.idempotency.store import PostgresStore, autocommit_engine
-from resilience.locks.advisory import AdvisorySession
+from resilience.idempotency.backends.postgres import PostgresStore, autocommit_engine
+from resilience.locks.backends.postgres import AdvisorySession
 from resilience.ratelimit import RedisBackend
 from resilience.retry.budget import RedisBudgetBackend, RetryBudget, budget_key
 from resilience.stores import translate_store_error, wrap_store_errors

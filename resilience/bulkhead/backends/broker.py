@@ -7,6 +7,11 @@ script reads every list plus the in-flight reservations in one atomic step, so p
 admitted through it never push the queue past the limit (overshoot 0); a reservation whose
 producer died mid-publish is freed after its TTL.
 
+Bounded publish (Redis, one round trip): when the app's broker transport does the guards'
+checks in the push (`resilience.publish`), the guard puts the limit in the message's
+`BOUND_HEADER` instead of reserving, so the bound is exact and a guarded `.delay()` costs
+the one round trip a plain one does. A full queue raises `QueueFull` from the publish.
+
 RabbitMQ: a passive `queue_declare` returns the ready count; the check and the publish
 are two steps, so N concurrent producers can overshoot by at most N - 1.
 """
@@ -51,9 +56,12 @@ class RedisBrokerDepth:
     overshoot_bound = "0 for producers admitted through this guard (reservation TTL aside)"
     ADMIT = LuaScript.load(__file__, "admit.lua")
 
-    def __init__(self, broker_url: str, transport_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, broker_url: str, transport_options: dict[str, Any] | None = None,
+                 *, bounded_publish: bool = False) -> None:
         options = dict(transport_options or {})
         self.broker_url = broker_url
+        #: The transport enforces `BOUND_HEADER` itself (one round trip, no reservation).
+        self.bounded_publish = bounded_publish
         self.priority_steps = tuple(options.get("priority_steps") or PRIORITY_STEPS)
         self.separator = options.get("sep", PRIORITY_SEPARATOR)
         self.prefix = options.get("global_keyprefix", "")
@@ -96,6 +104,10 @@ class RedisBrokerDepth:
                 return sum(int(size) for size in pipe.execute())
         except Exception as exc:
             raise _wrap(f"depth of queue {queue!r}", exc) from exc
+
+    def bound(self, queue: str, limit: int) -> dict[str, Any]:
+        """The `BOUND_HEADER` value asking the transport to keep `queue` within `limit`."""
+        return {"limit": limit, "queue": queue, "reservations": self.reservations_key(queue)}
 
     def try_admit(self, queue: str, *, limit: int, reservation: str,
                   reservation_ttl_seconds: float) -> Admission:
@@ -162,7 +174,10 @@ def depth_backend_for(app: Celery) -> RedisBrokerDepth | AmqpBrokerDepth:
     if backend is None:
         url = app.conf.broker_url or ""
         if url.startswith(("redis://", "rediss://", "unix://")):
-            backend = RedisBrokerDepth(url, app.conf.broker_transport_options)
+            from resilience.publish import guarded_publish
+
+            backend = RedisBrokerDepth(url, app.conf.broker_transport_options,
+                                       bounded_publish=guarded_publish(app))
         else:
             backend = AmqpBrokerDepth(app)
         _BACKENDS[app] = backend

@@ -3,50 +3,35 @@
 Key layout (`resilience.keys.redis_key`): `resilience:breaker:{<name>}` holds the state hash
 and `resilience:breaker:{<name>}:window` the window, the name percent-encoded inside the
 hash tag, so no breaker name can name another breaker's window and both keys of a script
-share a Redis Cluster slot.
+share a Redis Cluster slot. This module is the only reader of that layout (`describe`).
+
+State hash fields: state, gen, open_until / half_open_until (ms, server time), probes,
+probes_ok, calls / failures / slow (count window), changed_at (ms), and the transition
+tallies n_opened, n_half_opened, n_closed, n_probes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from resilience.batch import for_client
+from resilience.circuit.backends import BreakerState, Peek, Permission, Verdict
 from resilience.circuit.config import BreakerConfig, CountWindow
+from resilience.counters import count
 from resilience.keys import parse_redis_key, redis_key, redis_key_pattern
 from resilience.scripts import LuaScript
-from resilience.stores import wrap_store_errors
+from resilience.stores import stores_for, translate_store_error, wrap_store_errors
 
 if TYPE_CHECKING:
     import redis
+    from celery import Celery
 
+    from resilience.errors import StorageError
     from resilience.pipeline import Rounds
 
 NAMESPACE = "resilience:breaker"
-
-
-@dataclass(frozen=True)
-class Permission:
-    """What acquire said: may the call go ahead, and under which generation."""
-
-    allowed: bool
-    state: str
-    generation: int
-    wait_seconds: float = 0.0
-    transition: str = ""
-    store_down: bool = False
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What record said: the transition it caused ('' for none) and the window figures."""
-
-    transition: str
-    state: str
-    calls: int = 0
-    failures: int = 0
-    slow_calls: int = 0
+SCAN_COUNT = 500
 
 
 def state_key(name: str) -> str:
@@ -60,7 +45,11 @@ def window_key(name: str) -> str:
 
 
 class RedisBreakerBackend:
-    """Runs `acquire.lua`, `record.lua` and `force.lua`; scripts registered once per client."""
+    """Runs `acquire.lua`, `record.lua` and `force.lua`; scripts registered once per client.
+
+    Args:
+        client: a callable returning the process's Redis client (fork-safe).
+    """
 
     ACQUIRE = LuaScript.load(__file__, "acquire.lua")
     RECORD = LuaScript.load(__file__, "record.lua")
@@ -69,10 +58,17 @@ class RedisBreakerBackend:
     def __init__(self, client: Callable[[], redis.Redis]) -> None:
         self._client = client
 
+    @classmethod
+    def of_app(cls, app: Celery) -> RedisBreakerBackend:
+        """The backend on the app's shared Redis (`resilience.stores.install`)."""
+        return cls(lambda: stores_for(app).redis())
+
+    def client(self) -> redis.Redis:
+        return self._client()
+
     def _run(self, script: LuaScript, name: str, args: list[Any]) -> Any:
-        state = state_key(name)
         with wrap_store_errors("breaker", breaker=name):
-            return script(self._client(), [state, f"{state}:window"], args)
+            return script(self._client(), [state_key(name), window_key(name)], args)
 
     def acquire(self, config: BreakerConfig) -> Permission:
         allowed, state, generation, wait_ms, transition = self._run(
@@ -87,8 +83,7 @@ class RedisBreakerBackend:
         return Permission(bool(allowed), state, int(generation), int(wait_ms) / 1000, transition)
 
     @staticmethod
-    def _record_args(config: BreakerConfig, generation: int, outcome: str,
-                     slow: bool) -> list[Any]:
+    def _record_args(config: BreakerConfig, generation: int, outcome: str, slow: bool) -> list[Any]:
         window = config.window
         if isinstance(window, CountWindow):
             kind, size, slots = "count", window.calls, 1
@@ -110,23 +105,36 @@ class RedisBreakerBackend:
         ]
 
     def record(self, config: BreakerConfig, generation: int, outcome: str, slow: bool) -> Verdict:
-        reply = self._run(self.RECORD, config.name,
-                          self._record_args(config, generation, outcome, slow))
+        reply = self._run(
+            self.RECORD, config.name, self._record_args(config, generation, outcome, slow)
+        )
         return self.verdict(reply)
 
     @staticmethod
     def verdict(reply: Any) -> Verdict:
+        """record.lua's reply as a `Verdict`."""
         transition, state, calls, failures, slow_calls = reply
         return Verdict(transition, state, int(calls), int(failures), int(slow_calls))
 
-    # -- batched (one round trip for every guard of a call; see resilience.batch) ---------
-    def client(self) -> redis.Redis:
-        return self._client()
+    def force(self, name: str, state: str) -> str:
+        """Set `state` ('forced_open', 'forced_closed', 'closed'); return the previous state."""
+        return str(self._run(self.FORCE, name, [state]))
 
-    def peek_later(self, rounds: Rounds, name: str, then: Callable[[Any], None]) -> None:
+    # -- batched (one round trip for every guard of a call; see resilience.batch) ---------
+    def peek_later(
+        self, rounds: Rounds, name: str, then: Callable[[Peek | StorageError], None]
+    ) -> None:
         """Queue a read of the state and generation (what acquire.lua reads first)."""
-        for_client(rounds, self.client()).command("HMGET", state_key(name), "state", "gen",
-                                                   then=then)
+
+        def done(reply: Any) -> None:
+            if isinstance(reply, BaseException):
+                then(translate_store_error(reply, "breaker state", breaker=name))
+            else:
+                then(self.permission_from_peek(reply))
+
+        for_client(rounds, self.client()).command(
+            "HMGET", state_key(name), "state", "gen", then=done
+        )
 
     @staticmethod
     def permission_from_peek(reply: Any) -> Permission | None:
@@ -135,7 +143,7 @@ class RedisBreakerBackend:
         acquire.lua only reads when the state is closed or forced_closed; anything else (a
         timer to check, a probe permit to take) needs the script itself.
         """
-        if isinstance(reply, BaseException) or not isinstance(reply, list | tuple):
+        if not isinstance(reply, list | tuple):
             return None
         state = reply[0] or "closed"
         if state not in ("closed", "forced_closed"):
@@ -146,41 +154,105 @@ class RedisBreakerBackend:
             return None
         return Permission(True, state, generation)
 
-    def record_later(self, rounds: Rounds, config: BreakerConfig, generation: int,
-                     outcome: str, slow: bool, then: Callable[[Any], None]) -> None:
-        """Queue record.lua; `then` gets its reply (see `verdict`) or the exception."""
-        state = state_key(config.name)
+    def record_later(
+        self,
+        rounds: Rounds,
+        config: BreakerConfig,
+        generation: int,
+        outcome: str,
+        slow: bool,
+        then: Callable[[Verdict | StorageError], None],
+    ) -> None:
+        """Queue record.lua; `then` gets its `Verdict` or the store's error."""
+
+        def done(reply: Any) -> None:
+            if isinstance(reply, BaseException):
+                then(translate_store_error(reply, "breaker", breaker=config.name))
+            else:
+                then(self.verdict(reply))
+
         batch = for_client(rounds, self.client())
-        batch.script(self.RECORD.for_client(batch.client), [state, f"{state}:window"],
-                     self._record_args(config, generation, outcome, slow), then=then)
+        batch.script(
+            self.RECORD.for_client(batch.client),
+            [state_key(config.name), window_key(config.name)],
+            self._record_args(config, generation, outcome, slow),
+            then=done,
+        )
 
-    def force(self, name: str, state: str) -> str:
-        """Set `state` ('forced_open', 'forced_closed', 'closed'); return the previous state."""
-        return str(self._run(self.FORCE, name, [state]))
-
-    def snapshot(self, name: str) -> dict[str, str]:
-        """The raw state hash (for admin views)."""
-        with wrap_store_errors("breaker state", breaker=name):
-            return dict(self._client().hgetall(state_key(name)))
-
-    def stored_names(self) -> dict[str, str]:
-        """Every breaker with state in Redis: its name (as `resilience.keys.decode_key_part`
-        shows it: a name too long to keep is its digest) and the Redis key of its state."""
+    # -- live state ----------------------------------------------------------------------
+    def _stored_keys(self) -> dict[str, str]:
+        """State key -> name of every breaker with state in Redis (one SCAN). A name too
+        long to keep shows as its digest (`resilience.keys.decode_key_part`)."""
         found = {}
-        with wrap_store_errors("breaker scan"):
-            for key in self._client().scan_iter(match=redis_key_pattern(NAMESPACE), count=500):
-                parsed = parse_redis_key(NAMESPACE, key)
-                if parsed is not None and not parsed[1]:  # not a window
-                    found[parsed[0]] = key
+        for key in self._client().scan_iter(match=redis_key_pattern(NAMESPACE), count=SCAN_COUNT):
+            parsed = parse_redis_key(NAMESPACE, key)
+            if parsed is not None and not parsed[1]:  # not a window
+                found[key] = parsed[0]
         return found
 
     def names(self) -> list[str]:
         """Every breaker that has state in Redis."""
-        return sorted(self.stored_names())
+        with wrap_store_errors("breaker scan"):
+            return sorted(self._stored_keys().values())
 
-    def states(self) -> dict[str, dict[str, str]]:
-        """Every breaker's raw state hash by name, read by its stored key (admin views)."""
-        stored = self.stored_names()
+    def describe(
+        self, names: Iterable[str] = (), *, include_stored: bool = False
+    ) -> list[BreakerState]:
+        """Live state of `names` (plus every stored breaker with `include_stored`: one SCAN),
+        read in one round trip on Redis server time. A name given keeps its spelling even
+        when its key is a digest."""
         with wrap_store_errors("breaker states"):
             client = self._client()
-            return {name: dict(client.hgetall(key)) for name, key in sorted(stored.items())}
+            keys = {state_key(name): name for name in names}
+            if include_stored:
+                keys = {**self._stored_keys(), **keys}
+            ordered = sorted(keys.items(), key=lambda item: item[1])
+            with client.pipeline(transaction=False) as pipe:
+                pipe.time()
+                for key, _ in ordered:
+                    pipe.hgetall(key)
+                replies = pipe.execute()
+        seconds, micros = replies[0]
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        return [
+            decode_state(name, fields, now_ms=now_ms)
+            for (_, name), fields in zip(ordered, replies[1:], strict=True)
+        ]
+
+    def count(self, name: str, outcome: str) -> None:
+        try:
+            client = self._client()
+        except Exception:  # noqa: BLE001 - counting never fails a call
+            return
+        count(client, outcome=outcome, guard="breaker", name=name)
+
+
+def decode_state(name: str, fields: dict[str, str], *, now_ms: int) -> BreakerState:
+    """A state hash as a `BreakerState` at server time `now_ms` (the one decoder)."""
+
+    def number(field: str) -> int:
+        try:
+            return int(float(fields.get(field) or 0))
+        except ValueError:
+            return 0
+
+    state = fields.get("state") or "closed"
+    changed_at = number("changed_at")
+    open_until = number("open_until")
+    return BreakerState(
+        name=name,
+        state=state,
+        generation=number("gen"),
+        calls=number("calls"),
+        failures=number("failures"),
+        slow_calls=number("slow"),
+        probes=number("probes") if state == "half_open" else 0,
+        times_opened=number("n_opened"),
+        times_half_opened=number("n_half_opened"),
+        times_closed=number("n_closed"),
+        probes_total=number("n_probes"),
+        seconds_in_state=(now_ms - changed_at) / 1000 if changed_at else None,
+        retry_in_seconds=(
+            max(0, open_until - now_ms) / 1000 if state == "open" and open_until else None
+        ),
+    )

@@ -6,17 +6,25 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
-from resilience.ratelimit import algorithms
-from resilience.ratelimit.algorithms import Decision
+from resilience.ratelimit.algorithms import (
+    ALGORITHMS,
+    Algorithm,
+    Decision,
+    LimiterState,
+    Params,
+    WaitingLine,
+)
+from resilience.ratelimit.backends import Shortcuts
 
 
 def _us(seconds: float) -> int:
     return round(seconds * 1_000_000)
 
 
-class MemoryBackend:
-    """Limiter state in a dict, guarded by a lock; the clock is injectable.
+class MemoryBackend(Shortcuts):
+    """Limiter state in a dict behind one lock; each step is an algorithm's pure function.
 
     Args:
         clock: epoch seconds now (tests pass a fake clock and never sleep).
@@ -25,66 +33,51 @@ class MemoryBackend:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
         self._lock = threading.Lock()
-        self._tat: dict[str, int] = {}
-        self._logs: dict[str, list[int]] = {}
-        self._leases: dict[str, dict[str, int]] = {}
-        self._lines: dict[str, algorithms.WaitingLine] = {}
+        #: (algorithm name, key) -> the state its pure function keeps.
+        self._states: dict[tuple[str, str], Any] = {}
+        self._lines: dict[tuple[str, str], WaitingLine] = {}
 
-    def _line(self, key: str) -> algorithms.WaitingLine:
-        return self._lines.setdefault(key, algorithms.WaitingLine())
-
-    def gcra(self, key: str, *, interval_seconds: float, burst: int, cost: int = 1,
-             caller: str | None = None) -> Decision:
-        with self._lock:
-            now = _us(self.clock())
-            interval = _us(interval_seconds)
-            allowed, tat, retry = algorithms.gcra(
-                self._tat.get(key), now, interval_us=interval, burst=burst, cost=cost
-            )
-            self._tat[key] = tat
-            caller = caller or uuid.uuid4().hex
-            if allowed:
-                self._line(key).granted(caller)
-            else:
-                retry = self._line(key).retry_after(caller, now, retry, interval * cost)
-            return Decision(allowed, retry / 1e6, now / 1e6)
-
-    def sliding_window(self, key: str, *, limit: int, window_seconds: float,
-                       caller: str | None = None) -> Decision:
-        with self._lock:
-            now = _us(self.clock())
-            allowed, kept, retry = algorithms.sliding_window(
-                self._logs.get(key, []), now, limit=limit, window_us=_us(window_seconds)
-            )
-            self._logs[key] = kept
-            caller = caller or uuid.uuid4().hex
-            if allowed:
-                self._line(key).granted(caller)
-            else:
-                retry = self._line(key).retry_after(caller, now, retry,
-                                                    _us(window_seconds) // limit)
-            return Decision(allowed, retry / 1e6, now / 1e6, len(kept))
-
-    def acquire_lease(
-        self, key: str, *, holder: str, limit: int, lease_seconds: float
+    def run(
+        self, algorithm: Algorithm, key: str, params: Params, caller: str | None = None
     ) -> Decision:
+        caller = caller or uuid.uuid4().hex
+        slot = (algorithm.name, key)
         with self._lock:
             now = _us(self.clock())
-            allowed, live, retry = algorithms.lease_acquire(
-                self._leases.get(key, {}), now, holder=holder, limit=limit,
-                lease_us=_us(lease_seconds),
-            )
-            self._leases[key] = live
-            return Decision(allowed, retry / 1e6, now / 1e6, len(live))
+            allowed, state, retry = algorithm.step(self._states.get(slot), now, params, caller)
+            self._states[slot] = state
+            if algorithm.waits:
+                line = self._lines.setdefault(slot, WaitingLine())
+                if allowed:
+                    line.granted(caller)
+                else:
+                    retry = line.retry_after(caller, now, retry, algorithm.spacing_us(params))
+            return Decision(allowed, retry / 1e6, now / 1e6, algorithm.used(state, now))
 
-    def release_lease(self, key: str, *, holder: str) -> bool:
+    def release(self, algorithm: Algorithm, key: str, caller: str) -> bool:
+        slot = (algorithm.name, key)
         with self._lock:
-            now = _us(self.clock())
-            leases = self._leases.get(key, {})
-            expiry = leases.pop(holder, None)
-            return expiry is not None and expiry > now
+            released, state = algorithm.release(self._states.get(slot), _us(self.clock()), caller)
+            self._states[slot] = state
+            return released
 
-    def holders(self, key: str) -> dict[str, float]:
+    def describe(
+        self, algorithm: Algorithm | None = None, key: str | None = None
+    ) -> list[LimiterState]:
+        chosen = [algorithm] if algorithm is not None else list(ALGORITHMS.values())
         with self._lock:
             now = _us(self.clock())
-            return {h: e / 1e6 for h, e in self._leases.get(key, {}).items() if e > now}
+            found = []
+            for each in chosen:
+                keys = (
+                    [key]
+                    if key is not None
+                    else sorted(stored for name, stored in self._states if name == each.name)
+                )
+                for one in keys:
+                    line = self._lines.get((each.name, one))
+                    waiting = len(line.arrivals) if line is not None else 0
+                    found.append(
+                        each.describe(one, self._states.get((each.name, one)), now, waiting)
+                    )
+            return found

@@ -1,41 +1,74 @@
-"""Redis limiter backend: one Lua script per decision, on Redis server time.
+"""Redis limiter backend: each decision one Lua script (the algorithm's), on Redis server time.
 
 Every worker sees the same state and every decision is atomic, so limits hold across the
 fleet, not per process (Celery's own `rate_limit` is per worker).
 
-Key layout (`resilience.keys.redis_key`): `<prefix>:<kind>:{<key>}` is a limiter and
-`<prefix>:<kind>:{<key>}:waiting` its waiting line, the key percent-encoded (or digested
-when long) inside the hash tag: no key can name another key's waiting line, and a limiter
-and its line share a Redis Cluster slot.
+Key layout (`resilience.keys.redis_key`): `<prefix>:<namespace>:{<key>}` is a limiter and
+`<prefix>:<namespace>:{<key>}:waiting` its waiting line, the key percent-encoded (or
+digested when long) inside the hash tag: no key can name another key's waiting line, and a
+limiter and its line share a Redis Cluster slot. This module is the one reader of that
+layout and of each state schema (`_READERS`); admin views call `describe`.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
+from resilience.errors import ConfigurationError
 from resilience.keys import parse_redis_key, redis_key, redis_key_pattern
-from resilience.ratelimit.algorithms import Decision
+from resilience.ratelimit.algorithms import (
+    ALGORITHMS,
+    Algorithm,
+    Decision,
+    LimiterState,
+    Params,
+    Schema,
+)
+from resilience.ratelimit.backends import Shortcuts
 from resilience.scripts import LuaScript
 from resilience.stores import wrap_store_errors
 
 if TYPE_CHECKING:
     import redis
 
+SCAN_COUNT = 500
 
-class RedisBackend:
+
+@cache
+def script(filename: str) -> LuaScript:
+    """The Lua script `filename` of this folder, read once (an algorithm's `script`)."""
+    return LuaScript.load(__file__, filename)
+
+
+def _read_time(pipe: Any, stored: str) -> None:
+    pipe.get(stored)
+
+
+def _read_sorted_set(pipe: Any, stored: str) -> None:
+    pipe.zrange(stored, 0, -1, withscores=True)
+
+
+#: One reader per state schema: the command queued, and the reply as the pure step's state.
+_READERS: dict[Schema, tuple[Callable[[Any, str], None], Callable[[Any], Any]]] = {
+    Schema.TIME: (_read_time, lambda reply: int(reply) if reply is not None else None),
+    Schema.LOG: (_read_sorted_set, lambda reply: [int(score) for _, score in reply]),
+    Schema.LEASES: (
+        _read_sorted_set,
+        lambda reply: {member: int(score) for member, score in reply},
+    ),
+}
+
+
+class RedisBackend(Shortcuts):
     """Limiter state in Redis.
 
     Args:
         client: a Redis client, or a callable returning the process's client (fork-safe).
         prefix: key prefix of all limiter state (no `{` or `}`).
     """
-
-    #: One Lua script per decision (see each file's contract comment).
-    GCRA = LuaScript.load(__file__, "gcra.lua")
-    WINDOW = LuaScript.load(__file__, "window.lua")
-    LEASE_ACQUIRE = LuaScript.load(__file__, "lease_acquire.lua")
 
     def __init__(
         self, client: redis.Redis | Callable[[], redis.Redis], *, prefix: str = "resilience:limits"
@@ -47,89 +80,70 @@ class RedisBackend:
     def client(self) -> redis.Redis:
         return self._client() if callable(self._client) else self._client  # type: ignore[return-value]
 
-    def key(self, kind: str, key: str, *suffixes: str) -> str:
-        """The Redis key of limiter `key` of `kind` (gcra, window, concurrency); its waiting
-        line is that key plus `:waiting`."""
-        return redis_key(f"{self.prefix}:{kind}", key, *suffixes)
+    def key(self, algorithm: Algorithm, key: str, *suffixes: str) -> str:
+        """The Redis key of limiter `key` of `algorithm`; its waiting line adds `waiting`."""
+        return redis_key(f"{self.prefix}:{algorithm.namespace}", key, *suffixes)
 
-    def gcra(self, key: str, *, interval_seconds: float, burst: int, cost: int = 1,
-             caller: str | None = None) -> Decision:
-        full = self.key("gcra", key)
-        with wrap_store_errors("rate limit", key=key):
-            allowed, retry, now = self.GCRA(
-                self.client,
-                keys=[full, f"{full}:waiting"],
-                args=[round(interval_seconds * 1e6), burst, cost, caller or uuid.uuid4().hex],
-            )
-        return Decision(bool(int(allowed)), int(retry) / 1e6, int(now) / 1e6)
-
-    def sliding_window(self, key: str, *, limit: int, window_seconds: float,
-                       caller: str | None = None) -> Decision:
-        full = self.key("window", key)
-        with wrap_store_errors("rate limit", key=key):
-            allowed, retry, now, used = self.WINDOW(
-                self.client,
-                keys=[full, f"{full}:waiting"],
-                args=[limit, round(window_seconds * 1e6), uuid.uuid4().hex,
-                      caller or uuid.uuid4().hex],
-            )
-        return Decision(bool(int(allowed)), int(retry) / 1e6, int(now) / 1e6, int(used))
-
-    def acquire_lease(
-        self, key: str, *, holder: str, limit: int, lease_seconds: float
+    def run(
+        self, algorithm: Algorithm, key: str, params: Params, caller: str | None = None
     ) -> Decision:
-        with wrap_store_errors("concurrency limit", key=key):
-            allowed, retry, now, used = self.LEASE_ACQUIRE(
-                self.client,
-                keys=[self.key("concurrency", key)],
-                args=[limit, round(lease_seconds * 1e6), holder],
+        keys = [self.key(algorithm, key)]
+        if algorithm.waits:
+            keys.append(self.key(algorithm, key, "waiting"))
+        arguments = algorithm.arguments(params, caller or uuid.uuid4().hex)
+        what = "concurrency limit" if algorithm.holds else "rate limit"
+        with wrap_store_errors(what, key=key):
+            allowed, retry, now, *rest = script(algorithm.script)(
+                self.client, keys=keys, args=arguments
             )
-        return Decision(bool(int(allowed)), int(retry) / 1e6, int(now) / 1e6, int(used))
+        used = int(rest[0]) if rest else 0
+        return Decision(bool(int(allowed)), int(retry) / 1e6, int(now) / 1e6, used)
 
-    def release_lease(self, key: str, *, holder: str) -> bool:
+    def release(self, algorithm: Algorithm, key: str, caller: str) -> bool:
+        if algorithm.release_script is None:
+            raise ConfigurationError(f"algorithm {algorithm.name!r} holds no slots to release")
         with wrap_store_errors("concurrency limit release", key=key):
-            # ZREM alone is atomic; an expired lease may already be gone (reclaimed).
-            return bool(self.client.zrem(self.key("concurrency", key), holder))
+            # An expired lease may already be gone (reclaimed by a later acquire).
+            return bool(
+                script(algorithm.release_script)(
+                    self.client, keys=[self.key(algorithm, key)], args=[caller]
+                )
+            )
 
-    def holders(self, key: str) -> dict[str, float]:
-        return self.holders_at(self.key("concurrency", key))
+    def describe(
+        self, algorithm: Algorithm | None = None, key: str | None = None
+    ) -> list[LimiterState]:
+        chosen = [algorithm] if algorithm is not None else list(ALGORITHMS.values())
+        with wrap_store_errors("limiter state", key=key):
+            found = [
+                (each, one, stored) for each in chosen for one, stored in self._stored(each, key)
+            ]
+            # One round trip for the clock and every limiter's state and waiting line.
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.time()
+                for each, _, stored in found:
+                    _READERS[each.schema][0](pipe, stored)
+                    if each.waits:
+                        pipe.zcard(f"{stored}:waiting")
+                replies = iter(pipe.execute())
+        seconds, micros = next(replies)
+        now = int(seconds) * 1_000_000 + int(micros)
+        states = []
+        for each, one, _ in found:
+            state = _READERS[each.schema][1](next(replies))
+            waiting = int(next(replies)) if each.waits else 0
+            states.append(each.describe(one, state, now, waiting))
+        return states
 
-    # -- inspection (admin views) ---------------------------------------------------------
-    def stored_keys(self, kind: str) -> dict[str, str]:
-        """Limiters of `kind` (gcra, window, concurrency) with state in Redis: each key (as
-        `resilience.keys.decode_key_part` shows it) and its Redis key."""
-        namespace = f"{self.prefix}:{kind}"
+    def _stored(self, algorithm: Algorithm, key: str | None) -> list[tuple[str, str]]:
+        """(key, Redis key) of `key`, or of every limiter of `algorithm` with state in Redis
+        (one SCAN; waiting lines left out), sorted by key."""
+        if key is not None:
+            return [(key, self.key(algorithm, key))]
+        namespace = f"{self.prefix}:{algorithm.namespace}"
         found = {}
-        with wrap_store_errors("limiter scan", kind=kind):
-            for name in self.client.scan_iter(match=redis_key_pattern(namespace), count=500):
-                parsed = parse_redis_key(namespace, name)
-                if parsed is not None and not parsed[1]:  # not a waiting line
-                    found[parsed[0]] = name
-        return found
-
-    def keys(self, kind: str) -> list[str]:
-        """Limiter keys of `kind` (gcra, window, concurrency) with state in Redis."""
-        return sorted(self.stored_keys(kind))
-
-    def holders_at(self, stored: str) -> dict[str, float]:
-        """Live holders of the semaphore stored at Redis key `stored` (see `stored_keys`)."""
-        with wrap_store_errors("concurrency limit holders", stored=stored):
-            seconds, micros = self.client.time()
-            now = seconds * 1_000_000 + micros
-            entries = self.client.zrangebyscore(stored, now, "+inf", withscores=True)
-        return {holder: score / 1e6 for holder, score in entries}
-
-    def rate_state(self, kind: str, key: str) -> dict[str, float]:
-        """Figures of one rate limiter: GCRA's TAT lead or the window's grant count, waiters."""
-        return self.rate_state_at(kind, self.key(kind, key))
-
-    def rate_state_at(self, kind: str, stored: str) -> dict[str, float]:
-        """`rate_state` of the limiter stored at Redis key `stored` (see `stored_keys`)."""
-        with wrap_store_errors("rate limit state", stored=stored):
-            seconds, micros = self.client.time()
-            now = seconds * 1_000_000 + micros
-            waiting = self.client.zcard(f"{stored}:waiting")
-            if kind == "gcra":
-                tat = float(self.client.get(stored) or now)
-                return {"ahead_seconds": max(0.0, (tat - now) / 1e6), "waiting": waiting}
-            return {"in_window": self.client.zcard(stored), "waiting": waiting}
+        for name in self.client.scan_iter(match=redis_key_pattern(namespace), count=SCAN_COUNT):
+            parsed = parse_redis_key(namespace, name)
+            if parsed is not None and not parsed[1]:
+                found[parsed[0]] = name
+        return sorted(found.items())

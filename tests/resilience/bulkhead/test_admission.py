@@ -137,6 +137,35 @@ class TestPolicies:
         assert depth_backend_for(app).reserved(queue.name) == 0
 
 
+class TestBoundedPublish:
+    def test_the_transport_checks_depth_and_pushes_in_one_step(
+        self, app: Any, queue: Queue
+    ) -> None:
+        """On the platform's Redis transport nothing is reserved or released: the bound
+        travels in a header the transport removes, and the message stored is clean."""
+        import json
+
+        from resilience.publish import BOUND_HEADER
+
+        backend = depth_backend_for(app)
+        assert backend.bounded_publish
+        client = backend.client()
+
+        def calls(command: str) -> int:
+            return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+        zrem, zadd = calls("zrem"), calls("zadd")
+        fill(tasks.bulkhead_abort, queue, 3)
+        assert (calls("zrem"), calls("zadd")) == (zrem, zadd)  # no reservation round trips
+        stored = [json.loads(item) for item in client.lrange(queue.name, 0, -1)]
+        assert len(stored) == 3
+        assert all(BOUND_HEADER not in message["headers"] for message in stored)
+        with pytest.raises(TierFull) as refused:
+            fill(tasks.bulkhead_abort, queue, tasks.LIMIT)
+        assert refused.value.limit == tasks.LIMIT
+        assert backend.depth(queue.name) == tasks.LIMIT
+
+
 class TestConcurrentProducers:
     def test_no_overshoot_with_many_producers(self, app: Any, queue: Queue) -> None:
         """8 producers racing on a limit of 20: exactly 20 admitted, depth never above 20."""

@@ -18,8 +18,13 @@ from resilience.circuit.config import BreakerConfig, CountWindow
 
 
 def breaker(redis_client: Any, name: str) -> CircuitBreaker:
-    config = BreakerConfig(name=name, window=CountWindow(calls=4), minimum_calls=2,
-                           failure_rate_threshold=0.5, open_seconds=60)
+    config = BreakerConfig(
+        name=name,
+        window=CountWindow(calls=4),
+        minimum_calls=2,
+        failure_rate_threshold=0.5,
+        open_seconds=60,
+    )
     return CircuitBreaker(config, RedisBreakerBackend(lambda: redis_client))
 
 
@@ -30,12 +35,18 @@ def record(breaker: CircuitBreaker, outcome: str) -> str:
 
 
 class TestBreakerNames:
-    @pytest.mark.parametrize(("neighbour_name", "name"), [
-        ("payments", "payments:window"), ("orders", "orders:{eu}"), ("a", "a}b{c"),
-        ("%41", "%41 #x"),
-    ])
-    def test_name_with_separators_is_its_own_breaker(self, redis_client: Any,
-                                                     neighbour_name: str, name: str) -> None:
+    @pytest.mark.parametrize(
+        ("neighbour_name", "name"),
+        [
+            ("payments", "payments:window"),
+            ("orders", "orders:{eu}"),
+            ("a", "a}b{c"),
+            ("%41", "%41 #x"),
+        ],
+    )
+    def test_name_with_separators_is_its_own_breaker(
+        self, redis_client: Any, neighbour_name: str, name: str
+    ) -> None:
         """A breaker named with `:`, braces, `%` or spaces opens on its own failures, and its
         neighbour (with a window list of its own) does not."""
         neighbour = breaker(redis_client, neighbour_name)
@@ -73,6 +84,18 @@ class TestBreakerNames:
             record(breaker(redis_client, name), "failure")
         backend = RedisBreakerBackend(lambda: redis_client)
         assert backend.names() == ["orders:{eu}", "payments", "payments:window"]
-        states = backend.states()
-        assert states["payments:window"]["calls"] == "1"
-        assert backend.snapshot("orders:{eu}")["failures"] == "1"
+        states = {state.name: state for state in backend.describe(include_stored=True)}
+        assert list(states) == ["orders:{eu}", "payments", "payments:window"]
+        assert states["payments:window"].calls == 1
+        assert backend.describe(["orders:{eu}"])[0].failures == 1
+
+    def test_a_digested_name_is_described_under_both_spellings(self, redis_client: Any) -> None:
+        """A name too long to keep is listed as its digest, and under its own name when
+        asked for by name, never twice."""
+        name = "{:}" * 66 + "xy"
+        record(breaker(redis_client, name), "failure")
+        backend = RedisBreakerBackend(lambda: redis_client)
+        (stored,) = backend.describe(include_stored=True)
+        assert stored.name.startswith("#") and stored.calls == 1
+        (named,) = backend.describe([name], include_stored=True)
+        assert named.name == name and named.calls == 1

@@ -29,8 +29,9 @@ def dead_redis(tmp_path: Path) -> Iterator[redis.Redis]:
     from jobs.embedded import embedded_redis, free_port
 
     server = embedded_redis(free_port(), tmp_path / "redis").start()
-    client = redis.Redis.from_url(server.url, decode_responses=True, socket_timeout=0.5,
-                                  socket_connect_timeout=0.5)
+    client = redis.Redis.from_url(
+        server.url, decode_responses=True, socket_timeout=0.5, socket_connect_timeout=0.5
+    )
     assert client.ping()
     server.kill()
     yield client
@@ -38,8 +39,13 @@ def dead_redis(tmp_path: Path) -> Iterator[redis.Redis]:
 
 
 def _call(task: Any, *args: Any, redelivered: bool = False) -> Call:
-    request = Context(id="store-down-call", retries=0, called_directly=False, expires=None,
-                      delivery_info={"redelivered": redelivered})
+    request = Context(
+        id="store-down-call",
+        retries=0,
+        called_directly=False,
+        expires=None,
+        delivery_info={"redelivered": redelivered},
+    )
     return Call(task=task, args=args, kwargs={}, request=request)
 
 
@@ -51,13 +57,15 @@ def _fail(exc: BaseException) -> Any:
 
 
 class TestBreakerStoreDown:
-    def test_fail_open_runs(self, app: Any, dead_redis: redis.Redis,
-                            caplog: pytest.LogCaptureFixture) -> None:
+    def test_fail_open_runs(
+        self, app: Any, dead_redis: redis.Redis, caplog: pytest.LogCaptureFixture
+    ) -> None:
         """on_store_down="fail_open" (default): the call runs and the outcome is dropped, warned."""
         from tests.resilience.circuit.tasks import failure_breaker_call
 
-        guard = BreakerGuard(BreakerConfig(name="down-open"),
-                             backend=RedisBreakerBackend(lambda: dead_redis))
+        guard = BreakerGuard(
+            BreakerConfig(name="down-open"), backend=RedisBreakerBackend(lambda: dead_redis)
+        )
         guard.bind(failure_breaker_call)
         ran = []
 
@@ -74,13 +82,16 @@ class TestBreakerStoreDown:
         """on_store_down="fail_closed": the call is DEFERRED, not run and not crashed."""
         from tests.resilience.circuit.tasks import failure_breaker_call
 
-        guard = BreakerGuard(BreakerConfig(name="down-closed", on_store_down="fail_closed",
-                                           open_seconds=5),
-                             backend=RedisBreakerBackend(lambda: dead_redis))
+        guard = BreakerGuard(
+            BreakerConfig(name="down-closed", on_store_down="fail_closed", open_seconds=5),
+            backend=RedisBreakerBackend(lambda: dead_redis),
+        )
         guard.bind(failure_breaker_call)
         with pytest.raises(Stop) as stopped:
-            Pipeline([guard]).run(_call(failure_breaker_call, "http://127.0.0.1:1/"),
-                                  _fail(AssertionError("must not run")))
+            Pipeline([guard]).run(
+                _call(failure_breaker_call, "http://127.0.0.1:1/"),
+                _fail(AssertionError("must not run")),
+            )
         assert stopped.value.outcome is Outcome.DEFERRED
         assert stopped.value.retry_after_seconds == 5
 
@@ -89,14 +100,16 @@ class TestBudgetStoreDown:
     @pytest.mark.parametrize(("policy", "allowed"), [("fail_open", True), ("fail_closed", False)])
     def test_policy(self, dead_redis: redis.Redis, policy: str, allowed: bool) -> None:
         """The budget allows (fail open, default) or denies (fail closed) retries, no raise."""
-        gate = RetryBudgetGate("down", RetryBudget(on_store_down=policy),
-                               RedisBudgetBackend(lambda: dead_redis))
+        gate = RetryBudgetGate(
+            "down", RetryBudget(on_store_down=policy), RedisBudgetBackend(lambda: dead_redis)
+        )
         assert gate.record_request().store_down
         decision = gate.try_spend()
         assert decision.store_down and decision.allowed is allowed
 
-    def test_guard_counts_without_crash(self, app: Any, dead_redis: redis.Redis,
-                                        caplog: pytest.LogCaptureFixture) -> None:
+    def test_guard_counts_without_crash(
+        self, app: Any, dead_redis: redis.Redis, caplog: pytest.LogCaptureFixture
+    ) -> None:
         """The retry guard's request count is skipped with a warning; the result stands."""
         from tests.resilience.retry.tasks import failure_storm_budgeted
 

@@ -32,7 +32,7 @@ from sqlalchemy import text
 
 from resilience.bulkhead import depth_backend_for
 from resilience.errors import JobDeferred
-from resilience.locks.advisory import advisory_id
+from resilience.locks.backends.postgres import advisory_id
 from tests.resilience.compose import tasks
 from tests.resilience.compose.harness import Context, detached
 from tests.resilience.compose.machines import ComposeMachine, run_machine

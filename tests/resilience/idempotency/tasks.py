@@ -37,13 +37,27 @@ def idem_transfer(
 ) -> dict[str, Any]:
     """Move money between two accounts: a debit row and a credit row, in one transaction."""
     assert session is not None
-    session.execute(INSERT_ENTRY, {"key": transfer_key, "account": source,
-                                   "amount": -amount_cents, "task_id": self.request.id})
+    session.execute(
+        INSERT_ENTRY,
+        {
+            "key": transfer_key,
+            "account": source,
+            "amount": -amount_cents,
+            "task_id": self.request.id,
+        },
+    )
     if pause_seconds:
         # A window between the two writes, where a SIGKILL hurts most.
         time.sleep(random.uniform(0, pause_seconds))
-    session.execute(INSERT_ENTRY, {"key": transfer_key, "account": target,
-                                   "amount": amount_cents, "task_id": self.request.id})
+    session.execute(
+        INSERT_ENTRY,
+        {
+            "key": transfer_key,
+            "account": target,
+            "amount": amount_cents,
+            "task_id": self.request.id,
+        },
+    )
     if fail:
         raise ValueError("transfer refused after writing")
     return {"transfer_key": transfer_key, "amount_cents": amount_cents}

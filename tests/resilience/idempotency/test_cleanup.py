@@ -24,20 +24,38 @@ INSERT = text(
 )
 
 
-def seed(engine: Any, task: str, prefix: str, n: int, state: str, expires: float,
-         lease: float | None = None) -> None:
+def seed(
+    engine: Any,
+    task: str,
+    prefix: str,
+    n: int,
+    state: str,
+    expires: float,
+    lease: float | None = None,
+) -> None:
     with engine.begin() as connection:
-        connection.execute(INSERT, {
-            "task": task, "prefix": prefix, "n": n, "state": state, "expires": expires,
-            "lease": lease, "owner": "o" if state == "in_progress" else None,
-        })
+        connection.execute(
+            INSERT,
+            {
+                "task": task,
+                "prefix": prefix,
+                "n": n,
+                "state": state,
+                "expires": expires,
+                "lease": lease,
+                "owner": "o" if state == "in_progress" else None,
+            },
+        )
 
 
 def counts(engine: Any, task: str) -> dict[str, int]:
     with engine.connect() as connection:
         rows = connection.execute(
-            text("SELECT split_part(key, '-', 1) AS kind, count(*) FROM idempotency_records "
-                 "WHERE task_name = :task GROUP BY 1"), {"task": task}
+            text(
+                "SELECT split_part(key, '-', 1) AS kind, count(*) FROM idempotency_records "
+                "WHERE task_name = :task GROUP BY 1"
+            ),
+            {"task": task},
         ).all()
     return {kind: int(n) for kind, n in rows}
 
@@ -65,7 +83,10 @@ class TestCleanup:
             thread.join()
         assert sum(results) >= 2200  # other tests' expired rows may be deleted too
         assert counts(engine, task) == {
-            "live_ok": 800, "live_failed": 100, "claim_live": 200, "claim_dead": 200,
+            "live_ok": 800,
+            "live_failed": 100,
+            "claim_live": 200,
+            "claim_dead": 200,
         }
 
     def test_batches_are_bounded_and_paused(self, engine: Any) -> None:
@@ -91,8 +112,11 @@ class TestReaper:
         assert reap_abandoned(engine, policy) >= 30
         with engine.connect() as connection:
             rows = connection.execute(
-                text("SELECT split_part(key, '-', 1), state, count(*) FROM idempotency_records "
-                     "WHERE task_name = :task GROUP BY 1, 2"), {"task": task}
+                text(
+                    "SELECT split_part(key, '-', 1), state, count(*) FROM idempotency_records "
+                    "WHERE task_name = :task GROUP BY 1, 2"
+                ),
+                {"task": task},
             ).all()
         assert {(kind, state): n for kind, state, n in rows} == {
             ("abandoned", "failed"): 30,

@@ -1,4 +1,5 @@
-"""`@idempotent` and `@unique` on real workers, Redis and PostgreSQL."""
+"""`@idempotent`: the guard's flow in process on the memory backend, then on real workers
+with Redis and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -12,14 +13,19 @@ from sqlalchemy import text
 from jobs import app as celery_app
 from resilience.errors import (
     ConfigurationError,
-    DuplicateJob,
     IdempotencyKeyReused,
     InvalidKey,
+    LockNotOwnedError,
     NonJsonArguments,
+    StoreUnavailable,
+    UnserializableResult,
 )
-from resilience.idempotency import idempotent
+from resilience.idempotency import IdempotencyConfig, MemoryIdempotencyBackend, idempotent
+from resilience.idempotency.backends import FAILED, IN_PROGRESS, SUCCEEDED
 from resilience.idempotency.guard import IdempotencyGuard
 from resilience.keys import MAX_KEY_LENGTH
+from resilience.outcomes import Outcome, Stop
+from resilience.pipeline import Call, Pipeline
 from tests.resilience.idempotency import tasks
 from tests.support import wait_for
 
@@ -41,16 +47,21 @@ def record(engine: Any, task_name: str, key: str) -> Any:
 def decisions(redis_client: Any, task_name: str) -> dict[str, int]:
     from resilience.counters import read_all
 
-    return {labels["outcome"]: value for labels, value in read_all(redis_client)
-            if labels["guard"] == "idempotency" and labels["name"] == task_name}
+    return {
+        labels["outcome"]: value
+        for labels, value in read_all(redis_client)
+        if labels["guard"] == "idempotency" and labels["name"] == task_name
+    }
 
 
 def entries(engine: Any, key: str) -> list[int]:
     with engine.connect() as connection:
-        return sorted(connection.execute(
-            text("SELECT amount_cents FROM idempotency_demo_entries WHERE transfer_key = :k"),
-            {"k": key},
-        ).scalars())
+        return sorted(
+            connection.execute(
+                text("SELECT amount_cents FROM idempotency_demo_entries WHERE transfer_key = :k"),
+                {"k": key},
+            ).scalars()
+        )
 
 
 @pytest.fixture()
@@ -68,6 +79,7 @@ class TestDefinitionErrors:
 
     def test_template_naming_a_missing_argument(self) -> None:
         """A key template naming an argument the function lacks fails at definition."""
+
         def charge(order_id: str) -> None: ...
 
         with pytest.raises(ConfigurationError, match="orderid"):
@@ -75,6 +87,7 @@ class TestDefinitionErrors:
 
     def test_transactional_needs_a_session_parameter(self) -> None:
         """transactional=True on a function without `session=None` fails at definition."""
+
         def charge(order_id: str) -> None: ...
 
         with pytest.raises(ConfigurationError, match="session"):
@@ -82,12 +95,200 @@ class TestDefinitionErrors:
 
     def test_short_lease_without_transaction_is_refused(self) -> None:
         """A lease shorter than the hard time limit is refused unless transactional."""
-        guard = IdempotencyGuard.__new__(IdempotencyGuard)
-        from resilience.idempotency.guard import IdempotencyConfig
-
-        guard.__init__(IdempotencyConfig(lease_seconds=1))
+        guard = IdempotencyGuard(IdempotencyConfig(lease_seconds=1))
         with pytest.raises(ConfigurationError, match="lease_seconds"):
             guard.bind(tasks.idem_count)
+
+
+class Clock:
+    """An injected wall clock for the memory backend: leases end without waiting."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture()
+def memory() -> MemoryIdempotencyBackend:
+    return MemoryIdempotencyBackend(clock=Clock())
+
+
+def guarded(task: Any, backend: MemoryIdempotencyBackend, **options: Any) -> Pipeline:
+    """A pipeline of one idempotency guard on `backend`, bound to `task` (no Redis cache)."""
+    guard = IdempotencyGuard(IdempotencyConfig(cache=False, **options), backend)
+    guard.bind(task)
+    return Pipeline([guard])
+
+
+def run(
+    pipeline: Pipeline,
+    task: Any,
+    body: Callable[[Call], Any],
+    *args: Any,
+    checks: tuple[Callable[[], None], ...] = (),
+    **kwargs: Any,
+) -> Any:
+    """One in-process call: the body receives the call (its injected session, say)."""
+    call = Call(task=task, args=args, kwargs=kwargs, request=None)
+    call.checks.extend(checks)
+    return pipeline.run(call, lambda: body(call))
+
+
+def only_record(backend: MemoryIdempotencyBackend, task: Any, key: str) -> Any:
+    record = backend.read(task.name, key)
+    assert record is not None
+    return record
+
+
+class TestGuardFlow:
+    """The algorithm alone: the memory backend, no worker, no cache (stores only count)."""
+
+    def test_second_call_is_replayed_without_running(
+        self, stores: Any, memory: MemoryIdempotencyBackend
+    ) -> None:
+        """Claim, run, complete; the same call again is REPLAYED with the first result."""
+        pipeline, ran = guarded(tasks.idem_count, memory, key="{key}"), []
+        assert run(pipeline, tasks.idem_count, lambda c: ran.append(1) or {"n": 1}, "k") == {"n": 1}
+        with pytest.raises(Stop) as stopped:
+            run(pipeline, tasks.idem_count, lambda c: ran.append(1), "k")
+        assert stopped.value.outcome is Outcome.REPLAYED and stopped.value.result == {"n": 1}
+        assert stopped.value.details["source"] == "database" and ran == [1]
+        assert only_record(memory, tasks.idem_count, "k").state == SUCCEEDED
+
+    def test_other_arguments_under_the_same_key_are_refused(
+        self, stores: Any, memory: MemoryIdempotencyBackend
+    ) -> None:
+        """Same key, another fingerprint: IdempotencyKeyReused, the body never runs."""
+        pipeline = guarded(tasks.idem_count, memory, key="{key}")
+        run(pipeline, tasks.idem_count, lambda c: 1, "k", payload=1)
+        with pytest.raises(IdempotencyKeyReused):
+            run(pipeline, tasks.idem_count, lambda c: pytest.fail("ran"), "k", payload=2)
+
+    def test_a_live_claim_defers(self, stores: Any, memory: MemoryIdempotencyBackend) -> None:
+        """While another holder's lease runs, a second call is DEFERRED by at most poll."""
+        pipeline = guarded(tasks.idem_count, memory, key="{key}", poll_seconds=0.5)
+        memory.claim(
+            task_name=tasks.idem_count.name,
+            key="k",
+            fingerprint=pipeline.guards[0].key_for(("k",), {}).fingerprint,
+            owner="other",
+            task_id="t-other",
+            lease_seconds=60,
+            ttl_seconds=600,
+        )
+        with pytest.raises(Stop) as stopped:
+            run(pipeline, tasks.idem_count, lambda c: pytest.fail("ran"), "k")
+        assert stopped.value.outcome is Outcome.DEFERRED
+        assert stopped.value.retry_after_seconds == 0.5
+        assert stopped.value.details["holder_task_id"] == "t-other"
+
+    def test_retryable_error_releases_and_other_errors_fail(
+        self, stores: Any, memory: MemoryIdempotencyBackend
+    ) -> None:
+        """Celery's Retry ends the lease (claimable at once); a ValueError records failed."""
+        from celery.exceptions import Retry
+
+        pipeline = guarded(tasks.idem_count, memory, key="{key}")
+
+        def retry(call: Call) -> None:
+            raise Retry("again")
+
+        def refuse(call: Call) -> None:
+            raise ValueError("no")
+
+        with pytest.raises(Retry):
+            run(pipeline, tasks.idem_count, retry, "r")
+        released = only_record(memory, tasks.idem_count, "r")
+        assert released.state == IN_PROGRESS and released.lease_owner is None
+        with pytest.raises(ValueError):
+            run(pipeline, tasks.idem_count, refuse, "v")
+        failed = only_record(memory, tasks.idem_count, "v")
+        assert failed.state == FAILED and "ValueError: no" in failed.error
+        assert run(pipeline, tasks.idem_count, lambda c: "ok", "v") == "ok"  # not cached
+
+    def test_unserializable_result_is_recorded_failed(
+        self, stores: Any, memory: MemoryIdempotencyBackend
+    ) -> None:
+        """A result JSON cannot carry raises UnserializableResult and fails the record."""
+        pipeline = guarded(tasks.idem_count, memory, key="{key}")
+        with pytest.raises(UnserializableResult):
+            run(pipeline, tasks.idem_count, lambda c: {1, 2}, "s")
+        assert only_record(memory, tasks.idem_count, "s").state == FAILED
+
+    def test_a_stale_claim_is_not_completed(self, stores: Any) -> None:
+        """A claim taken over while the body ran completes nothing (counted STALE)."""
+        clock = Clock()
+        memory = MemoryIdempotencyBackend(clock=clock)
+        pipeline = guarded(tasks.idem_count, memory, key="{key}", lease_seconds=60)
+
+        def slow(call: Call) -> str:
+            clock.now += 61  # the lease ended; another delivery takes the key over
+            fingerprint = pipeline.guards[0].key_for(("k",), {}).fingerprint
+            assert memory.claim(
+                task_name=tasks.idem_count.name,
+                key="k",
+                fingerprint=fingerprint,
+                owner="b",
+                task_id="t-b",
+                lease_seconds=10,
+                ttl_seconds=600,
+            ).claimed
+            return "late"
+
+        assert run(pipeline, tasks.idem_count, slow, "k") == "late"
+        record = only_record(memory, tasks.idem_count, "k")
+        assert record.state == IN_PROGRESS and record.lease_owner == "b"
+
+
+class TestTransactionalFlow:
+    """Transactional mode's commit phase, on the memory backend's transaction."""
+
+    def test_body_and_record_commit_together(
+        self, stores: Any, memory: MemoryIdempotencyBackend
+    ) -> None:
+        """The body gets the transaction's session; the record succeeds at the commit."""
+        pipeline = guarded(tasks.idem_transfer, memory, key="{transfer_key}", transactional=True)
+        sessions: list[Any] = []
+
+        def body(call: Call) -> int:
+            sessions.append(call.inject.get("session", "missing"))
+            return 5
+
+        assert run(pipeline, tasks.idem_transfer, body, "t1", "a", "b", 5) == 5
+        assert sessions == [None]  # the memory transaction has no database session
+        assert only_record(memory, tasks.idem_transfer, "t1").result == 5
+
+    def test_a_lost_lock_rolls_back_and_defers(
+        self, stores: Any, memory: MemoryIdempotencyBackend
+    ) -> None:
+        """call.checkpoint() failing before the commit: nothing recorded, claim given back."""
+        pipeline = guarded(tasks.idem_transfer, memory, key="{transfer_key}", transactional=True)
+
+        def lost() -> None:
+            raise LockNotOwnedError("the lease ended")
+
+        with pytest.raises(Stop) as stopped:
+            run(pipeline, tasks.idem_transfer, lambda c: 5, "t2", "a", "b", 5, checks=(lost,))
+        assert stopped.value.outcome is Outcome.DEFERRED and stopped.value.details["lock_lost"]
+        record = only_record(memory, tasks.idem_transfer, "t2")
+        assert record.state == IN_PROGRESS and record.lease_owner is None and record.result is None
+
+    def test_database_outage_in_the_body_defers(
+        self, stores: Any, memory: MemoryIdempotencyBackend
+    ) -> None:
+        """The body's store went away: DEFERRED (not failed), the claim released."""
+        pipeline = guarded(tasks.idem_transfer, memory, key="{transfer_key}", transactional=True)
+
+        def outage(call: Call) -> None:
+            raise StoreUnavailable("connection refused")
+
+        with pytest.raises(Stop) as stopped:
+            run(pipeline, tasks.idem_transfer, outage, "t3", "a", "b", 5)
+        assert stopped.value.outcome is Outcome.DEFERRED and stopped.value.details["store_down"]
+        record = only_record(memory, tasks.idem_transfer, "t3")
+        assert record.state == IN_PROGRESS and record.lease_owner is None
 
 
 class TestEnqueueErrors:
@@ -124,11 +325,18 @@ class TestIdempotentExecution:
         task_id = str(uuid.uuid4())
         tasks.idem_count.apply_async((key,), {"pause_seconds": 1.0}, task_id=task_id)
         tasks.idem_count.apply_async((key,), {"pause_seconds": 1.0}, task_id=task_id)
-        wait_for(lambda: (row := record(engine, tasks.idem_count.name, key))
-                 and row.state == "succeeded", timeout_seconds=30)
+        wait_for(
+            lambda: (
+                (row := record(engine, tasks.idem_count.name, key)) and row.state == "succeeded"
+            ),
+            timeout_seconds=30,
+        )
         # The second delivery met the live claim (DEFERRED), then the stored result (REPLAYED).
-        wait_for(lambda: decisions(redis_client, tasks.idem_count.name).get("REPLAYED"),
-                 timeout_seconds=30, message="the second delivery to be replayed")
+        wait_for(
+            lambda: decisions(redis_client, tasks.idem_count.name).get("REPLAYED"),
+            timeout_seconds=30,
+            message="the second delivery to be replayed",
+        )
         assert decisions(redis_client, tasks.idem_count.name).get("DEFERRED", 0) >= 1
         # Celery keeps the first SUCCESS of a task id: the caller sees the body's own result.
         assert celery_app.AsyncResult(task_id).get(timeout=30)["ran_in"] == task_id
@@ -142,9 +350,7 @@ class TestIdempotentExecution:
         with pytest.raises(IdempotencyKeyReused, match="different arguments"):
             other.get(timeout=30)
 
-    def test_replay_survives_a_redis_flush(
-        self, worker: Any, redis_client: Any
-    ) -> None:
+    def test_replay_survives_a_redis_flush(self, worker: Any, redis_client: Any) -> None:
         """PostgreSQL is the truth: with the Redis cache gone, a duplicate is still replayed."""
         key = uuid.uuid4().hex
         first = tasks.idem_count.delay(key).get(timeout=30)
@@ -203,32 +409,3 @@ class TestIdempotentExecution:
             "REPLAYED"
         )
         assert entries(engine, fresh) == [-5, 5]
-
-
-class TestUnique:
-    def test_duplicate_enqueue_raises_until_finished(
-        self, worker: Any, redis_client: Any
-    ) -> None:
-        """A second .delay() while the first is queued or running raises DuplicateJob."""
-        key = uuid.uuid4().hex
-        first = tasks.unique_raising.delay(key, pause_seconds=1.0)
-        with pytest.raises(DuplicateJob) as raised:
-            tasks.unique_raising.delay(key)
-        assert raised.value.task_id == first.id
-        assert first.get(timeout=30) == first.id
-        # Finished: the key is free again.
-        assert tasks.unique_raising.delay(key).get(timeout=30) != first.id
-        assert runs(redis_client, key) == 2
-
-    def test_duplicate_enqueue_returns_the_existing_job(
-        self, worker: Any, redis_client: Any
-    ) -> None:
-        """Without raise_on_duplicate, .delay() of a queued job returns its AsyncResult."""
-        worker.stop()
-        key = uuid.uuid4().hex
-        first = tasks.unique_started.delay(key)
-        second = tasks.unique_started.delay(key)
-        assert second.id == first.id
-        worker.start()
-        assert first.get(timeout=30) == first.id
-        assert runs(redis_client, key) == 1

@@ -85,3 +85,19 @@ def own_critical_queue(app: Any) -> Iterator[None]:
     yield
     if names:
         app.control.add_consumer("critical", destination=names, reply=True, timeout=2)
+
+
+@pytest.fixture(params=["singleton", "exclusive"])
+def lock_backend(request: pytest.FixtureRequest, stores: Any) -> Iterator[Any]:
+    """Each `LockBackend` on its real store: the advisory backend on PostgreSQL, and the
+    Redlock backend on five fresh nodes (fencing tokens and registry in PostgreSQL)."""
+    from resilience.locks import AdvisoryLockBackend, FencingTokens, Redlock, RedlockBackend
+    from resilience.locks.backends.postgres import HeldLockRegistry, discard_thread_session
+
+    if request.param == "singleton":
+        yield AdvisoryLockBackend(stores.database_url, engine=stores.engine)
+        discard_thread_session()  # frees whatever the test left held
+        return
+    nodes: Nodes = request.getfixturevalue("nodes")
+    yield RedlockBackend(Redlock.from_urls(nodes.urls), registry=HeldLockRegistry(stores.engine),
+                         tokens=FencingTokens(stores.engine()), ttl_seconds=5)

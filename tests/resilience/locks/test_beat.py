@@ -53,7 +53,7 @@ def leader_pid(stores: Any) -> int | None:
         holders = probe.holders(LEADER_KEY)
     if not holders:
         return None
-    return int(holders[0].application_name.rsplit(":", 1)[1])
+    return int((holders[0].owner or "").rsplit(":", 1)[1])
 
 
 def executions(engine: Any, run_id: str) -> list[Any]:

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from resilience.locks import AdvisorySession, Redlock
+from resilience.errors import ConfigurationError, InvalidKey, NonJsonArguments
+from resilience.locks import AdvisorySession, Redlock, SingletonConfig, SingletonGuard, singleton
 from tests.harness import Worker, wait_for
 from tests.resilience.locks.conftest import Nodes
 
@@ -62,6 +63,36 @@ def worker_of(workers: list[Worker], pid: int) -> Worker:
         if pid == worker.pid or pid in {child.pid for child in worker.children()}:
             return worker
     raise AssertionError(f"pid {pid} belongs to no test worker")
+
+
+class TestKeys:
+    def test_bad_keys(self) -> None:
+        """Non-JSON key parts and bad key options fail with named errors."""
+
+        def body(order: Any, fencing_token: int | None = None) -> None: ...
+
+        with pytest.raises(ConfigurationError, match="not an argument"):
+            singleton(key="{missing}")(body)
+        with pytest.raises(ConfigurationError, match="template string or a callable"):
+            singleton(key=42)(body)  # type: ignore[arg-type]
+        guard = SingletonGuard(body, None, SingletonConfig())
+        with pytest.raises(NonJsonArguments):
+            guard.key_for("t", ({1, 2},), {})
+        with pytest.raises(NonJsonArguments):
+            guard.key_for("t", (object(),), {})
+        by_function = SingletonGuard(body, lambda order, **_: {order}, SingletonConfig())
+        with pytest.raises(InvalidKey, match="not JSON"):
+            by_function.key_for("t", (1,), {})
+        # f(1) and f(order=1) are one key; the injected token is never part of it.
+        assert guard.key_for("t", (1,), {}) == guard.key_for("t", (), {"order": 1})
+        assert guard.key_for("t", (1,), {}) == guard.key_for("t", (1,), {"fencing_token": 9})
+
+    def test_non_json_argument_refused_at_enqueue(self, app: Any) -> None:
+        """A set as a key part is refused before the message is published."""
+        from tests.resilience.locks.tasks import singleton_run
+
+        with pytest.raises(NonJsonArguments):
+            singleton_run.delay("run", {1, 2})
 
 
 @pytest.mark.chaos
@@ -262,7 +293,7 @@ class TestIdleSession:
     ) -> None:
         """The thread's cached lock session dies between runs (backend terminated, as by a
         PostgreSQL restart): the next run opens a fresh session and runs, once."""
-        from resilience.locks.guards import _SESSIONS
+        from resilience.locks.backends.postgres import _SESSIONS
         from tests.resilience.locks.tasks import singleton_run
 
         assert singleton_run(run_id, "idle")["ran"] is True

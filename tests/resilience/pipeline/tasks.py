@@ -175,7 +175,7 @@ def held_unique(self: Any, run_id: str, key: str) -> str:
 def loses_lock(self: Any, run_id: str, key: str, session: Any = None,
                checkpoint: Any = None) -> str:
     """Writes, then finds at checkpoint() that its advisory-lock session is gone."""
-    from resilience.locks.guards import _SESSIONS
+    from resilience.locks.backends.postgres import _SESSIONS
 
     _write(session, run_id, key, self.request.id)
     _, _, lock_session = _SESSIONS.session

@@ -18,7 +18,7 @@ class TestCanvas:
     def test_a_skipped_job_ends_its_chain(self, stores: Any, engine: Any) -> None:
         """skipper (SKIPPED: the lock is held) | after: `after` never runs with the
         outcome dict as its argument (before the fix it did)."""
-        from resilience.locks.advisory import AdvisorySession
+        from resilience.locks.backends.postgres import AdvisorySession
         from tests.resilience.pipeline.tasks import after, skipper
 
         run_id = uuid.uuid4().hex[:12]
@@ -60,7 +60,7 @@ class TestCanvas:
         """A SKIPPED header member fails the chord: the callback never sums an outcome."""
         from celery.exceptions import ChordError
 
-        from resilience.locks.advisory import AdvisorySession
+        from resilience.locks.backends.postgres import AdvisorySession
         from tests.resilience.pipeline.tasks import skipper, total
 
         run_id = uuid.uuid4().hex[:12]

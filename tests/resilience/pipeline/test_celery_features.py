@@ -49,7 +49,7 @@ class TestCeleryFeatures:
     ) -> None:
         """A deferral republishes under the same task id, so Celery's revoke still
         reaches it: after the lock frees, the revoked job does not run."""
-        from resilience.locks.advisory import AdvisorySession
+        from resilience.locks.backends.postgres import AdvisorySession
         from tests.resilience.pipeline.tasks import held
 
         run_id = uuid.uuid4().hex[:12]
@@ -70,9 +70,9 @@ class TestCeleryFeatures:
         """`until_finished` unique key of a job revoked while it deferred: once a worker
         drops the revoked message the key is free, so the next `.delay()` is a new job
         (before: the key named the dead job for its whole TTL)."""
-        from resilience.idempotency.unique import NAMESPACE
+        from resilience.idempotency.unique import NAMESPACE, UniqueKeys
         from resilience.keys import redis_key
-        from resilience.locks.advisory import AdvisorySession
+        from resilience.locks.backends.postgres import AdvisorySession
         from tests.resilience.pipeline.tasks import held_unique
 
         run_id = uuid.uuid4().hex[:12]
@@ -83,11 +83,13 @@ class TestCeleryFeatures:
             wait_for(lambda: first.state == "RETRY", timeout_seconds=20,
                      message="the job deferred")
             assert held_unique.delay(run_id, key).id == first.id  # deduplicated
+            unique_key = redis_key(NAMESPACE, f"{held_unique.name}:{key}")
+            keys = UniqueKeys.client(app)
+            assert keys.get(unique_key) == first.id
             app.control.revoke(first.id)
             wait_for(lambda: first.state == "REVOKED", timeout_seconds=20,
                      message="a worker dropped the revoked job")
-            unique_key = redis_key(NAMESPACE, f"{held_unique.name}:{key}")
-            wait_for(lambda: stores.redis().get(unique_key) is None, timeout_seconds=10,
+            wait_for(lambda: keys.get(unique_key) is None, timeout_seconds=10,
                      message="the revoked job's unique key released")
         second = held_unique.delay(run_id, key)
         assert second.id != first.id

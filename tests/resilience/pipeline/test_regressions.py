@@ -20,15 +20,16 @@ def run_id() -> str:
 
 @pytest.fixture()
 def publishes() -> Iterator[list[str]]:
-    """Task names this process publishes while the test runs."""
+    """Task names this process published while the test ran (a publish the broker took:
+    `before_task_publish` also fires for one the transport refuses as full)."""
     sent: list[str] = []
 
     def record(sender: Any = None, **_: Any) -> None:
         sent.append(str(sender))
 
-    signals.before_task_publish.connect(record, weak=False)
+    signals.after_task_publish.connect(record, weak=False)
     yield sent
-    signals.before_task_publish.disconnect(record)
+    signals.after_task_publish.disconnect(record)
 
 
 

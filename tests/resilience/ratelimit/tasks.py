@@ -31,18 +31,26 @@ def record_grant(call: Call, key: str, decision: Decision) -> None:
         return
     with stores_for(app).engine().begin() as connection:
         connection.execute(
-            text("INSERT INTO ratelimit_test_grants (run_id, limit_key, granted_at, pid) "
-                 "VALUES (:run_id, :key, :at, :pid)"),
-            {"run_id": call.kwargs.get("run_id") or call.args[0], "key": key,
-             "at": decision.now_seconds, "pid": os.getpid()},
+            text(
+                "INSERT INTO ratelimit_test_grants (run_id, limit_key, granted_at, pid) "
+                "VALUES (:run_id, :key, :at, :pid)"
+            ),
+            {
+                "run_id": call.kwargs.get("run_id") or call.args[0],
+                "key": key,
+                "at": decision.now_seconds,
+                "pid": os.getpid(),
+            },
         )
 
 
 def record_run(run_id: str, n: int, phase: str) -> None:
     with stores_for(app).engine().begin() as connection:
         connection.execute(
-            text("INSERT INTO ratelimit_test_runs (run_id, n, phase, at, pid) "
-                 "VALUES (:run_id, :n, :phase, extract(epoch from clock_timestamp()), :pid)"),
+            text(
+                "INSERT INTO ratelimit_test_runs (run_id, n, phase, at, pid) "
+                "VALUES (:run_id, :n, :phase, extract(epoch from clock_timestamp()), :pid)"
+            ),
             {"run_id": run_id, "n": n, "phase": phase, "pid": os.getpid()},
         )
 
@@ -57,23 +65,35 @@ def limited_slot(run_id: str, n: int, seconds: float = 0.3) -> int:
 
 
 @app.task(tier="standard", name="tests.ratelimit.window")
-@rate_limit("tests-window:{run_id}", f"{RATE_LIMIT}/{RATE_PERIOD_SECONDS:g} seconds",
-            algorithm="sliding_window", on_decision=record_grant)
+@rate_limit(
+    "tests-window:{run_id}",
+    f"{RATE_LIMIT}/{RATE_PERIOD_SECONDS:g} seconds",
+    algorithm="sliding_window",
+    on_decision=record_grant,
+)
 def windowed(run_id: str, n: int) -> int:
     return n
 
 
 @app.task(tier="standard", name="tests.ratelimit.gcra")
-@rate_limit("tests-gcra:{run_id}", f"{RATE_LIMIT}/{RATE_PERIOD_SECONDS:g} seconds",
-            algorithm="gcra", on_decision=record_grant)
+@rate_limit(
+    "tests-gcra:{run_id}",
+    f"{RATE_LIMIT}/{RATE_PERIOD_SECONDS:g} seconds",
+    algorithm="gcra",
+    on_decision=record_grant,
+)
 def smoothed(run_id: str, n: int) -> int:
     return n
 
 
-@app.task(tier="standard", name="tests.ratelimit.hold", bind=True,
-          soft_time_limit=4, time_limit=5)
-@limit_concurrency("tests-hold:{run_id}", 1, lease_seconds=KILL_LEASE_SECONDS,
-                   retry_seconds=0.5, on_decision=record_grant)
+@app.task(tier="standard", name="tests.ratelimit.hold", bind=True, soft_time_limit=4, time_limit=5)
+@limit_concurrency(
+    "tests-hold:{run_id}",
+    1,
+    lease_seconds=KILL_LEASE_SECONDS,
+    retry_seconds=0.5,
+    on_decision=record_grant,
+)
 def hold_slot(self: Any, run_id: str) -> str:
     """First run: hold the slot until killed; a later run returns at once."""
     first = stores_for(app).redis().set(f"tests:hold:{run_id}", "1", nx=True, ex=60)

@@ -10,10 +10,10 @@ import redis
 
 from jobs.embedded import free_port
 from resilience.counters import read_all
-from resilience.errors import ConfigurationError
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call
 from resilience.ratelimit import (
+    ALGORITHMS,
     ConcurrencyGuard,
     ConcurrencyLimitConfig,
     MemoryBackend,
@@ -21,18 +21,24 @@ from resilience.ratelimit import (
     RateLimitGuard,
     RedisBackend,
 )
-from resilience.ratelimit.guards import split_name
 from tests.resilience.ratelimit import tasks
 
 
 def call(task_id: str = "t1", **kwargs: Any) -> Call:
-    return Call(task=tasks.limited_slot, args=(), kwargs={"run_id": "r", "n": 1, **kwargs},
-                request=SimpleNamespace(id=task_id))
+    return Call(
+        task=tasks.limited_slot,
+        args=(),
+        kwargs={"run_id": "r", "n": 1, **kwargs},
+        request=SimpleNamespace(id=task_id),
+    )
 
 
 def concurrency(limit: int = 1, backend: Any = None, **options: Any) -> ConcurrencyGuard:
-    guard = ConcurrencyGuard(ConcurrencyLimitConfig(name="api", limit=limit, **options),
-                             backend=backend or MemoryBackend(), random_fraction=lambda: 0.5)
+    guard = ConcurrencyGuard(
+        ConcurrencyLimitConfig(name="api", limit=limit, **options),
+        backend=backend or MemoryBackend(),
+        random_fraction=lambda: 0.5,
+    )
     guard.bind(tasks.limited_slot)
     return guard
 
@@ -46,8 +52,11 @@ class TestConcurrencyGuard:
             guard.before_run(call("b"))
         assert stopped.value.outcome is Outcome.DEFERRED
         assert 0 < stopped.value.retry_after_seconds <= 1.0
-        assert [v for labels, v in read_all(redis_client)
-                if labels["guard"] == "concurrency" and labels["outcome"] == "DEFERRED"] == [1]
+        assert [
+            v
+            for labels, v in read_all(redis_client)
+            if labels["guard"] == "concurrency" and labels["outcome"] == "DEFERRED"
+        ] == [1]
 
     @pytest.mark.parametrize("finish", ["after_run", "on_error", "on_stop"])
     def test_slot_released_however_the_call_ends(self, finish: str) -> None:
@@ -55,9 +64,13 @@ class TestConcurrencyGuard:
         guard = concurrency(limit=1)
         first = call("a")
         guard.before_run(first)
-        argument = {"after_run": None, "on_error": RuntimeError("x"),
-                    "on_stop": Stop(Outcome.SKIPPED, guard="g", reason="r")}[finish]
+        argument = {
+            "after_run": None,
+            "on_error": RuntimeError("x"),
+            "on_stop": Stop(Outcome.SKIPPED, guard="g", reason="r"),
+        }[finish]
         getattr(guard, finish)(first, argument)
+        assert first.kept(guard) is None
         guard.before_run(call("b"))
 
     def test_default_lease_covers_the_hard_time_limit(self) -> None:
@@ -80,8 +93,12 @@ class TestConcurrencyGuard:
 class TestRateGuard:
     def test_keys_per_call(self) -> None:
         """A key template gives each customer its own limit."""
-        guard = RateLimitGuard(RateLimitConfig(name="vendor", rate="1/minute"), key="{run_id}",
-                               func=tasks.windowed.run, backend=MemoryBackend())
+        guard = RateLimitGuard(
+            RateLimitConfig(name="vendor", rate="1/minute"),
+            key="{run_id}",
+            func=tasks.windowed.run,
+            backend=MemoryBackend(),
+        )
         guard.bind(tasks.windowed)
         guard.before_run(call(run_id="alice"))
         guard.before_run(call(run_id="bob"))
@@ -90,17 +107,17 @@ class TestRateGuard:
         assert stopped.value.details["key"] == "vendor:alice"
         assert stopped.value.retry_after_seconds == pytest.approx(60, abs=1)
 
-
-class TestNames:
-    @pytest.mark.parametrize(("given", "name", "template"), [
-        ("payments-api", "payments-api", None),
-        ("vendor:{customer_id}", "vendor", "{customer_id}"),
-        ("tenant-{tenant}:{region}", "tenant", "{tenant}:{region}"),
-    ])
-    def test_name_and_template(self, given: str, name: str, template: str | None) -> None:
-        """A template's prefix names the limit; the stored key is `name:value`."""
-        assert split_name(given, None) == (name, template)
-
-    def test_template_needs_a_name(self) -> None:
-        with pytest.raises(ConfigurationError, match="needs a name"):
-            split_name("{customer_id}", None)
+    @pytest.mark.parametrize("algorithm", [n for n, a in ALGORITHMS.items() if not a.holds])
+    def test_every_rate_algorithm_defers(self, algorithm: str) -> None:
+        """Whichever registered rate algorithm is named, the guard runs it: one permit a
+        minute, the second call DEFERRED for about a minute."""
+        backend = MemoryBackend()
+        guard = RateLimitGuard(
+            RateLimitConfig(name="api", rate="1/minute", algorithm=algorithm), backend=backend
+        )
+        guard.bind(tasks.windowed)
+        guard.before_run(call("a"))
+        with pytest.raises(Stop) as stopped:
+            guard.before_run(call("b"))
+        assert stopped.value.retry_after_seconds == pytest.approx(60, abs=1)
+        assert [state.algorithm for state in backend.describe()] == [algorithm]

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from resilience.errors import ConfigurationError
-from resilience.ratelimit import RateLimitConfig, RateLimitGuard, RedisBackend, algorithms
+from resilience.ratelimit import ALGORITHMS, RateLimitConfig, RedisBackend, algorithms
 from resilience.ratelimit.rates import Rate, parse
 
 pytestmark = pytest.mark.timeout(60)
@@ -28,8 +28,13 @@ pytestmark = pytest.mark.timeout(60)
 def most_in_any_window(grants_us: list[int], window_us: int) -> int:
     """Most grants in any half-open window (t - window, t] (the busiest one ends at a grant)."""
     grants = sorted(grants_us)
-    return max((index + 1 - bisect.bisect_right(grants, end - window_us)
-                for index, end in enumerate(grants)), default=0)
+    return max(
+        (
+            index + 1 - bisect.bisect_right(grants, end - window_us)
+            for index, end in enumerate(grants)
+        ),
+        default=0,
+    )
 
 
 class TestFinestRate:
@@ -75,8 +80,13 @@ def schedules(draw: st.DrawFn) -> tuple[Rate, int, list[int]]:
     # Runs of equal gaps: a long run exactly one interval apart is the schedule GCRA grants
     # most densely (it exposes an interval rounded down), a run of 0 is a flood.
     gap = st.sampled_from([0, interval]) | st.integers(min_value=0, max_value=2 * interval)
-    runs = draw(st.lists(st.tuples(gap, st.integers(min_value=1, max_value=2 * limit + burst)),
-                         min_size=1, max_size=20))
+    runs = draw(
+        st.lists(
+            st.tuples(gap, st.integers(min_value=1, max_value=2 * limit + burst)),
+            min_size=1,
+            max_size=20,
+        )
+    )
     gaps = [length for length, repeat in runs for _ in range(repeat)][:400]
     start = draw(st.integers(min_value=0, max_value=10**15))
     return rate, burst, list(itertools.accumulate(gaps, initial=start))
@@ -92,8 +102,9 @@ class TestPureAlgorithms:
         tat: int | None = None
         grants: list[int] = []
         for now in arrivals:
-            allowed, tat, _ = algorithms.gcra(tat, now, interval_us=rate.emission_interval_us,
-                                              burst=burst)
+            allowed, tat, _ = algorithms.gcra(
+                tat, now, interval_us=rate.emission_interval_us, burst=burst
+            )
             if allowed:
                 grants.append(now)
         period_us = round(rate.period_seconds * 1_000_000)
@@ -110,8 +121,9 @@ class TestPureAlgorithms:
         log: list[int] = []
         grants: list[int] = []
         for now in arrivals:
-            allowed, log, _ = algorithms.sliding_window(log, now, limit=rate.limit,
-                                                        window_us=window_us)
+            allowed, log, _ = algorithms.sliding_window(
+                log, now, limit=rate.limit, window_us=window_us
+            )
             if allowed:
                 grants.append(now)
         assert most_in_any_window(grants, window_us) <= rate.limit
@@ -120,21 +132,28 @@ class TestPureAlgorithms:
 class TestOnRedis:
     @pytest.mark.parametrize(
         ("algorithm", "rate", "burst"),
-        [("gcra", "20/0.1 s", 1), ("gcra", "20/0.1 s", 5), ("gcra", "3/0.01 s", 1),
-         ("sliding_window", "20/0.1 s", 1)],
+        [
+            ("gcra", "20/0.1 s", 1),
+            ("gcra", "20/0.1 s", 5),
+            ("gcra", "3/0.01 s", 1),
+            ("sliding_window", "20/0.1 s", 1),
+        ],
     )
-    def test_grant_times_within_bound(self, redis_client: Any, algorithm: str, rate: str,
-                                      burst: int) -> None:
+    def test_grant_times_within_bound(
+        self, redis_client: Any, algorithm: str, rate: str, burst: int
+    ) -> None:
         """Requests as fast as one client can send them for 1 s: the grant times Redis
         reported hold the bound in every window of one period."""
-        config = RateLimitConfig(name=f"bound-{uuid.uuid4().hex[:6]}", rate=parse(rate),
-                                 algorithm=algorithm, burst=burst)
-        guard = RateLimitGuard(config, backend=RedisBackend(redis_client, prefix="test:bounds"))
+        config = RateLimitConfig(
+            name=f"bound-{uuid.uuid4().hex[:6]}", rate=parse(rate), algorithm=algorithm, burst=burst
+        )
+        backend = RedisBackend(redis_client, prefix="test:bounds")
+        chosen, params = ALGORITHMS[config.algorithm], config.params()
         grants: list[int] = []
         denied = 0
         stop = time.monotonic() + 1.0
         while time.monotonic() < stop:
-            decision = guard.decide(config.name)
+            decision = backend.run(chosen, config.name, params)
             if decision.allowed:
                 grants.append(round(decision.now_seconds * 1_000_000))
             else:

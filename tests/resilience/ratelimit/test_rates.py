@@ -11,15 +11,23 @@ from resilience.ratelimit import Rate, parse
 class TestParse:
     @pytest.mark.parametrize(
         ("text", "limit", "period"),
-        [("100/minute", 100, 60), ("10/second", 10, 1), ("5/10 seconds", 5, 10),
-         ("3 per hour", 3, 3600), ("1/d", 1, 86400), ("7/2.5s", 7, 2.5), (" 2 / min ", 2, 60)],
+        [
+            ("100/minute", 100, 60),
+            ("10/second", 10, 1),
+            ("5/10 seconds", 5, 10),
+            ("3 per hour", 3, 3600),
+            ("1/d", 1, 86400),
+            ("7/2.5s", 7, 2.5),
+            (" 2 / min ", 2, 60),
+        ],
     )
     def test_notation(self, text: str, limit: int, period: float) -> None:
         """Each accepted form gives the limit and the period in seconds."""
         assert parse(text) == Rate(limit=limit, period_seconds=period)
 
-    @pytest.mark.parametrize("text", ["", "100", "ten/minute", "10/fortnight", "10/-1 s",
-                                      "/minute", "10 minute"])
+    @pytest.mark.parametrize(
+        "text", ["", "100", "ten/minute", "10/fortnight", "10/-1 s", "/minute", "10 minute"]
+    )
     def test_unparsable(self, text: str) -> None:
         """Anything else is a ConfigurationError naming the accepted forms."""
         with pytest.raises(ConfigurationError, match="cannot parse rate"):

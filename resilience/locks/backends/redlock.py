@@ -16,32 +16,44 @@ bounded attempts it raises `StoreUnavailable` naming the dead nodes, so a caller
 closed instead of waiting. A majority of nodes can fail and come back empty without two
 holders at once only if they stay down longer than the TTL (Kleppmann/antirez); fencing
 tokens (fencing.py) protect the resource when that or a paused holder goes wrong.
+
+`RedlockBackend` is `@exclusive`'s store: a Redlock lease, a fencing token from PostgreSQL
+and a row in the held-lock registry per holder.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from resilience.errors import ConfigurationError, StoreUnavailable
-from resilience.locks.redis_lock import (
+from resilience.errors import ConfigurationError, LockError, LockNotOwnedError, StoreUnavailable
+from resilience.holders import Holder
+from resilience.locks.backends import Claimant, Lease, Taken, validate_ttl
+from resilience.locks.backends.redis import (
     ACQUIRE,
     EXTEND,
     RELEASE,
-    Lease,
     NodeConnections,
     describe,
     lock_key,
     new_owner_token,
+    not_owned,
+    require_lease,
     run_on_nodes,
-    validate_ttl,
 )
 
 if TYPE_CHECKING:
     import redis
+
+    from resilience.locks.backends.postgres import HeldLockRegistry
+    from resilience.locks.fencing import FencingTokens
+
+logger = logging.getLogger("resilience.locks")
 
 #: Fewest nodes that make a majority meaningful (2 nodes cannot survive one failure).
 MIN_NODES = 3
@@ -180,7 +192,11 @@ class Redlock:
             ConfigurationError: `ttl_seconds` <= 0.
             StoreUnavailable: fewer than a majority of nodes answered on the last attempt.
         """
-        ttl = validate_ttl(ttl_seconds)
+        return self.do_acquire(name, validate_ttl(ttl_seconds))
+
+    def do_acquire(self, name: str, ttl_seconds: float) -> Lease | None:
+        """The bounded attempts of the timeline above, each one fan-out of SET NX PX."""
+        ttl = ttl_seconds
         ttl_ms = max(1, int(ttl * 1000))
         drift = ttl * self.options.clock_drift_factor + 0.002
         key = lock_key(name)
@@ -209,27 +225,51 @@ class Redlock:
             )
         return None
 
-    def extend(self, lease: Lease, *, ttl_seconds: float | None = None) -> bool:
-        """Renew the lease on a majority of nodes; False when it is lost (no quorum or late)."""
+    def extend(self, lease: Lease | None, *, ttl_seconds: float | None = None) -> bool:
+        """Renew the lease on a majority of nodes; False when it is lost (no quorum or late).
+
+        Raises:
+            LockError: `lease` is None.  ConfigurationError: `ttl_seconds` <= 0.
+        """
+        lease = require_lease(lease, "extend")
         ttl = validate_ttl(ttl_seconds if ttl_seconds is not None else lease.ttl_seconds)
         if not lease.valid():
             return False
-        drift = ttl * self.options.clock_drift_factor + 0.002
+        return self.do_extend(lease, ttl)
+
+    def do_extend(self, lease: Lease, ttl_seconds: float) -> bool:
+        """One fan-out of the owner-checked PEXPIRE; the new validity discounts drift."""
+        drift = ttl_seconds * self.options.clock_drift_factor + 0.002
         started = self.clock()
         replies = run_on_nodes(self.connections, EXTEND, lock_key(lease.name),
-                               [lease.owner, max(1, int(ttl * 1000))])
+                               [lease.owner, max(1, int(ttl_seconds * 1000))])
         granted = sum(1 for reply in replies if reply == 1)
-        validity = ttl - (self.clock() - started) - drift
+        validity = ttl_seconds - (self.clock() - started) - drift
         if granted < self.quorum or validity <= 0:
             return False
-        lease.valid_until = started + ttl - drift
+        lease.valid_until = started + ttl_seconds - drift
         lease.extensions += 1
         return True
 
-    def release(self, lease: Lease) -> bool:
-        """Release on every node; True when a majority still held our token."""
+    def release(self, lease: Lease | None) -> None:
+        """Release on every node (also those that may have expired it).
+
+        Raises:
+            LockError: `lease` is None (never acquired).
+            LockNotOwnedError: fewer than a majority still held our token (lost before).
+        """
+        lease = require_lease(lease, "release")
+        if not self.do_release(lease):
+            raise not_owned(lease)
+
+    def do_release(self, lease: Lease) -> bool:
+        """One fan-out of the owner-checked DEL; True when a majority still held our token."""
         replies = run_on_nodes(self.connections, RELEASE, lock_key(lease.name), [lease.owner])
         return sum(1 for reply in replies if reply == 1) >= self.quorum
+
+    def owned(self, lease: Lease) -> bool:
+        """True when a majority of nodes still hold `lease`'s token and it has time left."""
+        return lease.valid() and self.holders(lease.name).count(lease.owner) >= self.quorum
 
     def locked(self, name: str) -> bool:
         """True when a majority of nodes hold some owner's token for `name`."""
@@ -263,6 +303,82 @@ class Redlock:
             for client, reply in zip(self.clients, replies, strict=True)
             if isinstance(reply, BaseException)
         ]
+
+
+class RedlockBackend:
+    """`@exclusive`'s store: a Redlock lease, a fencing token and a registry row per holder.
+
+    Args:
+        redlock: the lock manager over the nodes.
+        registry: where holders are recorded (`HeldLockRegistry`).
+        tokens: mints fencing tokens (`FencingTokens`); None: no token.
+        ttl_seconds: the lease length of every acquisition (`ExclusiveConfig.ttl_seconds`).
+    """
+
+    kind = "exclusive"
+
+    def __init__(self, redlock: Redlock, *, registry: HeldLockRegistry,
+                 tokens: FencingTokens | None = None, ttl_seconds: float = 60.0) -> None:
+        self.redlock = redlock
+        self.registry = registry
+        self.tokens = tokens
+        self.ttl_seconds = validate_ttl(ttl_seconds)
+
+    def acquire(self, key: str, claimant: Claimant) -> Taken | None:
+        """Lease on a quorum, then mint the token and register; undone if either fails."""
+        lease = self.redlock.acquire(key, ttl_seconds=self.ttl_seconds)
+        if lease is None:
+            return None
+        try:
+            if self.tokens is not None:
+                lease.fencing_token = self.tokens.mint(key)
+                if not lease.valid():
+                    # Minted after the lease ran out: a later holder may hold a smaller
+                    # token, so this one must not be used (see fencing.py's timeline).
+                    self._give_up(lease)
+                    return None
+            self.registry.register(key, kind=self.kind, owner=lease.owner, claimant=claimant,
+                                   token=lease.fencing_token, ttl_seconds=lease.ttl_seconds)
+        except BaseException:
+            self._give_up(lease)
+            raise
+        return Taken(key=key, owner=lease.owner, token=lease.fencing_token, lease=lease)
+
+    def check(self, taken: Taken) -> None:
+        """The lease still has time on this process's clock (no round trip)."""
+        lease = taken.lease
+        if lease is not None and not lease.valid():
+            raise LockNotOwnedError(
+                f"lock {lease.name!r} lease expired {-lease.remaining_seconds():.3f}s ago; "
+                "stopping before commit", key=lease.name, token=lease.fencing_token,
+            )
+
+    def extend(self, taken: Taken) -> bool:
+        """Renew the lease on a quorum for its TTL; False when lost."""
+        return self.redlock.extend(taken.lease)
+
+    def release(self, taken: Taken) -> None:
+        """Release on every node, then delete the registry row (informational: logged)."""
+        try:
+            self.redlock.release(taken.lease)
+        finally:
+            try:
+                self.registry.unregister(taken.key, taken.owner)
+            except Exception as exc:  # noqa: BLE001 - the registry is informational
+                logger.warning("exclusive: registry cleanup of %s failed: %s", taken.key, exc)
+
+    def holder(self, key: str) -> Holder | None:
+        """The registered holder of `key` (task id, token, since when)."""
+        return self.registry.holder(key)
+
+    def holders(self) -> list[Holder]:
+        """Every registered exclusive lock, alive while a majority holds its owner's token."""
+        return self.registry.holders(
+            self.kind, lambda key, owner: owner in self.redlock.holders(key))
+
+    def _give_up(self, lease: Lease) -> None:
+        with contextlib.suppress(LockError):
+            self.redlock.release(lease)
 
 
 RedlockOptions = RedlockConfig  # deprecated alias, removed in the next release

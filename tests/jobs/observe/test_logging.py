@@ -46,7 +46,7 @@ class TestWorkerLogs:
     def test_a_worker_logs_guard_decisions_as_json(self, app: Any, worker_factory: Any,
                                                    redis_client: Any) -> None:
         """A real worker with JOBS_LOG_FORMAT=json writes the REPLAYED decision as JSON."""
-        from tests.observe.tasks import remember
+        from tests.jobs.observe.tasks import remember
 
         worker = worker_factory("standard", name="observe-logs", concurrency=1,
                                 env={"JOBS_LOG_FORMAT": "json"})

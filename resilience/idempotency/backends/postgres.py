@@ -6,6 +6,10 @@ WHERE <takeover allowed> RETURNING` in autocommit), one for the completion (a co
 record. Each worker thread keeps one connection from an autocommit engine without pre-ping,
 so no statement pays for a pool checkout, a `SELECT 1`, a `BEGIN` or a `COMMIT` of its own.
 
+Transactional mode (`begin()`) is the exception: the body's writes and the record's
+completion share one transaction on a pooled connection (`PostgresTransaction`), committed
+by the guard while every lock the call holds is still owned.
+
 Race timeline the claim is written for (insert first, never check-then-act)::
 
     A: INSERT ... ON CONFLICT          -> row inserted, attempt 1, owner a
@@ -14,53 +18,42 @@ Race timeline the claim is written for (insert first, never check-then-act)::
     A: killed; lease expires
     C: INSERT ... ON CONFLICT          -> conflict, lease expired: attempt 2, owner c
     A': (a paused A wakes up) UPDATE ... WHERE attempt = 1 AND lease_owner = 'a' -> 0 rows
+
+Every native error leaves as `StoreUnavailable`, `StoreRejected` or `StorageError`
+(`resilience.stores.translate_store_error`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from resilience.errors import StorageError
-from resilience.idempotency.models import FAILED, IN_PROGRESS, SUCCEEDED, TABLE_NAME
+from resilience.errors import ConfigurationError, StorageError, StoreUnavailable
+from resilience.holders import Holder
+from resilience.idempotency.backends import (
+    FAILED,
+    HOLDER_KIND,
+    IN_PROGRESS,
+    STATES,
+    SUCCEEDED,
+    Claim,
+    ClaimResult,
+    Record,
+)
+from resilience.idempotency.models import TABLE_NAME
 from resilience.prepared import PreparedStatement as _Statement
 from resilience.stores import translate_store_error, wrap_store_errors
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Connection, Engine
+    from sqlalchemy.engine import Engine
 
     from resilience.stores import Stores
 
-
-@dataclass(frozen=True)
-class Claim:
-    """What a claim found: either the key is now ours (`claimed`) or someone else's record."""
-
-    claimed: bool
-    attempt: int
-    state: str
-    fingerprint: str
-    result: Any
-    error: str | None
-    task_id: str | None
-    lease_owner: str | None
-    #: Seconds until the current holder's lease ends (None when no lease is open).
-    lease_remaining_seconds: float | None
-    #: Seconds until the record expires (its TTL left).
-    expires_in_seconds: float = 0.0
-
-    @property
-    def live(self) -> bool:
-        """Another holder has a claim whose lease has not ended."""
-        return (
-            self.state == IN_PROGRESS
-            and self.lease_remaining_seconds is not None
-            and self.lease_remaining_seconds > 0
-        )
-
+logger = logging.getLogger("resilience.idempotency")
 
 _COLUMNS = (
     "attempt, state, fingerprint, result, error, task_id, lease_owner, "
@@ -107,7 +100,7 @@ SELECT {_COLUMNS}, false AS claimed FROM {TABLE_NAME}
 WHERE task_name = %(task_name)s AND key = %(key)s
 """
 
-_HOLDER = (
+_CLAIM_MATCHES = (
     "task_name = %(task_name)s AND key = %(key)s AND attempt = %(attempt)s "
     f"AND lease_owner = %(owner)s AND state = '{IN_PROGRESS}'"
 )
@@ -116,40 +109,57 @@ COMPLETE_SQL = f"""
 UPDATE {TABLE_NAME} SET state = '{SUCCEEDED}', result = %(result)s::jsonb, error = NULL,
     lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
     expires_at = now() + %(ttl_seconds)s * interval '1 second'
-WHERE {_HOLDER}
+WHERE {_CLAIM_MATCHES}
 """
 
 FAIL_SQL = f"""
 UPDATE {TABLE_NAME} SET state = '{FAILED}', result = NULL, error = %(error)s,
     lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
     expires_at = now() + %(ttl_seconds)s * interval '1 second'
-WHERE {_HOLDER}
+WHERE {_CLAIM_MATCHES}
 """
 
 # A release keeps the row (and its attempt number) and ends the lease now, so the retry
 # claims it at once and a stale holder stays fenced out.
 RELEASE_SQL = f"""
 UPDATE {TABLE_NAME} SET lease_owner = NULL, lease_expires_at = now(), updated_at = now()
-WHERE {_HOLDER}
+WHERE {_CLAIM_MATCHES}
 """
 
 
-@dataclass(frozen=True, kw_only=True)
-class Holder:
-    """The claim a call holds: its key and its fencing pair (attempt, owner token)."""
+# -- the operator's side ------------------------------------------------------------------
+_RECORD_FIELDS = (
+    "task_name, key, fingerprint, state, result, error, attempt, lease_owner, "
+    "lease_expires_at, task_id, created_at, updated_at, expires_at"
+)
 
-    task_name: str
-    key: str
-    attempt: int
-    owner: str
+FIND_SQL = f"""
+SELECT {_RECORD_FIELDS} FROM {TABLE_NAME} WHERE task_name = %(task_name)s AND key = %(key)s
+"""
 
-    def parameters(self) -> dict[str, Any]:
-        return {
-            "task_name": self.task_name,
-            "key": self.key,
-            "attempt": self.attempt,
-            "owner": self.owner,
-        }
+RECENT_SQL = f"""
+SELECT {_RECORD_FIELDS} FROM {TABLE_NAME}
+WHERE (%(task_name)s::text IS NULL OR task_name = %(task_name)s)
+  AND (%(state)s::text IS NULL OR state = %(state)s)
+ORDER BY updated_at DESC LIMIT %(limit)s
+"""
+
+PURGE_SQL = f"""
+DELETE FROM {TABLE_NAME}
+WHERE task_name = %(task_name)s AND key = %(key)s AND (%(force)s OR state <> '{IN_PROGRESS}')
+"""
+
+COUNT_SQL = f"SELECT state, count(*) AS n FROM {TABLE_NAME} GROUP BY state"
+
+# Open claims someone holds (a released claim has no owner): oldest first, as locks list.
+HOLDERS_SQL = f"""
+SELECT task_name, key, attempt, task_id, lease_owner,
+       EXTRACT(EPOCH FROM (now() - updated_at))::float8 AS held_seconds,
+       COALESCE(lease_expires_at > now(), false) AS alive
+FROM {TABLE_NAME}
+WHERE state = '{IN_PROGRESS}' AND lease_owner IS NOT NULL
+ORDER BY updated_at LIMIT %(limit)s
+"""
 
 
 def wrap_database_error(exc: BaseException, action: str) -> StorageError:
@@ -158,11 +168,26 @@ def wrap_database_error(exc: BaseException, action: str) -> StorageError:
     return translate_store_error(exc, f"idempotency store: {action}")
 
 
-#: Per thread: the connection each engine's store holds (see `PostgresStore._connection`).
-_held = threading.local()
+@contextlib.contextmanager
+def _database_errors(action: str) -> Iterator[None]:
+    """SQLAlchemy's database errors leave as `StorageError`s.
+
+    Only `DBAPIError`: an ORM error raised while flushing the body's session (a mapping
+    mistake) is the body's own error, and fails the call as the body's errors do.
+    """
+    from sqlalchemy.exc import DBAPIError
+
+    try:
+        yield
+    except DBAPIError as exc:
+        raise wrap_database_error(exc, action) from exc
 
 
-class _Held:
+#: Per thread: the connection each engine's backend holds (see `_connection`).
+_thread_connections = threading.local()
+
+
+class _ThreadConnection:
     """A thread's own store connection and the statements prepared on it."""
 
     def __init__(self, driver: Any) -> None:
@@ -180,6 +205,11 @@ READ = _Statement("resilience_idempotency_read", READ_SQL)
 COMPLETE = _Statement("resilience_idempotency_complete", COMPLETE_SQL)
 FAIL = _Statement("resilience_idempotency_fail", FAIL_SQL)
 RELEASE = _Statement("resilience_idempotency_release", RELEASE_SQL)
+FIND = _Statement("resilience_idempotency_find", FIND_SQL)
+RECENT = _Statement("resilience_idempotency_recent", RECENT_SQL)
+PURGE = _Statement("resilience_idempotency_purge", PURGE_SQL)
+COUNT = _Statement("resilience_idempotency_count", COUNT_SQL)
+HOLDERS = _Statement("resilience_idempotency_holders", HOLDERS_SQL)
 
 
 class _Row(dict[str, Any]):
@@ -192,20 +222,76 @@ class _Row(dict[str, Any]):
             raise AttributeError(name) from None
 
 
-class PostgresStore:
+class PostgresTransaction:
+    """The body's transaction: a pooled connection, a Session joined to it, and the
+    record's completion inside it (see `Transaction`)."""
+
+    def __init__(self, engine: Engine) -> None:
+        from sqlalchemy.orm import Session
+
+        with _database_errors("open transaction"):
+            self._connection = engine.connect()
+            try:
+                self._transaction = self._connection.begin()
+            except BaseException:
+                self._connection.close()
+                raise
+        # rollback_only: the body's session.commit() only flushes into this transaction;
+        # the guard commits it together with the record's completion.
+        self.session = Session(
+            bind=self._connection, join_transaction_mode="rollback_only", expire_on_commit=False
+        )
+
+    def complete(self, claim: Claim | None, result_json: str, ttl_seconds: float) -> bool:
+        with _database_errors("commit"):
+            self.session.flush()
+            if claim is None:
+                return True
+            parameters = {
+                **claim.parameters(),
+                "result": result_json,
+                "ttl_seconds": float(ttl_seconds),
+            }
+            return self._connection.exec_driver_sql(COMPLETE_SQL, parameters).rowcount == 1
+
+    def commit(self) -> None:
+        with _database_errors("commit"):
+            self._transaction.commit()
+
+    def close(self) -> None:
+        try:
+            self.session.close()
+            if self._transaction.is_active:
+                self._transaction.rollback()
+        except Exception as exc:  # noqa: BLE001 - rollback of a broken connection; it is closed
+            logger.warning("idempotency transaction cleanup: %s", exc)
+        finally:
+            self._connection.close()
+
+
+class PostgresIdempotencyBackend:
     """Claims, completes, fails and releases idempotency records in PostgreSQL.
 
     Args:
         engine: an engine whose connections run in autocommit (see `autocommit_engine`).
         prepared: use server-side prepared statements; turn off behind a pooler that does
             not keep them (PgBouncer in transaction mode before 1.21).
+        transaction_engine: the pooled engine transactional bodies write through (or a
+            callable returning it, so it is only created when used); None: no `begin()`.
     """
 
-    def __init__(self, engine: Engine, *, prepared: bool = True) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        prepared: bool = True,
+        transaction_engine: Engine | Callable[[], Engine] | None = None,
+    ) -> None:
         self.engine = engine
         self.prepared = prepared
+        self._transaction_engine = transaction_engine
 
-    def _connection(self) -> _Held:
+    def _connection(self) -> _ThreadConnection:
         """This thread's connection to the store, kept open between statements.
 
         A pool checkout and checkin per statement costs more CPU than the statement's round
@@ -213,14 +299,16 @@ class PostgresStore:
         connection (detached from the pool, like the singleton's lock session): it closes
         with the thread, and one that failed is replaced on the next statement.
         """
-        held: dict[Engine, _Held] | None = getattr(_held, "connections", None)
+        held: dict[Engine, _ThreadConnection] | None = getattr(
+            _thread_connections, "connections", None
+        )
         if held is None:
-            held = _held.connections = {}
+            held = _thread_connections.connections = {}
         connection = held.get(self.engine)
         if connection is None or connection.driver.closed:
             fairy = self.engine.raw_connection()  # autocommit and options already applied
             fairy.detach()  # ours for the thread's life: never checked back in
-            connection = held[self.engine] = _Held(fairy.dbapi_connection)
+            connection = held[self.engine] = _ThreadConnection(fairy.dbapi_connection)
         return connection
 
     def _execute(self, statement: _Statement, parameters: dict[str, Any], action: str) -> Any:
@@ -268,6 +356,7 @@ class PostgresStore:
         """
         self._execute(PING, {}, "ping")
 
+    # -- the guard's steps -----------------------------------------------------------------
     def claim(
         self,
         *,
@@ -278,11 +367,11 @@ class PostgresStore:
         task_id: str | None,
         lease_seconds: float,
         ttl_seconds: float,
-    ) -> Claim:
+    ) -> ClaimResult:
         """Claim `key` for `owner`, or return the record that stands in the way.
 
         Raises:
-            StoreUnavailable, StorageError.
+            StoreUnavailable, StoreRejected, StorageError.
         """
         parameters = {
             "task_name": task_name,
@@ -303,8 +392,10 @@ class PostgresStore:
             raise StorageError(f"idempotency store: claim of {task_name}:{key} found no row")
         row = rows[0]
         claimed = bool(row.claimed) or (row.state == IN_PROGRESS and row.lease_owner == owner)
-        return Claim(
-            claimed=claimed,
+        return ClaimResult(
+            claim=Claim(task_name=task_name, key=key, attempt=int(row.attempt), owner=owner)
+            if claimed
+            else None,
             attempt=int(row.attempt),
             state=row.state,
             fingerprint=row.fingerprint,
@@ -316,29 +407,87 @@ class PostgresStore:
             expires_in_seconds=float(row.expires_in or 0.0),
         )
 
-    def complete(self, holder: Holder, result_json: str, ttl_seconds: float) -> bool:
+    def complete(self, claim: Claim, result_json: str, ttl_seconds: float) -> bool:
         """Record success with its result; False when the claim was taken over (stale)."""
-        parameters = {**holder.parameters(), "result": result_json,
-                      "ttl_seconds": float(ttl_seconds)}
+        parameters = {
+            **claim.parameters(),
+            "result": result_json,
+            "ttl_seconds": float(ttl_seconds),
+        }
         return self._execute(COMPLETE, parameters, "complete") == 1
 
-    def complete_in(
-        self, connection: Connection, holder: Holder, result_json: str, ttl_seconds: float
-    ) -> bool:
-        """Record success inside the caller's open transaction (transactional mode)."""
-        parameters = {**holder.parameters(), "result": result_json,
-                      "ttl_seconds": float(ttl_seconds)}
-        return connection.exec_driver_sql(COMPLETE_SQL, parameters).rowcount == 1
-
-    def fail(self, holder: Holder, error: str, ttl_seconds: float) -> bool:
+    def fail(self, claim: Claim, error: str, ttl_seconds: float) -> bool:
         """Record a non-retryable failure; False when the claim was taken over."""
-        parameters = {**holder.parameters(), "error": error[:4000],
-                      "ttl_seconds": float(ttl_seconds)}
+        parameters = {
+            **claim.parameters(),
+            "error": error[:4000],
+            "ttl_seconds": float(ttl_seconds),
+        }
         return self._execute(FAIL, parameters, "fail") == 1
 
-    def release(self, holder: Holder) -> bool:
+    def release(self, claim: Claim) -> bool:
         """End the claim's lease now so a retry can claim at once; False when stale."""
-        return self._execute(RELEASE, holder.parameters(), "release") == 1
+        return self._execute(RELEASE, claim.parameters(), "release") == 1
+
+    def begin(self) -> PostgresTransaction:
+        """Open the body's transaction on the pooled engine.
+
+        Raises:
+            StorageError: the database cannot be reached.  ConfigurationError: no
+                `transaction_engine` was given.
+        """
+        engine = self._transaction_engine
+        if engine is None:
+            raise ConfigurationError(
+                "this idempotency backend has no transaction_engine; transactional=True needs one"
+            )
+        return PostgresTransaction(engine() if callable(engine) else engine)
+
+    def unavailable(self, error: BaseException) -> bool:
+        """Is `error` PostgreSQL being unreachable (not a bug, not a constraint)?"""
+        if isinstance(error, StoreUnavailable):
+            return True
+        from sqlalchemy.exc import DBAPIError
+
+        return isinstance(error, DBAPIError) and isinstance(
+            wrap_database_error(error, "body"), StoreUnavailable
+        )
+
+    # -- the operator's side ---------------------------------------------------------------
+    def read(self, task_name: str, key: str) -> Record | None:
+        rows = self._execute(FIND, {"task_name": task_name, "key": key}, "read")
+        return Record(**rows[0]) if rows else None
+
+    def recent(
+        self, *, limit: int, task_name: str | None = None, state: str | None = None
+    ) -> list[Record]:
+        rows = self._execute(
+            RECENT, {"task_name": task_name, "state": state, "limit": int(limit)}, "read"
+        )
+        return [Record(**row) for row in rows]
+
+    def purge(self, task_name: str, key: str, *, force: bool = False) -> bool:
+        parameters = {"task_name": task_name, "key": key, "force": bool(force)}
+        return self._execute(PURGE, parameters, "purge") > 0
+
+    def count_by_state(self) -> dict[str, int]:
+        counts = dict.fromkeys(STATES, 0)
+        counts.update({row.state: int(row.n) for row in self._execute(COUNT, {}, "count")})
+        return counts
+
+    def holders(self, *, limit: int) -> list[Holder]:
+        rows = self._execute(HOLDERS, {"limit": int(limit)}, "holders")
+        return [
+            Holder(
+                kind=HOLDER_KIND,
+                key=f"{row.task_name}:{row.key}",
+                owner=row.task_id or row.lease_owner,
+                token=int(row.attempt),
+                held_seconds=max(0.0, float(row.held_seconds)),
+                alive=bool(row.alive),
+            )
+            for row in rows
+        ]
 
 
 _engines: dict[tuple[int, int, bool], Engine] = {}
@@ -350,7 +499,8 @@ def autocommit_engine(stores: Stores, *, synchronous_commit: bool = True) -> Eng
 
     Separate from `stores.engine()` (which pings on checkout) so a claim costs one round
     trip; created per process, never shared across a fork. It only opens connections: each
-    thread keeps the one it gets (`PostgresStore._connection`), so there is no pool.
+    thread keeps the one it gets (`PostgresIdempotencyBackend._connection`), so there is no
+    pool.
 
     With `synchronous_commit=False` the statements do not wait for the WAL flush
     (PostgreSQL's `synchronous_commit=off`): a PostgreSQL crash may forget the last fraction
@@ -380,10 +530,17 @@ def autocommit_engine(stores: Stores, *, synchronous_commit: bool = True) -> Eng
     return engine
 
 
-def store_for(
+def backend_for(
     stores: Stores, *, synchronous_commit: bool = True, prepared: bool = True
-) -> PostgresStore:
-    """The PostgreSQL idempotency store of `stores`, for this process."""
-    return PostgresStore(
-        autocommit_engine(stores, synchronous_commit=synchronous_commit), prepared=prepared
+) -> PostgresIdempotencyBackend:
+    """The PostgreSQL idempotency backend of `stores`, for this process; transactional
+    bodies write through `stores.engine()`."""
+    return PostgresIdempotencyBackend(
+        autocommit_engine(stores, synchronous_commit=synchronous_commit),
+        prepared=prepared,
+        transaction_engine=stores.engine,
     )
+
+
+PostgresStore = PostgresIdempotencyBackend  # deprecated alias, removed in the next release
+store_for = backend_for  # deprecated alias, removed in the next release

@@ -38,7 +38,7 @@ class TestMetrics:
         from resilience.circuit.backends.redis import RedisBreakerBackend
         from resilience.circuit.breaker import CircuitBreaker
         from resilience.circuit.config import BreakerConfig
-        from tests.observe.tasks import hold, paced, remember
+        from tests.jobs.observe.tasks import hold, paced, remember
 
         env = {"PROMETHEUS_MULTIPROC_DIR": str(multiproc_dir)}
         worker_factory("critical,standard", name="observe-metrics", concurrency=2, env=env)

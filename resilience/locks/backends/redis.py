@@ -1,10 +1,15 @@
-"""Redis locks: the lease, the Lua scripts, and a single-node `RedisLock`.
+"""Redis locks: the three Lua scripts, a single-node `RedisLock`, and the node fan-out.
 
 A lock is a Redis string holding a random owner token with a mandatory TTL. Release and
 extend are owner-checked in Lua, so a holder whose lease expired can never delete or
 prolong the next holder's lock. `Redlock` (redlock.py) runs the same three scripts on N
 independent nodes; `run_on_nodes` sends a script to every node before reading any reply,
 so N nodes cost about one round trip, not N.
+
+As in redis-py's `Lock`, the public `acquire` / `release` / `extend` validate their input
+and call the overridable `do_*` step; `release` of a lock that is no longer ours raises
+`LockNotOwnedError`, of a lock never acquired `LockError`; `locked()` says someone holds the
+name, `owned()` that this lease still does.
 """
 
 from __future__ import annotations
@@ -14,11 +19,11 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from resilience.errors import ConfigurationError
+from resilience.errors import LockError, LockNotOwnedError
 from resilience.keys import redis_key
+from resilience.locks.backends import Lease, validate_ttl
 from resilience.scripts import LuaScript
 from resilience.stores import wrap_store_errors
 
@@ -28,55 +33,17 @@ if TYPE_CHECKING:
 #: Namespace of every lock key, so `jobs locks` and operators can find them.
 LOCK_NAMESPACE = "resilience:lock"
 
+#: SET NX PX: take the lock when nobody holds it (acquire.lua has the contract).
 ACQUIRE = LuaScript.load(__file__, "acquire.lua")
+#: DEL only when the caller still owns it (release.lua).
 RELEASE = LuaScript.load(__file__, "release.lua")
+#: PEXPIRE only when the caller still owns it (extend.lua).
 EXTEND = LuaScript.load(__file__, "extend.lua")
-
-
-def validate_ttl(ttl_seconds: float) -> float:
-    """Refuse a missing or non-positive TTL: a lock without a lease outlives a dead holder.
-
-    Raises:
-        ConfigurationError: `ttl_seconds` is not a positive number.
-    """
-    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int | float):
-        raise ConfigurationError(f"ttl_seconds must be a number, got {ttl_seconds!r}")
-    if not ttl_seconds > 0:
-        raise ConfigurationError(
-            f"ttl_seconds must be > 0, got {ttl_seconds!r}: a lock needs a lease so a dead "
-            "holder cannot keep it forever"
-        )
-    return float(ttl_seconds)
 
 
 def new_owner_token() -> str:
     """A random owner token; unguessable, so no other process can release our lock."""
     return secrets.token_hex(16)
-
-
-@dataclass
-class Lease:
-    """One acquisition of a lock: who owns it and until when (on this process's clock).
-
-    `valid_until` is on the monotonic clock and already discounts the time acquisition took
-    and the clock drift allowance; past it, the holder must assume the lock is gone.
-    """
-
-    name: str
-    owner: str
-    ttl_seconds: float
-    acquired_at: float
-    valid_until: float
-    fencing_token: int | None = None
-    extensions: int = 0
-    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
-
-    def remaining_seconds(self) -> float:
-        """Seconds the lease is still valid for (negative when expired)."""
-        return self.valid_until - self.clock()
-
-    def valid(self) -> bool:
-        return self.remaining_seconds() > 0
 
 
 def lock_key(name: str) -> str:
@@ -88,6 +55,25 @@ def describe(client: redis.Redis) -> str:
     """host:port of a client, for error messages."""
     kwargs = client.connection_pool.connection_kwargs
     return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+
+
+def require_lease(lease: Lease | None, action: str) -> Lease:
+    """The lease to `action`, or `LockError` for a lock that was never acquired (misuse).
+
+    Raises:
+        LockError: `lease` is None (an `acquire` that returned None, or none at all).
+    """
+    if lease is None:
+        raise LockError(f"cannot {action} a lock that was never acquired")
+    return lease
+
+
+def not_owned(lease: Lease) -> LockNotOwnedError:
+    """The error of a release that found the lock no longer ours."""
+    return LockNotOwnedError(
+        f"lock {lease.name!r} was no longer held at release (it expired or another owner "
+        "took it)", key=lease.name, token=lease.fencing_token,
+    )
 
 
 class NodeConnections:
@@ -105,6 +91,7 @@ class NodeConnections:
         self._pid = os.getpid()
 
     def take(self) -> list[Any]:
+        """A connection per node, for one thread's use until `give_back`."""
         with self._guard:
             if self._pid != os.getpid():  # never share sockets with a forked parent
                 self._free, self._pid = [], os.getpid()
@@ -113,11 +100,13 @@ class NodeConnections:
         return [client.connection_pool.make_connection() for client in self.clients]
 
     def give_back(self, connections: list[Any]) -> None:
+        """Keep `connections` for the next caller (dropped after a fork)."""
         with self._guard:
             if self._pid == os.getpid():
                 self._free.append(connections)
 
     def close(self) -> None:
+        """Disconnect every kept connection."""
         with self._guard:
             for connections in self._free:
                 for connection in connections:
@@ -187,37 +176,66 @@ class RedisLock:
             ConfigurationError: `ttl_seconds` <= 0.
             StoreUnavailable / StorageError: Redis failed (wraps the cause).
         """
-        ttl = validate_ttl(ttl_seconds)
-        owner = new_owner_token()
-        started = self.clock()
-        taken = self._call(ACQUIRE, name, owner, max(1, int(ttl * 1000)))
-        if not taken:
-            return None
-        return Lease(name=name, owner=owner, ttl_seconds=ttl, acquired_at=started,
-                     valid_until=started + ttl, clock=self.clock)
+        return self.do_acquire(name, new_owner_token(), validate_ttl(ttl_seconds))
 
-    def extend(self, lease: Lease, *, ttl_seconds: float | None = None) -> bool:
-        """Reset the lease to `ttl_seconds` (default: its TTL) from now; False when lost."""
-        ttl = validate_ttl(ttl_seconds if ttl_seconds is not None else lease.ttl_seconds)
+    def do_acquire(self, name: str, owner: str, ttl_seconds: float) -> Lease | None:
+        """One SET NX PX of `owner`'s token; the lease, or None when the name is taken."""
         started = self.clock()
-        if not self._call(EXTEND, lease.name, lease.owner, max(1, int(ttl * 1000))):
+        if not self._call(ACQUIRE, name, owner, max(1, int(ttl_seconds * 1000))):
+            return None
+        return Lease(name=name, owner=owner, ttl_seconds=ttl_seconds, acquired_at=started,
+                     valid_until=started + ttl_seconds, clock=self.clock)
+
+    def extend(self, lease: Lease | None, *, ttl_seconds: float | None = None) -> bool:
+        """Reset the lease to `ttl_seconds` (default: its TTL) from now; False when lost.
+
+        Unlike `release`, a lost lease is a False, not an error: a heartbeat records it.
+
+        Raises:
+            LockError: `lease` is None.  ConfigurationError: `ttl_seconds` <= 0.
+        """
+        lease = require_lease(lease, "extend")
+        ttl = validate_ttl(ttl_seconds if ttl_seconds is not None else lease.ttl_seconds)
+        return self.do_extend(lease, ttl)
+
+    def do_extend(self, lease: Lease, ttl_seconds: float) -> bool:
+        """One owner-checked PEXPIRE; moves the lease's deadline when it succeeded."""
+        started = self.clock()
+        if not self._call(EXTEND, lease.name, lease.owner, max(1, int(ttl_seconds * 1000))):
             return False
-        lease.valid_until = started + ttl
+        lease.valid_until = started + ttl_seconds
         lease.extensions += 1
         return True
 
-    def release(self, lease: Lease) -> bool:
-        """Give the lock back; False when it was no longer ours (expired, taken over)."""
+    def release(self, lease: Lease | None) -> None:
+        """Give the lock back.
+
+        Raises:
+            LockError: `lease` is None (never acquired).
+            LockNotOwnedError: the lock was no longer ours (expired, taken over).
+            StorageError: Redis failed (wraps the cause).
+        """
+        lease = require_lease(lease, "release")
+        if not self.do_release(lease):
+            raise not_owned(lease)
+
+    def do_release(self, lease: Lease) -> bool:
+        """One owner-checked DEL; False when the lock was not ours any more."""
         return bool(self._call(RELEASE, lease.name, lease.owner))
 
     def locked(self, name: str) -> bool:
         """True when someone (anyone) holds lock `name`."""
-        key = lock_key(name)
         with wrap_store_errors("checking lock", lock=name, node=self._node):
-            return bool(self.client.exists(key))
+            return bool(self.client.exists(lock_key(name)))
+
+    def owned(self, lease: Lease) -> bool:
+        """True when `lease` still holds its lock (its token is the one stored)."""
+        with wrap_store_errors("checking lock", lock=lease.name, node=self._node):
+            value = self.client.get(lock_key(lease.name))
+        if isinstance(value, bytes):
+            value = value.decode()
+        return value == lease.owner
 
     def _call(self, script: LuaScript, name: str, *args: Any) -> Any:
-        key = lock_key(name)
         with wrap_store_errors("lock", lock=name, node=self._node):
-            return script(self.client, [key], args)
-
+            return script(self.client, [lock_key(name)], args)

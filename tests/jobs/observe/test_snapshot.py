@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from jobs.embedded import free_port
-from jobs.observe.snapshot import SECTIONS, collect, tiers_section, window_figures
+from jobs.observe.snapshot import SECTIONS, collect, tiers_section
 from resilience.counters import count
 from tests.support import ROOT, wait_for
 
@@ -66,6 +66,18 @@ class TestCollect:
         assert rows["observe-snapshot-dep"]["open"] is True
 
     @pytest.mark.timeout(60)
+    def test_a_configured_breaker_shows_before_it_has_state(
+        self, app: Any, redis_client: Any
+    ) -> None:
+        """A breaker configured on a task is listed, closed with its threshold, unused."""
+        from tests.resilience.circuit.tasks import BREAKER
+
+        row = {row["name"]: row for row in collect(app, active=False)["breakers"]}[BREAKER]
+        assert (row["state"], row["open"], row["calls"]) == ("closed", False, 0)
+        assert row["failure_rate_threshold"] == 0.5
+        assert row["seconds_in_state"] is None and row["retry_in_seconds"] is None
+
+    @pytest.mark.timeout(60)
     def test_retry_budget_use_is_read_as_the_budget_script_counts(
         self, app: Any, stores: Any, redis_client: Any
     ) -> None:
@@ -108,14 +120,6 @@ class TestPureParts:
                                         "optional": limit}, {"per_tier": {}})
         assert tiers["optional"]["full"] is True
         assert tiers["critical"]["full"] is False
-
-    def test_budget_slots_older_than_the_window_are_not_counted(self) -> None:
-        """A slot whose epoch left the window is skipped, as budget.lua skips it."""
-        now_ms, window_ms, slots = 1_000_000, 10_000, 10
-        epoch = now_ms // 1000
-        fields = {"e0": str(epoch), "q0": "5", "r0": "1",
-                  "e1": str(epoch - 10), "q1": "50", "r1": "9"}
-        assert window_figures(fields, now_ms=now_ms, window_ms=window_ms, slots=slots) == (5, 1)
 
 
 class TestUnavailableSections:

@@ -40,7 +40,7 @@ class TestOutcomesInFlower:
         self, app: Any, worker_factory: Any, start_server: Any, redis_client: Any
     ) -> None:
         """GET /api/task/info/<id> of a REPLAYED call shows the outcome, guard and reason."""
-        from tests.observe.tasks import remember
+        from tests.jobs.observe.tasks import remember
 
         flower = start_server("flower")
         worker_factory("standard", name="observe-flower", concurrency=1)
@@ -79,7 +79,7 @@ class TestOutcomesInFlower:
         from resilience.circuit.backends.redis import RedisBreakerBackend
         from resilience.circuit.breaker import CircuitBreaker
         from resilience.circuit.config import BreakerConfig
-        from tests.observe.tasks import gated, hold
+        from tests.jobs.observe.tasks import gated, hold
 
         flower = start_server("flower")
         worker_factory("standard", name="observe-flower-2", concurrency=2)
@@ -128,7 +128,7 @@ class TestOutcomesInFlower:
         from resilience.circuit.backends.redis import RedisBreakerBackend
         from resilience.circuit.breaker import CircuitBreaker
         from resilience.circuit.config import BreakerConfig
-        from tests.observe.tasks import gated
+        from tests.jobs.observe.tasks import gated
 
         flower = start_server("flower")
         worker_factory("standard", name="observe-flower-3", concurrency=1)
@@ -168,7 +168,7 @@ class TestResiliencePage:
         from resilience.circuit.backends.redis import RedisBreakerBackend
         from resilience.circuit.breaker import CircuitBreaker
         from resilience.circuit.config import BreakerConfig
-        from tests.observe.tasks import idle
+        from tests.jobs.observe.tasks import idle
 
         broker = f"{services.redis_base}/3"
         CircuitBreaker(BreakerConfig(name="observe-payments-api"),

@@ -1,0 +1,117 @@
+"""Producer cost of `.delay()`: plain Celery, the platform's defaults, `@unique`, and peers.
+
+Each round publishes `--messages` jobs with each variant in turn (rounds alternate, so every
+variant sees the same machine load) into the optional tier queue (no worker runs), then
+purges it. Every job has a fresh key, so the unique variants take their happy path.
+Reported per variant: jobs/s (median of rounds), the ratio to plain Celery in the same
+run, and Redis round trips per job counted in this process (every command or pipeline sent
+on a redis-py connection, broker and shared-state Redis alike).
+
+The platform's default enqueue guards: argument validation (no round trip), the tier
+bulkhead (a bounded publish: the depth check and the LPUSH are one script on the platform's
+Redis transport) and the deadline stamp (no round trip). `@unique` adds its key script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+from bench.harness import platform, purge, table
+
+VARIANTS = ("plain", "platform", "unique", "celery_once", "celery_singleton")
+
+
+class RoundTrips:
+    """Counts what redis-py sends (one per command or pipeline) while installed."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __enter__(self) -> RoundTrips:
+        from redis.connection import AbstractConnection
+
+        self._original = AbstractConnection.send_packed_command
+        original = self._original
+
+        def counted(connection: Any, command: Any, check_health: bool = True) -> Any:
+            self.count += 1
+            return original(connection, command, check_health)
+
+        AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from redis.connection import AbstractConnection
+
+        AbstractConnection.send_packed_command = self._original  # type: ignore[method-assign]
+
+
+def run(argv: list[str]) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="python -m bench enqueue")
+    parser.add_argument("--messages", type=int, default=3000, help="jobs per variant and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    options = parser.parse_args(argv)
+    n = options.messages
+
+    # The bench queue takes the optional tier's bulkhead: room for a whole round.
+    with platform({"JOBS_OPTIONAL__MAX_QUEUE_DEPTH": str(10 * n + 1000)}) as services:
+        from bench import tasks_enqueue as tasks
+        from jobs import app
+
+        app.conf.ONCE = {"backend": "celery_once.backends.Redis",
+                         "settings": {"url": services.redis_url, "default_timeout": 3600}}
+        app.conf.singleton_backend_url = services.redis_url
+        senders = {
+            "plain": tasks.enqueue_celery, "platform": tasks.enqueue_platform,
+            "unique": tasks.enqueue_unique, "celery_once": tasks.enqueue_celery_once,
+            "celery_singleton": tasks.enqueue_celery_singleton,
+        }
+        present = [variant for variant in VARIANTS if senders[variant] is not None]
+        rates: dict[str, list[float]] = {variant: [] for variant in present}
+        trips: dict[str, list[float]] = {variant: [] for variant in present}
+        purge([tasks.QUEUE])
+        for variant in present:  # warm: connections, scripts, declared queue
+            for index in range(20):
+                senders[variant].delay(-1 - index)
+        purge([tasks.QUEUE])
+        offset = 0
+        for _ in range(options.rounds):
+            for variant in present:
+                task = senders[variant]
+                with RoundTrips() as counter:
+                    started = time.perf_counter()
+                    for index in range(offset, offset + n):
+                        task.delay(index)
+                    seconds = time.perf_counter() - started
+                offset += n
+                rates[variant].append(n / seconds)
+                trips[variant].append(counter.count / n)
+                purge([tasks.QUEUE])
+        medians = {variant: statistics.median(rates[variant]) for variant in present}
+        plain = medians["plain"]
+        table(
+            f"enqueue: {n} jobs per variant and round, {options.rounds} rounds (medians)",
+            ("variant", "jobs/s", "ratio", "round trips/job"),
+            [(variant, f"{medians[variant]:,.0f}", f"{medians[variant] / plain:.2f}",
+              f"{statistics.median(trips[variant]):.2f}") for variant in present],
+        )
+
+    def ratio(variant: str) -> float | None:
+        return round(medians[variant] / plain, 3) if variant in medians else None
+
+    return {
+        "messages": n,
+        "rounds": options.rounds,
+        "plain_per_s": round(plain),
+        "guarded_per_s": round(medians["platform"]),
+        "guarded_ratio": ratio("platform"),
+        "unique_ratio": ratio("unique"),
+        "enqueue_in_per_s": None,
+        "celery_once_ratio": ratio("celery_once"),
+        "celery_singleton_ratio": ratio("celery_singleton"),
+        "round_trips_per_job": {variant: statistics.median(trips[variant])
+                                for variant in present},
+    }

@@ -1,0 +1,269 @@
+"""Breakers in process memory: one process only (tests, a single-process app).
+
+The same state machine as `acquire.lua`, `record.lua` and `force.lua` (those scripts are
+the specification; each method below follows its script step by step), under one lock
+instead of Redis' single thread, on an injectable clock instead of Redis server time.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from resilience.circuit.backends import BreakerState, Peek, Permission, Verdict
+from resilience.circuit.config import CountWindow
+
+if TYPE_CHECKING:
+    from resilience.circuit.config import BreakerConfig
+    from resilience.errors import StorageError
+    from resilience.pipeline import Rounds
+
+
+@dataclass
+class _Breaker:
+    """One breaker: the fields of the Redis state hash, and its window."""
+
+    state: str = "closed"
+    gen: int = 0
+    open_until: int = 0  # ms
+    half_open_until: int = 0  # ms
+    probes: int = 0
+    probes_ok: int = 0
+    calls: int = 0
+    failures: int = 0
+    slow: int = 0
+    changed_at: int = 0  # ms; 0 = never changed
+    n_opened: int = 0
+    n_half_opened: int = 0
+    n_closed: int = 0
+    n_probes: int = 0
+    #: Count window: newest first, each entry failed + 2 * slow (as the Redis list).
+    outcomes: deque[int] = field(default_factory=deque)
+    #: Time window: slot -> [epoch, calls, failures, slow] (as the Redis slot hash).
+    slots: dict[int, list[int]] = field(default_factory=dict)
+
+    def clear_window(self) -> None:
+        self.outcomes.clear()
+        self.slots.clear()
+        self.calls = self.failures = self.slow = 0
+
+
+class MemoryBreakerBackend:
+    """Breakers in a dict behind a lock; the clock is injectable.
+
+    Args:
+        clock: epoch seconds now (tests pass a fake clock and never sleep).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._breakers: dict[str, _Breaker] = {}
+        #: (breaker name, outcome) -> how often it was counted (see `count`).
+        self.counted: Counter[tuple[str, str]] = Counter()
+
+    def _now_ms(self) -> int:
+        return math.floor(self.clock() * 1000)
+
+    def _breaker(self, name: str) -> _Breaker:
+        return self._breakers.setdefault(name, _Breaker())
+
+    def acquire(self, config: BreakerConfig) -> Permission:
+        open_ms = int(config.open_seconds * 1000)
+        with self._lock:
+            now = self._now_ms()
+            breaker = self._breaker(config.name)
+            state = breaker.state
+            if state in ("closed", "forced_closed"):
+                return Permission(True, state, breaker.gen)
+            if state == "forced_open":
+                return Permission(False, state, breaker.gen, open_ms / 1000)
+            transition = ""
+            if state == "open":
+                if now < breaker.open_until:
+                    return Permission(False, state, breaker.gen, (breaker.open_until - now) / 1000)
+                breaker.gen += 1
+                breaker.state = "half_open"
+                breaker.probes = breaker.probes_ok = 0
+                breaker.half_open_until = now + int(config.probe_timeout_seconds * 1000)
+                breaker.changed_at = now
+                breaker.n_half_opened += 1
+                transition = "half_open"
+            elif now >= breaker.half_open_until:
+                # Probes were handed out but no verdict came back in time: open again.
+                breaker.gen += 1
+                breaker.state = "open"
+                breaker.open_until = now + open_ms
+                breaker.changed_at = now
+                breaker.n_opened += 1
+                return Permission(False, "open", breaker.gen, open_ms / 1000, "open")
+            if breaker.probes < config.half_open_probes:
+                breaker.probes += 1
+                breaker.n_probes += 1
+                return Permission(True, breaker.state, breaker.gen, 0.0, transition)
+            wait_ms = min(breaker.half_open_until - now, open_ms)
+            return Permission(False, breaker.state, breaker.gen, wait_ms / 1000, transition)
+
+    def record(self, config: BreakerConfig, generation: int, outcome: str, slow: bool) -> Verdict:
+        with self._lock:
+            now = self._now_ms()
+            breaker = self._breaker(config.name)
+            state = breaker.state
+            if generation != breaker.gen or state in ("open", "forced_open", "forced_closed"):
+                return Verdict("", state)  # admitted under an older state: no verdict
+            failed = outcome == "failure"
+            if state == "half_open":
+                return self._record_probe(config, breaker, now, outcome, failed or slow)
+            if outcome == "ignored":
+                return Verdict("", state)
+            calls, failures, slows = self._count_in_window(config, breaker, now, failed, slow)
+            slow_threshold = config.slow_call_rate_threshold
+            if calls >= config.minimum_calls and (
+                failures >= config.failure_rate_threshold * calls
+                or (slow_threshold is not None and slows >= slow_threshold * calls)
+            ):
+                self._open(config, breaker, now)
+                return Verdict("open", "open", calls, failures, slows)
+            return Verdict("", state, calls, failures, slows)
+
+    def _record_probe(
+        self, config: BreakerConfig, breaker: _Breaker, now: int, outcome: str, bad: bool
+    ) -> Verdict:
+        if outcome == "ignored":
+            breaker.probes = max(0, breaker.probes - 1)  # the permit is given back
+            return Verdict("", breaker.state)
+        if bad:
+            self._open(config, breaker, now)
+            return Verdict("open", "open")
+        breaker.probes_ok += 1
+        if breaker.probes_ok >= config.half_open_probes:
+            breaker.state = "closed"
+            breaker.gen += 1
+            breaker.changed_at = now
+            breaker.n_closed += 1
+            breaker.clear_window()
+            return Verdict("closed", "closed")
+        return Verdict("", breaker.state)
+
+    @staticmethod
+    def _open(config: BreakerConfig, breaker: _Breaker, now: int) -> None:
+        breaker.state = "open"
+        breaker.gen += 1
+        breaker.open_until = now + int(config.open_seconds * 1000)
+        breaker.changed_at = now
+        breaker.n_opened += 1
+        breaker.clear_window()
+
+    @staticmethod
+    def _count_in_window(
+        config: BreakerConfig, breaker: _Breaker, now: int, failed: bool, slow: bool
+    ) -> tuple[int, int, int]:
+        """Add one outcome to the window; the window's calls, failures and slow calls."""
+        window = config.window
+        if isinstance(window, CountWindow):
+            breaker.outcomes.appendleft(int(failed) + 2 * int(slow))
+            breaker.calls += 1
+            breaker.failures += int(failed)
+            breaker.slow += int(slow)
+            if breaker.calls > window.calls:
+                old = breaker.outcomes.pop()
+                breaker.calls -= 1
+                breaker.failures -= old % 2
+                breaker.slow -= int(old >= 2)
+            return breaker.calls, breaker.failures, breaker.slow
+        slots = window.slots
+        slot_ms = max(1, int(window.seconds * 1000) // slots)
+        epoch = now // slot_ms
+        current = breaker.slots.get(epoch % slots)
+        if current is None or current[0] != epoch:
+            current = breaker.slots[epoch % slots] = [epoch, 0, 0, 0]
+        current[1] += 1
+        current[2] += int(failed)
+        current[3] += int(slow)
+        live = [slot for slot in breaker.slots.values() if slot[0] > epoch - slots]
+        return (
+            sum(slot[1] for slot in live),
+            sum(slot[2] for slot in live),
+            sum(slot[3] for slot in live),
+        )
+
+    def force(self, name: str, state: str) -> str:
+        with self._lock:
+            breaker = self._breaker(name)
+            previous = breaker.state
+            breaker.gen += 1
+            breaker.state = state
+            breaker.changed_at = self._now_ms()
+            breaker.probes = breaker.probes_ok = 0
+            breaker.clear_window()
+            return previous
+
+    # -- the call's rounds: nothing to batch in one process, so each step runs at once ------
+    def peek_later(
+        self, rounds: Rounds, name: str, then: Callable[[Peek | StorageError], None]
+    ) -> None:
+        with self._lock:
+            breaker = self._breakers.get(name) or _Breaker()
+            peek = (
+                Permission(True, breaker.state, breaker.gen)
+                if breaker.state in ("closed", "forced_closed")
+                else None
+            )
+        then(peek)
+
+    def record_later(
+        self,
+        rounds: Rounds,
+        config: BreakerConfig,
+        generation: int,
+        outcome: str,
+        slow: bool,
+        then: Callable[[Verdict | StorageError], None],
+    ) -> None:
+        then(self.record(config, generation, outcome, slow))
+
+    # -- live state ----------------------------------------------------------------------
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._breakers)
+
+    def describe(
+        self, names: Iterable[str] = (), *, include_stored: bool = False
+    ) -> list[BreakerState]:
+        with self._lock:
+            now = self._now_ms()
+            wanted = set(names) | (set(self._breakers) if include_stored else set())
+            return [
+                _state(name, self._breakers.get(name) or _Breaker(), now) for name in sorted(wanted)
+            ]
+
+    def count(self, name: str, outcome: str) -> None:
+        with self._lock:
+            self.counted[(name, outcome)] += 1
+
+
+def _state(name: str, breaker: _Breaker, now: int) -> BreakerState:
+    return BreakerState(
+        name=name,
+        state=breaker.state,
+        generation=breaker.gen,
+        calls=breaker.calls,
+        failures=breaker.failures,
+        slow_calls=breaker.slow,
+        probes=breaker.probes if breaker.state == "half_open" else 0,
+        times_opened=breaker.n_opened,
+        times_half_opened=breaker.n_half_opened,
+        times_closed=breaker.n_closed,
+        probes_total=breaker.n_probes,
+        seconds_in_state=(now - breaker.changed_at) / 1000 if breaker.changed_at else None,
+        retry_in_seconds=(
+            max(0, breaker.open_until - now) / 1000
+            if breaker.state == "open" and breaker.open_until
+            else None
+        ),
+    )

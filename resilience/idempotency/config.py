@@ -1,0 +1,69 @@
+"""Options of `@idempotent` (`IdempotencyConfig`) and the lease defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from resilience.errors import ConfigurationError
+from resilience.keys import KeyOption
+from resilience.store_down import StoreDown, store_down_policy
+
+#: Seconds added to the task's hard time limit for the default lease.
+LEASE_MARGIN_SECONDS = 30.0
+#: Default lease when the task has no hard time limit.
+DEFAULT_LEASE_SECONDS = 300.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class IdempotencyConfig:
+    """Options of `@idempotent`.
+
+    Args:
+        key: None (all bound arguments), a template like ``"transfer:{transfer_id}"``, or
+            a callable receiving the bound arguments as keywords.
+        ttl_seconds: how long a finished record (and its cached result) is kept and replayed.
+        lease_seconds: how long a claim holds before another delivery may take it over;
+            None = the task's hard time limit + 30 s. Non-transactional tasks must not
+            lease for less than the hard time limit (a live holder would be overtaken).
+        transactional: the body receives `session` (SQLAlchemy); its writes and the
+            record's completion commit in one transaction.
+        on_store_down: PostgreSQL unreachable at claim time: "fail_closed" (DEFERRED,
+            the default) or "fail_open" (run unguarded, warn, count FAIL-OPEN); see
+            `resilience.store_down`. A store that rejects the claim dead-letters the job.
+        store_down_retry_seconds: deferral delay when the store is down.
+        poll_seconds: longest deferral while another holder's claim is live.
+        cache: use the Redis fast path for finished keys.
+        synchronous_commit: wait for PostgreSQL's WAL flush on the claim and (outside
+            transactional mode) the completion. Off by default: it halves their latency,
+            and a PostgreSQL *crash* may then forget the last ~0.6 s of records, which can
+            re-run a non-transactional body (the same exposure as a worker crash between
+            effect and record). Transactional mode's completion commits with the body's
+            writes and is always durable.
+        prepared_statements: prepare the claim/completion statements once per connection
+            (saves PostgreSQL's parse and plan per call); turn off behind PgBouncer in
+            transaction mode before 1.21, which does not keep them.
+    """
+
+    key: KeyOption = None
+    ttl_seconds: float = 86400.0
+    lease_seconds: float | None = None
+    transactional: bool = False
+    on_store_down: StoreDown | str = StoreDown.FAIL_CLOSED
+    store_down_retry_seconds: float = 5.0
+    poll_seconds: float = 1.0
+    cache: bool = True
+    synchronous_commit: bool = False
+    prepared_statements: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.ttl_seconds > 0:
+            raise ConfigurationError(f"ttl_seconds must be > 0, got {self.ttl_seconds!r}")
+        if self.lease_seconds is not None and not self.lease_seconds > 0:
+            raise ConfigurationError(f"lease_seconds must be > 0, got {self.lease_seconds!r}")
+        object.__setattr__(self, "on_store_down", store_down_policy(self.on_store_down))
+        if not self.store_down_retry_seconds > 0 or not self.poll_seconds > 0:
+            raise ConfigurationError("store_down_retry_seconds and poll_seconds must be > 0")
+        if self.key is not None and not isinstance(self.key, str) and not callable(self.key):
+            raise ConfigurationError(
+                f"key must be None, a template string or a callable, not {type(self.key)}"
+            )

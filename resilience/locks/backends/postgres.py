@@ -1,0 +1,530 @@
+"""PostgreSQL locks: session advisory locks on a dedicated connection, and the registry.
+
+A session advisory lock belongs to one server backend and is freed the instant that
+backend ends: when the holder process dies, the kernel closes its socket, PostgreSQL sees
+EOF and drops the lock — no TTL to wait out, nothing left behind. That only holds when the
+connection is the holder's alone for the whole run, hence `AdvisorySession` opens its own
+psycopg2 connection (never one from the shared SQLAlchemy pool, which could hand the
+backend to other code that unlocks, or keep it alive after we are gone).
+
+PgBouncer in transaction (or statement) pooling mode breaks session locks: consecutive
+statements may run on different backends, so the lock is taken on one and "checked" or
+released on another. `AdvisorySession` refuses it:
+  * declared: `pool_mode="transaction"` (or env `JOBS_PG_POOL_MODE=transaction`) → error;
+  * detected: the backend pid must stay the same across statements at open and at every
+    ownership check; a change means a pooler moved us → error / lost ownership.
+A pooler with a single idle server connection can hide the pid change, so declare it.
+
+The held-lock registry (`resilience_held_locks`, one row per key) records who holds each
+lock, for holder details in refusals and for `describe()`; it is informational, the truth
+is the lock itself. `AdvisoryLockBackend` (`@singleton`) takes the lock, names its session
+after the holder and registers it in one round trip; `RedlockBackend` (redlock.py) writes
+the same row through `HeldLockRegistry`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from resilience.errors import (
+    ConfigurationError,
+    LockNotOwnedError,
+    StorageError,
+    StoreUnavailable,
+)
+from resilience.holders import Holder
+from resilience.locks.backends import Claimant, Taken
+from resilience.prepared import PreparedStatement
+from resilience.stores import wrap_store_errors
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+#: Pool modes of PgBouncer (and compatible poolers) that break session advisory locks.
+UNSAFE_POOL_MODES = ("transaction", "statement")
+
+#: The prefix of a lock session's `application_name`: `lock:<task id or label>`.
+SESSION_PREFIX = "lock:"
+
+
+def advisory_id(key: str) -> int:
+    """The signed 64-bit advisory lock id of `key` (SHA-256 prefix; stable across processes)."""
+    return int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big", signed=True)
+
+
+def lock_parts(lock_id: int) -> tuple[int, int]:
+    """How pg_locks shows a bigint advisory id: (classid, objid) = (high, low) 32 bits."""
+    unsigned = lock_id & 0xFFFFFFFFFFFFFFFF
+    return unsigned >> 32, unsigned & 0xFFFFFFFF
+
+
+def connect_arguments(database_url: str) -> dict[str, Any]:
+    """psycopg2 keyword arguments of a SQLAlchemy/libpq URL."""
+    from sqlalchemy import make_url
+
+    url = make_url(database_url)
+    arguments: dict[str, Any] = {
+        "host": url.host or "127.0.0.1",
+        "port": url.port or 5432,
+        "user": url.username or "postgres",
+        "dbname": url.database or "postgres",
+    }
+    if url.password:
+        arguments["password"] = url.password
+    arguments.update({k: v for k, v in url.query.items() if isinstance(v, str)})
+    return arguments
+
+
+def session_owner(application_name: str | None, backend_pid: int) -> str:
+    """The holder a lock session names: its task id (or label), else its backend pid."""
+    return (application_name or "").removeprefix(SESSION_PREFIX) or f"backend {backend_pid}"
+
+
+# -- SQL -------------------------------------------------------------------------------------
+#: Sessions holding an advisory lock, by pg_locks' (classid, objid) of its id.
+_SESSION_HOLDERS = """
+    SELECT a.pid, a.application_name, extract(epoch FROM now() - a.backend_start) AS age
+    FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+    WHERE l.locktype = 'advisory' AND l.granted
+      AND l.classid = %(classid)s AND l.objid = %(objid)s AND l.objsubid = 1
+"""
+
+#: Every advisory lock held now, as (classid, objid).
+_HELD_ADVISORY = """
+    SELECT classid::bigint, objid::bigint FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND objsubid = 1
+"""
+
+#: The registry upsert, written once for both kinds: one row per key, the newest holder
+#: wins. It inserts the row of the `claim` CTE (`taken`, `token`) the caller puts before it.
+_REGISTER = """
+    INSERT INTO resilience_held_locks
+        (key, kind, owner, task_id, task_name, hostname, pid, token, ttl_seconds, acquired_at)
+    SELECT %(key)s::text, %(kind)s::text, %(owner)s::text, %(task_id)s::text,
+           %(task_name)s::text, %(hostname)s::text, %(pid)s::int, claim.token,
+           %(ttl_seconds)s::float8, now()
+    FROM claim WHERE claim.taken
+    ON CONFLICT (key) DO UPDATE SET kind = EXCLUDED.kind, owner = EXCLUDED.owner,
+        task_id = EXCLUDED.task_id, task_name = EXCLUDED.task_name,
+        hostname = EXCLUDED.hostname, pid = EXCLUDED.pid, token = EXCLUDED.token,
+        ttl_seconds = EXCLUDED.ttl_seconds, acquired_at = now()
+    RETURNING token
+"""
+
+#: A lock taken elsewhere (Redlock) with its token: register it.
+_REGISTER_TAKEN = "WITH claim AS (SELECT true AS taken, %(token)s::bigint AS token)" + _REGISTER
+
+#: One round trip: take the lock, name the session after the holder, register it with a
+#: fresh fencing token. A volatile CTE runs once; the token is drawn only when taken.
+_ACQUIRE_ADVISORY = PreparedStatement("resilience_singleton_acquire", f"""
+    WITH attempt AS (SELECT pg_try_advisory_lock(%(id)s::bigint) AS taken),
+    claim AS (
+        SELECT taken, CASE WHEN taken THEN nextval('resilience_fencing_token_seq') END AS token
+        FROM attempt
+    ),
+    named AS (
+        SELECT set_config('application_name', %(name)s::text, false) FROM attempt WHERE taken
+    ),
+    registered AS ({_REGISTER})
+    SELECT attempt.taken, (SELECT token FROM registered), (SELECT count(*) FROM named)
+    FROM attempt
+""")
+
+#: One round trip: unregister, unlock, and clear the session's holder name.
+_RELEASE_ADVISORY = PreparedStatement("resilience_singleton_release", """
+    WITH unregistered AS (
+        DELETE FROM resilience_held_locks
+        WHERE key = %(key)s::text AND owner = %(owner)s::text
+    )
+    SELECT pg_advisory_unlock(%(id)s::bigint), set_config('application_name', 'lock:', false)
+""")
+
+_OWNS = """
+    SELECT pg_backend_pid(), EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'
+        AND granted AND pid = pg_backend_pid() AND classid = %s AND objid = %s
+        AND objsubid = 1)
+"""
+
+_ROWS = """
+    SELECT key, kind, owner, task_id, hostname, pid, token,
+           extract(epoch FROM now() - acquired_at) AS age
+    FROM resilience_held_locks WHERE kind = %(kind)s ORDER BY acquired_at
+"""
+
+_ROW = """
+    SELECT key, kind, owner, task_id, hostname, pid, token,
+           extract(epoch FROM now() - acquired_at) AS age
+    FROM resilience_held_locks WHERE key = %(key)s
+"""
+
+_TERMINATE_HOLDERS = """
+    SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'
+    AND granted AND classid = %(classid)s AND objid = %(objid)s AND objsubid = 1
+"""
+
+
+# -- the session -----------------------------------------------------------------------------
+class AdvisorySession:
+    """One dedicated PostgreSQL session that takes, checks and releases advisory locks.
+
+    Args:
+        database_url: the PostgreSQL URL (postgresql:// or postgresql+psycopg2://).
+        label: shown as `application_name` (`lock:<label>`), so holders are identifiable.
+        pool_mode: the pooler's mode if there is one; None reads `JOBS_PG_POOL_MODE`.
+        connect_timeout_seconds: bound on connecting.
+
+    Raises:
+        ConfigurationError: a transaction/statement pooler is declared or detected.
+        StoreUnavailable: PostgreSQL cannot be reached.
+    """
+
+    def __init__(
+        self,
+        database_url: str,
+        *,
+        label: str = "",
+        pool_mode: str | None = None,
+        connect_timeout_seconds: float = 5,
+    ) -> None:
+        mode = (pool_mode or os.environ.get("JOBS_PG_POOL_MODE") or "").strip().lower()
+        if mode in UNSAFE_POOL_MODES:
+            raise ConfigurationError(
+                f"advisory locks need a session of their own, but the database is behind a "
+                f"pooler in {mode} pooling mode (PgBouncer): the lock would be taken on one "
+                "backend and checked or released on another. Point the singleton guard at "
+                "PostgreSQL directly or at a session-mode pool.",
+                pool_mode=mode,
+            )
+        import psycopg2
+
+        with wrap_store_errors("advisory lock session"):
+            self.connection = psycopg2.connect(
+                **connect_arguments(database_url),
+                application_name=f"{SESSION_PREFIX}{label}"[:63],
+                connect_timeout=max(1, int(connect_timeout_seconds)),
+                # Detect a vanished peer (host crash, cable) within ~11 s, not hours.
+                keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
+            )
+        self.connection.autocommit = True
+        self.backend_pid = self.scalar("SELECT pg_backend_pid()")
+        # Under transaction pooling, autocommit statements may land on other backends.
+        for _ in range(2):
+            if self.scalar("SELECT pg_backend_pid()") != self.backend_pid:
+                self.close()
+                raise ConfigurationError(
+                    "the PostgreSQL session moved between backends across statements: the "
+                    "database is behind a transaction-pooling proxy (PgBouncer "
+                    "pool_mode=transaction); session advisory locks cannot work there",
+                    pool_mode="transaction",
+                )
+        self.held: set[int] = set()
+        #: Names of the statements prepared on this session.
+        self.prepared: set[str] = set()
+
+    def execute(self, sql: str, parameters: Sequence[Any] | dict[str, Any] = ()) -> Any:
+        """Run one statement on this session (autocommit); rows, or None without a result.
+
+        Raises:
+            StoreUnavailable: the session is gone.  StoreRejected, StorageError: the
+                statement failed.
+        """
+        with wrap_store_errors("advisory lock session"), self.connection.cursor() as cursor:
+            cursor.execute(sql, parameters)
+            return cursor.fetchall() if cursor.description else None
+
+    def execute_prepared(self, statement: PreparedStatement, parameters: dict[str, Any]) -> Any:
+        """`execute` of a statement prepared once on this session (saves parse and plan)."""
+        if statement.name not in self.prepared:
+            self.execute(statement.prepare)
+            self.prepared.add(statement.name)
+        return self.execute(statement.execute, statement.values(parameters))
+
+    def scalar(self, sql: str, parameters: Sequence[Any] = ()) -> Any:
+        """The first column of the first row of one statement on this session."""
+        return self.execute(sql, parameters)[0][0]
+
+    def try_acquire(self, key: str) -> bool:
+        """Take the advisory lock of `key` without waiting; False when another session has it."""
+        lock_id = advisory_id(key)
+        taken = bool(self.scalar("SELECT pg_try_advisory_lock(%s)", (lock_id,)))
+        if taken:
+            self.held.add(lock_id)
+        return taken
+
+    def owns(self, key: str) -> bool:
+        """True when this session still holds `key`'s lock on the backend it started on."""
+        try:
+            self.verify(key)
+        except LockNotOwnedError:
+            return False
+        return True
+
+    def verify(self, key: str) -> None:
+        """Check the session is alive, unmoved, and still holds `key`'s lock.
+
+        Raises:
+            LockNotOwnedError: the session died (PostgreSQL restart, backend terminated) or
+                moved to another backend, or the lock is not held.
+        """
+        try:
+            rows = self.execute(_OWNS, lock_parts(advisory_id(key)))
+        except StorageError as exc:
+            raise LockNotOwnedError(
+                f"singleton lock {key!r} lost: its PostgreSQL session is gone ({exc}); "
+                "stopping before the task commits",
+                key=key, cause=getattr(exc, "cause", repr(exc)),
+            ) from exc
+        pid, held = rows[0]
+        if pid != self.backend_pid:
+            raise LockNotOwnedError(
+                f"singleton lock {key!r} lost: the session moved from backend "
+                f"{self.backend_pid} to {pid} (reconnect or transaction pooling)",
+                key=key,
+            )
+        if not held:
+            raise LockNotOwnedError(f"singleton lock {key!r} is not held by this session",
+                                    key=key)
+
+    def release(self, key: str) -> bool:
+        """Release `key`'s lock; False when it was not held (or the session is gone)."""
+        lock_id = advisory_id(key)
+        self.held.discard(lock_id)
+        try:
+            return bool(self.scalar("SELECT pg_advisory_unlock(%s)", (lock_id,)))
+        except StorageError:
+            return False
+
+    def holders(self, key: str, *, kind: str = "advisory") -> list[Holder]:
+        """Sessions holding `key`'s lock; `owner` is the label they were opened with."""
+        classid, objid = lock_parts(advisory_id(key))
+        rows = self.execute(_SESSION_HOLDERS, {"classid": classid, "objid": objid})
+        return [Holder(kind=kind, key=key, owner=session_owner(name, pid),
+                       held_seconds=round(float(age or 0), 3))
+                for pid, name, age in rows]
+
+    def close(self) -> None:
+        """Close the session; every lock it held is free when this returns.
+
+        PostgreSQL frees a closed session's locks when its backend process ends, a moment
+        after the client's close returns; unlocking first makes the release immediate for
+        the next taker.
+        """
+        held, self.held = bool(self.held), set()
+        # Closing a dead connection has nothing left to do.
+        with contextlib.suppress(Exception):
+            if held:
+                with self.connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_advisory_unlock_all()")
+        with contextlib.suppress(Exception):
+            self.connection.close()
+
+    def __enter__(self) -> AdvisorySession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+#: Each thread's dedicated lock session, as (pid, database url, session).
+_SESSIONS = threading.local()
+
+
+def thread_session(database_url: str, pool_mode: str | None = None) -> AdvisorySession:
+    """This thread's dedicated advisory-lock session, opened once and reused.
+
+    Dedicated means no other code ever runs on it: it is not from the shared pool, and it
+    serves only this thread's singleton locks (a prefork child runs one task at a time).
+    Reusing it saves a connection per run (about 4 ms); it still dies with the process,
+    which frees every lock it holds. A session that failed is discarded.
+    """
+    cached = getattr(_SESSIONS, "session", None)
+    if cached is not None:
+        pid, cached_url, session = cached
+        if pid == os.getpid() and cached_url == database_url and not session.connection.closed:
+            return session
+    session = AdvisorySession(database_url, label="", pool_mode=pool_mode)
+    _SESSIONS.session = (os.getpid(), database_url, session)
+    return session
+
+
+def discard_thread_session() -> None:
+    """Close and forget this thread's lock session (it failed, or its lock was lost)."""
+    cached = getattr(_SESSIONS, "session", None)
+    _SESSIONS.session = None
+    if cached is not None:
+        cached[2].close()
+
+
+# -- the registry ----------------------------------------------------------------------------
+class HeldLockRegistry:
+    """The `resilience_held_locks` table: one row per held key, for holder reports.
+
+    Args:
+        engine: returns the process's SQLAlchemy engine (`Stores.engine`).
+    """
+
+    def __init__(self, engine: Callable[[], Engine]) -> None:
+        self._engine = engine
+
+    def _rows(self, sql: str, parameters: dict[str, Any], *, write: bool = False) -> list[Any]:
+        with wrap_store_errors("held-lock registry"):
+            opened = self._engine().begin() if write else self._engine().connect()
+            with opened as connection:
+                result = connection.exec_driver_sql(sql, parameters)
+                return list(result) if result.returns_rows else []
+
+    def register(self, key: str, *, kind: str, owner: str, claimant: Claimant,
+                 token: int | None, ttl_seconds: float | None) -> None:
+        """Record `owner` as the holder of `key` (replacing a row a dead holder left)."""
+        self._rows(_REGISTER_TAKEN, {
+            "key": key, "kind": kind, "owner": owner, "token": token,
+            "ttl_seconds": ttl_seconds, **_claimant_fields(claimant),
+        }, write=True)
+
+    def unregister(self, key: str, owner: str) -> None:
+        """Delete `key`'s row if `owner` still holds it there."""
+        self._rows("DELETE FROM resilience_held_locks WHERE key = %(key)s AND owner = %(owner)s",
+                   {"key": key, "owner": owner}, write=True)
+
+    def remove(self, key: str) -> int:
+        """Delete `key`'s row whoever holds it (admin); the rows deleted."""
+        with wrap_store_errors("held-lock registry"), self._engine().begin() as connection:
+            return int(connection.exec_driver_sql(
+                "DELETE FROM resilience_held_locks WHERE key = %(key)s", {"key": key}).rowcount)
+
+    def holder(self, key: str) -> Holder | None:
+        """The registered holder of `key`, or None."""
+        rows = self._rows(_ROW, {"key": key})
+        return _holder(rows[0]) if rows else None
+
+    def holders(self, kind: str, alive: Callable[[str, str], bool]) -> list[Holder]:
+        """Every row of `kind`, oldest first; `alive(key, owner)` checks the lock itself."""
+        return [_holder(row, alive=alive(row.key, row.owner))
+                for row in self._rows(_ROWS, {"kind": kind})]
+
+
+def _claimant_fields(claimant: Claimant) -> dict[str, Any]:
+    return {"task_id": claimant.task_id, "task_name": claimant.task_name,
+            "hostname": socket.gethostname(), "pid": os.getpid()}
+
+
+def _holder(row: Any, *, alive: bool = True) -> Holder:
+    return Holder(kind=row.kind, key=row.key, owner=row.task_id or f"{row.hostname}:{row.pid}",
+                  token=row.token, held_seconds=round(float(row.age or 0), 3), alive=alive)
+
+
+# -- the backend -----------------------------------------------------------------------------
+class AdvisoryLockBackend:
+    """`@singleton`'s store: session advisory locks, one dedicated session per thread.
+
+    Args:
+        database_url: the PostgreSQL of the locks.
+        engine: returns the SQLAlchemy engine for holder reports and the registry.
+        pool_mode: the declared pooler mode (see `AdvisorySession`).
+    """
+
+    kind = "singleton"
+
+    def __init__(self, database_url: str, *, engine: Callable[[], Engine],
+                 pool_mode: str | None = None) -> None:
+        self.database_url = database_url
+        self.engine = engine
+        self.pool_mode = pool_mode
+        self.registry = HeldLockRegistry(engine)
+
+    def acquire(self, key: str, claimant: Claimant) -> Taken | None:
+        """One round trip on this thread's session: lock, name the session, register."""
+        session = thread_session(self.database_url, self.pool_mode)
+        lock_id = advisory_id(key)
+        if lock_id in session.held:
+            # Session locks are re-entrant; a second take by the same thread (an inline
+            # caller-runs call of the same key) must see the key as held.
+            return None
+        parameters = {
+            "id": lock_id, "key": key, "kind": self.kind, "owner": str(session.backend_pid),
+            "name": f"{SESSION_PREFIX}{claimant.task_id or ''}"[:63], "ttl_seconds": None,
+            **_claimant_fields(claimant),
+        }
+        for fresh in (False, True):
+            try:
+                taken, token, _ = session.execute_prepared(_ACQUIRE_ADVISORY, parameters)[0]
+                break
+            except StorageError as exc:
+                discard_thread_session()
+                # The thread's idle session may have died since its last run (PostgreSQL
+                # restarted, an idle timeout): if it held nothing, a fresh one tries at once.
+                if fresh or session.held or not isinstance(exc, StoreUnavailable):
+                    raise
+                session = thread_session(self.database_url, self.pool_mode)
+                parameters["owner"] = str(session.backend_pid)
+        if not taken:
+            return None
+        session.held.add(lock_id)
+        return Taken(key=key, owner=parameters["owner"], token=token, handle=session)
+
+    def check(self, taken: Taken) -> None:
+        """The session is alive, unmoved and still holds the lock (one statement)."""
+        try:
+            taken.handle.verify(taken.key)
+        except Exception:
+            discard_thread_session()
+            raise
+
+    def extend(self, taken: Taken) -> bool:
+        """A session lock does not expire: held while its session lives."""
+        return True
+
+    def release(self, taken: Taken) -> None:
+        """Unregister, unlock and clear the session's name in one round trip."""
+        session: AdvisorySession = taken.handle
+        lock_id = advisory_id(taken.key)
+        session.held.discard(lock_id)
+        try:
+            released = session.execute_prepared(
+                _RELEASE_ADVISORY, {"id": lock_id, "key": taken.key, "owner": taken.owner})[0][0]
+        except StorageError as exc:
+            # The session is gone, and its lock with it.
+            discard_thread_session()
+            raise LockNotOwnedError(
+                f"singleton lock {taken.key!r} lost at release: its session is gone ({exc})",
+                key=taken.key) from exc
+        if not released:
+            raise LockNotOwnedError(f"singleton lock {taken.key!r} was no longer held at "
+                                    "release", key=taken.key)
+
+    def holder(self, key: str) -> Holder | None:
+        """The session holding `key`, as PostgreSQL itself reports it (its name: the task)."""
+        found = advisory_holders(self.engine, key, kind=self.kind)
+        return found[0] if found else None
+
+    def holders(self) -> list[Holder]:
+        """Every registered singleton, alive while its advisory lock is held."""
+        with wrap_store_errors("advisory locks"), self.engine().connect() as connection:
+            held = {(int(classid), int(objid))
+                    for classid, objid in connection.exec_driver_sql(_HELD_ADVISORY)}
+        return self.registry.holders(
+            self.kind, lambda key, _owner: lock_parts(advisory_id(key)) in held)
+
+    def terminate_holders(self, key: str) -> int:
+        """End every session holding `key`'s lock (admin), which frees it; sessions ended."""
+        classid, objid = lock_parts(advisory_id(key))
+        with wrap_store_errors("advisory locks"), self.engine().begin() as connection:
+            return len(connection.exec_driver_sql(
+                _TERMINATE_HOLDERS, {"classid": classid, "objid": objid}).all())
+
+
+def advisory_holders(engine: Callable[[], Engine], key: str, *,
+                     kind: str = "singleton") -> list[Holder]:
+    """Sessions holding `key`'s advisory lock, read on a pooled connection."""
+    classid, objid = lock_parts(advisory_id(key))
+    with wrap_store_errors("advisory locks"), engine().connect() as connection:
+        rows = connection.exec_driver_sql(_SESSION_HOLDERS,
+                                          {"classid": classid, "objid": objid}).all()
+    return [Holder(kind=kind, key=key, owner=session_owner(name, pid),
+                   held_seconds=round(float(age or 0), 3)) for pid, name, age in rows]

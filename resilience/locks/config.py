@@ -1,0 +1,118 @@
+"""Options of `@singleton` and `@exclusive`: frozen dataclasses, validated when built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from resilience.errors import ConfigurationError
+from resilience.locks.backends import validate_ttl
+from resilience.locks.backends.redlock import RedlockConfig, require_node_count
+from resilience.locks.heartbeat import HeartbeatConfig
+from resilience.store_down import StoreDown, resolve
+
+POLICIES = ("skip", "defer")
+
+
+def split_urls(value: str) -> list[str]:
+    """The URLs of a comma-separated list (`REDLOCK_URLS`), blanks dropped."""
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LockConfig:
+    """Options shared by both guards.
+
+    Args:
+        policy: "skip" (outcome SKIPPED) or "defer" (republished later, no retry spent).
+        defer_seconds: delay of a deferral.
+        same_task_wait_seconds: how long a run of the holder's own task id (a retry or a
+            redelivery) waits for the holder to let go before the policy applies.
+        on_store_down: "fail_closed" (DEFERRED, the default) or "fail_open" (unguarded,
+            counted FAIL-OPEN); see `resilience.store_down`.
+        on_store_error: deprecated spelling of `on_store_down` ("defer", "run").
+    """
+
+    policy: str = "skip"
+    defer_seconds: float = 1.0
+    same_task_wait_seconds: float = 5.0
+    on_store_down: StoreDown | str | None = None
+    on_store_error: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ConfigurationError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        object.__setattr__(self, "on_store_down", resolve(
+            self.on_store_down, self.on_store_error, legacy_option="on_store_error",
+            default=StoreDown.FAIL_CLOSED))
+        if not self.defer_seconds > 0:
+            raise ConfigurationError(f"defer_seconds must be > 0, got {self.defer_seconds}")
+        if self.same_task_wait_seconds < 0:
+            raise ConfigurationError(
+                f"same_task_wait_seconds must be >= 0, got {self.same_task_wait_seconds}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SingletonConfig(LockConfig):
+    """Options of `@singleton`.
+
+    Args:
+        database_url: PostgreSQL of the advisory locks; None: the app's store.
+        pool_mode: declared pooler mode ("transaction" is refused); None: `JOBS_PG_POOL_MODE`.
+    """
+
+    database_url: str | None = None
+    pool_mode: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExclusiveConfig(LockConfig):
+    """Options of `@exclusive`.
+
+    Args:
+        ttl_seconds: lease length; renewed by the heartbeat while the body runs.
+        heartbeat: renew the lease in the background (off: the TTL must cover the time limit).
+        renew_fraction, max_extensions: heartbeat cadence and cap.
+        nodes: Redlock node URLs; None: env `REDLOCK_URLS` at first use, then the app's store.
+        retry_count, retry_delay_seconds, clock_drift_factor: Redlock attempts and drift.
+        fencing: mint a fencing token per acquisition (PostgreSQL sequence).
+    """
+
+    ttl_seconds: float = 60.0
+    heartbeat: bool = True
+    renew_fraction: float = 1 / 3
+    max_extensions: int = 100
+    nodes: tuple[str, ...] | None = None
+    retry_count: int = 1
+    retry_delay_seconds: float = 0.05
+    clock_drift_factor: float = 0.01
+    fencing: bool = True
+    heartbeat_options: HeartbeatConfig = field(init=False)
+    redlock_options: RedlockConfig = field(init=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        validate_ttl(self.ttl_seconds)
+        if self.nodes is not None:
+            if isinstance(self.nodes, str):
+                object.__setattr__(self, "nodes", tuple(split_urls(self.nodes)))
+            else:
+                object.__setattr__(self, "nodes", tuple(self.nodes))
+            require_node_count(len(self.nodes))
+        object.__setattr__(self, "heartbeat_options", HeartbeatConfig(
+            renew_fraction=self.renew_fraction, max_extensions=self.max_extensions))
+        object.__setattr__(self, "redlock_options", RedlockConfig(
+            retry_count=self.retry_count, retry_delay_seconds=self.retry_delay_seconds,
+            clock_drift_factor=self.clock_drift_factor))
+
+    @property
+    def longest_hold_seconds(self) -> float:
+        """The longest a run can keep the lease: the TTL plus every capped renewal."""
+        if not self.heartbeat:
+            return self.ttl_seconds
+        return self.ttl_seconds * (1 + self.max_extensions * self.renew_fraction)
+
+
+LockOptions = LockConfig  # deprecated alias, removed in the next release
+SingletonOptions = SingletonConfig  # deprecated alias, removed in the next release
+ExclusiveOptions = ExclusiveConfig  # deprecated alias, removed in the next release

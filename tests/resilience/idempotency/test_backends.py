@@ -1,0 +1,306 @@
+"""The record backends' atomic steps, on every backend: claim, replay, fencing, release,
+the transaction's completion, and the operator's reads. PostgreSQL is a real database."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from resilience.idempotency.backends import (
+    FAILED,
+    IN_PROGRESS,
+    SUCCEEDED,
+    Claim,
+    IdempotencyBackend,
+)
+from resilience.idempotency.backends.memory import MemoryIdempotencyBackend
+from resilience.idempotency.backends.postgres import (
+    PostgresIdempotencyBackend,
+    autocommit_engine,
+    backend_for,
+)
+
+TASK = "tests.store"
+
+
+@pytest.fixture(params=["postgres-prepared", "postgres-plain", "memory"])
+def store(stores: Any, request: pytest.FixtureRequest) -> IdempotencyBackend:
+    """Every backend; the PostgreSQL one with and without prepared statements."""
+    if request.param == "memory":
+        return MemoryIdempotencyBackend()
+    return PostgresIdempotencyBackend(
+        autocommit_engine(stores),
+        prepared=request.param == "postgres-prepared",
+        transaction_engine=stores.engine,
+    )
+
+
+@pytest.fixture(params=[True, False], ids=["prepared", "plain-sql"])
+def postgres(stores: Any, request: pytest.FixtureRequest) -> PostgresIdempotencyBackend:
+    return PostgresIdempotencyBackend(autocommit_engine(stores), prepared=request.param)
+
+
+def claim(
+    store: IdempotencyBackend,
+    key: str,
+    *,
+    owner: str,
+    fingerprint: str = "f1",
+    lease_seconds: float = 60,
+) -> Any:
+    return store.claim(
+        task_name=TASK,
+        key=key,
+        fingerprint=fingerprint,
+        owner=owner,
+        task_id=f"task-{owner}",
+        lease_seconds=lease_seconds,
+        ttl_seconds=600,
+    )
+
+
+def held(key: str, attempt: int, owner: str) -> Claim:
+    return Claim(task_name=TASK, key=key, attempt=attempt, owner=owner)
+
+
+class TestBackendSemantics:
+    def test_first_claim_wins_and_second_sees_live_claim(self, store: IdempotencyBackend) -> None:
+        """The first claim inserts the record; a second one finds a live claim, not its own."""
+        key = uuid.uuid4().hex
+        first = claim(store, key, owner="a")
+        second = claim(store, key, owner="b")
+        assert first.claimed and first.attempt == 1
+        assert first.claim == held(key, 1, "a") and second.claim is None
+        assert not second.claimed and second.live and second.task_id == "task-a"
+
+    def test_completed_record_is_returned_with_its_result(self, store: IdempotencyBackend) -> None:
+        """After completion a claim returns the succeeded record and the stored result."""
+        key = uuid.uuid4().hex
+        first = claim(store, key, owner="a")
+        assert store.complete(held(key, first.attempt, "a"), '{"x": 1}', 600)
+        again = claim(store, key, owner="b")
+        assert not again.claimed
+        assert again.state == SUCCEEDED and again.result == {"x": 1} and again.task_id == "task-a"
+
+    def test_expired_lease_is_taken_over_and_stale_holder_is_fenced(
+        self, store: IdempotencyBackend
+    ) -> None:
+        """A dead holder's claim is reclaimed with attempt 2; the old holder cannot complete."""
+        key = uuid.uuid4().hex
+        first = claim(store, key, owner="a", lease_seconds=0)
+        second = claim(store, key, owner="b")
+        assert second.claimed and second.attempt == first.attempt + 1
+        assert not store.complete(held(key, first.attempt, "a"), '"stale"', 600)
+        assert not store.release(held(key, first.attempt, "a"))
+        assert not store.fail(held(key, first.attempt, "a"), "stale", 600)
+        assert store.complete(held(key, second.attempt, "b"), '"fresh"', 600)
+        assert claim(store, key, owner="c").result == "fresh"
+
+    def test_release_makes_the_key_claimable_at_once(self, store: IdempotencyBackend) -> None:
+        """A released claim (retryable failure) is claimed by the next delivery at once."""
+        key = uuid.uuid4().hex
+        first = claim(store, key, owner="a")
+        assert store.release(held(key, first.attempt, "a"))
+        second = claim(store, key, owner="b")
+        assert second.claimed and second.attempt == 2
+
+    def test_failure_is_recorded_but_not_cached(self, store: IdempotencyBackend) -> None:
+        """A failed record keeps its error, and the same arguments may claim again."""
+        key = uuid.uuid4().hex
+        first = claim(store, key, owner="a")
+        assert store.fail(held(key, first.attempt, "a"), "ValueError: no", 600)
+        other = claim(store, key, owner="b", fingerprint="other")
+        assert not other.claimed and other.state == FAILED and other.error == "ValueError: no"
+        retry = claim(store, key, owner="c")
+        assert retry.claimed and retry.state == IN_PROGRESS
+
+    def test_different_arguments_never_take_over(self, store: IdempotencyBackend) -> None:
+        """Same key with another fingerprint returns the record for the guard to refuse."""
+        key = uuid.uuid4().hex
+        first = claim(store, key, owner="a", lease_seconds=0)
+        other = claim(store, key, owner="b", fingerprint="f2")
+        assert not other.claimed and other.fingerprint == "f1"
+        assert store.complete(held(key, first.attempt, "a"), "1", 600)
+
+    def test_operator_reads_see_the_record(self, store: IdempotencyBackend) -> None:
+        """read, recent, count_by_state and holders report what the steps wrote."""
+        key, done = uuid.uuid4().hex, uuid.uuid4().hex
+        first = claim(store, key, owner="a")
+        finished = claim(store, done, owner="b")
+        assert store.complete(held(done, finished.attempt, "b"), '{"x": 1}', 600)
+        record = store.read(TASK, key)
+        assert record is not None and record.state == IN_PROGRESS and record.lease_owner == "a"
+        assert store.read(TASK, done).result == {"x": 1}
+        assert store.read(TASK, "no-such-key") is None
+        assert {r.key for r in store.recent(limit=1000, task_name=TASK)} >= {key, done}
+        assert [
+            r.key
+            for r in store.recent(limit=1000, task_name=TASK, state=SUCCEEDED)
+            if r.key in (key, done)
+        ] == [done]
+        counts = store.count_by_state()
+        assert set(counts) == {IN_PROGRESS, SUCCEEDED, FAILED}
+        assert counts[IN_PROGRESS] >= 1 and counts[SUCCEEDED] >= 1
+        mine = [h for h in store.holders(limit=10_000) if h.key == f"{TASK}:{key}"]
+        assert len(mine) == 1
+        assert mine[0].kind == "idempotency" and mine[0].owner == "task-a"
+        assert mine[0].token == first.attempt and mine[0].alive
+        assert not [h for h in store.holders(limit=10_000) if h.key == f"{TASK}:{done}"]
+
+    def test_released_claims_have_no_holder_and_lapsed_ones_are_not_alive(
+        self, store: IdempotencyBackend
+    ) -> None:
+        """A released claim is held by nobody; a lease that ran out is reported not alive."""
+        released, lapsed = uuid.uuid4().hex, uuid.uuid4().hex
+        first = claim(store, released, owner="a")
+        assert store.release(held(released, first.attempt, "a"))
+        claim(store, lapsed, owner="b", lease_seconds=0)
+        holders = {h.key: h for h in store.holders(limit=10_000)}
+        assert f"{TASK}:{released}" not in holders
+        assert holders[f"{TASK}:{lapsed}"].alive is False
+
+    def test_purge_keeps_open_claims_without_force(self, store: IdempotencyBackend) -> None:
+        """purge deletes a finished record, and an open claim only with force."""
+        key = uuid.uuid4().hex
+        claim(store, key, owner="a")
+        assert not store.purge(TASK, key)
+        assert store.purge(TASK, key, force=True)
+        assert store.read(TASK, key) is None
+        assert not store.purge(TASK, key)
+        again = claim(store, key, owner="b")
+        assert again.attempt == 1 and store.fail(held(key, 1, "b"), "boom", 600)
+        assert store.purge(TASK, key)
+
+    def test_transaction_completes_only_a_current_claim(self, store: IdempotencyBackend) -> None:
+        """A transaction's completion applies at commit; a taken-over claim is refused."""
+        key = uuid.uuid4().hex
+        first = claim(store, key, owner="a")
+        transaction = store.begin()
+        try:
+            assert transaction.complete(held(key, first.attempt, "a"), '"tx"', 600)
+            transaction.commit()
+        finally:
+            transaction.close()
+        assert store.read(TASK, key).state == SUCCEEDED
+        stale = uuid.uuid4().hex
+        old = claim(store, stale, owner="a", lease_seconds=0)
+        claim(store, stale, owner="b")
+        transaction = store.begin()
+        try:
+            assert not transaction.complete(held(stale, old.attempt, "a"), '"late"', 600)
+        finally:
+            transaction.close()
+        assert store.read(TASK, stale).state == IN_PROGRESS
+
+    def test_a_closed_transaction_records_nothing(self, store: IdempotencyBackend) -> None:
+        """Closing without commit rolls the completion back: the claim stays open."""
+        key = uuid.uuid4().hex
+        first = claim(store, key, owner="a")
+        transaction = store.begin()
+        assert transaction.complete(held(key, first.attempt, "a"), '"rolled back"', 600)
+        transaction.close()
+        record = store.read(TASK, key)
+        assert record.state == IN_PROGRESS and record.result is None
+
+
+class TestPostgresBackend:
+    def test_owner_token_fences_a_recreated_record(
+        self, postgres: PostgresIdempotencyBackend, engine: Any
+    ) -> None:
+        """A record deleted and claimed again (attempt 1 again) still refuses the old holder."""
+        from sqlalchemy import text
+
+        key = uuid.uuid4().hex
+        claim(postgres, key, owner="a")
+        with engine.begin() as connection:
+            connection.execute(text("DELETE FROM idempotency_records WHERE key = :k"), {"k": key})
+        again = claim(postgres, key, owner="b")
+        assert again.claimed and again.attempt == 1
+        assert not postgres.complete(held(key, 1, "a"), '"stale"', 600)
+
+    def test_survives_connections_closed_by_the_server(
+        self, postgres: PostgresIdempotencyBackend, engine: Any
+    ) -> None:
+        """No pre-ping: a connection PostgreSQL closed is replaced on the next statement."""
+        from sqlalchemy import text
+
+        claim(postgres, uuid.uuid4().hex, owner="a")
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            )
+        key = uuid.uuid4().hex
+        assert claim(postgres, key, owner="b").claimed
+        assert postgres.complete(held(key, 1, "b"), '"ok"', 600)
+
+    def test_threads_each_use_their_own_connection(
+        self, postgres: PostgresIdempotencyBackend
+    ) -> None:
+        """Worker threads claim and complete at once without sharing a session."""
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        prefix = uuid.uuid4().hex
+        together = threading.Barrier(4, timeout=30)
+
+        def work(thread: int) -> int:
+            together.wait()  # four distinct threads, all working at once
+            done = 0
+            for index in range(50):
+                key = f"{prefix}:{thread}:{index}"
+                first = claim(postgres, key, owner=f"t{thread}")
+                assert first.claimed
+                done += postgres.complete(held(key, first.attempt, f"t{thread}"), str(index), 600)
+            assert done == 50
+            return postgres._connection().driver.get_backend_pid()
+
+        with ThreadPoolExecutor(4) as pool:
+            pids = list(pool.map(work, range(4)))
+        assert len(set(pids)) == 4
+
+    def test_ping_is_one_statement_without_parameters(
+        self, postgres: PostgresIdempotencyBackend
+    ) -> None:
+        """`EXECUTE name` takes no parentheses when the statement has no parameters."""
+        postgres.ping()
+        postgres.ping()  # the second time, prepared already
+
+    def test_without_a_transaction_engine_begin_is_a_configuration_error(
+        self, postgres: PostgresIdempotencyBackend
+    ) -> None:
+        """A backend built without transaction_engine refuses transactional mode clearly."""
+        from resilience.errors import ConfigurationError
+
+        with pytest.raises(ConfigurationError, match="transaction_engine"):
+            postgres.begin()
+
+    def test_backend_for_builds_from_the_stores(self, stores: Any) -> None:
+        """backend_for gives the autocommit engine and the pooled engine for transactions."""
+        backend = backend_for(stores, synchronous_commit=False, prepared=False)
+        transaction = backend.begin()
+        try:
+            assert transaction.session is not None
+        finally:
+            transaction.close()
+        backend.ping()
+
+
+class TestMemoryBackend:
+    def test_clock_is_injected(self) -> None:
+        """Leases and TTLs follow the injected clock: tests expire them without waiting."""
+        now = [1000.0]
+        store = MemoryIdempotencyBackend(clock=lambda: now[0])
+        first = claim(store, "k", owner="a", lease_seconds=30)
+        assert not claim(store, "k", owner="b").claimed
+        now[0] += 31
+        second = claim(store, "k", owner="b")
+        assert second.claimed and second.attempt == first.attempt + 1
+        assert store.complete(held("k", second.attempt, "b"), "1", 600)
+        now[0] += 601
+        third = claim(store, "k", owner="c", fingerprint="other")
+        assert third.claimed and third.attempt == 3  # the whole record expired

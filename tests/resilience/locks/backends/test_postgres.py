@@ -1,0 +1,62 @@
+"""`AdvisorySession` on a real PostgreSQL, in the test process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from resilience.errors import ConfigurationError, LockNotOwnedError
+from resilience.locks import AdvisorySession
+
+
+class TestAdvisorySession:
+    def test_transaction_pooling_refused(self, stores: Any) -> None:
+        """A database declared behind PgBouncer transaction pooling is refused."""
+        with pytest.raises(ConfigurationError, match="transaction pooling"):
+            AdvisorySession(stores.database_url, pool_mode="transaction")
+
+    def test_exclusive_and_freed_on_close(self, stores: Any) -> None:
+        """A second session cannot take a held key; closing the holder frees it at once."""
+        with AdvisorySession(stores.database_url, label="a") as first, AdvisorySession(
+            stores.database_url, label="b"
+        ) as second:
+            assert first.try_acquire("job:1")
+            assert not second.try_acquire("job:1")
+            assert [h.owner for h in second.holders("job:1")] == ["a"]
+            first.close()
+            assert second.try_acquire("job:1")
+
+    def test_killed_session_is_detected(self, stores: Any, engine: Any) -> None:
+        """pg_terminate_backend of the holder's session makes verify() raise."""
+        session = AdvisorySession(stores.database_url, label="victim")
+        assert session.try_acquire("job:2")
+        session.verify("job:2")
+        with engine.begin() as connection:
+            connection.execute(text("SELECT pg_terminate_backend(:pid)"),
+                               {"pid": session.backend_pid})
+        with pytest.raises(LockNotOwnedError, match="session is gone"):
+            session.verify("job:2")
+        session.close()
+
+
+class TestAdvisoryLockBackend:
+    def test_lost_session_fails_check(self, stores: Any, engine: Any) -> None:
+        """check() raises LockNotOwnedError once the holder's session was terminated, and
+        the thread's next acquisition opens a fresh session."""
+        from resilience.locks import AdvisoryLockBackend, Claimant
+        from resilience.locks.backends.postgres import discard_thread_session
+
+        backend = AdvisoryLockBackend(stores.database_url, engine=stores.engine)
+        taken = backend.acquire("tests.locks.check", Claimant(task_id="t", task_name="n"))
+        assert taken is not None
+        with engine.begin() as connection:
+            connection.execute(text("SELECT pg_terminate_backend(:pid)"),
+                               {"pid": taken.handle.backend_pid})
+        with pytest.raises(LockNotOwnedError, match="session is gone"):
+            backend.check(taken)
+        again = backend.acquire("tests.locks.check", Claimant(task_id="t", task_name="n"))
+        assert again is not None and again.handle is not taken.handle
+        backend.release(again)
+        discard_thread_session()
