@@ -301,3 +301,21 @@ def parse_redis_key(namespace: str, key: str) -> tuple[str, tuple[str, ...]] | N
         return None
     suffixes = tuple(rest[1:].split(":")) if rest else ()
     return decode_key_part(part), suffixes
+
+
+#: Keys asked of Redis per SCAN step when listing a namespace (admin views, describe()).
+SCAN_COUNT = 500
+
+
+def stored_keys(client: Any, namespace: str, *, suffixed: bool = False) -> dict[str, str]:
+    """Redis key -> decoded user value of every key `redis_key(namespace, value)` made.
+
+    One SCAN over the namespace (admin views and `describe()`, never a job's path). Keys with
+    suffixes (a window, a waiting line) are left out unless `suffixed`.
+    """
+    found = {}
+    for key in client.scan_iter(match=redis_key_pattern(namespace), count=SCAN_COUNT):
+        parsed = parse_redis_key(namespace, key)
+        if parsed is not None and (suffixed or not parsed[1]):
+            found[key] = parsed[0]
+    return found

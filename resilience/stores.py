@@ -341,3 +341,15 @@ def wrap_store_errors(what: str, **fields: Any) -> _StoreErrorTranslation:
         fields: structured fields of the error (`key=...`), also quoted in the message.
     """
     return _StoreErrorTranslation(what, fields)
+
+
+def read_hashes(client: Any, keys: Sequence[str]) -> tuple[int, list[dict[str, str]]]:
+    """Redis server time in ms and the fields of each hash of `keys`, in one round trip
+    (the `describe()` of the breakers and the retry budgets)."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.time()
+        for key in keys:
+            pipe.hgetall(key)
+        replies = pipe.execute()
+    seconds, micros = replies[0]
+    return int(seconds) * 1000 + int(micros) // 1000, list(replies[1:])

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from resilience.batch import for_client
-from resilience.keys import redis_key, redis_key_pattern
+from resilience.keys import redis_key, stored_keys
 from resilience.stores import wrap_store_errors
 
 if TYPE_CHECKING:
@@ -127,6 +127,4 @@ class ResultCache:
             StoreUnavailable, StorageError.
         """
         with wrap_store_errors("idempotency cache size"):
-            return sum(
-                1 for _ in self.client.scan_iter(match=redis_key_pattern(NAMESPACE), count=1000)
-            )
+            return len(stored_keys(self.client, NAMESPACE, suffixed=True))

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from resilience.batch import for_client
 from resilience.errors import ConfigurationError, StorageError
-from resilience.keys import parse_redis_key, redis_key, redis_key_pattern
+from resilience.keys import redis_key, stored_keys
 from resilience.scripts import LuaScript
 from resilience.store_down import StoreDown, store_down_policy
-from resilience.stores import wrap_store_errors
+from resilience.stores import read_hashes, wrap_store_errors
 
 if TYPE_CHECKING:
     import redis
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("resilience.retry.budget")
 
 NAMESPACE = "resilience:budget"
-SCAN_COUNT = 500
 
 
 def budget_key(dependency: str) -> str:
@@ -178,12 +177,7 @@ class RedisBudgetBackend:
     def _stored_keys(self) -> dict[str, str]:
         """Key -> dependency of every budget in Redis (one SCAN); a dependency too long to
         keep shows as its digest (`resilience.keys.decode_key_part`)."""
-        found = {}
-        for key in self._client().scan_iter(match=redis_key_pattern(NAMESPACE), count=SCAN_COUNT):
-            parsed = parse_redis_key(NAMESPACE, key)
-            if parsed is not None and not parsed[1]:
-                found[key] = parsed[0]
-        return found
+        return stored_keys(self._client(), NAMESPACE)
 
     def describe(
         self, budgets: Mapping[str, RetryBudget], *, include_stored: bool = False
@@ -203,15 +197,9 @@ class RedisBudgetBackend:
             if include_stored:
                 keys = {**self._stored_keys(), **keys}
             ordered = sorted(keys.items(), key=lambda item: item[1])
-            with client.pipeline(transaction=False) as pipe:
-                pipe.time()
-                for key, _ in ordered:
-                    pipe.hgetall(key)
-                replies = pipe.execute()
-        seconds, micros = replies[0]
-        now_ms = int(seconds) * 1000 + int(micros) // 1000
+            now_ms, hashes = read_hashes(client, [key for key, _ in ordered])
         states = []
-        for (_, dependency), fields in zip(ordered, replies[1:], strict=True):
+        for (_, dependency), fields in zip(ordered, hashes, strict=True):
             budget = budgets.get(dependency) or default
             requests, retries = window_figures(
                 fields,

@@ -19,9 +19,9 @@ from resilience.batch import for_client
 from resilience.circuit.backends import BreakerState, Peek, Permission, Verdict
 from resilience.circuit.config import BreakerConfig, CountWindow
 from resilience.counters import count
-from resilience.keys import parse_redis_key, redis_key, redis_key_pattern
+from resilience.keys import redis_key, stored_keys
 from resilience.scripts import LuaScript
-from resilience.stores import stores_for, translate_store_error, wrap_store_errors
+from resilience.stores import read_hashes, stores_for, translate_store_error, wrap_store_errors
 
 if TYPE_CHECKING:
     import redis
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from resilience.pipeline import Rounds
 
 NAMESPACE = "resilience:breaker"
-SCAN_COUNT = 500
 
 
 def state_key(name: str) -> str:
@@ -183,12 +182,7 @@ class RedisBreakerBackend:
     def _stored_keys(self) -> dict[str, str]:
         """State key -> name of every breaker with state in Redis (one SCAN). A name too
         long to keep shows as its digest (`resilience.keys.decode_key_part`)."""
-        found = {}
-        for key in self._client().scan_iter(match=redis_key_pattern(NAMESPACE), count=SCAN_COUNT):
-            parsed = parse_redis_key(NAMESPACE, key)
-            if parsed is not None and not parsed[1]:  # not a window
-                found[key] = parsed[0]
-        return found
+        return stored_keys(self._client(), NAMESPACE)  # windows (suffixed) left out
 
     def names(self) -> list[str]:
         """Every breaker that has state in Redis."""
@@ -207,16 +201,10 @@ class RedisBreakerBackend:
             if include_stored:
                 keys = {**self._stored_keys(), **keys}
             ordered = sorted(keys.items(), key=lambda item: item[1])
-            with client.pipeline(transaction=False) as pipe:
-                pipe.time()
-                for key, _ in ordered:
-                    pipe.hgetall(key)
-                replies = pipe.execute()
-        seconds, micros = replies[0]
-        now_ms = int(seconds) * 1000 + int(micros) // 1000
+            now_ms, hashes = read_hashes(client, [key for key, _ in ordered])
         return [
             decode_state(name, fields, now_ms=now_ms)
-            for (_, name), fields in zip(ordered, replies[1:], strict=True)
+            for (_, name), fields in zip(ordered, hashes, strict=True)
         ]
 
     def count(self, name: str, outcome: str) -> None:

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from resilience.keys import parse_redis_key, redis_key, redis_key_pattern
+from resilience.keys import redis_key, stored_keys
 from resilience.pause.backends import Paused
 from resilience.stores import wrap_store_errors
 
@@ -56,13 +56,13 @@ class RedisPauseBackend:
 
     @wrap_store_errors("pause switches")
     def all_paused(self) -> list[Paused]:
+        stored = stored_keys(self.client, NAMESPACE, suffixed=True)
+        values = self.client.mget(list(stored)) if stored else []
         found = []
-        for key in self.client.scan_iter(match=redis_key_pattern(NAMESPACE), count=200):
-            parsed = parse_redis_key(NAMESPACE, key)
-            value = self.client.get(key)
-            if parsed is None or value is None:
+        for (_, switch), value in zip(stored.items(), values, strict=True):
+            if value is None:  # resumed since the SCAN
                 continue
-            scope, _, name = parsed[0].partition(":")
+            scope, _, name = switch.partition(":")
             found.append(_decode(scope, name, value))
         return sorted(found, key=lambda paused: (paused.scope, paused.name))
 

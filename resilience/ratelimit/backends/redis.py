@@ -18,7 +18,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from resilience.errors import ConfigurationError
-from resilience.keys import parse_redis_key, redis_key, redis_key_pattern
+from resilience.keys import redis_key, stored_keys
 from resilience.ratelimit.algorithms import (
     ALGORITHMS,
     Algorithm,
@@ -34,7 +34,6 @@ from resilience.stores import wrap_store_errors
 if TYPE_CHECKING:
     import redis
 
-SCAN_COUNT = 500
 
 
 @cache
@@ -141,9 +140,4 @@ class RedisBackend(Shortcuts):
         if key is not None:
             return [(key, self.key(algorithm, key))]
         namespace = f"{self.prefix}:{algorithm.namespace}"
-        found = {}
-        for name in self.client.scan_iter(match=redis_key_pattern(namespace), count=SCAN_COUNT):
-            parsed = parse_redis_key(namespace, name)
-            if parsed is not None and not parsed[1]:
-                found[parsed[0]] = name
-        return sorted(found.items())
+        return sorted((value, name) for name, value in stored_keys(self.client, namespace).items())
