@@ -28,8 +28,10 @@ bench: install
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	$(BIN)/python -m bench baseline
 
-# Long soaks, outside `make test`: the transfer chaos test 50 times in a row.
+# Long soaks, outside `make test`: the soak-marked tests, then the transfer chaos test 50
+# times in a row.
 stress: install
+	$(BIN)/python -m pytest -m soak
 	$(BIN)/python -m bench chaos --runs 50
 
 clean:

@@ -15,6 +15,12 @@ SCHEDULE: dict[str, dict[str, Any]] = {
         "schedule": 600.0,
         "options": {"expires": 540},
     },
+    # The Redis copies of live cancellations, rewritten from their PostgreSQL record.
+    "cancellations-restore": {
+        "task": "jobs.maintenance.restore_cancellations",
+        "schedule": 300.0,
+        "options": {"expires": 240},
+    },
     # Claims whose holder died and whose lease ended more than 5 minutes ago.
     "idempotency-reaper": {
         "task": "jobs.maintenance.reap_idempotency_claims",

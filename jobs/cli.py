@@ -1,12 +1,13 @@
 """`jobs`: run the platform locally and administer it.
 
-    jobs up                 services + one worker per tier + beat + Flower (honcho)
+    jobs up                 services + one worker per tier + beat + outbox relay + Flower
     jobs demo               a steady mixed workload across the tiers
     jobs worker TIER        one tier's worker with the tier's pool settings
     jobs beat | flower      the scheduler, the dashboard
     jobs service NAME       one embedded service in the foreground (used by `up`)
     jobs migrate | config   schema migrations; the effective configuration
-    jobs <admin>            locks, idempotency, breakers, dead-letters, status (when present)
+    jobs <admin>            locks, idempotency, breakers, dead-letters, outbox, cancel,
+                            cancellations, status
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from jobs.admin.cancel import cancel as cancel_command
 from jobs.settings import Settings, SettingsError, get_settings
 from jobs.tiers import TIERS
 from resilience.errors import ResilienceError
@@ -50,6 +52,8 @@ ADMIN_COMMANDS = {
     "status": "jobs.admin.status",
     "health": "jobs.admin.health",
     "metrics": "jobs.admin.metrics",
+    "outbox": "jobs.admin.outbox",
+    "cancellations": "jobs.admin.cancellations",
 }
 
 
@@ -69,7 +73,8 @@ def python_command(*args: str) -> str:
 
 # -- running the platform ---------------------------------------------------------------
 def procfile(settings: Settings) -> str:
-    """The Procfile `jobs up` hands to honcho: embedded services, workers, beat, Flower."""
+    """The Procfile `jobs up` hands to honcho: embedded services, workers, beat, the
+    outbox relay, Flower."""
     lines: list[str] = []
     if settings.embedded_redis:
         lines.append(f"redis: exec {python_command('-m', 'jobs', 'service', 'redis')}")
@@ -84,6 +89,7 @@ def procfile(settings: Settings) -> str:
     for tier in TIERS:
         lines.append(f"worker_{tier}: exec {python_command('-m', 'jobs', 'worker', tier)}")
     lines.append(f"beat: exec {python_command('-m', 'jobs', 'beat')}")
+    lines.append(f"outbox: exec {python_command('-m', 'jobs', 'outbox', 'relay')}")
     lines.append(f"flower: exec {python_command('-m', 'jobs', 'flower')}")
     lines.append(
         f"metrics: exec "
@@ -377,6 +383,9 @@ def paused() -> None:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(switch.since_epoch_seconds))
         table.add_row(switch.scope, switch.name, switch.reason, f"{since} UTC")
     console.print(table)
+
+
+cli.command("cancel")(cancel_command)
 
 
 def _pause_target(tier: str | None, task: str | None) -> tuple[str, str]:

@@ -39,3 +39,13 @@ def reap_idempotency_claims(
     )
     reaped = reap_abandoned(stores_for(app).engine(), policy)
     return {"reaped": reaped}
+
+
+@app.task(tier="standard")
+@singleton(key="maintenance:restore_cancellations")
+def restore_cancellations() -> dict[str, Any]:
+    """Write the Redis copy of every live cancellation again from PostgreSQL (a flushed or
+    failed-over Redis forgets them) and drop expired ones."""
+    from jobs.platform import cancellations
+
+    return {"restored": cancellations(app).restore()}

@@ -11,6 +11,7 @@ from kombu import Exchange, Queue
 from jobs.settings import Settings, get_settings
 from jobs.tiers import DEFAULT_TIER, TIERS, validate_tier
 from resilience.bulkhead import AdmissionGuard, BulkheadConfig, depth_backend_for
+from resilience.cancel import CancelConfig, CancelGuard, Cancellations, RedisCancelBackend
 from resilience.deadletter.poison import PoisonConfig, PoisonGuard
 from resilience.deadline import DeadlineConfig, DeadlineGuard, DeadlineStampGuard
 from resilience.errors import ConfigurationError
@@ -33,7 +34,16 @@ class JobTask(GuardedTask):
     deadline_seconds: float | None = None
 
     def admission_config(self) -> BulkheadConfig:
-        """The tier bulkhead of this task, from the tier's settings."""
+        """The tier bulkhead of this task, from the tier's settings (built once per settings
+        object: every `.delay()` asks)."""
+        cached = self.__dict__.get("_admission_config")
+        if cached is not None and cached[0] is self.app.settings:
+            return cached[1]
+        config = self._build_admission_config()
+        self._admission_config = (self.app.settings, config)
+        return config
+
+    def _build_admission_config(self) -> BulkheadConfig:
         limits = self.app.settings.tier(self.tier)
         return BulkheadConfig(
             tier=self.tier,
@@ -43,7 +53,17 @@ class JobTask(GuardedTask):
         )
 
     def deadline_policy(self) -> DeadlineConfig:
-        """When this task's jobs are shed: its own deadline_seconds, else the tier's."""
+        """When this task's jobs are shed: its own deadline_seconds, else the tier's (built
+        once per settings object and deadline: every `.delay()` and every job asks)."""
+        cached = self.__dict__.get("_deadline_policy")
+        if (cached is not None and cached[0] is self.app.settings
+                and cached[1] == self.deadline_seconds):
+            return cached[2]
+        policy = self._build_deadline_policy()
+        self._deadline_policy = (self.app.settings, self.deadline_seconds, policy)
+        return policy
+
+    def _build_deadline_policy(self) -> DeadlineConfig:
         limits = self.app.settings.tier(self.tier)
         seconds = self.deadline_seconds or limits.deadline_seconds
         pressure_depth = limits.shed_queue_depth
@@ -64,7 +84,8 @@ class JobTask(GuardedTask):
     )
     #: Every platform task: poison messages are dead-lettered after JOBS_MAX_DELIVERIES
     #: deliveries that never returned; expired jobs are shed before they take a slot; a
-    #: paused tier or task defers its jobs (`jobs pause`).
+    #: paused tier or task defers its jobs (`jobs pause`); a cancelled job never starts
+    #: (`jobs cancel`).
     guards = (
         PoisonGuard(PoisonConfig(max_deliveries=get_settings().max_deliveries)),
         DeadlineGuard(
@@ -72,6 +93,7 @@ class JobTask(GuardedTask):
             depth=lambda task, queue: depth_backend_for(task.app).depth(queue),
         ),
         PauseGuard(PauseConfig(), lambda task: pause_backend(task.app)),
+        CancelGuard(CancelConfig(), lambda task: cancel_backend(task.app)),
     )
 
 
@@ -239,3 +261,25 @@ def pause_backend(app: Celery) -> RedisPauseBackend:
 
     stores = stores_for(app)
     return RedisPauseBackend(stores.redis)
+
+
+def cancel_backend(app: Celery) -> RedisCancelBackend:
+    """The fleet's cancellation marks, in the app's shared Redis."""
+    from resilience.stores import stores_for
+
+    return RedisCancelBackend(stores_for(app).redis)
+
+
+def cancellations(app: Celery) -> Cancellations:
+    """The operator's side of cancellation: the PostgreSQL record and the fleet's marks.
+
+    A cancellation lasts a week or, if longer, the broker's visibility timeout plus the
+    longest countdown, so no delivery of the job can outlive it.
+    """
+    from resilience.cancel import DEFAULT_TTL_SECONDS
+    from resilience.stores import stores_for
+
+    settings: Settings = getattr(app, "settings", None) or get_settings()
+    ttl = max(DEFAULT_TTL_SECONDS,
+              settings.visibility_timeout_seconds + settings.max_countdown_seconds)
+    return Cancellations(stores_for(app).engine(), cancel_backend(app), ttl_seconds=ttl)

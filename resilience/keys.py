@@ -62,6 +62,16 @@ def signature_of(func: Callable[..., Any]) -> inspect.Signature:
         return inspect.signature(func)
 
 
+def check_binding(func: Callable[..., Any], args: tuple[Any, ...] | list[Any],
+                  kwargs: Mapping[str, Any]) -> None:
+    """Raise `ArgumentsDoNotBind` unless `args`/`kwargs` fit `func`'s signature (the check of
+    `bind_arguments` without building the bound dict: the enqueue path's validation)."""
+    try:
+        signature_of(func).bind(*args, **kwargs)
+    except TypeError:
+        bind_arguments(func, args, kwargs)  # raises with the full message
+
+
 def bind_arguments(
     func: Callable[..., Any], args: tuple[Any, ...] | list[Any], kwargs: Mapping[str, Any]
 ) -> dict[str, Any]:
@@ -167,6 +177,23 @@ class KeySpec:
         arguments = bind_arguments(self.func, args, kwargs)
         canonical = canonical_json(arguments)
         digest = fingerprint(canonical)
+        return GuardKey(namespace=namespace, value=self._value(arguments, canonical, digest),
+                        fingerprint=digest)
+
+    def value(self, args: tuple[Any, ...] | list[Any], kwargs: Mapping[str, Any]) -> str:
+        """The key's value alone (`build(...).value`), without the fingerprint of every
+        argument when a template or a function makes the key (the enqueue path's keys).
+
+        Raises:
+            ArgumentsDoNotBind, NonJsonArguments, InvalidKey.
+        """
+        arguments = bind_arguments(self.func, args, kwargs)
+        if self.key is None:
+            canonical = canonical_json(arguments)
+            return self._value(arguments, canonical, fingerprint(canonical))
+        return self._value(arguments, "", "")
+
+    def _value(self, arguments: dict[str, Any], canonical: str, digest: str) -> str:
         if self.key is None:
             value = canonical if len(canonical) <= 128 else f"sha256:{digest}"
         elif isinstance(self.key, str):
@@ -194,7 +221,7 @@ class KeySpec:
                 "that picks the identifying arguments",
                 length=len(value),
             )
-        return GuardKey(namespace=namespace, value=value, fingerprint=digest)
+        return value
 
 
 # -- Redis key names ----------------------------------------------------------------------

@@ -18,6 +18,8 @@ class Outcome(str, Enum):
     DISCARDED = "DISCARDED"
     RETRY = "RETRY"
     DEAD_LETTERED = "DEAD-LETTERED"
+    #: An operator cancelled the job (`jobs cancel`): it never starts, nothing is retried.
+    CANCELLED = "CANCELLED"
     #: A store was down and the guard let the job through (`on_store_down="fail_open"`).
     FAIL_OPEN = "FAIL-OPEN"
 

@@ -55,6 +55,7 @@ class Stage(IntEnum):
     """Where an execution guard sits; lower runs first (outermost). See `STAGES`."""
 
     UNIQUE = 5
+    CANCEL = 6
     POISON = 8
     DEADLINE = 10
     PAUSE = 15
@@ -88,6 +89,7 @@ class StageRule:
 #: The execution order, in one place (DESIGN.md "The path of one job").
 STAGES: dict[Stage, StageRule] = {
     Stage.UNIQUE: StageRule("give the @unique key back when the job starts (or ends)"),
+    Stage.CANCEL: StageRule("stop a job an operator cancelled (jobs cancel)"),
     Stage.POISON: StageRule("dead-letter a message whose worker died too often"),
     Stage.DEADLINE: StageRule("shed a job whose deadline passed before it started"),
     Stage.PAUSE: StageRule("defer the jobs of a paused tier or task"),

@@ -1,7 +1,9 @@
 """`GuardedTask`: the Celery task base class that applies the guard pipelines.
 
 Enqueue path (`apply_async`, in the producer): validate arguments (bind to the signature,
-JSON only, size limit), then the enqueue guards (unique, admission), then publish.
+JSON only, size limit), then the enqueue guards (unique, admission), then publish. A
+countdown beyond `resilience_max_countdown_seconds` goes to the outbox instead, and
+`apply_async_in(session, ...)` writes to it in the caller's transaction (resilience.outbox).
 Execution path (`__call__`, in the worker): the execution guards around `run`.
 """
 
@@ -14,7 +16,7 @@ from celery import Task
 from celery.exceptions import Retry
 
 from resilience.errors import JobDeferred, JobStopped, PayloadTooLarge
-from resilience.keys import bind_arguments, canonical_json, signature_of
+from resilience.keys import canonical_json, check_binding, signature_of
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import (
     Call,
@@ -89,6 +91,9 @@ class GuardedTask(Task):
         """
         args = tuple(args or ())
         kwargs = dict(kwargs or {})
+        if self._beyond_max_countdown(options):
+            return self._delay_in_outbox(args, kwargs, task_id, link, link_error, shadow,
+                                         options)
 
         def send(publish: Publish) -> Any:
             return Task.apply_async(
@@ -121,18 +126,99 @@ class GuardedTask(Task):
                 return stop.result
             raise
 
+    def _beyond_max_countdown(self, options: dict[str, Any]) -> bool:
+        """A countdown or ETA longer than `app.conf.resilience_max_countdown_seconds`?
+
+        Such a message would sit unacknowledged in a Redis broker past the visibility
+        timeout and be delivered again and again; it goes to the outbox instead.
+        """
+        if options.get("countdown") is None and options.get("eta") is None:
+            return False  # the common case: no settings lookups on the enqueue path
+        limit = self.app.conf.get("resilience_max_countdown_seconds")
+        if not limit or self.app.conf.task_always_eager:
+            return False
+        from resilience.outbox.enqueue import delay_seconds_of
+
+        delay = delay_seconds_of(options)
+        return delay is not None and delay > float(limit)
+
+    def _delay_in_outbox(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+                         task_id: str | None, link: Any, link_error: Any, shadow: Any,
+                         options: dict[str, Any]) -> Any:
+        """Write a long-delayed job to the outbox in a short transaction of its own; the
+        relay publishes it when due. A republish (`retries`) is not validated again."""
+        from resilience.outbox.enqueue import write
+
+        if options.get("retries") is None:
+            self.validate_arguments(args, kwargs)
+            self._validate_keys(args, kwargs, options)
+        extra = {"link": link, "link_error": link_error, "shadow": shadow}
+        return write(self, None, args, kwargs, {**options, **extra}, task_id=task_id)
+
+    # -- transactional enqueue (resilience.outbox) ---------------------------------------
+    def apply_async_in(self, session: Any, args: Any = None, kwargs: Any = None,
+                       **options: Any) -> Any:
+        """`apply_async` inside the caller's transaction: a row in the outbox, published
+        by the relay once `session` commits; a rollback leaves no job.
+
+        Returns at once (no broker round trip) an `AsyncResult` whose id is the id the job
+        is published and runs with. Options are `apply_async`'s (JSON only), plus
+        `ordering_key`: jobs of one key are published in the order they were written.
+        Enqueue guards (tier bulkhead, unique) decide when the relay publishes; make the
+        task `@idempotent` for exactly-once effects (the relay may publish a row twice).
+
+        Args:
+            session: the caller's SQLAlchemy Session or Connection, on the database the
+                relay reads (the app's DATABASE_URL).
+
+        Raises:
+            ArgumentsDoNotBind, NonJsonArguments, PayloadTooLarge, InvalidKey: as
+                `apply_async`; nothing is written.
+            StorageError: the insert failed (the caller's transaction is aborted).
+        """
+        from resilience.outbox.enqueue import write
+
+        args = tuple(args or ())
+        kwargs = dict(kwargs or {})
+        self.validate_arguments(args, kwargs)
+        self._validate_keys(args, kwargs, options)
+        return write(self, session, args, kwargs, options)
+
+    def enqueue_in(self, session: Any, *args: Any, **kwargs: Any) -> Any:
+        """`delay` inside the caller's transaction (see `apply_async_in`)."""
+        return self.apply_async_in(session, args, kwargs)
+
+    def _validate_keys(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+                       options: dict[str, Any]) -> None:
+        """Run the VALIDATE-stage enqueue guards (they build keys, take nothing), so a bad
+        key fails in the producer, as it does in `apply_async`."""
+        from resilience.pipeline import EnqueueStage
+
+        _, enqueue = self.pipelines()
+        publish = Publish(task=self, args=args, kwargs=kwargs, options=dict(options))
+        for guard in enqueue.guards:
+            if guard.stage == EnqueueStage.VALIDATE:
+                guard.before_publish(publish)
+
+    def _app_payload_limit(self) -> int:
+        """`app.conf.resilience_max_payload_bytes`, read once per task (every `.delay()`
+        asks; Celery's settings lookup costs more than the check)."""
+        limit = self.__dict__.get("_payload_limit")
+        if limit is None:
+            limit = self._payload_limit = int(self.app.conf.get(
+                "resilience_max_payload_bytes", DEFAULT_MAX_PAYLOAD_BYTES))
+        return limit
+
     def validate_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Refuse arguments that would fail in the worker or could not be sent at all.
 
         Raises:
             ArgumentsDoNotBind, NonJsonArguments, PayloadTooLarge.
         """
-        bind_arguments(self.run, args, kwargs)
+        check_binding(self.run, args, kwargs)
         payload = canonical_json([list(args), kwargs])
-        limit = self.max_payload_bytes or self.app.conf.get(
-            "resilience_max_payload_bytes", DEFAULT_MAX_PAYLOAD_BYTES
-        )
         size = len(payload.encode("utf-8"))
+        limit = self.max_payload_bytes or self._app_payload_limit()
         if size > limit:
             raise PayloadTooLarge(
                 f"{self.name}: arguments serialize to {size} bytes, over the {limit}-byte "

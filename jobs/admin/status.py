@@ -29,6 +29,7 @@ TITLES = {
     "limits": "limits",
     "locks": "locks held",
     "idempotency": "idempotency records",
+    "outbox": "outbox",
     "beat_leader": "beat leader",
 }
 
@@ -148,6 +149,16 @@ def idempotency_table(section: Any) -> Table:
     return view
 
 
+def outbox_section_table(section: Any) -> Table:
+    title = TITLES["outbox"]
+    missing = _unavailable(title, section)
+    if missing:
+        return missing
+    from jobs.admin.outbox import outbox_table
+
+    return outbox_table(section, title)
+
+
 def leader_table(section: Any) -> Table:
     title = TITLES["beat_leader"]
     missing = _unavailable(title, section)
@@ -174,6 +185,7 @@ def render(snapshot: dict[str, Any]) -> Group:
         limits_table(snapshot["limits"]),
         locks_table(snapshot["locks"]),
         idempotency_table(snapshot["idempotency"]),
+        outbox_section_table(snapshot["outbox"]),
         leader_table(snapshot["beat_leader"]),
     )
 

@@ -4,8 +4,8 @@ Two sources, both correct under prefork workers:
 
 - `SharedStateCollector` reads the shared state when Prometheus scrapes: queue depth from
   the broker, decision counters from Redis (`resilience.counters`), breaker states, retry
-  budget use, limit usage and idempotency records. Nothing is counted in process memory,
-  so no prefork child can hold a number the others do not see.
+  budget use, limit usage, idempotency records and the outbox backlog. Nothing is counted
+  in process memory, so no prefork child can hold a number the others do not see.
 - `LOCK_HOLD_SECONDS`, a Histogram observed in the worker processes themselves, in
   prometheus-client's multiprocess mode: every process writes its own mmap file under
   `PROMETHEUS_MULTIPROC_DIR`, `MultiProcessCollector` sums them at scrape time, and a pool
@@ -68,12 +68,13 @@ class SharedStateCollector(Collector):
         yield from budget_metrics(snapshot)
         yield from limit_metrics(snapshot)
         yield from idempotency_metrics(snapshot)
+        yield from outbox_metrics(snapshot)
         errors = GaugeMetricFamily(
             "jobs_observe_section_up",
             "1 when the section of the platform state could be read at this scrape",
             labels=["section"])
         for section in ("counters", "queue_depth", "breakers", "budgets", "limits", "locks",
-                        "idempotency"):
+                        "idempotency", "outbox"):
             errors.add_metric([section], 0.0 if section in snapshot["errors"] else 1.0)
         yield errors
 
@@ -193,6 +194,21 @@ def idempotency_metrics(snapshot: dict[str, Any]) -> Iterator[Metric]:
             records.add_metric([state], n)
     yield hits
     yield records
+
+
+def outbox_metrics(snapshot: dict[str, Any]) -> Iterator[Metric]:
+    pending = GaugeMetricFamily("jobs_outbox_pending",
+                                "Outbox rows not yet published, by due now / scheduled later",
+                                labels=["when"])
+    lag = GaugeMetricFamily("jobs_outbox_lag_seconds",
+                            "Age of the oldest due outbox row past its due time")
+    outbox = snapshot.get("outbox")
+    if outbox is not None and _ok(outbox):
+        pending.add_metric(["due"], outbox["due"])
+        pending.add_metric(["scheduled"], outbox["scheduled"])
+        lag.add_metric([], outbox["lag_seconds"])
+    yield pending
+    yield lag
 
 
 def registry_for(app: Celery) -> CollectorRegistry:

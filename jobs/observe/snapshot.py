@@ -28,7 +28,7 @@ logger = logging.getLogger("jobs.observe.snapshot")
 
 #: Section names in the order views show them.
 SECTIONS = (
-    "tiers", "breakers", "budgets", "limits", "locks", "idempotency", "beat_leader",
+    "tiers", "breakers", "budgets", "limits", "locks", "idempotency", "outbox", "beat_leader",
 )
 
 #: Counter outcomes summed per tier in the tiers section.
@@ -303,6 +303,15 @@ def idempotency_section(app: Celery) -> dict[str, Any]:
     return describe(stores_for(app), holders_limit=20, cache_size=False).as_dict()
 
 
+def outbox_section(app: Celery) -> dict[str, Any]:
+    """Outbox rows pending (due, scheduled), the relay's lag, published in the last minute
+    (`resilience.outbox.describe`: one statement)."""
+    from resilience.outbox import describe
+    from resilience.stores import stores_for
+
+    return describe(stores_for(app)).as_dict()
+
+
 def beat_leader_section(held: Any) -> dict[str, Any]:
     """The beat process holding the leader lock (None when no beat leads)."""
     if not isinstance(held, list):
@@ -346,6 +355,7 @@ def collect(app: Celery, *, inspect_timeout_seconds: float = 1.0,
         "limits": _section("limits", errors, lambda: limits_section(app, client(), counters)),
         "locks": _section("locks", errors, lambda: locks_section(held)),
         "idempotency": _section("idempotency", errors, lambda: idempotency_section(app)),
+        "outbox": _section("outbox", errors, lambda: outbox_section(app)),
         "beat_leader": _section("beat_leader", errors, lambda: beat_leader_section(held)),
         "counters": counters,
         "workers": running.get("workers") if isinstance(running, dict) else None,

@@ -3,8 +3,8 @@
 The guard sits at `Stage.IDEMPOTENCY`, just inside the deadline. Flow only; the records
 live in an `IdempotencyBackend` (PostgreSQL unless given one). Per call:
 
-1. key: the task name + key template/function (or all bound arguments), and the
-   fingerprint of all bound arguments;
+1. key: the task name + key template/function (or all bound arguments; `outbox:<row id>`
+   for a job the outbox relay published), and the fingerprint of all bound arguments;
 2. cache hint (`prefetch`, batched with the other guards' reads): a cached succeeded
    record with the same fingerprint -> REPLAYED;
 3. claim (one atomic step): claimed -> run the body (in transactional mode inside the
@@ -52,6 +52,7 @@ from resilience.idempotency.config import (
     IdempotencyConfig,
 )
 from resilience.keys import GuardKey, KeyOption, KeySpec, canonical_json
+from resilience.outbox.enqueue import outbox_id_of
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, EnqueueGuard, EnqueueStage, Guard, Publish, Stage, attach
 from resilience.store_down import StoreDown, store_failed
@@ -161,6 +162,17 @@ class IdempotencyGuard(Guard):
         assert self.spec is not None, "guard used before bind()"
         return self.spec.build(self.task_name, args, kwargs)
 
+    def call_key(self, call: Call) -> GuardKey:
+        """The key of one execution: `key_for`, except that without an explicit key a job
+        the outbox relay published keys on `outbox:<row id>` (its header), so a row
+        published twice has one effect (resilience.outbox)."""
+        key = self.key_for(call.args, call.kwargs)
+        if self.config.key is None:
+            row_id = outbox_id_of(call.request)
+            if row_id is not None:
+                return GuardKey(key.namespace, f"outbox:{row_id}", key.fingerprint)
+        return key
+
     def backend(self, task: Task) -> IdempotencyBackend:
         """The records' backend for `task`'s calls."""
         if self._backend is None:
@@ -184,7 +196,7 @@ class IdempotencyGuard(Guard):
     def _taken(self, call: Call) -> _Taken:
         taken: _Taken | None = call.kept(self)
         if taken is None:
-            taken = _Taken(self.key_for(call.args, call.kwargs))
+            taken = _Taken(self.call_key(call))
             call.keep(self, taken)
         return taken
 

@@ -102,7 +102,7 @@ class UniqueKeys:
 
     def redis_key(self, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> str:
         assert self.spec is not None, "guard used before bind()"
-        return redis_key(NAMESPACE, self.spec.build(self.task_name, args, kwargs).full)
+        return redis_key(NAMESPACE, f"{self.task_name}:{self.spec.value(args, kwargs)}")
 
     @staticmethod
     def client(app: Any) -> redis.Redis:

@@ -12,15 +12,17 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import text
 
 import jobs.models
+import resilience.cancel.models
 import resilience.deadletter.models
 import resilience.idempotency.models
 import resilience.locks.models
+import resilience.outbox.models
 from jobs.db import alembic_config
 from resilience.schema import metadata
 
 #: Every module declaring tables on the metadata (imported for that).
 MODELS = (jobs.models, resilience.deadletter.models, resilience.idempotency.models,
-          resilience.locks.models)
+          resilience.locks.models, resilience.outbox.models)
 
 
 def _modelled(obj: Any, name: str | None, kind: str, reflected: bool, compare_to: Any) -> bool:
@@ -33,7 +35,7 @@ class TestMigrations:
     def test_one_head(self, stores: Any) -> None:
         """The revisions form one line: a new migration has one place to go."""
         heads = ScriptDirectory.from_config(alembic_config(stores.database_url)).get_heads()
-        assert heads == ["0007_dead_letter_raw"]
+        assert heads == ["0009_cancellations"]
 
     def test_migrated_columns_match_the_models(self, engine: Any) -> None:
         """Column types and nullability of the migrated database are those of the models."""
@@ -57,6 +59,8 @@ class TestMigrations:
             ("resilience_fencing_marks", "key"),
             ("dead_letters", "task_id"),
             ("dead_letters", "queue"),
+            ("resilience_outbox", "task_id"),
+            ("resilience_outbox", "ordering_key"),
             ("ledger_entries", "task_id"),
         ],
     )

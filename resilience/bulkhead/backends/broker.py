@@ -65,6 +65,7 @@ class RedisBrokerDepth:
         self.priority_steps = tuple(options.get("priority_steps") or PRIORITY_STEPS)
         self.separator = options.get("sep", PRIORITY_SEPARATOR)
         self.prefix = options.get("global_keyprefix", "")
+        self._reservation_keys: dict[str, str] = {}
         self._lock = threading.Lock()
         self._pid = -1
         self._client: redis.Redis | None = None
@@ -107,7 +108,10 @@ class RedisBrokerDepth:
 
     def bound(self, queue: str, limit: int) -> dict[str, Any]:
         """The `BOUND_HEADER` value asking the transport to keep `queue` within `limit`."""
-        return {"limit": limit, "queue": queue, "reservations": self.reservations_key(queue)}
+        key = self._reservation_keys.get(queue)
+        if key is None:
+            key = self._reservation_keys[queue] = self.reservations_key(queue)
+        return {"limit": limit, "queue": queue, "reservations": key}
 
     def try_admit(self, queue: str, *, limit: int, reservation: str,
                   reservation_ttl_seconds: float) -> Admission:

@@ -1,0 +1,98 @@
+"""`jobs cancel ID` / `jobs cancel --task NAME --key KEY` (registered by jobs.cli) and
+`jobs cancellations`: cancel jobs so the cancel sticks.
+
+The cancellation is written to PostgreSQL and to the Redis copy every worker checks before a
+job starts (`resilience.cancel`), and Celery's own `revoke` is sent too so running workers
+drop the message at once. `jobs cancellations` lists, withdraws and restores them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+errors = Console(stderr=True)
+
+def cancel(
+    task_id: Annotated[str | None, typer.Argument(help="the job's task id")] = None,
+    task: Annotated[str | None, typer.Option("--task", help="task name (with --key)")] = None,
+    key: Annotated[str | None, typer.Option(
+        "--key", help="the task's cancel_key value, e.g. an order id")] = None,
+    reason: Annotated[str, typer.Option(help="shown as the job's outcome")] = (
+        "cancelled by an operator"),
+) -> None:
+    """Cancel a job (ID), or every job of --task NAME whose cancel_key is KEY: it will not
+    start on any worker, after restarts and redeliveries too."""
+    from jobs import app
+    from jobs.platform import cancellations
+
+    if (task_id is None) == (task is None and key is None) or (task is None) != (key is None):
+        errors.print("[red]give a task id (jobs cancel ID) or both --task NAME and --key KEY"
+                     "[/red]")
+        raise typer.Exit(2)
+    app.loader.import_default_modules()
+    store = cancellations(app)
+    if task_id is not None:
+        store.cancel_job(task_id, reason=reason)
+        app.control.revoke(task_id)  # running workers drop it now; the record outlives them
+        console.print(f"cancelled job {task_id}: it will not start on any worker")
+        return
+    assert task is not None and key is not None
+    known = app.tasks.get(task)
+    if known is not None and not getattr(known, "cancel_key", None):
+        errors.print(f"[red]task {task!r} declares no cancel_key, so no job of it has a key; "
+                     "cancel by task id, or add cancel_key=\"{...}\" to its @app.task[/red]")
+        raise typer.Exit(2)
+    store.cancel_key(task, key, reason=reason)
+    console.print(f"cancelled the jobs of {task} with key {key!r}")
+
+
+listing = typer.Typer(help="Live cancellations: list, withdraw one, restore the Redis copies.",
+                      no_args_is_help=True)
+
+
+@listing.command("list")
+def list_command(
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False,
+) -> None:
+    """Live cancellations, newest first."""
+    from jobs import app
+    from jobs.platform import cancellations
+
+    found = cancellations(app).describe()
+    if as_json:
+        console.print_json(json.dumps([c.__dict__ for c in found], default=str))
+        return
+    view = Table(title=f"cancellations ({len(found)})")
+    for column in ("target", "reason", "since", "until"):
+        view.add_column(column)
+    for entry in found:
+        view.add_row(entry.target, entry.reason, f"{entry.created_at:%Y-%m-%d %H:%M:%S}",
+                     f"{entry.expires_at:%Y-%m-%d %H:%M:%S}")
+    console.print(view)
+
+
+@listing.command("withdraw")
+def withdraw_command(
+    target: Annotated[str, typer.Argument(help="id:<task id> or key:<task>:<key>")],
+) -> None:
+    """Withdraw a cancellation: jobs it has not stopped yet run again."""
+    from jobs import app
+    from jobs.platform import cancellations
+
+    done = cancellations(app).uncancel(target)
+    console.print(f"withdrawn {target}" if done else f"{target} was not cancelled")
+
+
+@listing.command("restore")
+def restore_command() -> None:
+    """Write the Redis copy of every live cancellation again (after a Redis flush)."""
+    from jobs import app
+    from jobs.platform import cancellations
+
+    console.print(f"restored {cancellations(app).restore()} cancellation(s)")

@@ -1,0 +1,84 @@
+"""`jobs outbox`: run the relay that publishes the outbox, and show its state.
+
+    jobs outbox relay      publish committed rows until SIGTERM / Ctrl-C (`jobs up` runs it)
+    jobs outbox status     pending rows, lag, published in the last minute (--json)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+cli = typer.Typer(help="Transactional enqueue: the relay and its backlog.", no_args_is_help=True)
+console = Console()
+
+
+@cli.command("relay")
+def relay_command(
+    poll_seconds: Annotated[float, typer.Option(
+        help="Longest idle sleep; a committed row wakes the relay at once.")] = 1.0,
+    batch_size: Annotated[int, typer.Option(help="Rows published per transaction.")] = 100,
+    lookahead_seconds: Annotated[float, typer.Option(
+        help="Rows due within this are published now with the remainder as countdown.")] = 1.0,
+) -> None:
+    """Publish committed outbox rows in id order until SIGTERM or Ctrl-C.
+
+    Several relays may run at once: each locks its rows with SKIP LOCKED.
+    """
+    from jobs.cli import settings_or_exit, wait_for_services
+
+    settings = settings_or_exit()
+    wait_for_services(settings)
+    from jobs import app
+    from resilience.outbox import Relay, RelayConfig
+
+    logging.basicConfig(level=settings.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    app.loader.import_default_modules()
+    relay = Relay(app, RelayConfig(batch_size=batch_size, poll_seconds=poll_seconds,
+                                   lookahead_seconds=lookahead_seconds))
+    stopping: list[int] = []
+
+    def stop(signum: int, _frame: Any) -> None:
+        stopping.append(signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    logging.getLogger("resilience.outbox").info(
+        "outbox relay ready (batch %s, poll %gs)", batch_size, poll_seconds)
+    relay.run(should_stop=lambda: bool(stopping))
+
+
+@cli.command("status")
+def status_command(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Pending rows (due now, scheduled later), lag, published in the last minute."""
+    from jobs import app
+    from resilience.outbox import describe
+    from resilience.stores import stores_for
+
+    state = describe(stores_for(app)).as_dict()
+    if as_json:
+        typer.echo(json.dumps(state))
+        return
+    console.print(outbox_table(state))
+
+
+def outbox_table(state: dict[str, Any], title: str = "outbox") -> Table:
+    """The outbox state as one table row (also a section of `jobs status`)."""
+    view = Table(title=title, title_justify="left")
+    for column in ("pending", "due", "scheduled", "lag", "published/min", "dead-lettered"):
+        view.add_column(column, justify="right")
+    lag = f"{state['lag_seconds']:.1f}s"
+    if state["lag_seconds"] >= 60:
+        lag = f"[bold red]{lag}[/bold red]"
+    view.add_row(str(state["pending"]), str(state["due"]), str(state["scheduled"]), lag,
+                 str(state["published_last_minute"]), str(state["dead_lettered"]))
+    return view

@@ -1,0 +1,169 @@
+"""`CancelGuard` (Stage.CANCEL): a cancelled job never starts, whatever delivers it.
+
+Flow only. Before any other guard takes anything, the job's targets — its task id and, when
+the task declares a `cancel_key` template, its task and key — are looked up in this worker
+process's copy of the live cancellations. The copy is refreshed when the store's version
+moved, asked at most once per `refresh_seconds` (one small GET), so a job's check costs no
+round trip; a cancellation reaches every worker within `refresh_seconds` (`jobs cancel` also
+sends Celery's `revoke`, which reaches running workers at once). A hit stops the job with
+outcome CANCELLED: no retry, no dead letter, a chain stops there. While the body runs,
+`call.checkpoint()` (called before a transactional commit or a fenced write) reads the
+store itself, so a job cancelled mid-run rolls its transaction back instead of committing
+(the commit defers it, and its next delivery stops as CANCELLED).
+
+Celery's `revoke` lives in each worker's memory and is forgotten on restart; this one is
+kept in PostgreSQL and Redis (`resilience.cancel.tombstones`). When the store cannot be read
+the last copy stays in use; without one the guard follows `on_store_down` (fail open by
+default: a lost cancellation store must not stop the fleet).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from resilience.cancel.backends import CancelBackend, Marks, id_target, key_target
+from resilience.counters import count_call
+from resilience.errors import ConfigurationError, StorageError
+from resilience.keys import KeySpec
+from resilience.outcomes import Outcome, Stop
+from resilience.pipeline import Call, Guard, Stage
+from resilience.store_down import StoreDown, store_down_policy, store_failed
+
+if TYPE_CHECKING:
+    from celery import Task
+
+logger = logging.getLogger("resilience.cancel")
+
+#: The task option naming a job's cancel key: `@app.task(cancel_key="{order_id}")`.
+CANCEL_KEY_OPTION = "cancel_key"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CancelConfig:
+    """Options of the cancel guard.
+
+    Args:
+        refresh_seconds: longest a worker process trusts its copy without asking the store's
+            version (how long a cancellation takes to reach every worker).
+        check_at_checkpoint: read the store again at `call.checkpoint()` (one round trip).
+        on_store_down: "fail_open" (default: run when the store cannot be read and there is
+            no copy) or "fail_closed" (defer by `retry_seconds`).
+        retry_seconds: the deferral under "fail_closed".
+    """
+
+    refresh_seconds: float = 1.0
+    check_at_checkpoint: bool = True
+    on_store_down: StoreDown | str = StoreDown.FAIL_OPEN
+    retry_seconds: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.refresh_seconds >= 0 or not self.retry_seconds > 0:
+            raise ConfigurationError("refresh_seconds must be >= 0 and retry_seconds > 0")
+        object.__setattr__(self, "on_store_down", store_down_policy(self.on_store_down))
+
+
+class CancelGuard(Guard):
+    """Stops a cancelled job before it starts; see the module doc."""
+
+    name = "cancel"
+    stage = Stage.CANCEL
+
+    def __init__(self, config: CancelConfig,
+                 backend: CancelBackend | Callable[[Task], CancelBackend],
+                 *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self._backend = backend
+        self.clock = clock
+        #: Per task name: its cancel key spec, or None. One guard serves every task of a
+        #: platform (a class-level default), so nothing per task is kept on the guard itself.
+        self._keys: dict[str, KeySpec | None] = {}
+        self._lock = threading.Lock()
+        #: (when asked, version, marks) of this process's copy.
+        self._copy: tuple[float, str, Marks] | None = None
+
+    def bind(self, task: Task) -> None:
+        """Check the task's `cancel_key` template at definition time."""
+        template = getattr(task, CANCEL_KEY_OPTION, None)
+        self._keys[task.name] = KeySpec(task.run, template) if template else None
+
+    def backend(self, task: Task) -> CancelBackend:
+        return self._backend(task) if callable(self._backend) else self._backend
+
+    def targets(self, call: Call) -> list[str]:
+        """What a cancellation of this job would name: its id, and its task and key."""
+        found = [id_target(call.task_id)] if call.task_id else []
+        name = call.task.name
+        keys = self._keys.get(name)
+        if keys is not None:
+            try:
+                key = keys.value(call.args, call.kwargs)
+            except Exception:  # noqa: BLE001 - bad arguments fail the job elsewhere
+                key = None
+            if key:
+                found.append(key_target(name, key))
+        return found
+
+    def _marks(self, task: Task) -> Marks:
+        """This process's copy, refreshed as the module doc says.
+
+        Raises:
+            StorageError: the store cannot be read and there is no copy to keep.
+        """
+        now = self.clock()
+        with self._lock:
+            copy = self._copy
+        if copy is not None and now - copy[0] < self.config.refresh_seconds:
+            return copy[2]
+        backend = self.backend(task)
+        try:
+            if copy is not None and backend.version() == copy[1]:
+                fresh = (now, copy[1], copy[2])
+            else:
+                version, marks = backend.load()
+                fresh = (now, version, marks)
+        except StorageError as error:
+            if copy is None:
+                raise
+            logger.warning("cancellations unreadable, keeping the last copy: %s", error)
+            fresh = (now, copy[1], copy[2])
+        with self._lock:
+            self._copy = fresh
+        return fresh[2]
+
+    def before_run(self, call: Call) -> None:
+        targets = self.targets(call)
+        if not targets:
+            return
+        try:
+            marks = self._marks(call.task)
+        except StorageError as error:
+            store_failed(call, error, guard=self.name, policy=self.config.on_store_down,
+                         retry_after_seconds=self.config.retry_seconds)
+            return
+        wall = time.time()
+        for target in targets:
+            mark = marks.get(target)
+            if mark is not None and mark[1] > wall:
+                raise self._cancelled(call, mark[0], target)
+        if self.config.check_at_checkpoint:
+            call.checks.append(lambda: self._check(call, targets))
+
+    def _check(self, call: Call, targets: list[str]) -> None:
+        """At a checkpoint: raise if the job was cancelled since it started."""
+        try:
+            reason = self.backend(call.task).reasons(targets, now=time.time())
+        except StorageError as error:
+            logger.warning("cancellation not checked at the checkpoint: %s", error)
+            return
+        if reason is not None:
+            raise self._cancelled(call, reason, targets[0])
+
+    def _cancelled(self, call: Call, reason: str, target: str) -> Stop:
+        count_call(call, Outcome.CANCELLED.value, guard=self.name)
+        return Stop(Outcome.CANCELLED, guard=self.name, reason=f"cancelled: {reason}",
+                    details={"target": target})

@@ -1,0 +1,339 @@
+"""`PostgresOutboxBackend`: the outbox's steps, each one SQL statement.
+
+- insert: one statement in the caller's transaction (the row, and a NOTIFY that PostgreSQL
+  delivers at commit and drops on rollback, so the relay wakes only for committed work);
+  with an ordering key, first a transaction-level advisory lock on the key, so producers of
+  one key take their ids in commit order.
+- batch: `SELECT ... FOR UPDATE SKIP LOCKED LIMIT n` in id order (a second relay skips the
+  rows this one holds); the marks commit with the batch's transaction.
+- wait: LISTEN on a connection of its own, `select()` on its socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import select
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import text
+
+from resilience.outbox.backends import NewRow, OutboxRow, OutboxState
+from resilience.outbox.models import TABLE_NAME
+from resilience.stores import wrap_store_errors
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection, Engine
+
+    from resilience.stores import Stores
+
+logger = logging.getLogger("resilience.outbox")
+
+#: The NOTIFY channel a committed row wakes the relays on.
+CHANNEL = "resilience_outbox"
+#: First half of the two-int advisory-lock id of an ordering key (the platform's other
+#: advisory locks use the one-bigint form, a separate id space).
+ORDERING_LOCK_CLASS = 720_190_108
+
+_LOCK_ORDERING_KEY = text("SELECT pg_advisory_xact_lock(:lock_class, hashtext(:ordering_key))")
+
+# The CTE returns the id and queues the NOTIFY in one round trip; NOTIFYs of one
+# transaction on one channel with one payload are folded into one.
+_INSERT = text(f"""
+WITH inserted AS (
+    INSERT INTO {TABLE_NAME}
+        (task_id, task_name, args, kwargs, options, ordering_key, due_at)
+    VALUES (:task_id, :task_name, CAST(:args AS JSONB), CAST(:kwargs AS JSONB),
+            CAST(:options AS JSONB), :ordering_key,
+            COALESCE(CAST(:due_at AS TIMESTAMPTZ),
+                     clock_timestamp() + make_interval(secs => :delay_seconds)))
+    RETURNING id
+)
+SELECT id, pg_notify('{CHANNEL}', '') FROM inserted
+""")
+
+# A row of an ordering key waits while an earlier row of the key is pending (in backoff,
+# not yet due, or held by another relay): one row per key per batch, in id order.
+_LOCK_BATCH = text(f"""
+SELECT o.id, o.task_id, o.task_name, o.args, o.kwargs, o.options, o.ordering_key,
+       o.attempts, EXTRACT(EPOCH FROM o.due_at - clock_timestamp()) AS due_in_seconds
+FROM {TABLE_NAME} o
+WHERE o.state = 'pending'
+  AND o.due_at <= clock_timestamp() + make_interval(secs => :lookahead_seconds)
+  AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= clock_timestamp())
+  AND (o.ordering_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {TABLE_NAME} e
+        WHERE e.state = 'pending' AND e.ordering_key = o.ordering_key AND e.id < o.id))
+ORDER BY o.id
+LIMIT :limit
+FOR UPDATE OF o SKIP LOCKED
+""")
+
+_MARK_PUBLISHED = text(f"""
+UPDATE {TABLE_NAME}
+SET state = 'published', finished_at = clock_timestamp(), attempts = attempts + 1
+WHERE id = ANY(:ids)
+""")
+
+_POSTPONE = text(f"""
+UPDATE {TABLE_NAME}
+SET attempts = attempts + 1, last_error = :error,
+    next_attempt_at = clock_timestamp() + make_interval(secs => :delay_seconds)
+WHERE id = :id
+""")
+
+_MARK_DEAD = text(f"""
+UPDATE {TABLE_NAME}
+SET state = 'dead_lettered', finished_at = clock_timestamp(), attempts = attempts + 1,
+    last_error = :error, dead_letter_id = :dead_letter_id
+WHERE id = :id
+""")
+
+_NEXT_DUE = text(f"""
+SELECT EXTRACT(EPOCH FROM min(due_at) - clock_timestamp())
+FROM {TABLE_NAME} WHERE state = 'pending' AND due_at > clock_timestamp()
+""")
+
+_PURGE = text(f"""
+DELETE FROM {TABLE_NAME} WHERE id IN (
+    SELECT id FROM {TABLE_NAME}
+    WHERE state <> 'pending'
+      AND finished_at < clock_timestamp() - make_interval(secs => :older_than_seconds)
+    LIMIT :limit)
+""")
+
+# One statement, one snapshot and one `now()`: the counts agree with each other.
+_DESCRIBE = text(f"""
+SELECT
+  (SELECT count(*) FROM {TABLE_NAME} WHERE state = 'pending') AS pending,
+  (SELECT count(*) FROM {TABLE_NAME}
+   WHERE state = 'pending' AND due_at <= now()) AS due,
+  (SELECT EXTRACT(EPOCH FROM now() - min(due_at)) FROM {TABLE_NAME}
+   WHERE state = 'pending' AND due_at <= now()) AS lag_seconds,
+  (SELECT count(*) FROM {TABLE_NAME} WHERE state = 'published'
+   AND finished_at > now() - interval '60 seconds') AS published_last_minute,
+  (SELECT count(*) FROM {TABLE_NAME} WHERE state = 'dead_lettered') AS dead_lettered,
+  (SELECT EXTRACT(EPOCH FROM min(due_at) - now()) FROM {TABLE_NAME}
+   WHERE state = 'pending' AND due_at > now()) AS next_due_in_seconds
+""")
+
+
+class _InTransaction:
+    """An `Engine` stand-in whose `begin()` is a savepoint of an open connection, so
+    `resilience.deadletter.place.dead_letter` writes its row in the batch's transaction:
+    a relay killed before the batch commits leaves neither the dead letter nor the mark."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+
+    @contextmanager
+    def begin(self) -> Iterator[Connection]:
+        with self.connection.begin_nested():
+            yield self.connection
+
+
+class PostgresBatch:
+    """The rows one relay holds locked; marks go out in the batch's transaction."""
+
+    def __init__(self, connection: Connection, rows: list[OutboxRow],
+                 dead_letter: Callable[..., int]) -> None:
+        self.connection = connection
+        self.rows = rows
+        self._dead_letter = dead_letter
+        self._published: list[int] = []
+
+    def published(self, ids: list[int]) -> None:
+        self._published.extend(ids)
+
+    def postpone(self, row: OutboxRow, delay_seconds: float, error: str) -> None:
+        with wrap_store_errors("outbox: postpone", id=row.id):
+            self.connection.execute(
+                _POSTPONE, {"id": row.id, "delay_seconds": delay_seconds, "error": error[:4000]}
+            )
+
+    def dead_lettered(self, row: OutboxRow, reason: str,
+                      exception: BaseException | None) -> int | None:
+        entry = self._dead_letter(
+            _InTransaction(self.connection),
+            task_name=row.task_name,
+            task_id=row.task_id,
+            args=row.args,
+            kwargs=row.kwargs,
+            guard="outbox",
+            reason=reason,
+            attempts=row.attempts + 1,
+            queue=row.options.get("queue"),
+            exception=exception,
+        )
+        with wrap_store_errors("outbox: mark dead-lettered", id=row.id):
+            self.connection.execute(
+                _MARK_DEAD, {"id": row.id, "error": reason[:4000], "dead_letter_id": entry}
+            )
+        return entry
+
+    def flush(self) -> None:
+        """Mark the published rows (one statement)."""
+        if self._published:
+            self.connection.execute(_MARK_PUBLISHED, {"ids": self._published})
+            self._published = []
+
+
+class PostgresOutboxBackend:
+    """The outbox in PostgreSQL (table `resilience_outbox`).
+
+    Args:
+        engine: a callable returning the engine (the stores' engine, re-created per process).
+        sleep: waits when the LISTEN connection is down (injectable).
+    """
+
+    def __init__(self, engine: Callable[[], Engine],
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.engine = engine
+        self.sleep = sleep
+        self._listener: Any = None
+
+    # -- producer side ---------------------------------------------------------------------
+    def insert(self, connection: Any, row: NewRow) -> int:
+        """Write `row` in the transaction of `connection` (a SQLAlchemy Session or
+        Connection); None: a short transaction of its own. Returns the row id.
+
+        Raises:
+            StoreUnavailable / StoreRejected / StorageError: the insert failed (the caller's
+                transaction is then aborted, as for any failed statement of theirs).
+        """
+        params = {
+            "task_id": row.task_id,
+            "task_name": row.task_name,
+            "args": json.dumps(row.args),
+            "kwargs": json.dumps(row.kwargs),
+            "options": json.dumps(row.options),
+            "ordering_key": row.ordering_key,
+            "due_at": row.due_at,
+            "delay_seconds": float(row.delay_seconds),
+        }
+        with wrap_store_errors("outbox: insert", task=row.task_name, task_id=row.task_id):
+            if connection is None:
+                with self.engine().begin() as own:
+                    return self._insert(own, row, params)
+            return self._insert(connection, row, params)
+
+    @staticmethod
+    def _insert(connection: Any, row: NewRow, params: dict[str, Any]) -> int:
+        if row.ordering_key is not None:
+            connection.execute(_LOCK_ORDERING_KEY, {"lock_class": ORDERING_LOCK_CLASS,
+                                                    "ordering_key": row.ordering_key})
+        return int(connection.execute(_INSERT, params).scalar_one())
+
+    # -- relay side ------------------------------------------------------------------------
+    @contextmanager
+    def batch(self, *, limit: int, lookahead_seconds: float) -> Iterator[PostgresBatch]:
+        """Lock up to `limit` publishable rows; the batch's marks commit at the end.
+
+        An error inside the block rolls every mark back: the rows stay pending.
+        """
+        from resilience.deadletter.place import dead_letter
+
+        with wrap_store_errors("outbox: open relay connection"):
+            connection = self.engine().connect()
+        try:
+            with wrap_store_errors("outbox: lock rows"):
+                found = connection.execute(
+                    _LOCK_BATCH, {"limit": limit, "lookahead_seconds": lookahead_seconds}
+                ).all()
+            rows = [
+                OutboxRow(
+                    id=int(r.id), task_id=r.task_id, task_name=r.task_name,
+                    args=list(r.args or []), kwargs=dict(r.kwargs or {}),
+                    options=dict(r.options or {}), ordering_key=r.ordering_key,
+                    attempts=int(r.attempts), due_in_seconds=float(r.due_in_seconds),
+                )
+                for r in found
+            ]
+            batch = PostgresBatch(connection, rows, dead_letter)
+            yield batch
+            with wrap_store_errors("outbox: mark published"):
+                batch.flush()
+                connection.commit()
+        finally:
+            with wrap_store_errors("outbox: close relay connection"):
+                connection.close()  # rolls back whatever was not committed
+
+    def next_due_in_seconds(self) -> float | None:
+        with wrap_store_errors("outbox: next due"), self.engine().connect() as connection:
+            value = connection.execute(_NEXT_DUE).scalar()
+        return None if value is None else float(value)
+
+    def purge_published(self, *, older_than_seconds: float, limit: int = 1000) -> int:
+        with wrap_store_errors("outbox: purge"), self.engine().begin() as connection:
+            result = connection.execute(
+                _PURGE, {"older_than_seconds": older_than_seconds, "limit": limit}
+            )
+        return int(result.rowcount or 0)
+
+    def wait(self, timeout_seconds: float) -> bool:
+        """Block until a NOTIFY (a producer committed a row) or the timeout.
+
+        A broken LISTEN connection is dropped and the wait becomes a sleep: the relay
+        then finds new rows by polling, as it does anyway every poll interval.
+        """
+        if timeout_seconds <= 0:
+            return False
+        try:
+            listener = self._listen()
+            if not listener.notifies:
+                readable, _, _ = select.select([listener], [], [], timeout_seconds)
+                if not readable:
+                    return False
+                listener.poll()
+            woken = bool(listener.notifies)
+            listener.notifies.clear()
+            return woken
+        except Exception as exc:  # noqa: BLE001 - any failure: fall back to polling
+            logger.warning("outbox: LISTEN connection lost (%s); polling", exc)
+            self.close()
+            self.sleep(timeout_seconds)
+            return False
+
+    def _listen(self) -> Any:
+        if self._listener is None or self._listener.closed:
+            # Out of the pool: this connection stays in autocommit, LISTENing, for good.
+            raw = self.engine().raw_connection()
+            raw.detach()
+            connection = raw.dbapi_connection
+            connection.autocommit = True
+            with connection.cursor() as cursor:
+                cursor.execute(f"LISTEN {CHANNEL}")
+            self._listener = connection
+        return self._listener
+
+    def close(self) -> None:
+        """Close the LISTEN connection, if open."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with contextlib.suppress(Exception):  # already broken: nothing to close
+                listener.close()
+
+    # -- operator side ---------------------------------------------------------------------
+    def describe(self) -> OutboxState:
+        with wrap_store_errors("outbox: describe"), self.engine().connect() as connection:
+            row = connection.execute(_DESCRIBE).one()
+        pending, due = int(row.pending), int(row.due)
+        return OutboxState(
+            pending=pending,
+            due=due,
+            scheduled=pending - due,
+            lag_seconds=max(0.0, float(row.lag_seconds or 0.0)),
+            published_last_minute=int(row.published_last_minute),
+            dead_lettered=int(row.dead_lettered),
+            next_due_in_seconds=(None if row.next_due_in_seconds is None
+                                 else float(row.next_due_in_seconds)),
+        )
+
+
+def backend_for(stores: Stores) -> PostgresOutboxBackend:
+    """The outbox in the PostgreSQL of `stores`."""
+    return PostgresOutboxBackend(stores.engine)
