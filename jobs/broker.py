@@ -61,18 +61,12 @@ class QoS(kombu_redis.QoS):
     """kombu's Redis QoS, skipping the unacked record `fetch.lua` already wrote."""
 
     def append(self, message: Any, delivery_tag: Any) -> None:
-        if self.channel.recorded.discard_if_present(delivery_tag):
+        recorded = self.channel.recorded
+        if delivery_tag in recorded:
+            recorded.discard(delivery_tag)
             kombu_redis.virtual.QoS.append(self, message, delivery_tag)
             return
         super().append(message, delivery_tag)
-
-
-class _Recorded(set[str]):
-    def discard_if_present(self, tag: Any) -> bool:
-        if tag in self:
-            self.discard(tag)
-            return True
-        return False
 
 
 class Channel(kombu_redis.Channel):
@@ -83,7 +77,7 @@ class Channel(kombu_redis.Channel):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         #: Delivery tags fetch.lua recorded as unacknowledged, until QoS.append sees them.
-        self.recorded = _Recorded()
+        self.recorded: set[str] = set()
         self._fetch_keys: list[str] = []
         self._no_ack_tags: set[Any] = set()
         super().__init__(*args, **kwargs)

@@ -45,7 +45,10 @@ def guarded_publish(app: Celery) -> bool:
         url = app.conf.broker_url or ""
         supported = False
         # A transport class, or "module:Class"; kombu's aliases ("redis") never do.
-        if url.startswith(("redis://", "unix://")) and transport and (
+        # A key prefix is not applied to the script's keys, so such a transport pushes the
+        # plain way and the guards must keep their own round trips (jobs.broker does too).
+        prefixed = bool((app.conf.broker_transport_options or {}).get("global_keyprefix"))
+        if url.startswith(("redis://", "unix://")) and not prefixed and transport and (
                 not isinstance(transport, str) or ":" in transport):
             from kombu.utils.imports import symbol_by_name
 
