@@ -158,7 +158,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # allowed to stop the worker (resilience.deadletter.intake).
         "worker_consumer": "resilience.deadletter.intake:IntakeConsumer",
         "worker_cancel_long_running_tasks_on_connection_loss": True,
-        "task_queues": [Queue(tier, exchange, routing_key=tier) for tier in TIERS],
+        "task_queues": [Queue(tier, exchange, routing_key=tier,
+                              queue_arguments=queue_arguments(settings, tier))
+                        for tier in TIERS],
         "task_default_queue": DEFAULT_TIER,
         "task_default_exchange": "jobs",
         "task_default_routing_key": DEFAULT_TIER,
@@ -186,7 +188,22 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         config["result_backend_transport_options"] = {
             "visibility_timeout": settings.visibility_timeout_seconds,
         }
+    else:
+        # RabbitMQ bounds each tier queue itself (`queue_arguments`); publisher confirms
+        # make a publish to a full queue fail (nack) instead of vanishing.
+        config["broker_transport_options"] = {"confirm_publish": True}
     return config
+
+
+def queue_arguments(settings: Settings, tier: str) -> dict[str, Any] | None:
+    """The tier queue's declare arguments: on RabbitMQ, `x-max-length` at the tier's depth
+    limit with `reject-publish`, so the broker refuses (nacks) the publish that would pass
+    it and the bulkhead's bound is exact (`resilience.bulkhead.backends.broker`). Redis
+    queues take no arguments (the publish script bounds them)."""
+    if settings.broker_is_redis:
+        return None
+    return {"x-max-length": settings.tier(tier).max_queue_depth,
+            "x-overflow": "reject-publish"}
 
 
 def load_beat_schedule(module: str = "beat_schedule") -> dict[str, Any]:

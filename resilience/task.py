@@ -32,6 +32,18 @@ logger = logging.getLogger("resilience.task")
 
 #: Default limit on the serialized size of a task's arguments, in bytes.
 DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
+#: A republish the broker refused (full tier queue on RabbitMQ) is published again by the
+#: outbox relay no sooner than this.
+REFUSED_REPUBLISH_DELAY_SECONDS = 5.0
+
+
+def delay_seconds_of_options(options: dict[str, Any]) -> float:
+    """Seconds until a publish with these options is due (0 when it names no delay)."""
+    if options.get("countdown") is None and options.get("eta") is None:
+        return 0.0
+    from resilience.outbox.enqueue import delay_seconds_of
+
+    return max(0.0, delay_seconds_of(options) or 0.0)
 
 
 class GuardedTask(Task):
@@ -110,8 +122,23 @@ class GuardedTask(Task):
             )
 
         publish = Publish(task=self, args=args, kwargs=kwargs, options=options)
-        if options.get("retries") is not None or self.app.conf.task_always_eager:
+        if self.app.conf.task_always_eager:
             return send(publish)
+        if options.get("retries") is not None:
+            try:
+                return send(publish)
+            except Exception as exc:
+                if self._broker_refused(exc, publish) is None:
+                    raise
+                # RabbitMQ bounds every publish to a tier queue, republishes too; this job
+                # was admitted once and must not be lost (Celery would reject the message).
+                later = {k: v for k, v in options.items() if k not in ("countdown", "eta")}
+                later["countdown"] = max(delay_seconds_of_options(options),
+                                         REFUSED_REPUBLISH_DELAY_SECONDS)
+                logger.warning("%s[%s]: queue full, republish goes through the outbox in "
+                               "%.0fs", self.name, task_id, later["countdown"])
+                return self._delay_in_outbox(args, kwargs, task_id, link, link_error, shadow,
+                                             later)
         self.validate_arguments(args, kwargs)
         _, enqueue = self.pipelines()
         if not enqueue.guards:
@@ -125,6 +152,17 @@ class GuardedTask(Task):
             if stop.result is not None:
                 return stop.result
             raise
+
+    def _broker_refused(self, error: BaseException, publish: Publish) -> Exception | None:
+        """`error` as `QueueFull` when the broker refused the publish for a full queue."""
+        from resilience.bulkhead.admission import queue_of
+        from resilience.bulkhead.backends.broker import depth_backend_for
+
+        try:
+            backend = depth_backend_for(self.app)
+        except Exception:  # noqa: BLE001 - no broker backend: not a refusal we know
+            return None
+        return backend.refusal(error, queue_of(publish), 0)
 
     def _beyond_max_countdown(self, options: dict[str, Any]) -> bool:
         """A countdown or ETA longer than `app.conf.resilience_max_countdown_seconds`?

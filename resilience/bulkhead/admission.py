@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from resilience.bulkhead.backends import Admission, DepthBackend
 from resilience.bulkhead.backends.broker import depth_backend_for, new_reservation
 from resilience.counters import count_outcome
-from resilience.errors import ConfigurationError, JobDeferred, QueueFull, StorageError, TierFull
+from resilience.errors import ConfigurationError, JobDeferred, StorageError, TierFull
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import EnqueueGuard, EnqueueStage, Publish, attach
 from resilience.publish import BOUND_HEADER, HEADERS
@@ -152,6 +152,7 @@ class _Bounded:
 
     config: BulkheadConfig
     queue: str
+    backend: DepthBackend
 
 
 ConfigSource = BulkheadConfig | Callable[["Task"], "BulkheadConfig | None"]
@@ -212,14 +213,17 @@ class AdmissionGuard(EnqueueGuard):
             return
         backend = self.backend_for(publish.task)
         queue = queue_of(publish)
-        if config.policy is not RejectionPolicy.WAIT and getattr(backend, "bounded_publish",
-                                                                  False):
-            # The transport checks the depth and pushes in one script; a full queue comes
-            # back as QueueFull from the publish, and give_back applies the policy.
-            headers = dict(publish.options.get("headers") or {})
-            headers[BOUND_HEADER] = backend.bound(queue, config.max_queue_depth)
-            publish.options["headers"] = headers
-            publish.state[_STATE] = _Bounded(config, queue)
+        bound = (None if config.policy is RejectionPolicy.WAIT
+                 else backend.transport_bound(queue, config.max_queue_depth))
+        if bound is not None:
+            # The broker checks the depth as it takes the message (Redis: one script;
+            # RabbitMQ: x-max-length with reject-publish); a full queue comes back as an
+            # error from the publish, and give_back applies the policy.
+            if bound:
+                headers = dict(publish.options.get("headers") or {})
+                headers[BOUND_HEADER] = bound
+                publish.options["headers"] = headers
+            publish.state[_STATE] = _Bounded(config, queue, backend)
             return
         reservation = new_reservation()
         decision = self._try(backend, publish, config, queue, reservation)
@@ -317,11 +321,22 @@ class AdmissionGuard(EnqueueGuard):
             publish.state.pop(_STATE, None)
             for header in HEADERS:  # an inline run (caller_runs) must not carry them
                 (publish.options.get("headers") or {}).pop(header, None)
-            if isinstance(error, QueueFull):
+            full = taken.backend.refusal(error, taken.queue, taken.config.max_queue_depth)
+            if full is not None:
                 self._reject(publish, taken.config, taken.queue,
-                             Admission(False, int(error.depth), int(error.reserved)))
+                             Admission(False, int(full.depth), int(full.reserved)))
             return
+        reserved = publish.state.get(_STATE)
         self._release(publish)
+        if reserved:
+            # Admitted by the check, refused by the broker (RabbitMQ's own bound when it
+            # differs from this guard's limit, or a race the check could not see).
+            backend, queue, _ = reserved
+            config = self.config_for(publish.task)
+            full = backend.refusal(error, queue, config.max_queue_depth) if config else None
+            if config is not None and full is not None:
+                self._reject(publish, config, queue,
+                             Admission(False, int(full.depth), int(full.reserved)))
 
     def _release(self, publish: Publish) -> None:
         taken = publish.state.pop(_STATE, None)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -30,3 +30,12 @@ class DepthBackend(Protocol):
 
     def release(self, queue: str, reservation: str) -> None:
         """The reserved publish finished (it is in the queue now, or it failed)."""
+
+    def transport_bound(self, queue: str, limit: int) -> dict[str, Any] | None:
+        """How the broker itself keeps `queue` within `limit` as it takes the publish: the
+        `BOUND_HEADER` value to send (`{}`: nothing to send), or None when it does not (the
+        guard admits with `try_admit` / `release` instead)."""
+
+    def refusal(self, error: BaseException, queue: str, limit: int) -> Exception | None:
+        """The publish error as `QueueFull` when it is the broker refusing a full queue,
+        else None."""

@@ -12,8 +12,15 @@ checks in the push (`resilience.publish`), the guard puts the limit in the messa
 `BOUND_HEADER` instead of reserving, so the bound is exact and a guarded `.delay()` costs
 the one round trip a plain one does. A full queue raises `QueueFull` from the publish.
 
-RabbitMQ: a passive `queue_declare` returns the ready count; the check and the publish
-are two steps, so N concurrent producers can overshoot by at most N - 1.
+RabbitMQ: when the tier queue is declared with `x-max-length` at the limit and
+`x-overflow: reject-publish`, and the connection uses publisher confirms (the platform
+declares both: `jobs.platform.queue_arguments`), the broker itself refuses the publish that
+would pass the limit: the guard adds nothing to the publish (no round trip of its own) and
+turns the nack (`amqp.exceptions.MessageNacked`) into `QueueFull`, so the bound is exact.
+A queue without those arguments (or a task limit that differs from the queue's) falls back
+to a passive `queue_declare` (ready count) before publishing: two steps, so N concurrent
+producers can overshoot by at most N - 1. RabbitMQ's bound holds for every publish,
+republishes too; `GuardedTask` sends a refused republish to the outbox (nothing is lost).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from resilience.bulkhead.backends import Admission
-from resilience.errors import StorageError
+from resilience.errors import QueueFull, StorageError
 from resilience.keys import redis_key
 from resilience.scripts import LuaScript
 from resilience.stores import translate_store_error
@@ -106,12 +113,19 @@ class RedisBrokerDepth:
         except Exception as exc:
             raise _wrap(f"depth of queue {queue!r}", exc) from exc
 
-    def bound(self, queue: str, limit: int) -> dict[str, Any]:
-        """The `BOUND_HEADER` value asking the transport to keep `queue` within `limit`."""
+    def transport_bound(self, queue: str, limit: int) -> dict[str, Any] | None:
+        """The `BOUND_HEADER` value asking the transport to keep `queue` within `limit`;
+        None when the transport does not bound publishes (the guard reserves instead)."""
+        if not self.bounded_publish:
+            return None
         key = self._reservation_keys.get(queue)
         if key is None:
             key = self._reservation_keys[queue] = self.reservations_key(queue)
         return {"limit": limit, "queue": queue, "reservations": key}
+
+    def refusal(self, error: BaseException, queue: str, limit: int) -> QueueFull | None:
+        """The transport's own refusal (`QueueFull` from `publish.lua`), else None."""
+        return error if isinstance(error, QueueFull) else None
 
     def try_admit(self, queue: str, *, limit: int, reservation: str,
                   reservation_ttl_seconds: float) -> Admission:
@@ -144,12 +158,46 @@ class RedisBrokerDepth:
 
 
 class AmqpBrokerDepth:
-    """Depth on RabbitMQ by passive queue_declare; admission is check-then-publish."""
+    """Depth on RabbitMQ by passive queue_declare; the bound is the queue's own
+    `x-max-length` with `reject-publish` and publisher confirms (see the module docstring),
+    else check-then-publish."""
 
-    overshoot_bound = "concurrent producers - 1 (check and publish are two steps)"
+    overshoot_bound = ("0 where the queue is declared with x-max-length = the limit and "
+                       "reject-publish under publisher confirms; else concurrent producers - 1")
 
     def __init__(self, app: Celery) -> None:
         self.app = app
+        self._limits: dict[str, int | None] = {}
+
+    def queue_limit(self, queue: str) -> int | None:
+        """The `x-max-length` RabbitMQ enforces on `queue` by refusing publishes (declared
+        with `reject-publish`, published with confirms), or None."""
+        if queue not in self._limits:
+            self._limits[queue] = None
+            options = self.app.conf.broker_transport_options or {}
+            declared = {q.name: q for q in (self.app.conf.task_queues or ())}
+            arguments = getattr(declared.get(queue), "queue_arguments", None) or {}
+            if (options.get("confirm_publish") and arguments.get("x-max-length") is not None
+                    and arguments.get("x-overflow") == "reject-publish"):
+                self._limits[queue] = int(arguments["x-max-length"])
+        return self._limits[queue]
+
+    def transport_bound(self, queue: str, limit: int) -> dict[str, Any] | None:
+        """`{}` (nothing to add to the message) when RabbitMQ refuses publishes past
+        exactly `limit`; None otherwise (the guard checks the depth first)."""
+        return {} if self.queue_limit(queue) == limit else None
+
+    def refusal(self, error: BaseException, queue: str, limit: int) -> QueueFull | None:
+        """A nacked publish to a queue RabbitMQ bounds is a full queue, else None."""
+        if isinstance(error, QueueFull):
+            return error
+        if self.queue_limit(queue) is None or not _nacked(error):
+            return None
+        return QueueFull(
+            f"queue {queue!r} is full: RabbitMQ refused the publish (x-max-length "
+            f"{self.queue_limit(queue)}, reject-publish)",
+            queue=queue, depth=self.queue_limit(queue), reserved=0, limit=limit,
+        )
 
     def depth(self, queue: str) -> int:
         try:
@@ -167,6 +215,23 @@ class AmqpBrokerDepth:
 
     def release(self, queue: str, reservation: str) -> None:
         """Nothing reserved on RabbitMQ."""
+
+
+def _nacked(error: BaseException) -> bool:
+    try:
+        from amqp.exceptions import MessageNacked
+    except ImportError:  # py-amqp is kombu's dependency; absent, nothing was nacked
+        return False
+    # kombu counts a nack as a recoverable connection error: its publish retries, then
+    # raises its own OperationalError from the nack.
+    seen: BaseException | None = error
+    for _ in range(5):
+        if seen is None:
+            return False
+        if isinstance(seen, MessageNacked):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 _BACKENDS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
