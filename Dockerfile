@@ -6,6 +6,6 @@ COPY pyproject.toml README.md beat_schedule.py ./
 COPY jobs ./jobs
 COPY resilience ./resilience
 COPY bench ./bench
-RUN pip install . && useradd --create-home jobs
+RUN pip install '.[otel]' && useradd --create-home jobs
 USER jobs
 CMD ["jobs", "--help"]

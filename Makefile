@@ -18,10 +18,11 @@ run: install
 	$(BIN)/jobs up
 
 lint: install
-	$(BIN)/ruff check jobs resilience tests bench beat_schedule.py
+	$(BIN)/ruff check jobs resilience tests bench deploy beat_schedule.py
 
 test: install lint
 	./scripts/ensure-chromium
+	./scripts/ensure-prometheus
 	$(BIN)/python -m pytest
 
 bench: install

@@ -1,7 +1,8 @@
 """`jobs`: run the platform locally and administer it.
 
     jobs up                 services + one worker per tier + beat + outbox relay + Flower
-    jobs demo               a steady mixed workload across the tiers
+    jobs demo               the guards at work on the example jobs, in five phases
+    jobs vendor MODE        the simulated payment vendor: serve, ok, fail, slow, status
     jobs worker TIER        one tier's worker with the tier's pool settings
     jobs beat | flower      the scheduler, the dashboard
     jobs service NAME       one embedded service in the foreground (used by `up`)
@@ -12,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -73,8 +75,8 @@ def python_command(*args: str) -> str:
 
 # -- running the platform ---------------------------------------------------------------
 def procfile(settings: Settings) -> str:
-    """The Procfile `jobs up` hands to honcho: embedded services, workers, beat, the
-    outbox relay, Flower."""
+    """The Procfile `jobs up` hands to honcho: embedded services, the simulated payment
+    vendor, workers, beat, the outbox relay, Flower."""
     lines: list[str] = []
     if settings.embedded_redis:
         lines.append(f"redis: exec {python_command('-m', 'jobs', 'service', 'redis')}")
@@ -86,6 +88,8 @@ def procfile(settings: Settings) -> str:
             )
     if settings.embedded_postgres:
         lines.append(f"postgres: exec {python_command('-m', 'jobs', 'service', 'postgres')}")
+    if settings.simulated_vendor:
+        lines.append(f"vendor: exec {python_command('-m', 'jobs', 'vendor', 'serve')}")
     for tier in TIERS:
         lines.append(f"worker_{tier}: exec {python_command('-m', 'jobs', 'worker', tier)}")
     lines.append(f"beat: exec {python_command('-m', 'jobs', 'beat')}")
@@ -113,6 +117,8 @@ def up() -> None:
         ports += [("JOBS_EMBEDDED_REDLOCK_PORTS", int(p)) for p in settings.embedded_redlock_ports]
     ports.append(("JOBS_FLOWER_PORT", settings.flower_port))
     ports.append(("JOBS_METRICS_PORT", settings.metrics_port))
+    if settings.simulated_vendor:
+        ports.append(("JOBS_VENDOR_PORT", settings.vendor_port))
     busy = [f"{name}={port}" for name, port in ports if port_in_use(port)]
     if busy:
         errors.print(
@@ -134,7 +140,8 @@ def up() -> None:
         f"[bold]platform[/bold]: Redis {_where(settings.embedded_redis)}, PostgreSQL "
         f"{_where(settings.embedded_postgres)}, Redlock {_where(settings.embedded_redlock)}; "
         f"Flower on http://{settings.flower_address}:{settings.flower_port} (resilience view: "
-        f"/resilience), metrics on :{settings.metrics_port}/metrics  (Procfile: {path})"
+        f"/resilience), metrics on :{settings.metrics_port}/metrics, payment vendor "
+        f"{settings.effective_vendor_url}  (Procfile: {path})"
     )
     os.execv(
         sys.executable,
@@ -280,15 +287,138 @@ def flower() -> None:
 
 @cli.command()
 def demo(
-    rate: Annotated[float, typer.Option(help="jobs per second across the tiers")] = 10.0,
-    seconds: Annotated[float, typer.Option(help="stop after this long; 0 runs until Ctrl-C")] = 0,
+    fast: Annotated[bool, typer.Option(
+        "--fast", help="no pauses between phases (tests, the impatient)")] = False,
+    phase_seconds: Annotated[float | None, typer.Option(
+        min=0, help="pause after each phase to look at Flower (default 8, --fast 0)")] = None,
+    flood: Annotated[int | None, typer.Option(
+        min=1, max=5000, help="accounts in the optional flood, each warmed twice "
+        "(default 800, --fast 300)")] = None,
+    steady: Annotated[bool, typer.Option(
+        "--steady", help="instead: a steady mixed workload (--rate, --seconds)")] = False,
+    rate: Annotated[float | None, typer.Option(
+        min=0.1, help="steady workload: jobs per second (implies --steady)")] = None,
+    seconds: Annotated[float | None, typer.Option(
+        min=0, help="steady workload: stop after this long; 0 runs until Ctrl-C")] = None,
 ) -> None:
-    """Enqueue a steady mixed workload: payments, reports and cache warm-ups."""
+    """Show every guard at work on the example jobs, phase by phase, then a summary.
+
+    Duplicated orders replayed, the vendor failing and the breaker deferring until it
+    recovers, a double-triggered report skipped, an optional flood shed, a poison job
+    dead-lettered. Needs the platform running (`jobs up`).
+    """
     settings = settings_or_exit()
     require_broker(settings)
-    from jobs.demo import run_demo
+    from jobs.demo import DemoError, DemoOptions, ensure_vendor, run_steady, run_story
 
-    run_demo(rate=rate, seconds=seconds, console=console)
+    try:
+        vendor = ensure_vendor(settings, console)
+    except DemoError as exc:
+        errors.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    try:
+        if steady or rate is not None or seconds is not None:
+            run_steady(rate=rate or 10.0, seconds=seconds or 0, console=console)
+            return
+        options = DemoOptions.fast() if fast else DemoOptions()
+        if flood is not None:
+            options = dataclasses.replace(options, flood=flood)
+        if phase_seconds is not None:
+            options = dataclasses.replace(options, phase_seconds=phase_seconds)
+        from jobs import app
+
+        if not run_story(app, options=options, console=console):
+            raise typer.Exit(1)
+    except DemoError as exc:
+        errors.print(f"[red]demo stopped: {exc}[/red]")
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        errors.print("demo interrupted")
+        raise typer.Exit(130) from None
+    finally:
+        if vendor is not None:
+            vendor.shutdown()
+
+
+vendor_cli = typer.Typer(
+    help="The simulated payment vendor (started by `jobs up`): serve it, switch its mode.",
+    no_args_is_help=True,
+)
+cli.add_typer(vendor_cli, name="vendor")
+
+
+def _vendor_control() -> Any:
+    settings = settings_or_exit()
+    from jobs.vendor import VendorControl
+
+    return VendorControl(settings.effective_vendor_url)
+
+
+def _vendor_switch(mode: str, delay_seconds: float | None = None) -> None:
+    from jobs.vendor import VendorError
+
+    try:
+        state = _vendor_control().set_mode(mode, delay_seconds=delay_seconds)
+    except VendorError as exc:
+        errors.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    console.print(f"vendor: {state['mode']} (delay {state['delay_seconds']:g}s when slow; "
+                  f"{state['calls']} calls, {state['charges']} charges so far)")
+
+
+@vendor_cli.command("serve")
+def vendor_serve(
+    host: Annotated[str, typer.Option(help="bind address; beyond loopback for a container "
+                                           "of its own (mode changes stay loopback-only)")]
+    = "127.0.0.1",
+) -> None:
+    """Run the simulated vendor on 127.0.0.1:JOBS_VENDOR_PORT (what `jobs up` starts)."""
+    settings = settings_or_exit()
+    from jobs.vendor import serve
+
+    try:
+        serve(settings.vendor_port, host)
+    except OSError as exc:
+        errors.print(f"[red]cannot serve the vendor on {host}:{settings.vendor_port}: "
+                     f"{exc} (JOBS_VENDOR_PORT)[/red]")
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        pass
+
+
+@vendor_cli.command("ok")
+def vendor_ok() -> None:
+    """Answer every charge at once: the vendor recovered."""
+    _vendor_switch("ok")
+
+
+@vendor_cli.command("fail")
+def vendor_fail() -> None:
+    """Answer every charge with HTTP 503: the breaker opens once enough calls failed."""
+    _vendor_switch("fail")
+
+
+@vendor_cli.command("slow")
+def vendor_slow(
+    delay_seconds: Annotated[float, typer.Option(
+        "--seconds", min=0, max=60, help="delay per charge (charges time out after 3 s)",
+    )] = 2.0,
+) -> None:
+    """Answer every charge after a delay: slow calls trip the breaker too."""
+    _vendor_switch("slow", delay_seconds)
+
+
+@vendor_cli.command("status")
+def vendor_status() -> None:
+    """The vendor's mode, calls received and distinct charges."""
+    from jobs.vendor import VendorError
+
+    try:
+        state = _vendor_control().status()
+    except VendorError as exc:
+        errors.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    console.print_json(json.dumps(state))
 
 
 @cli.command()

@@ -229,6 +229,12 @@ def create_app(settings: Settings | None = None) -> JobsCelery:
             redlock_urls=settings.effective_redlock_urls,
         ),
     )
+    from jobs.observe.tracing import tracing_enabled
+
+    if tracing_enabled():  # OTEL_TRACES_EXPORTER set: docs/observe.md "Tracing"
+        from jobs.observe.tracing import install_tracing
+
+        install_tracing()
     return app
 
 

@@ -189,6 +189,13 @@ class Settings(BaseSettings):
         "none", description="PgBouncer pool mode in front of DATABASE_URL, if any"
     )
     metrics_port: int = Field(9808, ge=1, le=65535, description="Prometheus /metrics port")
+    vendor_url: str | None = Field(
+        None,
+        description="payment vendor the example charge calls; unset: the simulated vendor",
+    )
+    vendor_port: int = Field(
+        18090, ge=1, le=65535, description="port of the simulated vendor (on 127.0.0.1)"
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["logfmt", "json", "text"] = Field(
         "logfmt", description="worker log lines: logfmt, json or Celery's text"
@@ -251,6 +258,13 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"{redact_url(value)!r} is not a PostgreSQL URL (postgresql://user@host/db)"
             )
+        return value
+
+    @field_validator("vendor_url")
+    @classmethod
+    def _http_scheme(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"{redact_url(value)!r} is not an HTTP URL (http://host:port)")
         return value
 
     @field_validator("broker_url")
@@ -347,6 +361,15 @@ class Settings(BaseSettings):
         if self.redlock_urls:
             return list(self.redlock_urls)
         return [f"redis://127.0.0.1:{port}/0" for port in self.embedded_redlock_ports]
+
+    @property
+    def simulated_vendor(self) -> bool:
+        """No vendor URL set: `jobs up` runs the simulated payment vendor (jobs/vendor.py)."""
+        return self.vendor_url is None
+
+    @property
+    def effective_vendor_url(self) -> str:
+        return (self.vendor_url or f"http://127.0.0.1:{self.vendor_port}").rstrip("/")
 
     @property
     def broker_is_redis(self) -> bool:

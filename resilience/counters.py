@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from resilience.outcomes import counted
+
 if TYPE_CHECKING:
     import redis
 
@@ -48,13 +50,20 @@ def read_all(client: redis.Redis) -> list[tuple[dict[str, str], int]]:
 
 
 def count_outcome(app: Any, outcome: str, *, guard: str, tier: str | None = None,
-                  name: str | None = None, amount: int = 1) -> None:
+                  name: str | None = None, amount: int = 1, reason: str | None = None,
+                  retry_after_seconds: float | None = None) -> None:
     """Count one guard decision fleet-wide in the app's shared Redis; never raises.
 
     The one counting helper every guard calls: it finds the app's stores, and a missing
-    store or a Redis error is logged and dropped (a lost count beats a lost job).
+    store or a Redis error is logged and dropped (a lost count beats a lost job). The
+    decision is also a span event when tracing records (`resilience.outcomes.counted`);
+    `reason` and `retry_after_seconds` go only there (a guard that raises `Stop` need not
+    pass them: the Stop carries them).
     """
     from resilience.stores import stores_for
+
+    counted(outcome, guard=guard, tier=tier, name=name, reason=reason,
+            retry_after_seconds=retry_after_seconds)
 
     try:
         client = stores_for(app).redis()
@@ -64,8 +73,10 @@ def count_outcome(app: Any, outcome: str, *, guard: str, tier: str | None = None
     count(client, amount, outcome=outcome, tier=tier, guard=guard, name=name)
 
 
-def count_call(call: Any, outcome: str, *, guard: str, name: str | None = None) -> None:
+def count_call(call: Any, outcome: str, *, guard: str, name: str | None = None,
+               reason: str | None = None, retry_after_seconds: float | None = None) -> None:
     """`count_outcome` for one execution: the app and tier come from the call's task."""
     task = call.task
     count_outcome(task.app, outcome, guard=guard, tier=getattr(task, "tier", None),
-                  name=name if name is not None else task.name)
+                  name=name if name is not None else task.name, reason=reason,
+                  retry_after_seconds=retry_after_seconds)

@@ -1,7 +1,13 @@
-"""Outcomes: what a guard decided about one job, as users see it in results, counters and logs."""
+"""Outcomes: what a guard decided about one job, as users see it in results, counters, logs
+and traces (each decision a span event: see "trace events" below)."""
 
 from __future__ import annotations
 
+import contextvars
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
 
@@ -56,6 +62,8 @@ class Stop(Exception):
         self.result = result
         self.retry_after_seconds = retry_after_seconds
         self.details = dict(details or {})
+        # A guard builds a Stop when it decides: the decision becomes a span event now.
+        stopped(self)
 
     def as_result(self) -> dict[str, Any]:
         """The JSON result a stopped task returns, so Flower and AsyncResult show the why."""
@@ -74,3 +82,193 @@ class Stop(Exception):
 def is_outcome_result(value: Any) -> bool:
     """True when `value` is the result of a task stopped by a guard."""
     return isinstance(value, dict) and value.get("outcome") in Outcome._value2member_map_
+
+
+# -- trace events ----------------------------------------------------------------------------
+#
+# Every guard decision is an event named `guard.decision` on the current span (the Celery
+# execution span in a worker, the caller's span in a producer), with the attributes
+# `guard`, `outcome`, `reason`, `retry_after` (seconds) and, where counted, `name`/`tier`.
+# A decision surfaces in two places: `counters.count_outcome` (every guard counts it) and,
+# usually microseconds later, the `Stop` the guard raises (which alone knows the reason and
+# the retry-after). So a counted decision waits in a context variable for its Stop and is
+# written once, merged; it is written as it is when anything else happens first in its
+# span: another decision, a publish (Celery's retry, a deferral: the message's ETA then
+# gives the retry-after), or the end of the task. One decision waits per span, so a job run
+# inline by the caller (caller-runs) does not write its caller's decision early. Without a
+# recording span all of this is one check.
+
+#: Name of the span event of a guard decision.
+DECISION_EVENT = "guard.decision"
+#: Outcomes never followed by a Stop: written at once.
+_WRITTEN_AT_ONCE = frozenset({"DEAD-LETTERED", "FAIL-OPEN"})
+#: Most decisions waiting at once (spans nested in one context); the oldest is written.
+_MAX_WAITING = 8
+
+
+@dataclass
+class _Decision:
+    """A counted decision not yet written, and the span it belongs to."""
+
+    span: Any
+    attributes: dict[str, Any]
+    timestamp_ns: int
+    task_id: str | None = None
+
+
+_waiting: contextvars.ContextVar[tuple[_Decision, ...]] = contextvars.ContextVar(
+    "resilience_waiting_decisions", default=())
+
+
+def _recording_span() -> Any:
+    """The current span if a tracer records it, else None (the cheap path).
+
+    OpenTelemetry is optional and never imported here: a span can only record in a process
+    where something (an SDK, an instrumentation) has imported its API already.
+    """
+    trace = sys.modules.get("opentelemetry.trace")
+    if trace is None:
+        return None
+    span = trace.get_current_span()
+    return span if span.is_recording() else None
+
+
+def _attributes(**values: Any) -> dict[str, Any]:
+    """Event attributes without the empty ones (OpenTelemetry refuses None)."""
+    return {key: value for key, value in values.items() if value is not None and value != ""}
+
+
+def _write(decision: _Decision) -> None:
+    # A span that ended meanwhile no longer records: there is nothing to add to.
+    if decision.span.is_recording():
+        decision.span.add_event(DECISION_EVENT, decision.attributes,
+                                timestamp=decision.timestamp_ns)
+
+
+def _take(span: Any) -> _Decision | None:
+    """Remove and return the decision waiting in `span`, if any."""
+    waiting = _waiting.get()
+    for decision in waiting:
+        if decision.span is span:
+            _waiting.set(tuple(d for d in waiting if d is not decision))
+            return decision
+    return None
+
+
+def _eta_seconds(decision: _Decision, eta: str) -> float | None:
+    try:
+        due = datetime.fromisoformat(eta)
+    except ValueError:
+        return None
+    if due.tzinfo is None:
+        due = due.replace(tzinfo=timezone.utc)
+    return round(max(0.0, due.timestamp() - decision.timestamp_ns / 1e9), 3)
+
+
+def flush_decisions(span: Any = None, *, eta: str | None = None,
+                    task_id: str | None = None) -> None:
+    """Write the decision waiting in `span` (default: the current span) as it is.
+
+    Args:
+        span: whose waiting decision; None for the current span.
+        eta: ISO-8601 ETA of a message being published; when it republishes `task_id` (a
+            retry or deferral of the deciding task), it gives a decision without one its
+            `retry_after`.
+        task_id: the id of that message.
+    """
+    span = span if span is not None else _recording_span()
+    decision = _take(span) if span is not None else None
+    if decision is None:
+        return
+    if (eta and task_id is not None and task_id == decision.task_id
+            and "retry_after" not in decision.attributes):
+        seconds = _eta_seconds(decision, eta)
+        if seconds is not None:
+            decision.attributes["retry_after"] = seconds
+    _write(decision)
+
+
+def counted(outcome: str, *, guard: str, tier: str | None = None, name: str | None = None,
+            reason: str | None = None, retry_after_seconds: float | None = None) -> None:
+    """Record a counted guard decision as a span event (see the section comment).
+
+    Without an explicit `reason`, the error being handled (a retry's or a dead letter's
+    cause, the store error of a fail-open) is the reason. Never raises.
+    """
+    span = _recording_span()
+    if span is None:
+        return
+    try:
+        flush_decisions(span)
+        if reason is None:
+            handled = sys.exc_info()[1]
+            if handled is not None and not isinstance(handled, Stop):
+                reason = f"{type(handled).__name__}: {handled}"
+        decision = _Decision(
+            span=span,
+            attributes=_attributes(guard=guard, outcome=str(outcome), reason=reason,
+                                   retry_after=retry_after_seconds, name=name, tier=tier),
+            timestamp_ns=time.time_ns(),
+            task_id=_current_task_id(),
+        )
+        if str(outcome) in _WRITTEN_AT_ONCE:
+            _write(decision)
+            return
+        waiting = (*_waiting.get(), decision)
+        for oldest in waiting[:-_MAX_WAITING]:
+            _write(oldest)
+        _waiting.set(waiting[-_MAX_WAITING:])
+    except Exception:  # noqa: BLE001 - tracing must never fail a job
+        return
+
+
+def stopped(stop: Stop) -> None:
+    """Record the decision a `Stop` carries, merged into its counted twin if one waits."""
+    span = _recording_span()
+    if span is None:
+        return
+    try:
+        waiting = _take(span)
+        if (waiting is not None and waiting.attributes.get("guard") == stop.guard
+                and waiting.attributes.get("outcome") == stop.outcome.value):
+            waiting.attributes.update(_attributes(reason=stop.reason,
+                                                  retry_after=stop.retry_after_seconds))
+            _write(waiting)
+            return
+        if waiting is not None:
+            _write(waiting)
+        span.add_event(DECISION_EVENT, _attributes(
+            guard=stop.guard, outcome=stop.outcome.value, reason=stop.reason,
+            retry_after=stop.retry_after_seconds))
+    except Exception:  # noqa: BLE001 - tracing must never fail a job
+        return
+
+
+def _current_task_id() -> str | None:
+    from celery import current_task
+
+    return getattr(getattr(current_task, "request", None), "id", None)
+
+
+def _flush_before_publish(headers: Any = None, **_: Any) -> None:
+    if _waiting.get():
+        headers = headers if isinstance(headers, dict) else {}
+        flush_decisions(eta=headers.get("eta"), task_id=headers.get("id"))
+
+
+def _flush_after_task(**_: Any) -> None:
+    if _waiting.get():
+        flush_decisions()
+
+
+def _connect_flushes() -> None:
+    from celery import signals
+
+    # Connected at import, before any tracing setup instruments Celery, so these run
+    # first: the deciding span is still the current one (not yet the publish span) and,
+    # on task_postrun, still open. Each costs one context-variable read when idle.
+    signals.before_task_publish.connect(_flush_before_publish, weak=False)
+    signals.task_postrun.connect(_flush_after_task, weak=False)
+
+
+_connect_flushes()

@@ -17,7 +17,7 @@ from celery.exceptions import Retry
 
 from resilience.errors import JobDeferred, JobStopped, PayloadTooLarge
 from resilience.keys import canonical_json, check_binding, signature_of
-from resilience.outcomes import Outcome, Stop
+from resilience.outcomes import Outcome, Stop, flush_decisions
 from resilience.pipeline import (
     Call,
     EnqueueGuard,
@@ -152,6 +152,9 @@ class GuardedTask(Task):
             if stop.result is not None:
                 return stop.result
             raise
+        finally:
+            # A refusal's trace event is written before the caller's span can end.
+            flush_decisions()
 
     def _broker_refused(self, error: BaseException, publish: Publish) -> Exception | None:
         """`error` as `QueueFull` when the broker refused the publish for a full queue."""

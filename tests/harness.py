@@ -61,6 +61,9 @@ class Services:
         self.created_database: tuple[str, str] | None = None
         self.redis_base = ""
         self.database_url = ""
+        #: The simulated payment vendor of this session (`jobs demo` starts one when none
+        #: answers), so concurrent sessions never share one.
+        self.vendor_port = 0
 
     def start(self) -> Services:
         from jobs.embedded import embedded_postgres, embedded_redis, free_port, redis_ready
@@ -115,7 +118,15 @@ class Services:
             "DATABASE_URL": self.database_url,
             "JOBS_IMPORTS": ",".join(self.imports),
             "JOBS_DATA_DIR": str(self.tmp / "data"),
+            "JOBS_VENDOR_PORT": str(self._vendor_port()),
         }
+
+    def _vendor_port(self) -> int:
+        if not self.vendor_port:
+            from jobs.embedded import free_port
+
+            self.vendor_port = free_port()
+        return self.vendor_port
 
     def stop(self) -> None:
         for process in reversed(self.processes):

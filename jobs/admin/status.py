@@ -1,8 +1,14 @@
 """`jobs status`: the platform's resilience state, live in the terminal (rich).
 
     jobs status            refreshes every second until Ctrl-C
-    jobs status --once     one snapshot, then exit 0
-    jobs status --json     the snapshot as JSON (what /api/resilience serves)
+    jobs status --once     one snapshot, then exit 0 (1 when a store cannot serve)
+    jobs status --json     the snapshot as JSON (/api/resilience's document, plus the
+                           store probe's `stores` and `unavailable`); exit code as --once
+
+Before reading anything the stores are probed with short timeouts: a store that cannot
+serve is one line naming it (URL masked), why, and the fix (`make run`, its URL variable,
+`jobs migrate`), instead of a connection error per section. Piped, tables are printed
+as wide as they need, never cut to `…`.
 """
 
 from __future__ import annotations
@@ -14,12 +20,15 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console, Group
 from rich.live import Live
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 cli = typer.Typer(help="Live resilience view: tiers, breakers, budgets, limits, locks.",
                   invoke_without_command=True)
 console = Console()
+#: Problem lines: one line each, never wrapped, so `grep` and a reader see them whole.
+errors = Console(stderr=True, soft_wrap=True)
 
 #: Section titles, in display order (tests look for each).
 TITLES = {
@@ -190,28 +199,97 @@ def render(snapshot: dict[str, Any]) -> Group:
     )
 
 
+#: Exit code of `--once` and `--json` when a store cannot serve (as `jobs health ready`).
+EXIT_UNAVAILABLE = 1
+#: Connect/read timeout of each store probe: the status view's own, not the platform's.
+PROBE_TIMEOUT_SECONDS = 1.0
+#: Widest table printed when stdout is not a terminal (a file gets whole cells, not `…`).
+PIPED_MAX_WIDTH = 1000
+
+
+def take_snapshot(*, inspect_timeout_seconds: float = 1.0) -> dict[str, Any]:
+    """Probe the stores, then collect what they can serve.
+
+    When no store answers, the Celery app is not even built: the answer comes in about a
+    second instead of waiting on every section's timeouts.
+    """
+    from jobs.observe.snapshot import collect, probe_stores, unreachable_snapshot
+    from jobs.settings import get_settings
+
+    stores = probe_stores(get_settings(), timeout_seconds=PROBE_TIMEOUT_SECONDS)
+    if not any(status.ok for status in stores.values()):
+        return unreachable_snapshot(stores)
+    from jobs import app
+
+    app.loader.import_default_modules()
+    return collect(app, inspect_timeout_seconds=inspect_timeout_seconds, stores=stores)
+
+
+def _nothing_served(snapshot: dict[str, Any]) -> bool:
+    stores = snapshot.get("stores") or {}
+    return bool(stores) and not any(status["ok"] for status in stores.values())
+
+
+def live_view(snapshot: dict[str, Any]) -> Group:
+    """The live mode's screen: one red line per store that cannot serve, then the tables."""
+    from jobs.observe.snapshot import problem_lines
+
+    lines = [Text(line, style="red") for line in problem_lines(snapshot)]
+    if _nothing_served(snapshot):
+        return Group(*lines)
+    return Group(*lines, render(snapshot))
+
+
+def print_view(view: Any, target: Console | None = None) -> None:
+    """Print `view`; when stdout is not a terminal, as wide as its widest table needs."""
+    target = target or console
+    if target.is_terminal:
+        target.print(view)
+        return
+    needed = Measurement.get(target, target.options.update_width(PIPED_MAX_WIDTH), view)
+    Console(width=max(target.width, needed.maximum), file=target.file).print(view)
+
+
+def report_problems(snapshot: dict[str, Any]) -> bool:
+    """Print one line per store that cannot serve on stderr; True when there was one."""
+    from jobs.observe.snapshot import problem_lines
+
+    lines = problem_lines(snapshot)
+    for line in lines:
+        errors.print(Text(line, style="red"))
+    return bool(lines)
+
+
 @cli.callback()
 def status(
     once: Annotated[bool, typer.Option("--once", help="Print one snapshot and exit.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the snapshot as JSON.")] = False,
     interval: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 1.0,
 ) -> None:
-    """Tiers (depth, active, rejected, discarded, shed), breakers, budgets, limits, locks."""
-    from jobs import app
-    from jobs.observe.snapshot import collect
+    """Tiers (depth, active, rejected, discarded, shed), breakers, budgets, limits, locks.
 
-    app.loader.import_default_modules()
+    A store that cannot serve is one line saying which and how to fix it; `--once` and
+    `--json` then exit 1.
+    """
     if as_json:
-        typer.echo(json.dumps(collect(app), default=str, indent=2))
+        snapshot = take_snapshot()
+        typer.echo(json.dumps(snapshot, default=str, indent=2))
+        if snapshot["unavailable"]:
+            raise typer.Exit(EXIT_UNAVAILABLE)
         return
-    if once:
-        console.print(render(collect(app)))
+    snapshot = take_snapshot()
+    if once or _nothing_served(snapshot):
+        # Nothing to watch live when no store answers: say so and stop.
+        if not _nothing_served(snapshot):
+            print_view(render(snapshot))
+        if report_problems(snapshot):
+            raise typer.Exit(EXIT_UNAVAILABLE)
         return
     try:
-        with Live(render(collect(app)), console=console, auto_refresh=False) as live:
+        with Live(live_view(snapshot), console=console, auto_refresh=False) as live:
             while True:
                 time.sleep(interval)
-                live.update(render(collect(app, inspect_timeout_seconds=min(1.0, interval))),
-                            refresh=True)
+                snapshot = take_snapshot(inspect_timeout_seconds=min(1.0, interval))
+                live.update(live_view(snapshot), refresh=True)
     except KeyboardInterrupt:
         pass

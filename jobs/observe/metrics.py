@@ -69,6 +69,7 @@ class SharedStateCollector(Collector):
         yield from limit_metrics(snapshot)
         yield from idempotency_metrics(snapshot)
         yield from outbox_metrics(snapshot)
+        yield from beat_metrics(snapshot)
         errors = GaugeMetricFamily(
             "jobs_observe_section_up",
             "1 when the section of the platform state could be read at this scrape",
@@ -122,6 +123,11 @@ def breaker_metrics(snapshot: dict[str, Any]) -> Iterator[Metric]:
                              "Failures / calls in the breaker's window", labels=["breaker"])
     opened = CounterMetricFamily("jobs_breaker_opened", "Times the breaker opened",
                                  labels=["breaker"])
+    # How long the current state has lasted, so a dashboard can say "open for 12 min"
+    # without a range query; absent for a breaker that never changed state.
+    since = GaugeMetricFamily("jobs_breaker_state_seconds",
+                              "Seconds since the breaker entered its current state",
+                              labels=["breaker"])
     breakers = snapshot["breakers"]
     if isinstance(breakers, list):
         for row in breakers:
@@ -129,9 +135,12 @@ def breaker_metrics(snapshot: dict[str, Any]) -> Iterator[Metric]:
                 state.add_metric([row["name"], name], 1.0 if row["state"] == name else 0.0)
             rate.add_metric([row["name"]], row["failure_rate"])
             opened.add_metric([row["name"]], row["times_opened"])
+            if row.get("seconds_in_state") is not None:
+                since.add_metric([row["name"]], row["seconds_in_state"])
     yield state
     yield rate
     yield opened
+    yield since
 
 
 def budget_metrics(snapshot: dict[str, Any]) -> Iterator[Metric]:
@@ -209,6 +218,16 @@ def outbox_metrics(snapshot: dict[str, Any]) -> Iterator[Metric]:
         lag.add_metric([], outbox["lag_seconds"])
     yield pending
     yield lag
+
+
+def beat_metrics(snapshot: dict[str, Any]) -> Iterator[Metric]:
+    """Whether a beat process holds the leader lock: 0 means periodic work has stopped."""
+    leader = GaugeMetricFamily("jobs_beat_leader",
+                               "1 when a beat process holds the leader lock, 0 when none does")
+    section = snapshot.get("beat_leader")
+    if section is not None and _ok(section):
+        leader.add_metric([], 0.0 if section.get("leader") is None else 1.0)
+    yield leader
 
 
 def registry_for(app: Celery) -> CollectorRegistry:

@@ -8,21 +8,34 @@ a SCAN plus one pipeline per Redis-held guard kind, three SQL statements, one br
 
 Configured guards (breaker thresholds, retry budgets, limits) are found on the app's
 registered tasks, so the view shows a limit even before it has any state in Redis.
+
+`probe_stores(settings)` asks each store once, quickly (`jobs status` does, before
+collecting): a store that cannot serve becomes one `StoreStatus` saying which store, why,
+and what to do (start the platform, set its URL, run `jobs migrate`), and `collect(app,
+stores=...)` skips the sections that would only wait on it.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
+import os
+import re
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from resilience.redact import redact
+from resilience.redact import redact, redact_url
 
 if TYPE_CHECKING:
     import redis
     from celery import Celery
+
+    from jobs.settings import Settings
 
 logger = logging.getLogger("jobs.observe.snapshot")
 
@@ -46,6 +59,25 @@ TIER_OUTCOMES = {
 SCAN_COUNT = 1000
 
 
+#: The store each store-reading part of the snapshot needs (tiers, locks and beat_leader
+#: are derived from these parts).
+SECTION_STORES = {
+    "counters": "redis",
+    "queue_depth": "broker",
+    "active": "broker",
+    "held_locks": "database",
+    "breakers": "redis",
+    "budgets": "redis",
+    "limits": "redis",
+    "idempotency": "database",
+    "outbox": "database",
+}
+
+#: What a store that cannot be reached tells the operator to do.
+START_HINT = "start the platform with `make run` (or `jobs up`), or set {variable}"
+MIGRATE_HINT = "run `jobs migrate`"
+
+
 def unavailable(reason: str) -> dict[str, str]:
     """The value of a section that could not be read."""
     return {"unavailable": reason}
@@ -63,6 +95,251 @@ def _section(name: str, errors: dict[str, str], read: Callable[[], Any]) -> Any:
         logger.warning("snapshot section %s unavailable: %s", name, redact(str(exc)))
         errors[name] = _reason(exc)
         return unavailable(errors[name])
+
+
+# -- can the stores serve? ---------------------------------------------------------------
+#: How each problem reads in a message.
+PROBLEMS = {"unreachable": "unreachable", "refused": "refused the connection",
+            "not_migrated": "not migrated"}
+
+#: Connection failures (message pattern, reason shown): the server is not there.
+_UNREACHABLE = (
+    (re.compile(r"connection refused", re.I), "Connection refused"),
+    (re.compile(r"timed out|timeout", re.I), "no answer in time (timed out)"),
+    (re.compile(r"name or service not known|could not translate host name|nodename nor "
+                r"servname|name resolution|no address associated", re.I), "unknown host"),
+    (re.compile(r"no route to host|network is unreachable", re.I), "no route to host"),
+    (re.compile(r"no such file or directory", re.I), "no socket at that path"),
+    (re.compile(r"protocol error|invalid response|unexpected response|wrong version number",
+                re.I), "what answers there is not {server}"),
+)
+#: The server answered and said no.
+_REFUSED = re.compile(r"authentication|password|wrongpass|noauth|not authorized|permission "
+                      r"denied|access refused|pg_hba", re.I)
+_MISSING_DATABASE = re.compile(r'database "([^"]*)" does not exist', re.I)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreStatus:
+    """What a quick probe found for one store the snapshot reads, and what to do about it.
+
+    `problem` is None when the store serves, else `unreachable` (no connection), `refused`
+    (it answered but refused: credentials) or `not_migrated` (PostgreSQL without the schema).
+    """
+
+    store: str  #: broker, redis or database
+    server: str  #: Redis, RabbitMQ or PostgreSQL
+    role: str  #: what the platform keeps there
+    url: str  #: the URL, password masked
+    variable: str  #: the environment variable that sets the URL
+    problem: str | None = None
+    reason: str = ""
+    fix: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """The store answered (and, for PostgreSQL, every migration is applied)."""
+        return self.problem is None
+
+    @property
+    def summary(self) -> str:
+        """Why a section reading this store is missing: `Redis (guard state) unreachable ...`."""
+        problem = PROBLEMS.get(self.problem or "", "serves")
+        return f"{self.server} ({self.role}) {problem} ({self.reason}); {self.fix}"
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form (the `stores` and `unavailable` entries of the snapshot)."""
+        return {**asdict(self), "ok": self.ok}
+
+
+def url_variable(field: str, default: str) -> str:
+    """The environment variable settings `field` is read from (`JOBS_REDIS_URL` when that
+    one is set, `REDIS_URL` ...); `default` when none of its names is set."""
+    from jobs.settings import Settings
+
+    alias = Settings.model_fields[field].validation_alias
+    names = [name for name in getattr(alias, "choices", ()) if isinstance(name, str)
+             and name.isupper()]
+    present = {key.upper() for key in os.environ}
+    return next((name for name in names if name in present), default)
+
+
+def _probe_redis(url: str, timeout_seconds: float) -> None:
+    """PING with a client of our own: short timeouts and no retries (redis-py's default
+    retries with backoff are what made a down Redis cost seconds)."""
+    import redis as redis_lib
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    client = redis_lib.Redis.from_url(url, socket_connect_timeout=timeout_seconds,
+                                      socket_timeout=timeout_seconds, retry=Retry(NoBackoff(), 0))
+    try:
+        client.ping()
+    finally:
+        client.close()
+
+
+def _probe_amqp(url: str, timeout_seconds: float) -> None:
+    from kombu import Connection
+
+    with Connection(url, connect_timeout=timeout_seconds) as connection:
+        connection.ensure_connection(max_retries=1, interval_start=0, interval_step=0,
+                                     timeout=timeout_seconds)
+
+
+@lru_cache(maxsize=4)
+def _migration_heads(database_url: str) -> frozenset[str]:
+    """The heads of the code's migration scripts (read once per process)."""
+    from alembic.script import ScriptDirectory
+
+    from jobs.db import alembic_config
+
+    return frozenset(ScriptDirectory.from_config(alembic_config(database_url)).get_heads())
+
+
+def _probe_database(url: str, timeout_seconds: float) -> tuple[str, str, str] | None:
+    """Connect with psycopg2 alone (no engine, no pool: SQLAlchemy's import alone costs
+    more than the probe) and compare the applied migrations with the code's heads.
+
+    Returns None when migrated, else (problem, reason, fix); raises when unreachable.
+    """
+    import psycopg2
+
+    # libpq reads `postgresql://`, not SQLAlchemy's `postgresql+psycopg2://`; its
+    # connect_timeout is whole seconds and at least 2.
+    dsn = re.sub(r"^postgres(?:ql)?(?:\+\w+)?://", "postgresql://", url)
+    connection = psycopg2.connect(dsn, connect_timeout=max(2, math.ceil(timeout_seconds)))
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT to_regclass('alembic_version') IS NOT NULL")
+            row = cursor.fetchone()
+            applied: set[str] = set()
+            if row and row[0]:
+                cursor.execute("SELECT version_num FROM alembic_version")
+                applied = {version for (version,) in cursor.fetchall()}
+    finally:
+        connection.close()
+    missing = _migration_heads(url) - applied
+    if not missing:
+        return None
+    reason = ("no migration applied" if not applied
+              else f"{len(missing)} migration(s) not applied: {', '.join(sorted(missing))}")
+    return "not_migrated", reason, MIGRATE_HINT
+
+
+def _diagnose(exc: BaseException, server: str, variable: str) -> tuple[str, str, str]:
+    """(problem, reason, fix) for a probe's error, in words: never the driver's traceback."""
+    text = " ".join(str(exc).split())
+    missing = _MISSING_DATABASE.search(text)
+    if missing:
+        return ("not_migrated", f'database "{missing.group(1)}" does not exist',
+                f"{MIGRATE_HINT} (it creates the database)")
+    for pattern, reason in _UNREACHABLE:
+        if pattern.search(text):
+            return ("unreachable", reason.format(server=server),
+                    START_HINT.format(variable=variable))
+    if _REFUSED.search(text):
+        return "refused", "authentication failed", f"check the credentials in {variable}"
+    reason = redact(text)[:160] or type(exc).__name__
+    return "unreachable", reason, START_HINT.format(variable=variable)
+
+
+def probe_stores(settings: Settings, *, timeout_seconds: float = 1.0) -> dict[str, StoreStatus]:
+    """Can each store the snapshot reads serve? One quick connection each, in parallel.
+
+    The probe uses clients of its own (short timeouts, no retries), so `jobs status` with
+    nothing running answers within about a second; the platform's clients and timeouts are
+    untouched. A broker on the guard-state Redis URL is probed once.
+
+    Args:
+        settings: the platform settings (the URLs; no app is needed).
+        timeout_seconds: connect and read timeout of each probe (PostgreSQL: at least 2).
+
+    Returns:
+        `StoreStatus` by store: `broker`, `redis`, `database`.
+    """
+    redis_url = settings.effective_redis_url
+    broker_url = settings.effective_broker_url
+    database_url = settings.effective_database_url
+    redis_variable = url_variable("redis_url", "REDIS_URL")
+    broker_variable = (url_variable("broker_url", "BROKER_URL") if settings.broker_url
+                       else redis_variable)
+    database_variable = url_variable("database_url", "DATABASE_URL")
+    broker_server = "Redis" if settings.broker_is_redis else "RabbitMQ"
+
+    def run(check: Callable[[], tuple[str, str, str] | None], server: str,
+            variable: str) -> tuple[str | None, str, str]:
+        try:
+            return check() or (None, "", "")
+        except Exception as exc:  # noqa: BLE001 - every failure is reported, in words
+            return _diagnose(exc, server, variable)
+
+    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="status-probe") as pool:
+        redis_result = pool.submit(run, lambda: _probe_redis(redis_url, timeout_seconds),
+                                   "Redis", redis_variable)
+        if broker_url == redis_url:
+            broker_result = redis_result
+        else:
+            probe = _probe_redis if settings.broker_is_redis else _probe_amqp
+            broker_result = pool.submit(run, lambda: probe(broker_url, timeout_seconds),
+                                        broker_server, broker_variable)
+        database_result = pool.submit(
+            run, lambda: _probe_database(database_url, timeout_seconds), "PostgreSQL",
+            database_variable)
+    found = {}
+    for store, server, role, url, variable, result in (
+        ("broker", broker_server, "broker", broker_url, broker_variable, broker_result),
+        ("redis", "Redis", "guard state", redis_url, redis_variable, redis_result),
+        ("database", "PostgreSQL", "durable state", database_url, database_variable,
+         database_result),
+    ):
+        problem, reason, fix = result.result()
+        found[store] = StoreStatus(store=store, server=server, role=role, url=redact_url(url),
+                                   variable=variable, problem=problem, reason=reason, fix=fix)
+    return found
+
+
+def problem_lines(snapshot: dict[str, Any]) -> list[str]:
+    """One line per store that cannot serve: which, where, why, and what to do.
+
+    Two roles on one server with the same problem (the broker on the guard-state Redis)
+    make one line: `Redis (broker and guard state) at redis://...: unreachable (...); ...`.
+    """
+    merged: dict[tuple[str, ...], list[str]] = {}
+    for entry in (snapshot.get("unavailable") or {}).values():
+        key = (entry["server"], entry["url"], entry["problem"], entry["reason"], entry["fix"])
+        merged.setdefault(key, []).append(entry["role"])
+    return [f"{server} ({' and '.join(roles)}) at {url}: {PROBLEMS[problem]} ({reason}); {fix}"
+            for (server, url, problem, reason, fix), roles in merged.items()]
+
+
+def _store_keys(stores: dict[str, StoreStatus] | None) -> dict[str, Any]:
+    if stores is None:
+        return {"stores": None, "unavailable": None}
+    return {"stores": {name: status.as_dict() for name, status in stores.items()},
+            "unavailable": {name: status.as_dict() for name, status in stores.items()
+                            if not status.ok}}
+
+
+def unreachable_snapshot(stores: dict[str, StoreStatus]) -> dict[str, Any]:
+    """The snapshot when no store can serve: the same keys, every section saying why.
+
+    Built without the Celery app (nothing could be read), so it costs nothing.
+    """
+    started = time.perf_counter()
+    derived = {"tiers": "broker", "locks": "database", "beat_leader": "database"}
+    errors = {name: stores[SECTION_STORES.get(name) or derived[name]].summary
+              for name in ("counters", "queue_depth", "active", "held_locks", *SECTIONS)}
+    snapshot: dict[str, Any] = {
+        "taken_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        **_store_keys(stores),
+        **{name: unavailable(errors[name]) for name in SECTIONS},
+        "counters": unavailable(errors["counters"]),
+        "workers": None,
+        "errors": errors,
+    }
+    snapshot["collect_seconds"] = round(time.perf_counter() - started, 3)
+    return snapshot
 
 
 # -- what the app configures ----------------------------------------------------------------
@@ -323,14 +600,16 @@ def beat_leader_section(held: Any) -> dict[str, Any]:
 
 
 # -- the whole ---------------------------------------------------------------------------
-def collect(app: Celery, *, inspect_timeout_seconds: float = 1.0,
-            active: bool = True) -> dict[str, Any]:
+def collect(app: Celery, *, inspect_timeout_seconds: float = 1.0, active: bool = True,
+            stores: dict[str, StoreStatus] | None = None) -> dict[str, Any]:
     """The platform's resilience state; a section that cannot be read says why.
 
     Args:
         app: the platform's Celery app (its settings give tier limits).
         inspect_timeout_seconds: how long to wait for workers' `active` replies.
         active: ask the workers what runs now (one broadcast); False skips it.
+        stores: a `probe_stores` result: sections on a store that cannot serve are not
+            read (no waiting on timeouts) and say why; None reads every section.
     """
     from jobs.tiers import TIERS
     from resilience.stores import stores_for
@@ -341,22 +620,29 @@ def collect(app: Celery, *, inspect_timeout_seconds: float = 1.0,
     def client() -> redis.Redis:
         return stores_for(app).redis()
 
-    counters = _section("counters", errors, lambda: outcome_counters(client()))
-    depths = _section("queue_depth", errors, lambda: queue_depths(app, TIERS))
-    running = (_section("active", errors, lambda: active_tasks(app, inspect_timeout_seconds))
+    def section(name: str, read: Callable[[], Any]) -> Any:
+        store = (stores or {}).get(SECTION_STORES.get(name, ""))
+        if store is not None and not store.ok:
+            errors[name] = store.summary
+            return unavailable(errors[name])
+        return _section(name, errors, read)
+
+    counters = section("counters", lambda: outcome_counters(client()))
+    depths = section("queue_depth", lambda: queue_depths(app, TIERS))
+    running = (section("active", lambda: active_tasks(app, inspect_timeout_seconds))
                if active else unavailable("not asked"))
-    held = _section("held_locks", errors, lambda: held_locks(app))
+    held = section("held_locks", lambda: held_locks(app))
     snapshot: dict[str, Any] = {
         "taken_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "tiers": _section("tiers", errors,
-                          lambda: tiers_section(app, counters, depths, running)),
-        "breakers": _section("breakers", errors, lambda: breakers_section(app, client())),
-        "budgets": _section("budgets", errors, lambda: budgets_section(app, client())),
-        "limits": _section("limits", errors, lambda: limits_section(app, client(), counters)),
-        "locks": _section("locks", errors, lambda: locks_section(held)),
-        "idempotency": _section("idempotency", errors, lambda: idempotency_section(app)),
-        "outbox": _section("outbox", errors, lambda: outbox_section(app)),
-        "beat_leader": _section("beat_leader", errors, lambda: beat_leader_section(held)),
+        **_store_keys(stores),
+        "tiers": section("tiers", lambda: tiers_section(app, counters, depths, running)),
+        "breakers": section("breakers", lambda: breakers_section(app, client())),
+        "budgets": section("budgets", lambda: budgets_section(app, client())),
+        "limits": section("limits", lambda: limits_section(app, client(), counters)),
+        "locks": section("locks", lambda: locks_section(held)),
+        "idempotency": section("idempotency", lambda: idempotency_section(app)),
+        "outbox": section("outbox", lambda: outbox_section(app)),
+        "beat_leader": section("beat_leader", lambda: beat_leader_section(held)),
         "counters": counters,
         "workers": running.get("workers") if isinstance(running, dict) else None,
     }

@@ -62,7 +62,8 @@ def give_up(
             call.kwargs,
             exc,
         )
-    count_outcome(task.app, Outcome.DEAD_LETTERED.value, guard=guard, tier=tier, name=name)
+    count_outcome(task.app, Outcome.DEAD_LETTERED.value, guard=guard, tier=tier, name=name,
+                  reason=reason)
     logger.warning(
         "job dead-lettered",
         extra={

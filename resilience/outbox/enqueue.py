@@ -7,13 +7,19 @@ The row is the job: it carries the task name, the arguments, the `apply_async` o
 The relay publishes each row with the header `outbox_id` (the row id); `@idempotent`
 without an explicit key keys on `outbox:<row id>`, so a row published twice (a relay killed
 between publishing and marking) takes effect once.
+
+When tracing records, the row's headers also carry the enqueuing caller's trace context
+(W3C `traceparent`), and the relay publishes inside it: the job's spans join the caller's
+trace however much later the relay sends it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from resilience.errors import InvalidKey, InvalidTaskArguments
@@ -32,6 +38,46 @@ ORDERING_KEY_OPTION = "ordering_key"
 #: Options that never go into a row: a producer object is the relay's own; countdown/eta
 #: become `due_at`; the task id has its own column.
 _NOT_STORED = ("producer", "countdown", "eta", "task_id", ORDERING_KEY_OPTION)
+
+
+def with_trace_context(options: Mapping[str, Any]) -> dict[str, Any]:
+    """`options` with the current trace context added to its headers (a copy), or as they
+    are when no span records (or OpenTelemetry is not installed)."""
+    # Never imported here: a span exists only where OpenTelemetry was imported already.
+    if "opentelemetry.trace" not in sys.modules:
+        return dict(options)
+    from opentelemetry import propagate, trace
+
+    if not trace.get_current_span().get_span_context().is_valid:
+        return dict(options)
+    headers = dict(options.get("headers") or {})
+    propagate.inject(headers)
+    return {**options, "headers": headers}
+
+
+@contextlib.contextmanager
+def trace_context_of(headers: Mapping[str, Any]) -> Iterator[None]:
+    """Make the trace context stored in a row's headers current while publishing it, so the
+    publish (and the job's execution) continues the enqueuing caller's trace.
+
+    A relay that does not trace leaves the stored `traceparent` in the message headers
+    untouched, so the execution still joins the caller's trace.
+    """
+    if "opentelemetry.trace" not in sys.modules:
+        yield
+        return
+    from opentelemetry import context, propagate, trace
+
+    carrier = {key: value for key, value in headers.items() if isinstance(value, str)}
+    stored = propagate.extract(carrier)
+    if not trace.get_current_span(stored).get_span_context().is_valid:
+        yield
+        return
+    token = context.attach(stored)
+    try:
+        yield
+    finally:
+        context.detach(token)
 
 
 def outbox_id_of(request: Any) -> int | None:
@@ -81,7 +127,7 @@ def new_row(task: Task, args: tuple[Any, ...] | list[Any], kwargs: Mapping[str, 
         InvalidKey: an ordering key that is not a non-empty string.
         InvalidTaskArguments: an eta that is not a datetime or ISO 8601 string.
     """
-    kept = {name: value for name, value in options.items()
+    kept = {name: value for name, value in with_trace_context(options).items()
             if value is not None and name not in _NOT_STORED}
     ordering_key = options.get(ORDERING_KEY_OPTION)
     if ordering_key is not None and (not isinstance(ordering_key, str) or not ordering_key):

@@ -48,7 +48,7 @@ from resilience.errors import (
     StoreUnavailable,
 )
 from resilience.outbox.backends import Batch, OutboxBackend, OutboxRow
-from resilience.outbox.enqueue import OUTBOX_HEADER
+from resilience.outbox.enqueue import OUTBOX_HEADER, trace_context_of
 from resilience.outcomes import Outcome
 
 if TYPE_CHECKING:
@@ -222,8 +222,10 @@ class Relay:
         headers[OUTBOX_HEADER] = row.id
         if row.due_in_seconds > 0:
             options["countdown"] = row.due_in_seconds
-        return task.apply_async(tuple(row.args), dict(row.kwargs), task_id=row.task_id,
-                                headers=headers, **options)
+        # Within the enqueuing caller's trace, when the row carries one (with_trace_context).
+        with trace_context_of(headers):
+            return task.apply_async(tuple(row.args), dict(row.kwargs), task_id=row.task_id,
+                                    headers=headers, **options)
 
     def _postpone(self, batch: Batch, row: OutboxRow, report: RelayReport, why: str) -> None:
         batch.postpone(row, self.config.backoff_seconds(row.attempts), why)

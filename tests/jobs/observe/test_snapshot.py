@@ -130,7 +130,7 @@ class TestUnavailableSections:
                "REDIS_URL": f"redis://127.0.0.1:{free_port()}/1"}
         done = subprocess.run([sys.executable, "-m", "jobs", "status", "--json"], cwd=ROOT,
                               env=env, capture_output=True, text=True, timeout=110)
-        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.returncode == 1, done.stderr[-2000:]
         snapshot = json.loads(done.stdout)
         for section in ("breakers", "budgets", "limits"):
             assert "unavailable" in snapshot[section], section

@@ -31,7 +31,8 @@ class TestStatus:
     def test_status_once_during_demo_prints_every_section(
         self, app: Any, engine: Any, worker_factory: Any, purge_queues: None
     ) -> None:
-        """`jobs status --once` during `jobs demo` prints each section's title and exits 0."""
+        """`jobs status --once` during `jobs demo` prints each section's title and exits 0;
+        piped to a file, every table is printed whole (no header or cell cut to `…`)."""
         from sqlalchemy import text
 
         def charges() -> int:
@@ -49,8 +50,10 @@ class TestStatus:
             # on an idle machine to be caught queued or active reliably).
             wait_for(lambda: charges() > before, timeout_seconds=90, interval=0.5,
                      message="the demo's payments in the ledger")
+            # Piped (not a terminal) and no COLUMNS: rich alone would cut cells to 80 columns.
+            piped = {k: v for k, v in _env().items() if k not in ("COLUMNS", "LINES")}
             done = subprocess.run([sys.executable, "-m", "jobs", "status", "--once"], cwd=ROOT,
-                                  env=_env(), capture_output=True, text=True, timeout=120)
+                                  env=piped, capture_output=True, text=True, timeout=120)
         finally:
             demo.terminate()
             demo.wait(30)
@@ -61,13 +64,23 @@ class TestStatus:
         for tier in ("critical", "standard", "optional"):
             assert tier in done.stdout
         assert "unavailable" not in done.stdout.split("beat leader")[0]
+        assert "…" not in done.stdout, f"a cell was cut when piped:\n{done.stdout}"
+        for header in ("rejected", "discarded", "deferred", "replayed", "dead-lettered",
+                       "failure rate", "half-open in"):
+            assert header in done.stdout, f"{header!r} missing:\n{done.stdout}"
 
     @pytest.mark.timeout(120)
     def test_status_json_is_the_snapshot(self) -> None:
-        """`jobs status --json` prints the snapshot: every section, as JSON."""
+        """`jobs status --json` prints the snapshot: exactly the documented top-level keys;
+        every store probed answers, so `unavailable` is empty and the exit code 0."""
         done = subprocess.run([sys.executable, "-m", "jobs", "status", "--json"], cwd=ROOT,
                               env=_env(), capture_output=True, text=True, timeout=110)
         assert done.returncode == 0, done.stderr[-3000:]
         snapshot = json.loads(done.stdout)
         for section in TITLES:
             assert section in snapshot
+        assert set(snapshot) == {"taken_at", "collect_seconds", "stores", "unavailable",
+                                 *TITLES, "counters", "workers", "errors"}
+        assert snapshot["unavailable"] == {}
+        assert {name: store["ok"] for name, store in snapshot["stores"].items()} == {
+            "broker": True, "redis": True, "database": True}

@@ -1,0 +1,164 @@
+"""Tracing with OpenTelemetry: Celery's own instrumentation, switched on by `OTEL_*` variables.
+
+Off by default. On when `OTEL_TRACES_EXPORTER` names an exporter (`otlp`, `console`, a comma
+list) and `OTEL_SDK_DISABLED` is not `true`; every other setting is OpenTelemetry's own
+(`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_EXPORTER_OTLP_ENDPOINT`,
+`OTEL_TRACES_SAMPLER`, `OTEL_BSP_*`), read by the SDK.
+
+What a trace holds, and who makes it:
+
+- `CeleryInstrumentor` (opentelemetry-instrumentation-celery): a PRODUCER span per publish,
+  whose context travels in the message headers, and a CONSUMER span per execution, child of
+  the publish. A retry or a guard's deferral is published from inside the running task, so
+  the next execution is a child of the last one: request -> deferred -> retried -> ran is
+  one trace. A caller-runs job runs inside the caller's span.
+- `resilience.outcomes`: every guard decision (SHED, REPLAYED, DEFERRED, RETRY, ...) is a
+  `guard.decision` event on the current span, with `guard`, `outcome`, `reason` and
+  `retry_after`.
+- `resilience.outbox`: a row keeps its caller's trace context; the relay publishes in it.
+
+`install_tracing` is called by `jobs.platform.create_app` when enabled, so producers,
+workers (prefork children inherit it: the SDK's span processors restart their threads after
+a fork) and the outbox relay all trace.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any
+
+from resilience.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+
+#: Service name when `OTEL_SERVICE_NAME` (or `service.name` in the resource) is not set.
+DEFAULT_SERVICE_NAME = "jobs"
+
+_installed: TracerProvider | None = None
+_flush_on_exit: Any = None
+
+
+def tracing_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """True when the environment asks for traces: an exporter named, the SDK not disabled."""
+    environ = os.environ if environ is None else environ
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    names = _exporter_names(environ)
+    return bool(names) and names != ["none"]
+
+
+def _exporter_names(environ: Mapping[str, str]) -> list[str]:
+    raw = environ.get("OTEL_TRACES_EXPORTER", "")
+    return [name.strip().lower() for name in raw.split(",") if name.strip()]
+
+
+def _exporter(name: str, environ: Mapping[str, str]) -> Any:
+    """The span exporter registered under `name` (OpenTelemetry's entry point group).
+
+    `otlp` picks gRPC or HTTP by `OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL` (default
+    `http/protobuf`, the transport the `otel` extra installs).
+    """
+    if name == "otlp":
+        protocol = (environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                    or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf")
+        name = "otlp_proto_grpc" if protocol.strip() == "grpc" else "otlp_proto_http"
+    found = entry_points(group="opentelemetry_traces_exporter", name=name)
+    if not found:
+        known = sorted(point.name for point in entry_points(group="opentelemetry_traces_exporter"))
+        raise ConfigurationError(
+            f"OTEL_TRACES_EXPORTER names {name!r}, which is not installed (installed: "
+            f"{', '.join(known) or 'none'}); install its package, e.g. "
+            "opentelemetry-exporter-otlp-proto-grpc for grpc"
+        )
+    return next(iter(found)).load()()
+
+
+def install_tracing(
+    *,
+    span_processor: SpanProcessor | None = None,
+    environ: Mapping[str, str] | None = None,
+    set_global: bool = True,
+) -> TracerProvider:
+    """Trace this process: a tracer provider exporting as `OTEL_*` says, and Celery
+    instrumented with it. Idempotent: a second call returns the first provider.
+
+    Args:
+        span_processor: where spans go instead of the `OTEL_TRACES_EXPORTER` exporters (a
+            test's in-memory exporter).
+        environ: the environment (default: `os.environ`).
+        set_global: make it OpenTelemetry's global provider (a provider someone set before,
+            e.g. `opentelemetry-instrument`, is reused instead).
+
+    Raises:
+        ConfigurationError: an exporter that is not installed, or the `otel` extra missing.
+    """
+    global _installed
+    if _installed is not None:
+        return _installed
+    environ = os.environ if environ is None else environ
+    try:
+        from opentelemetry import trace
+        from opentelemetry.instrumentation.celery import CeleryInstrumentor
+        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"tracing asked for (OTEL_TRACES_EXPORTER) but OpenTelemetry is missing ({exc}); "
+            "install the extra: pip install 'jobs-platform[otel]'"
+        ) from exc
+
+    current = trace.get_tracer_provider()
+    if set_global and isinstance(current, TracerProvider):
+        provider = current  # already configured in this process (e.g. by the OTel agent)
+    else:
+        resource = Resource.create()
+        if resource.attributes.get(SERVICE_NAME, "").startswith("unknown_service"):
+            resource = resource.merge(Resource.create({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
+        provider = TracerProvider(resource=resource)
+        if span_processor is None:
+            for name in _exporter_names(environ):
+                if name != "none":
+                    provider.add_span_processor(BatchSpanProcessor(_exporter(name, environ)))
+        if set_global:
+            trace.set_tracer_provider(provider)
+    if span_processor is not None:
+        provider.add_span_processor(span_processor)
+    CeleryInstrumentor().instrument(tracer_provider=provider)
+    _connect_flush_on_exit(provider)
+    _installed = provider
+    return provider
+
+
+def uninstall_tracing() -> None:
+    """Stop tracing Celery in this process (tests); the provider is flushed and shut down
+    unless it is OpenTelemetry's global one."""
+    global _installed
+    if _installed is None:
+        return
+    from celery import signals
+    from opentelemetry import trace
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+    CeleryInstrumentor().uninstrument()
+    signals.worker_process_shutdown.disconnect(_flush_on_exit)
+    signals.worker_shutdown.disconnect(_flush_on_exit)
+    if trace.get_tracer_provider() is not _installed:
+        _installed.shutdown()
+    _installed = None
+
+
+def _connect_flush_on_exit(provider: TracerProvider) -> None:
+    """A prefork pool process ends without running atexit: flush its spans first."""
+    global _flush_on_exit
+    from celery import signals
+
+    def flush(**_: Any) -> None:
+        provider.force_flush(timeout_millis=5000)
+
+    _flush_on_exit = flush
+    signals.worker_process_shutdown.connect(flush, weak=False)
+    signals.worker_shutdown.connect(flush, weak=False)
