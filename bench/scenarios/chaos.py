@@ -1,16 +1,18 @@
 """The transfer chaos test, run many times in a row: jobs lost and effects doubled, tallied.
 
 Each run is one pytest session of `tests/resilience/idempotency/test_chaos.py` (its own
-embedded services unless REDIS_URL / DATABASE_URL are set): 2,000 idempotent transfers with
-duplicates, worker pool processes and whole workers SIGKILLed at random, then every key must
-have succeeded with exactly one effect. The test prints one `chaos-tally` line per run; this
-scenario collects them. `make stress` runs 50.
+embedded services unless REDIS_URL / DATABASE_URL are set): 2,000 idempotent transfers
+(`--transfers`; `make test` runs 1,000) with duplicates, worker pool processes and whole
+workers SIGKILLed at random, then every key must have succeeded with exactly one effect.
+The test prints one `chaos-tally` line per run; this scenario collects them.
+`make stress` runs 50.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -26,6 +28,7 @@ TEST = "tests/resilience/idempotency/test_chaos.py"
 def run(argv: list[str]) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m bench chaos")
     parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--transfers", type=int, default=2000, help="transfers per run")
     options = parser.parse_args(argv)
     rows: list[tuple[Any, ...]] = []
     tallies: list[dict[str, Any]] = []
@@ -35,6 +38,7 @@ def run(argv: list[str]) -> dict[str, Any]:
         done = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", TEST],
             cwd=ROOT, capture_output=True, text=True, check=False,
+            env={**os.environ, "CHAOS_TRANSFERS": str(options.transfers)},
         )
         seconds = time.monotonic() - started
         tally = next((json.loads(line.split(" ", 1)[1]) for line in done.stdout.splitlines()
