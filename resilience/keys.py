@@ -66,10 +66,53 @@ def check_binding(func: Callable[..., Any], args: tuple[Any, ...] | list[Any],
                   kwargs: Mapping[str, Any]) -> None:
     """Raise `ArgumentsDoNotBind` unless `args`/`kwargs` fit `func`'s signature (the check of
     `bind_arguments` without building the bound dict: the enqueue path's validation)."""
+    plan = _binding_plan(func)
+    if plan is not None:
+        names, positional, required = plan
+        count = len(args)
+        if count <= positional and all(
+                key in names and names[key] >= count for key in kwargs) and all(
+                index < count or name in kwargs for name, index in required):
+            return
     try:
         signature_of(func).bind(*args, **kwargs)
     except TypeError:
         bind_arguments(func, args, kwargs)  # raises with the full message
+
+
+_Plan = tuple[dict[str, int], int, tuple[tuple[str, int], ...]]
+_plans: dict[Any, _Plan | None] = {}
+
+
+def _binding_plan(func: Callable[..., Any]) -> _Plan | None:
+    """What `check_binding` needs of a plain signature (named parameters only, no `*args`,
+    `**kwargs` or positional-only): each name's position, how many can be positional, and
+    the required ones. None for other signatures, which `Signature.bind` checks."""
+    # A bound method's signature drops its first parameter: key on the function and that.
+    key = (getattr(func, "__func__", func), hasattr(func, "__self__"))
+    try:
+        return _plans[key]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable callable
+        return None
+    plan: _Plan | None = None
+    try:
+        parameters = list(signature_of(func).parameters.values())
+    except (TypeError, ValueError):
+        parameters = None
+    kinds = {inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY}
+    if parameters is not None and all(p.kind in kinds for p in parameters):
+        names = {p.name: index for index, p in enumerate(parameters)}
+        positional = sum(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters)
+        required = tuple((p.name, index if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+                          else len(parameters) + 1)
+                         for index, p in enumerate(parameters)
+                         if p.default is inspect.Parameter.empty)
+        plan = (names, positional, required)
+    if len(_plans) < 4096:
+        _plans[key] = plan
+    return plan
 
 
 def bind_arguments(

@@ -10,12 +10,14 @@ Execution path (`__call__`, in the worker): the execution guards around `run`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 from celery import Task
 from celery.exceptions import Retry
 
-from resilience.errors import JobDeferred, JobStopped, PayloadTooLarge
+from resilience.errors import AdmissionError, JobDeferred, JobStopped, PayloadTooLarge
 from resilience.keys import canonical_json, check_binding, signature_of
 from resilience.outcomes import Outcome, Stop, flush_decisions
 from resilience.pipeline import (
@@ -35,6 +37,61 @@ DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
 #: A republish the broker refused (full tier queue on RabbitMQ) is published again by the
 #: outbox relay no sooner than this.
 REFUSED_REPUBLISH_DELAY_SECONDS = 5.0
+
+
+@contextmanager
+def pooled_producer(app: Any) -> Iterator[Any]:
+    """A producer from `app`'s pool, as Celery's `send_task` acquires one, except that a
+    refusal by the broker transport (`AdmissionError`: `QueueFull`, `DuplicateJob`) gives the
+    connection back to the pool: kombu's `Producer.__exit__` would close and replace it on
+    any error, so a flood of duplicates or a full tier would reconnect on every publish."""
+    producer = app.producer_pool.acquire(block=True,
+                                         timeout=app.conf.broker_pool_acquire_timeout)
+    try:
+        yield producer
+    except AdmissionError:
+        raise
+    except BaseException:
+        connection = producer.__connection__
+        if connection is not None and hasattr(connection, "_pool"):
+            connection._pool.replace(connection)  # what kombu does with a broken one
+        raise
+    finally:
+        producer.release()
+
+
+#: Largest int written without a second look (JSON-safe everywhere, at most 20 characters).
+_INT_BOUND = 2**63
+
+
+def scalar_payload_bound(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """An upper bound on the JSON size of `[args, kwargs]` when every value is a plain
+    scalar JSON carries as is (str, bool, None, an int within 64 bits, a finite float);
+    None otherwise (the caller serializes to check). The common `.delay(id, "name")` then
+    skips a full serialization on the enqueue path: Celery serializes once anyway."""
+    size = 16
+    for values in (args, kwargs.values()):
+        for value in values:
+            kind = type(value)
+            if kind is str:
+                size += 6 * len(value) + 3  # a \uXXXX escape at worst, quotes, comma
+            elif kind is int:
+                if not -_INT_BOUND < value < _INT_BOUND:
+                    return None
+                size += 21
+            elif kind is float:
+                if value != value or value in (float("inf"), float("-inf")):
+                    return None  # NaN / infinity: refused by the full check
+                size += 25
+            elif value is None or kind is bool:
+                size += 6
+            else:
+                return None
+    for key in kwargs:
+        if type(key) is not str:
+            return None
+        size += 6 * len(key) + 4
+    return size
 
 
 def delay_seconds_of_options(options: dict[str, Any]) -> float:
@@ -108,18 +165,31 @@ class GuardedTask(Task):
                                          options)
 
         def send(publish: Publish) -> Any:
-            return Task.apply_async(
-                self,
-                publish.args,
-                publish.kwargs,
-                # An enqueue guard may fix the id before publishing (unique enqueue does).
-                task_id=publish.state.get("task_id") or task_id,
-                producer=producer,
-                link=link,
-                link_error=link_error,
-                shadow=shadow,
-                **publish.options,
-            )
+            if producer is not None or self.app.conf.task_always_eager:
+                return Task.apply_async(
+                    self,
+                    publish.args,
+                    publish.kwargs,
+                    # An enqueue guard may fix the id before publishing (unique does).
+                    task_id=publish.state.get("task_id") or task_id,
+                    producer=producer,
+                    link=link,
+                    link_error=link_error,
+                    shadow=shadow,
+                    **publish.options,
+                )
+            with pooled_producer(self.app) as own:
+                return Task.apply_async(
+                    self,
+                    publish.args,
+                    publish.kwargs,
+                    task_id=publish.state.get("task_id") or task_id,
+                    producer=own,
+                    link=link,
+                    link_error=link_error,
+                    shadow=shadow,
+                    **publish.options,
+                )
 
         publish = Publish(task=self, args=args, kwargs=kwargs, options=options)
         if self.app.conf.task_always_eager:
@@ -257,9 +327,12 @@ class GuardedTask(Task):
             ArgumentsDoNotBind, NonJsonArguments, PayloadTooLarge.
         """
         check_binding(self.run, args, kwargs)
+        limit = self.max_payload_bytes or self._app_payload_limit()
+        bound = scalar_payload_bound(args, kwargs)
+        if bound is not None and bound <= limit:
+            return  # plain scalars that cannot reach the limit: no need to serialize
         payload = canonical_json([list(args), kwargs])
         size = len(payload.encode("utf-8"))
-        limit = self.max_payload_bytes or self._app_payload_limit()
         if size > limit:
             raise PayloadTooLarge(
                 f"{self.name}: arguments serialize to {size} bytes, over the {limit}-byte "
