@@ -21,6 +21,13 @@ SCHEDULE: dict[str, dict[str, Any]] = {
         "schedule": 300.0,
         "options": {"expires": 240},
     },
+    # Dead letters of a dependency that was down, requeued once its breaker stayed closed
+    # long enough (off unless configured: see jobs.maintenance.replay_dead_letters).
+    "dead-letters-replay": {
+        "task": "jobs.maintenance.replay_dead_letters",
+        "schedule": 30.0,
+        "options": {"expires": 25},
+    },
     # Claims whose holder died and whose lease ended more than 5 minutes ago.
     "idempotency-reaper": {
         "task": "jobs.maintenance.reap_idempotency_claims",

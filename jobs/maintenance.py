@@ -49,3 +49,36 @@ def restore_cancellations() -> dict[str, Any]:
     from jobs.platform import cancellations
 
     return {"restored": cancellations(app).restore()}
+
+
+@app.task(tier="standard")
+@singleton(key="maintenance:replay_dead_letters")
+def replay_dead_letters(
+    closed_for_seconds: float | None = None,
+    rate: str | None = None,
+    max_rows_per_run: int | None = None,
+    dependencies: list[str] | None = None,
+) -> dict[str, Any]:
+    """Requeue dead letters of a dependency that was down, once its breaker has stayed
+    closed `closed_for_seconds`, paced by `rate` (see `resilience.deadletter.replay`);
+    with `dependencies`, only the rows of those.
+
+    Off unless `closed_for_seconds` is given here (the beat entry's kwargs) or by the
+    platform settings (`JOBS_DEAD_LETTER_REPLAY_CLOSED_SECONDS`).
+    """
+    from jobs.settings import get_settings
+    from resilience.deadletter.replay import AutoReplay, ReplayConfig
+
+    settings = get_settings()
+    closed = (closed_for_seconds if closed_for_seconds is not None
+              else settings.dead_letter_replay_closed_seconds)
+    if closed is None:
+        return {"enabled": False, "replayed": 0}
+    options: dict[str, Any] = {
+        "closed_for_seconds": float(closed),
+        "rate": rate or settings.dead_letter_replay_rate,
+        "max_rows_per_run": max_rows_per_run,
+        "dependencies": tuple(dependencies) if dependencies is not None else None,
+    }
+    config = ReplayConfig(**{name: value for name, value in options.items() if value is not None})
+    return {"enabled": True, **AutoReplay.of_app(app, config).run_once().summary()}

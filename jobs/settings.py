@@ -185,6 +185,14 @@ class Settings(BaseSettings):
     max_deliveries: int = Field(
         3, ge=1, description="deliveries that never returned before a job is dead-lettered"
     )
+    dead_letter_replay_closed_seconds: float | None = Field(
+        None, gt=0,
+        description="replay dead letters of a breaker once it stayed closed this long; "
+                    "unset: no automatic replay",
+    )
+    dead_letter_replay_rate: str = Field(
+        "10/second", description="pace of automatic dead-letter replay across the fleet"
+    )
     pg_pool_mode: Literal["none", "session", "transaction", "statement"] = Field(
         "none", description="PgBouncer pool mode in front of DATABASE_URL, if any"
     )

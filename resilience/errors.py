@@ -26,7 +26,8 @@ without the other.
     ├── AdmissionError
     │   ├── TierFull                the tier's queue is at its depth limit (HTTP 503 semantics)
     │   │   └── QueueFull           the broker refused a bounded publish (nothing was sent)
-    │   └── DuplicateJob            a unique job with this key is already queued or running
+    │   ├── DuplicateJob            a unique job with this key is already queued or running
+    │   └── DependencyUnavailable   the task's breaker is open and it refuses at enqueue
     └── RetryError
         ├── RetryBudgetExhausted    the fleet-wide retry budget for a dependency is spent
         └── DeadLettered            the job was moved to the dead-letter place instead of retried
@@ -152,6 +153,11 @@ class QueueFull(TierFull):
 
 class DuplicateJob(AdmissionError):
     """Raised when a unique job with the same key is already queued or running."""
+
+
+class DependencyUnavailable(AdmissionError):
+    """Raised at enqueue when the task's breaker is open and its policy is `on_open="refuse"`;
+    carries `retry_after` seconds (HTTP 503 + Retry-After), `breaker`, `state` and `task`."""
 
 
 class RetryError(ResilienceError):

@@ -72,6 +72,7 @@ class EnqueueStage(IntEnum):
     """Where an enqueue guard sits in the publish path; lower runs first. See `ENQUEUE_STAGES`."""
 
     VALIDATE = 10
+    BREAKER = 15
     UNIQUE = 20
     ADMIT = 30
     STAMP = 40
@@ -106,6 +107,7 @@ STAGES: dict[Stage, StageRule] = {
 ENQUEUE_STAGES: dict[EnqueueStage, StageRule] = {
     EnqueueStage.VALIDATE: StageRule("keys of the execution guards build from the arguments",
                                      several=True),
+    EnqueueStage.BREAKER: StageRule("refuse while a declared breaker is open", several=True),
     EnqueueStage.UNIQUE: StageRule("@unique: the same key within its TTL is the same job"),
     EnqueueStage.ADMIT: StageRule("tier bulkhead: abort, discard, caller_runs or wait"),
     EnqueueStage.STAMP: StageRule("headers every new message carries (deadline)"),

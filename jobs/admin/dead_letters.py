@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 cli = typer.Typer(help="Jobs given up on: list, show, requeue.", no_args_is_help=True)
 console = Console()
+errors = Console(stderr=True)
 
 
 def _engine() -> Engine:
@@ -61,11 +62,74 @@ def show_command(entry_id: Annotated[int, typer.Argument(help="Dead-letter id.")
 
 
 @cli.command("requeue")
-def requeue_command(entry_id: Annotated[int, typer.Argument(help="Dead-letter id.")]) -> None:
-    """Publish the task again with its original arguments (once per entry)."""
+def requeue_command(
+    entry_id: Annotated[
+        int | None, typer.Argument(help="One dead-letter id (or select rows with the options).")
+    ] = None,
+    task: Annotated[str | None, typer.Option(help="Rows of this task name.")] = None,
+    reason: Annotated[
+        str | None, typer.Option(help="Rows whose reason contains this text (any case).")
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(help="Rows dead-lettered since: a duration back (90s, 15m, 2h, 7d) or "
+                          "an ISO 8601 date or time."),
+    ] = None,
+    guard: Annotated[
+        str | None, typer.Option(help="Rows given up by this guard (retry, breaker, ...).")
+    ] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="Requeue at most this many.")] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say what would be requeued; change nothing.")
+    ] = False,
+    batch_size: Annotated[int, typer.Option(min=1, help="Rows per transaction.")] = 200,
+) -> None:
+    """Publish jobs again with their original arguments, once per entry.
+
+    With an ID: that entry, published at once.
+
+    With --task/--reason/--since/--guard: every pending entry matching them all, once.
+
+    Each is written to the outbox in the transaction that marks it (the relay publishes).
+
+    Entries that cannot run are skipped, counted by reason, and stay pending.
+    """
     from jobs import app
-    from resilience.deadletter.place import requeue
 
     app.loader.import_default_modules()
-    task_id = requeue(_engine(), app, entry_id)
-    console.print(f"dead letter {entry_id} requeued as task {task_id}")
+    selectors = {"--task": task, "--reason": reason, "--since": since, "--guard": guard}
+    if entry_id is not None:
+        given = [name for name, value in selectors.items() if value is not None]
+        if given or limit is not None or dry_run:
+            errors.print(f"[red]requeue ID takes no {', '.join(given) or 'other'} options; "
+                         "select rows with the options instead of an ID[/red]")
+            raise typer.Exit(2)
+        from resilience.deadletter.place import requeue
+
+        task_id = requeue(_engine(), app, entry_id)
+        console.print(f"dead letter {entry_id} requeued as task {task_id}")
+        return
+    from resilience.deadletter.bulk import InvalidSelection, Selection, parse_since, requeue_many
+
+    if all(value is None for value in selectors.values()):
+        errors.print("[red]name the entries to requeue: an ID, or --task, --reason, --since "
+                     "or --guard[/red]")
+        raise typer.Exit(2)
+    try:
+        selection = Selection(task_name=task, reason=reason, guard=guard,
+                              since=parse_since(since) if since is not None else None)
+    except InvalidSelection as exc:
+        errors.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    report = requeue_many(_engine(), app, selection, limit=limit, batch_size=batch_size,
+                          dry_run=dry_run)
+    verb = "would requeue" if dry_run else "requeued"
+    where = "" if dry_run else " (written to the outbox; the relay publishes them)"
+    console.print(f"{verb} {len(report.requeued)} dead letters{where}")
+    if report.skipped:
+        console.print(f"skipped {report.skipped_count}, left pending:")
+        for why, ids in sorted(report.skipped.items()):
+            shown = ", ".join(str(i) for i in ids[:5]) + (", ..." if len(ids) > 5 else "")
+            console.print(f"  {len(ids):>6}  {why} (id{'s' if len(ids) > 1 else ''} {shown})")
+    if report.stopped:
+        console.print(f"stopped: {report.stopped}")

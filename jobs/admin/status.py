@@ -24,7 +24,8 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-cli = typer.Typer(help="Live resilience view: tiers, breakers, budgets, limits, locks.",
+cli = typer.Typer(help="Live resilience view: tiers, pauses, cancellations, breakers, "
+                       "budgets, limits, locks.",
                   invoke_without_command=True)
 console = Console()
 #: Problem lines: one line each, never wrapped, so `grep` and a reader see them whole.
@@ -33,6 +34,8 @@ errors = Console(stderr=True, soft_wrap=True)
 #: Section titles, in display order (tests look for each).
 TITLES = {
     "tiers": "tiers",
+    "paused": "paused",
+    "cancellations": "cancellations",
     "breakers": "circuit breakers",
     "budgets": "retry budgets",
     "limits": "limits",
@@ -73,6 +76,35 @@ def tiers_table(section: Any) -> Table:
                      *(_number(row[c]) for c in ("rejected", "discarded", "shed", "deferred",
                                                  "replayed", "skipped", "retried",
                                                  "dead_lettered")))
+    return view
+
+
+def paused_table(section: Any) -> Table:
+    """Pause switches that are on (`jobs pause`); an empty table says nothing is paused."""
+    title = TITLES["paused"]
+    missing = _unavailable(title, section)
+    if missing:
+        return missing
+    view = Table(title=f"{title} ({len(section)})", title_justify="left")
+    for column in ("scope", "name", "reason", "since", "for"):
+        view.add_column(column)
+    for row in section:
+        view.add_row(row["scope"], f"[bold yellow]{row['name']}[/bold yellow]", row["reason"],
+                     row["since"], f"{row['paused_seconds']}s")
+    return view
+
+
+def cancellations_table(section: Any) -> Table:
+    """Live cancellations, newest first (`jobs cancel`)."""
+    title = TITLES["cancellations"]
+    missing = _unavailable(title, section)
+    if missing:
+        return missing
+    view = Table(title=f"{title} ({len(section)})", title_justify="left")
+    for column in ("target", "reason", "since", "until"):
+        view.add_column(column)
+    for row in section:
+        view.add_row(row["target"], row["reason"], row["created_at"], row["expires_at"])
     return view
 
 
@@ -189,6 +221,8 @@ def render(snapshot: dict[str, Any]) -> Group:
     return Group(
         header,
         tiers_table(snapshot["tiers"]),
+        paused_table(snapshot["paused"]),
+        cancellations_table(snapshot["cancellations"]),
         breakers_table(snapshot["breakers"]),
         budgets_table(snapshot["budgets"]),
         limits_table(snapshot["limits"]),
@@ -266,7 +300,8 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print the snapshot as JSON.")] = False,
     interval: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 1.0,
 ) -> None:
-    """Tiers (depth, active, rejected, discarded, shed), breakers, budgets, limits, locks.
+    """Tiers (depth, active, rejected, ...), pauses, cancellations, breakers, budgets, limits,
+    locks.
 
     A store that cannot serve is one line saying which and how to fix it; `--once` and
     `--json` then exit 1.

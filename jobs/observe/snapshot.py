@@ -4,7 +4,8 @@
 section is gathered on its own, in its own `try`: a store that is down or a guard package
 that is not installed turns that section into `{"unavailable": "<reason>"}` and the other
 sections still show. Cost: one HGETALL for every counter, one pipelined LLEN per broker,
-a SCAN plus one pipeline per Redis-held guard kind, three SQL statements, one broadcast.
+a SCAN plus one pipeline per Redis-held guard kind (pause switches included), four SQL
+statements (live cancellations included), one broadcast.
 
 Configured guards (breaker thresholds, retry budgets, limits) are found on the app's
 registered tasks, so the view shows a limit even before it has any state in Redis.
@@ -41,8 +42,12 @@ logger = logging.getLogger("jobs.observe.snapshot")
 
 #: Section names in the order views show them.
 SECTIONS = (
-    "tiers", "breakers", "budgets", "limits", "locks", "idempotency", "outbox", "beat_leader",
+    "tiers", "paused", "cancellations", "breakers", "budgets", "limits", "locks",
+    "idempotency", "outbox", "beat_leader",
 )
+
+#: Newest live cancellations the snapshot lists.
+CANCELLATIONS_SHOWN = 50
 
 #: Counter outcomes summed per tier in the tiers section.
 TIER_OUTCOMES = {
@@ -66,6 +71,8 @@ SECTION_STORES = {
     "queue_depth": "broker",
     "active": "broker",
     "held_locks": "database",
+    "paused": "redis",
+    "cancellations": "database",
     "breakers": "redis",
     "budgets": "redis",
     "limits": "redis",
@@ -447,6 +454,36 @@ def _rounded(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
+def paused_section(app: Celery) -> list[dict[str, Any]]:
+    """Pause switches that are on (`PauseSwitch.describe`: one SCAN, one MGET), as
+    `jobs paused` lists them: what is paused, why, and since when."""
+    from jobs.platform import pause_backend
+    from resilience.pause import PauseSwitch
+
+    now = time.time()
+    return [
+        {"scope": switch.scope, "name": switch.name, "reason": switch.reason,
+         "since": dt.datetime.fromtimestamp(switch.since_epoch_seconds, dt.UTC)
+         .isoformat(timespec="seconds"),
+         "paused_seconds": round(max(0.0, now - switch.since_epoch_seconds), 1)}
+        for switch in PauseSwitch(pause_backend(app)).describe()
+    ]
+
+
+def cancellations_section(app: Celery) -> list[dict[str, Any]]:
+    """Live cancellations, newest first (`Cancellations.describe`: one statement), at most
+    `CANCELLATIONS_SHOWN` (`jobs cancellations list` shows them all)."""
+    from jobs.platform import cancellations
+
+    return [
+        {"target": entry.target, "task_name": entry.task_name, "task_id": entry.task_id,
+         "key": entry.key, "reason": entry.reason,
+         "created_at": entry.created_at.isoformat(timespec="seconds"),
+         "expires_at": entry.expires_at.isoformat(timespec="seconds")}
+        for entry in cancellations(app).describe(limit=CANCELLATIONS_SHOWN)
+    ]
+
+
 def breakers_section(app: Celery, client: redis.Redis) -> list[dict[str, Any]]:
     """Every breaker with state in Redis or configured on a task: state and failure rate.
 
@@ -636,6 +673,8 @@ def collect(app: Celery, *, inspect_timeout_seconds: float = 1.0, active: bool =
         "taken_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         **_store_keys(stores),
         "tiers": section("tiers", lambda: tiers_section(app, counters, depths, running)),
+        "paused": section("paused", lambda: paused_section(app)),
+        "cancellations": section("cancellations", lambda: cancellations_section(app)),
         "breakers": section("breakers", lambda: breakers_section(app, client())),
         "budgets": section("budgets", lambda: budgets_section(app, client())),
         "limits": section("limits", lambda: limits_section(app, client(), counters)),

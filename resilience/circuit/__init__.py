@@ -6,16 +6,21 @@
 
 The breaker lives in a `BreakerBackend`: `RedisBreakerBackend` (the default, fleet-wide)
 or `MemoryBreakerBackend` (one process). `backend.describe(names)` shows the live state.
+With `on_open="refuse"` a task's `.delay()` raises `DependencyUnavailable` while its breaker
+is open (`admission.py`).
 """
 
+from resilience.circuit.admission import BreakerAdmissionGuard
 from resilience.circuit.backends import BreakerBackend, BreakerState, Permission, Verdict
 from resilience.circuit.backends.memory import MemoryBreakerBackend
 from resilience.circuit.backends.redis import RedisBreakerBackend
 from resilience.circuit.breaker import CircuitBreaker
-from resilience.circuit.config import BreakerConfig, CountWindow, TimeWindow
+from resilience.circuit.config import AdmissionConfig, BreakerConfig, CountWindow, TimeWindow
 from resilience.circuit.guard import BreakerGuard, circuit_breaker
 
 __all__ = [
+    "AdmissionConfig",
+    "BreakerAdmissionGuard",
     "BreakerBackend",
     "BreakerConfig",
     "BreakerGuard",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -106,3 +107,36 @@ class BreakerConfig:
 def _rate(name: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 < value <= 1.0:
         raise ConfigurationError(f"{name} must be within (0, 1], got {value!r}", field=name)
+
+
+#: What `.delay()` does while the task's breaker is open (see `AdmissionConfig`).
+ON_OPEN = ("enqueue", "refuse")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdmissionConfig:
+    """What a task's `.delay()` does while its breaker is open; per task, not per breaker.
+
+    Args:
+        on_open: "enqueue" (the default: queue the job, the worker defers it until the
+            breaker may half-open) or "refuse" (raise `DependencyUnavailable` with
+            `retry_after`; nothing is queued).
+        refresh_seconds: longest time a producer process trusts its copy of the breaker's
+            state (one store read per refresh, none per `.delay()`): a job may be queued
+            up to this long after a trip, and refused up to this long after a close.
+    """
+
+    on_open: str = "enqueue"
+    refresh_seconds: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.on_open not in ON_OPEN:
+            raise ConfigurationError(
+                f"on_open must be one of {ON_OPEN}, got {self.on_open!r}", field="on_open"
+            )
+        seconds = self.refresh_seconds
+        if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
+                or not math.isfinite(seconds) or seconds < 0):
+            raise ConfigurationError(
+                f"refresh_seconds must be a number >= 0, got {seconds!r}", field="refresh_seconds"
+            )

@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Retry
 
+from resilience.circuit.admission import BreakerAdmissionGuard
 from resilience.circuit.backends import BreakerBackend, Peek, Permission
 from resilience.circuit.backends.redis import RedisBreakerBackend
 from resilience.circuit.breaker import CircuitBreaker
-from resilience.circuit.config import BreakerConfig, CountWindow, TimeWindow
+from resilience.circuit.config import AdmissionConfig, BreakerConfig, CountWindow, TimeWindow
 from resilience.counters import count_call
 from resilience.deadletter.giveup import give_up
 from resilience.errors import DeadLettered, StorageError, StoreRejected, StoreUnavailable
@@ -151,6 +152,7 @@ class BreakerGuard(Guard):
                 ),
                 attempts=int(getattr(call.request, "retries", 0) or 0) + 1,
                 name=self.config.name,
+                dependency=self.config.name,
             )
         raise Stop(
             Outcome.DEFERRED,
@@ -231,6 +233,7 @@ def circuit_breaker(
     fallback: Callable[..., Any] | None = None,
     on_store_down: StoreDown | str = StoreDown.FAIL_OPEN,
     classify_hooks: Iterable[ClassifyHook] = (),
+    on_open: str = "enqueue",
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: gate the task on the fleet-wide breaker `name`.
 
@@ -238,9 +241,14 @@ def circuit_breaker(
         @circuit_breaker("payments", failure_rate_threshold=0.5, minimum_calls=20)
         def charge(order_id: int) -> None: ...
 
+    `on_open="refuse"` also adds an enqueue guard (`resilience.circuit.admission`): while
+    the breaker is open `.delay()` raises `DependencyUnavailable(retry_after=...)` and queues
+    nothing; the default "enqueue" queues the job, which the worker defers.
+
     Raises:
         ConfigurationError: at definition time (threshold outside (0, 1], window <= 0,
-            minimum_calls < 1, open_seconds <= 0, half_open_probes < 1, unknown policy).
+            minimum_calls < 1, open_seconds <= 0, half_open_probes < 1, unknown policy,
+            on_open neither "enqueue" nor "refuse").
     """
     config = BreakerConfig(
         name=name,
@@ -255,9 +263,14 @@ def circuit_breaker(
         fallback=fallback,
         on_store_down=on_store_down,
     )
+    admission = AdmissionConfig(on_open=on_open)
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        return attach(func, BreakerGuard(config, classify_hooks=classify_hooks))
+        attach(func, BreakerGuard(config, classify_hooks=classify_hooks))
+        if admission.on_open == "refuse":
+            # Only then: "enqueue" would add a guard that never acts to every publish.
+            attach(func, BreakerAdmissionGuard(config, admission))
+        return func
 
     return decorate
 

@@ -25,8 +25,13 @@ def give_up(
     attempts: int,
     exception: BaseException | None = None,
     name: str | None = None,
+    dependency: str | None = None,
 ) -> DeadLettered:
     """Dead-letter `call` and return the `DeadLettered` error the caller raises.
+
+    `dependency` names the dependency that was down (its breaker open, its retry budget
+    spent): the row records it, and automatic replay requeues it once that dependency's
+    breaker has stayed closed long enough. None when the job itself is at fault.
 
     The task then fails (state FAILURE in Flower) and its message is acknowledged, so it is
     not delivered again. If PostgreSQL cannot take the row the job still fails, and the
@@ -52,6 +57,7 @@ def give_up(
             tier=tier,
             queue=queue,
             exception=exception,
+            dependency=dependency,
         )
     except StorageError as exc:
         logger.error(

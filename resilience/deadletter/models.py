@@ -28,6 +28,13 @@ dead_letters = sa.Table(
     sa.Column("requeued_task_id", sa.Text),
     #: What arrived, for messages the worker's intake could not turn into a task (else NULL).
     sa.Column("raw_message", sa.JSON),
+    #: The dependency whose breaker was open, or whose retry budget was spent, when the job
+    #: was given up on (else NULL): such a row may be replayed once that breaker has stayed
+    #: closed long enough (`resilience.deadletter.replay`).
+    sa.Column("dependency", sa.Text),
     sa.Index("ix_dead_letters_task_name", "task_name"),
     sa.Index("ix_dead_letters_created_at", "created_at"),
+    # Automatic replay looks for pending rows of a dependency.
+    sa.Index("ix_dead_letters_pending_dependency", "dependency", "id",
+             postgresql_where=sa.text("requeued_at IS NULL AND dependency IS NOT NULL")),
 )

@@ -56,6 +56,8 @@ class DeadLetter:
     requeued_task_id: str | None
     #: What arrived, when the worker's intake could not turn the message into a task.
     raw_message: dict[str, Any] | None = None
+    #: The dependency whose open breaker or spent retry budget gave the job up (else None).
+    dependency: str | None = None
 
 
 def _jsonable(value: Any) -> Any:
@@ -81,8 +83,13 @@ def dead_letter(
     queue: str | None = None,
     exception: BaseException | None = None,
     raw_message: dict[str, Any] | None = None,
+    dependency: str | None = None,
 ) -> int:
     """Record a job in the dead-letter place and return the entry's id.
+
+    Args:
+        dependency: the dependency that was down (breaker open, retry budget spent), so the
+            row may be replayed automatically once it recovers; None for any other reason.
 
     Raises:
         StoreRejected / StoreUnavailable / StorageError: PostgreSQL refused the row or
@@ -101,6 +108,7 @@ def dead_letter(
         "exception_message": None if exception is None else str(exception)[:4000],
         "attempts": attempts,
         "raw_message": raw_message,
+        "dependency": dependency,
     }
     with (
         wrap_store_errors("dead-letter place: insert", task_id=task_id),

@@ -171,7 +171,7 @@ class RetryGuard(Guard):
         attempt = int(getattr(request, "retries", 0) or 0) + 1
         policy = self.policy
 
-        def dead(reason: str) -> BaseException:
+        def dead(reason: str, *, dependency_down: bool = False) -> BaseException:
             return give_up(
                 call,
                 guard=self.name,
@@ -179,6 +179,7 @@ class RetryGuard(Guard):
                 attempts=attempt,
                 exception=exc,
                 name=self.dependency,
+                dependency=self.dependency if dependency_down else None,
             )
 
         if not policy.is_retryable(exc):
@@ -198,7 +199,8 @@ class RetryGuard(Guard):
             if not decision.allowed:
                 return dead(
                     f"retry budget of {self.dependency!r} exhausted "
-                    f"({decision.retries} retries / {decision.requests} requests in window)"
+                    f"({decision.retries} retries / {decision.requests} requests in window)",
+                    dependency_down=True,
                 )
         count_call(call, Outcome.RETRY.value, guard=self.name, name=self.dependency)
         headers = dict(getattr(request, "headers", None) or {})

@@ -22,6 +22,7 @@ from resilience.locks.backends.postgres import AdvisorySession
 from resilience.ratelimit import RedisBackend
 from resilience.retry.budget import RedisBudgetBackend, RetryBudget, budget_key
 from resilience.stores import translate_store_error, wrap_store_errors
+from tests.support import dead_redis
 
 PASSWORD = "pw-" + secrets.token_hex(8)
 
@@ -90,7 +91,7 @@ class TestRejected:
 class TestUnavailable:
     def test_redis_connection_refused(self) -> None:
         """Nothing listens on the port: StoreUnavailable naming the key."""
-        client = redis.Redis(port=free_port(), socket_connect_timeout=0.5)
+        client = dead_redis()
         with pytest.raises(StoreUnavailable, match="tests-key"):
             RedisBackend(client).gcra("tests-key", interval_seconds=1, burst=1)
 

@@ -1,4 +1,5 @@
-"""Guard outcomes in a real Flower, and the resilience page inside Flower's own app."""
+"""Guard outcomes in a real Flower, the resilience page inside Flower's own app, and the
+operator actions on it (pause, resume, cancel, requeue) behind Flower's auth and XSRF."""
 
 from __future__ import annotations
 
@@ -9,17 +10,15 @@ import subprocess
 import tempfile
 import urllib.request
 import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.jobs.observe.browser import CHROMIUM, CHROMIUM_FLAGS, Browser
 from tests.support import ARTIFACTS, wait_for
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                  "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync")
 
 
 def chromium(*args: str) -> subprocess.CompletedProcess[str]:
@@ -220,3 +219,189 @@ class TestResiliencePage:
                 "Authorization": "Basic " + base64.b64encode(b"admin:s3cret").decode()})
             with urllib.request.urlopen(request, timeout=30) as response:
                 assert response.status == 200, path
+
+
+#: Flower's basic auth in the operator-action tests (a test value, not a secret).
+OPERATOR = ("operator", "observe-actions")
+AUTHORIZATION = "Basic " + base64.b64encode(":".join(OPERATOR).encode()).decode()
+
+
+@pytest.fixture(scope="class")
+def operator_flower(app: Any) -> Iterator[Any]:
+    """One Flower behind basic auth for the class's tests, and a critical-tier worker
+    booting meanwhile (each start costs seconds on a loaded machine)."""
+    from jobs.embedded import free_port
+    from tests.jobs.observe.conftest import Server
+    from tests.support import Worker
+
+    worker = Worker("critical", name="observe-actions", concurrency=1).start(wait=False)
+    port = free_port()
+    flower = Server(["flower"], port, {"JOBS_FLOWER_PORT": str(port),
+                                       "FLOWER_BASIC_AUTH": ":".join(OPERATOR),
+                                       "FLOWER_UNAUTHENTICATED_API": ""}, "flower-actions")
+    try:
+        flower.wait_ready("/healthcheck")
+        yield flower
+    finally:
+        # Both shut down at once: each waits on its own process.
+        with ThreadPoolExecutor(2) as pool:
+            for stopped in [pool.submit(flower.stop), pool.submit(worker.stop)]:
+                stopped.result()
+
+
+def _dead_letter(engine: Any, run_id: str, n: int) -> int:
+    """A pending dead letter of `counted(run_id, n)`, as the retry guard records one."""
+    from resilience.deadletter import dead_letter
+    from tests.jobs.observe.tasks_actions import counted
+
+    return dead_letter(engine, task_name=counted.name, task_id=None, args=[run_id, n],
+                       kwargs={}, guard="retry", reason="observe: vendor down", attempts=3,
+                       tier="critical", queue="critical")
+
+
+def _cancellation_rows(engine: Any, target: str) -> int:
+    from sqlalchemy import text
+
+    with engine.connect() as connection:
+        return int(connection.execute(text(
+            "SELECT count(*) FROM resilience_cancellations WHERE target = :target"),
+            {"target": target}).scalar_one())
+
+
+class TestOperatorActions:
+    @pytest.mark.timeout(240)
+    def test_an_operator_pauses_cancels_resumes_and_requeues_from_the_page(
+        self, app: Any, engine: Any, redis_client: Any, operator_flower: Any,
+    ) -> None:
+        """Headless Chromium, behind Flower's basic auth, uses the page's forms: the tier
+        pause is in Redis and a job sent meanwhile is deferred, not run; the job cancelled
+        by id has its record and never runs (CANCELLED, or REVOKED by the `revoke` sent with
+        it); after resume the deferred job runs once; the requeued dead letter is marked and
+        its job runs once."""
+        from celery.exceptions import TaskRevokedError
+        from celery.result import AsyncResult
+
+        from jobs.platform import pause_backend
+        from resilience.deadletter import get
+        from resilience.pause import PauseSwitch, RedisPauseBackend
+        from tests.jobs.observe.tasks_actions import counted
+
+        run_id = uuid.uuid4().hex[:8]
+
+        def runs(n: int) -> int:
+            return int(redis_client.get(f"tests:observe:counted:{run_id}:{n}") or 0)
+
+        letter = _dead_letter(engine, run_id, 3)
+        switch = PauseSwitch(pause_backend(app))
+        page = f"{operator_flower.url}/resilience?refresh=0"
+        try:
+            with Browser(headers={"Authorization": AUTHORIZATION}) as browser:
+                browser.open(page)
+                browser.submit("#pause-form", {"scope": "tier", "name": "critical",
+                                               "reason": "observe: browser test"})
+                assert "paused tier 'critical'" in browser.text("#flash")
+                assert browser.evaluate("document.querySelector('#paused-tier-critical') !== null")
+                assert redis_client.exists(RedisPauseBackend.key("tier", "critical"))
+                assert [(p.scope, p.name, p.reason) for p in switch.describe()] == [
+                    ("tier", "critical", "observe: browser test")]
+                ARTIFACTS.mkdir(exist_ok=True)
+                screenshot = ARTIFACTS / "resilience-actions.png"
+                browser.screenshot(screenshot)
+                assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+                # No worker process has read this task's switches yet (each reads them with
+                # its first job of the task), so none holds a copy from before the pause.
+                deferred = counted.delay(run_id, 1)
+                cancelled = counted.delay(run_id, 2)
+                browser.submit("#cancel-form", {"task_id": cancelled.id})
+                assert browser.evaluate(
+                    f"document.querySelector('[data-target=\"id:{cancelled.id}\"]') !== null")
+                assert f"cancelled job {cancelled.id}" in browser.text("#flash")
+                assert _cancellation_rows(engine, f"id:{cancelled.id}") == 1
+
+                wait_for(lambda: deferred.state == "RETRY", timeout_seconds=60,
+                         message="the paused tier's job deferred by the worker")
+                assert runs(1) == 0 and runs(2) == 0
+
+                browser.submit("#paused-tier-critical form")
+                assert browser.evaluate("document.querySelector('#paused-none') !== null")
+                assert "resumed tier 'critical'" in browser.text("#flash")
+                assert switch.describe() == []
+
+                browser.submit(f"#dead-letter-{letter} form")
+                assert browser.evaluate(f"document.querySelector('#dead-letter-{letter}') === null")
+                assert f"dead letter {letter} requeued as task" in browser.text("#flash")
+        finally:
+            switch.resume("tier", "critical")
+        entry = get(engine, letter)
+        assert entry.requeued_at is not None and entry.requeued_task_id
+        assert AsyncResult(entry.requeued_task_id, app=app).get(timeout=60) == 3
+        assert deferred.get(timeout=60) == 1
+        try:
+            # The pause guard met it first: the cancel guard stops it when it comes back.
+            outcome = cancelled.get(timeout=60)["outcome"]
+        except TaskRevokedError:
+            # The worker held it (deferred, with its countdown) when the page's action sent
+            # Celery's revoke along with the record, as `jobs cancel ID` does.
+            outcome = "REVOKED"
+        assert outcome in ("CANCELLED", "REVOKED"), outcome
+        assert (runs(1), runs(2), runs(3)) == (1, 0, 1)
+
+    @pytest.mark.timeout(120)
+    def test_a_post_without_the_xsrf_token_is_refused_and_changes_nothing(
+        self, app: Any, engine: Any, redis_client: Any, operator_flower: Any,
+    ) -> None:
+        """With the right basic auth but no (or a forged) XSRF token, every action answers
+        403 and nothing changes; GET never acts; with the token, bad input is one line, a
+        cancel by key is recorded, and /api/resilience lists it (and no pause)."""
+        import requests
+
+        from jobs.platform import pause_backend
+        from resilience.deadletter import get
+        from resilience.pause import PauseSwitch
+        from tests.jobs.observe.tasks_actions import counted
+
+        run_id = uuid.uuid4().hex[:8]
+        letter = _dead_letter(engine, run_id, 4)
+        task_id = str(uuid.uuid4())
+        actions = f"{operator_flower.url}/resilience/actions"
+        attempts = {"pause": {"scope": "tier", "name": "standard"},
+                    "cancel": {"task_id": task_id}, "requeue": {"id": str(letter)}}
+        with requests.Session() as session:
+            session.auth = OPERATOR
+            for action, form in attempts.items():
+                refused = session.post(f"{actions}/{action}", data=form, timeout=30,
+                                       allow_redirects=False)
+                assert refused.status_code == 403, (action, refused.text[:300])
+                forged = session.post(f"{actions}/{action}", data={**form, "_xsrf": "2|0|0|0"},
+                                      cookies={"_xsrf": "2|1|1|1"}, timeout=30,
+                                      allow_redirects=False)
+                assert forged.status_code == 403, (action, forged.text[:300])
+                assert session.get(f"{actions}/{action}", timeout=30).status_code == 405
+            assert PauseSwitch(pause_backend(app)).describe() == []
+            assert _cancellation_rows(engine, f"id:{task_id}") == 0
+            assert get(engine, letter).requeued_at is None
+
+            assert session.get(f"{operator_flower.url}/resilience?refresh=0",
+                               timeout=30).status_code == 200
+            token = {"X-XSRFToken": session.cookies["_xsrf"], "Accept": "application/json"}
+            answers = {
+                "pause": ({"scope": "tier", "name": "nope"}, 400,
+                          "unknown tier 'nope'; tiers are critical, standard, optional"),
+                "requeue": ({"id": "987654321"}, 404, "no dead letter with id 987654321"),
+                "cancel": ({"task": counted.name, "key": f"{run_id}-7"}, 200,
+                           f"cancelled the jobs of {counted.name} with key '{run_id}-7'"),
+            }
+            for action, (form, status, message) in answers.items():
+                answer = session.post(f"{actions}/{action}", data=form, headers=token,
+                                      timeout=30)
+                assert answer.status_code == status, (action, answer.text[:300])
+                assert message in answer.json()["message"], answer.json()
+            assert requests.post(f"{actions}/pause", data={"name": "standard"}, headers=token,
+                                 cookies=session.cookies, timeout=30).status_code == 401
+            snapshot = session.get(f"{operator_flower.url}/api/resilience", timeout=30).json()
+        assert "paused" not in snapshot["errors"] and "cancellations" not in snapshot["errors"]
+        assert snapshot["paused"] == []
+        assert f"key:{counted.name}:{run_id}-7" in [c["target"] for c in snapshot["cancellations"]]
+        assert _cancellation_rows(engine, f"key:{counted.name}:{run_id}-7") == 1
+        assert PauseSwitch(pause_backend(app)).describe() == []

@@ -15,6 +15,7 @@ from resilience.idempotency.cache import CachedResult, ResultCache, cache_key
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Pipeline, Rounds
 from tests.resilience.idempotency import tasks
+from tests.support import dead_redis
 
 TASK = "tests.cache"
 
@@ -26,9 +27,8 @@ def execute(rounds: Rounds) -> None:
 
 
 def unreachable() -> redis.Redis:
-    from jobs.embedded import free_port
 
-    return redis.Redis(port=free_port(), socket_connect_timeout=0.2, decode_responses=True)
+    return dead_redis(decode_responses=True)
 
 
 class TestResultCache:

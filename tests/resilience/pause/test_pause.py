@@ -10,7 +10,7 @@ import pytest
 
 from resilience.errors import ConfigurationError, JobDeferred
 from resilience.pause import MemoryPauseBackend, PauseSwitch, RedisPauseBackend
-from tests.support import wait_for
+from tests.support import dead_redis, wait_for
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -100,15 +100,13 @@ class TestStoreDown:
     def test_a_dead_store_is_asked_once_per_refresh_not_once_per_job(self, app: Any) -> None:
         """Redis refuses connections: fail_open runs every job, fail_closed defers every
         job, and either way the store is tried once per refresh period."""
-        import redis
 
-        from jobs.embedded import free_port
         from resilience.outcomes import Outcome, Stop
         from resilience.pause import PauseConfig, PauseGuard
         from tests.resilience.pause.tasks import inline
 
         for policy in ("fail_open", "fail_closed"):
-            backend = CountingBackend(redis.Redis(port=free_port(), socket_connect_timeout=0.2))
+            backend = CountingBackend(dead_redis())
             guard = PauseGuard(PauseConfig(refresh_seconds=60, on_store_down=policy), backend)
             for _ in range(5):
                 if policy == "fail_open":

@@ -6,9 +6,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import redis
 
-from jobs.embedded import free_port
 from resilience.counters import read_all
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call
@@ -22,6 +20,7 @@ from resilience.ratelimit import (
     RedisBackend,
 )
 from tests.resilience.ratelimit import tasks
+from tests.support import dead_redis
 
 
 def call(task_id: str = "t1", **kwargs: Any) -> Call:
@@ -79,12 +78,12 @@ class TestConcurrencyGuard:
 
     def test_fail_open_runs_when_redis_is_down(self) -> None:
         """Store down, fail_open (default): the call runs."""
-        dead = RedisBackend(redis.Redis(port=free_port(), socket_connect_timeout=0.2))
+        dead = RedisBackend(dead_redis())
         concurrency(backend=dead).before_run(call())
 
     def test_fail_closed_defers_when_redis_is_down(self) -> None:
         """Store down, on_store_down="fail_closed": DEFERRED."""
-        dead = RedisBackend(redis.Redis(port=free_port(), socket_connect_timeout=0.2))
+        dead = RedisBackend(dead_redis())
         with pytest.raises(Stop) as stopped:
             concurrency(backend=dead, on_store_down="fail_closed").before_run(call())
         assert stopped.value.outcome is Outcome.DEFERRED

@@ -30,6 +30,7 @@ from resilience.ratelimit import (
     RedisBackend,
 )
 from tests.resilience.ratelimit import tasks
+from tests.support import dead_redis
 
 PREFIX = "resilience:limits"
 
@@ -162,11 +163,9 @@ class TestDescribe:
 class TestStorageErrors:
     def test_unreachable_redis_is_wrapped(self, algorithm: Algorithm) -> None:
         """A dead Redis raises StoreUnavailable naming the key, never a raw redis error."""
-        import redis
 
-        from jobs.embedded import free_port
 
-        backend = RedisBackend(redis.Redis(port=free_port(), socket_connect_timeout=0.2))
+        backend = RedisBackend(dead_redis())
         with pytest.raises(StoreUnavailable, match="tests-key") as raised:
             backend.run(algorithm, "tests-key", Params(limit=1, period_us=1_000_000))
         assert isinstance(raised.value, StorageError)

@@ -1,0 +1,170 @@
+"""`BreakerAdmissionGuard` (EnqueueStage.BREAKER): `.delay()` knows the dependency is down.
+
+With `@circuit_breaker(name, on_open="refuse")` a producer whose task's breaker is open gets
+`DependencyUnavailable(retry_after=...)` (an `AdmissionError`, like `TierFull`: HTTP 503 +
+Retry-After) instead of a job the worker could only defer. Open and forced_open refuse;
+half_open, closed and forced_closed admit, and so does an open breaker whose open period is
+over (the next acquire half-opens it: the job may be a probe). `retry_after` is the rest of
+the open period, or `open_seconds` for a breaker an operator holds open.
+
+Cost: the state comes from this process's copy, read again once it is older than
+`refresh_seconds` (one round trip: the breaker's `describe`), so a `.delay()` in steady
+state makes no round trip of its own. The copy is why the answer may be stale by up to
+`refresh_seconds`: a job can be queued that long after a trip (the worker defers it, as
+without this guard), and refused that long after a close. When the store cannot be read
+the guard fails open: jobs are queued and the store is not asked again for
+`refresh_seconds` after the failed read ended; the failed read is warned and counted
+FAIL-OPEN once. Not once per job, unlike an execution guard: the counters live in the
+same Redis, and a count per job would make every `.delay()` wait on the dead store.
+
+Never refused: a republish (Celery's retry, a guard's deferral: `retries` is set, and
+`GuardedTask.apply_async` skips enqueue guards for it), and a canvas continuation a worker
+publishes after the parent finished (`parent_id` is set): refusing it would fail a parent
+whose body already succeeded and drop the rest of the chain.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from resilience.circuit.backends import BreakerBackend
+from resilience.circuit.backends.redis import RedisBreakerBackend
+from resilience.circuit.config import AdmissionConfig, BreakerConfig
+from resilience.counters import count_outcome
+from resilience.errors import DependencyUnavailable, StorageError
+from resilience.outcomes import Outcome
+from resilience.pipeline import EnqueueGuard, EnqueueStage, Publish
+
+if TYPE_CHECKING:
+    from celery import Task
+
+logger = logging.getLogger("resilience.circuit")
+
+#: Breaker states that refuse a new job (an open one only until its open period is over).
+REFUSING = ("open", "forced_open")
+
+
+@dataclass(frozen=True)
+class _Copy:
+    """This process's copy of one breaker's state."""
+
+    asked_at: float  # the guard's clock (monotonic seconds)
+    state: str | None  # None: the store could not be read (fail open until the next refresh)
+    retry_in_seconds: float = 0.0  # open: the rest of the open period when asked
+
+
+class BreakerAdmissionGuard(EnqueueGuard):
+    """Refuses a publish while the task's breaker is open (`on_open="refuse"`).
+
+    Args:
+        breaker: the config of the breaker the task declares (its name and open period).
+        config: the task's admission policy.
+        backend: where the breaker lives, or a callable giving one for the bound task;
+            None = the app's shared Redis.
+        clock: monotonic seconds; tests move it instead of waiting for a refresh.
+    """
+
+    name = "circuit"
+    stage = EnqueueStage.BREAKER
+
+    def __init__(
+        self,
+        breaker: BreakerConfig,
+        config: AdmissionConfig,
+        *,
+        backend: BreakerBackend | Callable[[Task], BreakerBackend] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.breaker = breaker
+        self.config = config
+        self.clock = clock
+        self._backend = backend if backend is not None else _redis_backend
+        self.backend: BreakerBackend | None = None if callable(self._backend) else self._backend
+        self._copy: _Copy | None = None
+
+    def bind(self, task: Task) -> None:
+        if self.backend is None and callable(self._backend):
+            self.backend = self._backend(task)
+
+    def describe(self, task: Task | None = None) -> dict[str, Any]:
+        return {"name": self.breaker.name, "on_open": self.config.on_open,
+                "refresh_seconds": self.config.refresh_seconds}
+
+    def forget(self) -> None:
+        """Drop this process's copy: the next publish reads the store."""
+        self._copy = None
+
+    def before_publish(self, publish: Publish) -> None:
+        """Raise `DependencyUnavailable` while the breaker refuses; else let it through.
+
+        Raises:
+            DependencyUnavailable: the breaker is open or forced open (nothing is queued).
+        """
+        options = publish.options
+        if (self.config.on_open != "refuse" or options.get("retries") is not None
+                or options.get("parent_id")):
+            return
+        now = self.clock()
+        copy = self._copy
+        if copy is None or not now - copy.asked_at < self.config.refresh_seconds:
+            copy = self._refresh(now, publish)
+        if copy.state is None:
+            return  # the store is unreadable: fail open (counted once per failed read)
+        wait = self._refusal(copy, now)
+        if wait is None:
+            return
+        reason = f"breaker {self.breaker.name!r} is {copy.state}"
+        self._count(publish, Outcome.REJECTED, reason=reason, retry_after_seconds=wait)
+        raise DependencyUnavailable(
+            f"{publish.task.name}: {reason}; not enqueued (on_open='refuse'), "
+            f"retry in {wait:.1f}s",
+            retry_after=wait,
+            breaker=self.breaker.name,
+            state=copy.state,
+            task=publish.task.name,
+        )
+
+    def _refusal(self, copy: _Copy, now: float) -> float | None:
+        """Seconds the caller should wait, or None to admit."""
+        if copy.state == "forced_open":
+            return self.breaker.open_seconds
+        if copy.state == "open":
+            remaining = copy.retry_in_seconds - (now - copy.asked_at)
+            return round(remaining, 3) if remaining > 0 else None
+        return None
+
+    def _refresh(self, now: float, publish: Publish) -> _Copy:
+        """Read the breaker's state once (one round trip); an unreadable store fails open.
+
+        A state read is dated when it was asked (its age is never understated); a failed
+        read when it (and its count) ended, so a store that takes its timeout to fail is
+        asked once per `refresh_seconds`, not by every publish.
+        """
+        assert self.backend is not None, "BreakerAdmissionGuard used before bind()"
+        try:
+            state = self.backend.describe([self.breaker.name])[0]
+            copy = _Copy(now, state.state, state.retry_in_seconds or 0.0)
+        except StorageError as error:
+            logger.warning(
+                "breaker %s: state unreadable at enqueue, admitting jobs until the next "
+                "refresh in %.1fs (fail open): %s",
+                self.breaker.name, self.config.refresh_seconds, error,
+            )
+            self._count(publish, Outcome.FAIL_OPEN, reason=f"breaker store unreadable: {error}")
+            copy = _Copy(self.clock(), None)  # after the count, which may wait on it too
+        self._copy = copy
+        return copy
+
+    def _count(self, publish: Publish, outcome: Outcome, **event: Any) -> None:
+        count_outcome(publish.task.app, outcome.value, guard=self.name,
+                      tier=getattr(publish.task, "tier", None), name=self.breaker.name,
+                      **event)
+
+
+def _redis_backend(task: Task) -> BreakerBackend:
+    """The default store of a fleet-wide breaker: the task's app's shared Redis."""
+    return RedisBreakerBackend.of_app(task.app)

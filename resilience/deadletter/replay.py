@@ -1,0 +1,228 @@
+"""Automatic replay: dead letters of a dependency that was down, requeued once it recovered.
+
+A job given up on because its dependency's breaker was open, or because the dependency's
+retry budget was spent, records that dependency (`dead_letters.dependency`, written by
+`give_up`). Such a job was fine; its dependency was not. `AutoReplay.run_once` (the beat's
+`jobs.maintenance.replay_dead_letters`) requeues those rows when:
+
+- the dependency's breaker (the breaker of that name; a dependency without one counts as
+  closed) is closed, or forced closed, and has been for `closed_for_seconds` on the
+  breaker store's clock; open, half-open or forced open: the rows wait;
+- the row itself was dead-lettered at least `closed_for_seconds` ago, so a row given up by
+  a spent budget while the breaker stayed closed also waits that long;
+
+paced by a fleet-wide rate limit (GCRA in Redis, `rate`), at most `max_rows_per_run` rows
+and `max_run_seconds` per run. Requeueing is `requeue_many`: each row once, through the
+outbox, whatever runs at the same time. A replayed job that fails again is a new dead
+letter, replayed again only after the dependency has again been closed long enough.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from resilience.deadletter.models import dead_letters
+from resilience.deadletter.place import DeadLetter
+from resilience.deadletter.bulk import (
+    STOPPED_BY_ADMIT,
+    RequeueReport,
+    Selection,
+    requeue_many,
+)
+from resilience.errors import ConfigurationError
+from resilience.ratelimit.algorithms import GCRA, Params
+from resilience.ratelimit.rates import parse
+from resilience.stores import wrap_store_errors
+
+if TYPE_CHECKING:
+    from celery import Celery
+    from sqlalchemy.engine import Engine
+
+    from resilience.circuit.backends import BreakerBackend, BreakerState
+    from resilience.ratelimit.backends import LimiterBackend
+
+logger = logging.getLogger("resilience.deadletter.replay")
+
+#: The fleet-wide rate limiter every replay run draws from.
+LIMITER_KEY = "deadletter:replay"
+#: Breaker states in which a dependency counts as recovered.
+CLOSED_STATES = ("closed", "forced_closed")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayConfig:
+    """Args:
+    closed_for_seconds: how long a dependency's breaker must have stayed closed (and a row
+        been dead) before its rows are replayed.
+    rate: the fleet-wide pace of replays, `"10/second"` (`resilience.ratelimit.parse`);
+        its limit is also the burst.
+    max_rows_per_run: most rows one run requeues.
+    max_run_seconds: longest a run waits for the pace; what is left waits for the next run.
+    batch_size: rows per transaction.
+    dependencies: replay only the rows of these dependencies (None: of every one).
+    """
+
+    closed_for_seconds: float = 300.0
+    rate: str = "10/second"
+    max_rows_per_run: int = 500
+    max_run_seconds: float = 20.0
+    batch_size: int = 50
+    dependencies: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.closed_for_seconds >= 0:
+            raise ConfigurationError(
+                f"closed_for_seconds must be >= 0, got {self.closed_for_seconds!r}")
+        parse(self.rate)  # raises ConfigurationError naming the problem
+        for name in ("max_rows_per_run", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"{name} must be an integer >= 1, got {value!r}")
+        if not self.max_run_seconds >= 0:
+            raise ConfigurationError(
+                f"max_run_seconds must be >= 0, got {self.max_run_seconds!r}")
+        if self.dependencies is not None:
+            if isinstance(self.dependencies, str) or not all(
+                    isinstance(name, str) and name for name in self.dependencies):
+                raise ConfigurationError(
+                    f"dependencies must be a list of names, got {self.dependencies!r}")
+            object.__setattr__(self, "dependencies", tuple(self.dependencies))
+
+
+@dataclass
+class ReplayReport:
+    """What one run did: rows requeued per dependency, and why the others wait."""
+
+    requeued: dict[str, RequeueReport] = field(default_factory=dict)
+    #: dependency -> why its rows wait ("breaker open", "closed 12s of 300s").
+    waiting: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def replayed(self) -> int:
+        """Rows requeued in this run."""
+        return sum(len(report.requeued) for report in self.requeued.values())
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready: the beat task's result."""
+        return {
+            "replayed": self.replayed,
+            "by_dependency": {name: report.summary() for name, report in self.requeued.items()},
+            "waiting": dict(self.waiting),
+        }
+
+
+class AutoReplay:
+    """Requeues dead letters whose dependency recovered (see the module doc).
+
+    Args:
+        engine: the dead-letter place's database.
+        app: the Celery app whose tasks are requeued (through the outbox).
+        breakers: where the dependencies' breakers live.
+        limiter: where the replay pace is kept (fleet-wide on Redis).
+        sleep, clock: injectable for tests.
+    """
+
+    def __init__(self, engine: Engine, app: Celery, config: ReplayConfig, *,
+                 breakers: BreakerBackend, limiter: LimiterBackend,
+                 sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.engine = engine
+        self.app = app
+        self.config = config
+        self.breakers = breakers
+        self.limiter = limiter
+        self.sleep = sleep
+        self.clock = clock
+        self._params = Params.of_rate(parse(config.rate), burst=parse(config.rate).limit)
+
+    @classmethod
+    def of_app(cls, app: Celery, config: ReplayConfig) -> AutoReplay:
+        """Breakers and pace on the app's shared Redis, rows in its PostgreSQL."""
+        from resilience.circuit.backends.redis import RedisBreakerBackend
+        from resilience.ratelimit.backends.redis import RedisBackend
+        from resilience.stores import stores_for
+
+        stores = stores_for(app)
+        return cls(stores.engine(), app, config, breakers=RedisBreakerBackend.of_app(app),
+                   limiter=RedisBackend(lambda: stores_for(app).redis()))
+
+    def pending_dependencies(self) -> list[str]:
+        """Dependencies with dead letters not yet requeued, of those configured (one
+        indexed query)."""
+        query = (sa.select(dead_letters.c.dependency).distinct()
+                 .where(dead_letters.c.requeued_at.is_(None),
+                        dead_letters.c.dependency.is_not(None))
+                 .order_by(dead_letters.c.dependency))
+        if self.config.dependencies is not None:
+            query = query.where(dead_letters.c.dependency.in_(self.config.dependencies))
+        with wrap_store_errors("dead-letter place: pending dependencies"), \
+                self.engine.connect() as connection:
+            return [str(name) for name in connection.execute(query).scalars()]
+
+    def waits(self, state: BreakerState) -> str | None:
+        """Why the rows of `state`'s dependency must wait, or None when they may run."""
+        if state.state not in CLOSED_STATES:
+            return f"breaker {state.state}"
+        closed = state.seconds_in_state
+        # A breaker with no transition on record has never opened (or its state was lost):
+        # the row's own age (see `run_once`) is then the only wait.
+        if closed is not None and closed < self.config.closed_for_seconds:
+            return f"closed {closed:.0f}s of {self.config.closed_for_seconds:g}s"
+        return None
+
+    def run_once(self) -> ReplayReport:
+        """Requeue what may be replayed now, paced; one beat tick.
+
+        Raises:
+            StorageError: Redis or PostgreSQL failed (rows requeued before stay requeued).
+        """
+        report = ReplayReport()
+        names = self.pending_dependencies()
+        if not names:
+            return report
+        states = {state.name: state for state in self.breakers.describe(names)}
+        deadline = self.clock() + self.config.max_run_seconds
+        budget = self.config.max_rows_per_run
+        caller = uuid.uuid4().hex
+        old_enough = dt.datetime.now(dt.UTC) - dt.timedelta(
+            seconds=self.config.closed_for_seconds)
+        for name in names:
+            state = states.get(name)
+            reason = self.waits(state) if state is not None else None
+            if reason is not None:
+                report.waiting[name] = reason
+                continue
+            if budget <= 0:
+                report.waiting[name] = "the run's row limit was reached"
+                continue
+            done = requeue_many(
+                self.engine, self.app, Selection(dependency=name, before=old_enough),
+                limit=budget, batch_size=self.config.batch_size,
+                admit=lambda entry: self._paced(entry, caller, deadline),
+            )
+            report.requeued[name] = done
+            budget -= len(done.requeued)
+            if done.stopped == STOPPED_BY_ADMIT:
+                report.waiting[name] = "paced: the rest waits for the next run"
+                break
+        if report.replayed:
+            logger.info("dead letters replayed: %s", report.summary())
+        return report
+
+    def _paced(self, entry: DeadLetter, caller: str, deadline: float) -> bool:
+        """Take one permit of the replay rate, waiting for it until the run's deadline."""
+        while True:
+            decision = self.limiter.run(GCRA, LIMITER_KEY, self._params, caller)
+            if decision.allowed:
+                return True
+            if self.clock() + decision.retry_after_seconds > deadline:
+                return False
+            self.sleep(decision.retry_after_seconds)
