@@ -11,7 +11,7 @@ from typing import Any
 
 from resilience.errors import ConfigurationError
 
-__all__ = ["app"]
+__all__ = ["app", "batch"]
 
 _app: Any = None
 
@@ -32,6 +32,10 @@ def __getattr__(name: str) -> Any:
                 # import name 'app'" and hide the real cause.
                 raise RuntimeError(f"building the Celery app failed: {exc!r}") from exc
         return _app
+    if name == "batch":  # `jobs.batch([...], on_success=...)` (resilience.batches)
+        from resilience.batches import batch
+
+        return batch
     raise AttributeError(f"module 'jobs' has no attribute {name!r}")
 
 

@@ -56,6 +56,7 @@ ADMIN_COMMANDS = {
     "metrics": "jobs.admin.metrics",
     "outbox": "jobs.admin.outbox",
     "cancellations": "jobs.admin.cancellations",
+    "batches": "jobs.admin.batches",
 }
 
 

@@ -10,6 +10,8 @@ from kombu import Exchange, Queue
 
 from jobs.settings import Settings, get_settings
 from jobs.tiers import DEFAULT_TIER, TIERS, validate_tier
+from resilience.batches import batch_guards
+from resilience.batches.signals import connect as connect_batch_signals
 from resilience.bulkhead import AdmissionGuard, BulkheadConfig, depth_backend_for
 from resilience.cancel import CancelConfig, CancelGuard, Cancellations, RedisCancelBackend
 from resilience.deadletter.poison import PoisonConfig, PoisonGuard
@@ -94,7 +96,11 @@ class JobTask(GuardedTask):
         ),
         PauseGuard(PauseConfig(), lambda task: pause_backend(task.app)),
         CancelGuard(CancelConfig(), lambda task: cancel_backend(task.app)),
+        *batch_guards(),  # a batch member's final state, recorded once (resilience.batches)
     )
+
+
+connect_batch_signals()  # outcomes no guard sees (revoked, hard time limit)
 
 
 class JobsCelery(Celery):

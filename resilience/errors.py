@@ -10,8 +10,10 @@ without the other.
     ├── InvalidTaskArguments        arguments that cannot be enqueued (enqueue time)
     │   ├── ArgumentsDoNotBind      arguments do not match the task's signature
     │   ├── NonJsonArguments        an argument is not JSON-serializable
-    │   └── PayloadTooLarge         the serialized message exceeds the size limit
+    │   ├── PayloadTooLarge         the serialized message exceeds the size limit
+    │   └── InvalidBatch            a batch that cannot be enqueued as given (resilience.batches)
     ├── InvalidKey                  a guard key is malformed, too long or not JSON
+    ├── BatchNotFound               no batch has this id (resilience.batches)
     ├── StorageError                Redis or PostgreSQL failed under a guard (wraps the cause)
     │   ├── StoreUnavailable        the store cannot serve now (down, timeout, failover)
     │   └── StoreRejected           the store refused an operation retrying cannot fix

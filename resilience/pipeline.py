@@ -54,12 +54,14 @@ if TYPE_CHECKING:
 class Stage(IntEnum):
     """Where an execution guard sits; lower runs first (outermost). See `STAGES`."""
 
+    BATCH = 1
     UNIQUE = 5
     CANCEL = 6
     POISON = 8
     DEADLINE = 10
     PAUSE = 15
     IDEMPOTENCY = 20
+    BATCH_RECORD = 25
     EXCLUSIVITY = 30
     BREAKER = 40
     CONCURRENCY = 50
@@ -89,12 +91,14 @@ class StageRule:
 
 #: The execution order, in one place (DESIGN.md "The path of one job").
 STAGES: dict[Stage, StageRule] = {
+    Stage.BATCH: StageRule("record a batch member's final state, whatever stopped it"),
     Stage.UNIQUE: StageRule("give the @unique key back when the job starts (or ends)"),
     Stage.CANCEL: StageRule("stop a job an operator cancelled (jobs cancel)"),
     Stage.POISON: StageRule("dead-letter a message whose worker died too often"),
     Stage.DEADLINE: StageRule("shed a job whose deadline passed before it started"),
     Stage.PAUSE: StageRule("defer the jobs of a paused tier or task"),
     Stage.IDEMPOTENCY: StageRule("claim the key in PostgreSQL; replay finished keys"),
+    Stage.BATCH_RECORD: StageRule("a transactional member's state, in the body's transaction"),
     Stage.EXCLUSIVITY: StageRule("@singleton or @exclusive: one holder per key"),
     Stage.BREAKER: StageRule("per-dependency breaker; several dependencies allowed",
                              several=True),

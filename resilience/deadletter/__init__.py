@@ -4,8 +4,8 @@ Bulk requeue is `requeue_many` (`bulk.py`); automatic replay of jobs whose depen
 recovered is `resilience.deadletter.replay.AutoReplay`.
 """
 
-from resilience.deadletter.place import DeadLetter, dead_letter, get, list_entries, requeue
 from resilience.deadletter.bulk import RequeueReport, Selection, requeue_many
+from resilience.deadletter.place import DeadLetter, dead_letter, get, list_entries, requeue
 
 __all__ = [
     "DeadLetter",

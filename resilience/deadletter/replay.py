@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from resilience.deadletter.models import dead_letters
-from resilience.deadletter.place import DeadLetter
 from resilience.deadletter.bulk import (
     STOPPED_BY_ADMIT,
     RequeueReport,
     Selection,
     requeue_many,
 )
+from resilience.deadletter.models import dead_letters
+from resilience.deadletter.place import DeadLetter
 from resilience.errors import ConfigurationError
 from resilience.ratelimit.algorithms import GCRA, Params
 from resilience.ratelimit.rates import parse

@@ -22,11 +22,11 @@ class TestPipelineCommand:
         assert done.returncode == 0, done.stderr
         view = json.loads(done.stdout)
         assert [row["stage"] for row in view["execution"]] == [
-            "CANCEL", "POISON", "DEADLINE", "PAUSE", "IDEMPOTENCY", "EXCLUSIVITY", "BREAKER",
-            "CONCURRENCY", "RATE", "RETRY"]
+            "BATCH", "CANCEL", "POISON", "DEADLINE", "PAUSE", "IDEMPOTENCY", "BATCH_RECORD",
+            "EXCLUSIVITY", "BREAKER", "CONCURRENCY", "RATE", "RETRY"]
         assert [row["stage"] for row in view["enqueue"]] == [
             "VALIDATE", "VALIDATE", "ADMIT", "STAMP"]
-        idempotency = view["execution"][4]["options"]
+        idempotency = view["execution"][5]["options"]
         assert idempotency["transactional"] is True
         assert idempotency["on_store_down"] == "fail_closed"
 

@@ -1,0 +1,250 @@
+"""The producer's side of a batch: members and batch written in one transaction.
+
+    b = batch([charge.s(1, 10), charge.s(2, 20)], on_complete=report.s(), description="May")
+    b.add(charge.s(3, 30))
+    result = b.apply_async()                  # its own transaction; or, in yours:
+    result = b.apply_async_in(session)        # nothing exists unless `session` commits
+
+    with batch(on_success=notify.s("ops")) as b:    # written when the block ends
+        for order in orders:
+            b.add(charge.s(order.id, order.amount))
+
+Every member is written to the outbox (`task.apply_async_in`) in the same transaction as
+the batch row and the member rows, each with the header `batch_id`; the relay publishes
+members only once that transaction committed, so a worker never meets a member of a batch
+that does not exist, and a rolled-back batch leaves no job.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from resilience.batches.backends import BatchSummary, NewBatch, NewMember
+from resilience.batches.callbacks import callback_argument
+from resilience.batches.errors import InvalidBatch
+from resilience.batches.guard import BATCH_HEADER, BatchGuard
+from resilience.errors import InvalidTaskArguments
+from resilience.keys import canonical_json, check_binding
+
+if TYPE_CHECKING:
+    from celery import Celery, Task
+    from celery.canvas import Signature
+    from celery.result import AsyncResult
+
+    from resilience.batches.backends.postgres import PostgresBatchBackend
+
+
+class BatchResult:
+    """What `Batch.apply_async` returns: the batch id and each member's `AsyncResult`."""
+
+    def __init__(self, app: Celery, batch_id: str, results: list[AsyncResult]) -> None:
+        self.app = app
+        self.id = batch_id
+        self.results = results
+
+    def summary(self) -> BatchSummary:
+        """The batch now: pending count, tallies per state, callbacks written.
+
+        Raises:
+            BatchNotFound: the batch was rolled back (or purged).
+        """
+        return _backend(self.app).summary(self.id)
+
+    def __repr__(self) -> str:
+        return f"<BatchResult {self.id} ({len(self.results)} members)>"
+
+
+class Batch:
+    """Jobs enqueued together whose callbacks run once, when every member has a final state.
+
+    Args:
+        signatures: member jobs, each one task's signature (`task.s(...)`, options kept).
+        on_success: a signature run once if every member succeeded (or was replayed).
+        on_complete: a signature run once when every member is final, whatever the states.
+        description: shown by `jobs batches list/show` and passed to the callbacks.
+        app: the Celery app (default: the members' app, else the current app).
+
+    Raises:
+        InvalidBatch: a member or callback that is not one registered task's signature.
+    """
+
+    def __init__(self, signatures: Iterable[Signature] = (), *,
+                 on_success: Signature | None = None, on_complete: Signature | None = None,
+                 description: str | None = None, app: Celery | None = None) -> None:
+        self.members: list[Signature] = []
+        self.on_success = on_success
+        self.on_complete = on_complete
+        self.description = description
+        self._app = app
+        self.result: BatchResult | None = None
+        self.add(*signatures)
+
+    @property
+    def app(self) -> Celery:
+        if self._app is None:
+            from celery import current_app
+
+            self._app = (self.members[0].type.app if self.members
+                         else current_app._get_current_object())
+        return self._app
+
+    def add(self, *signatures: Signature) -> Batch:
+        """Add member jobs (each `task.s(...)`); returns the batch, for chaining.
+
+        Raises:
+            InvalidBatch: a group, chain or chord, or anything else but one task's signature.
+        """
+        for signature in signatures:
+            if not _is_task_signature(signature):
+                raise InvalidBatch(
+                    f"a batch member must be one task's signature (task.s(...)), not "
+                    f"{_kind(signature)}; add a group's tasks one by one",
+                    member=repr(signature),
+                )
+            self.members.append(signature)
+        return self
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    # -- enqueue ---------------------------------------------------------------------------
+    def apply_async(self) -> BatchResult:
+        """Write the batch in a transaction of its own; the relay publishes the members.
+
+        Raises:
+            InvalidBatch, ArgumentsDoNotBind, NonJsonArguments, PayloadTooLarge: nothing
+                was written.
+            StorageError: PostgreSQL failed (nothing was written).
+        """
+        from resilience.stores import stores_for
+
+        with stores_for(self.app).engine().begin() as connection:
+            return self.apply_async_in(connection)
+
+    def apply_async_in(self, session: Any) -> BatchResult:
+        """Write the batch, its members and their outbox rows in the caller's transaction.
+
+        Args:
+            session: a SQLAlchemy Session or Connection on the app's DATABASE_URL.
+
+        Raises:
+            InvalidBatch, ArgumentsDoNotBind, NonJsonArguments, PayloadTooLarge: a member or
+                callback cannot be sent; raised before anything is written.
+            StorageError: an insert failed (the caller's transaction is aborted).
+        """
+        tasks = [self._member_task(signature) for signature in self.members]
+        on_success = self._callback("on_success", self.on_success)
+        on_complete = self._callback("on_complete", self.on_complete)
+        batch_id = str(uuid.uuid4())
+        results: list[AsyncResult] = []
+        for task, signature in zip(tasks, self.members, strict=True):
+            options = dict(signature.options)
+            headers = dict(options.pop("headers", None) or {})
+            headers[BATCH_HEADER] = batch_id
+            results.append(task.apply_async_in(session, tuple(signature.args),
+                                               dict(signature.kwargs), headers=headers,
+                                               **options))
+        _backend(self.app).create(session, NewBatch(
+            id=batch_id,
+            description=self.description,
+            members=[NewMember(task_id=result.id, task_name=task.name)
+                     for task, result in zip(tasks, results, strict=True)],
+            on_success=on_success,
+            on_complete=on_complete,
+        ))
+        self.result = BatchResult(self.app, batch_id, results)
+        return self.result
+
+    def __enter__(self) -> Batch:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if kind is None:
+            self.apply_async()
+
+    # -- validation ------------------------------------------------------------------------
+    def _task(self, name: str, role: str) -> Task:
+        task = self.app.tasks.get(name)
+        if task is None:
+            raise InvalidBatch(f"{role} names {name!r}, which is not a registered task "
+                               "(import its module first)", task=name)
+        return task
+
+    def _member_task(self, signature: Signature) -> Task:
+        task = self._task(signature.task, "a batch member")
+        pipeline = task.pipelines()[0] if hasattr(task, "pipelines") else None
+        if pipeline is None or not hasattr(task, "apply_async_in") or not any(
+                isinstance(guard, BatchGuard) for guard in pipeline.guards):
+            raise InvalidBatch(
+                f"{task.name} cannot report its outcome to a batch: its base class must "
+                "carry resilience.batches.batch_guards() (every jobs.platform task does)",
+                task=task.name,
+            )
+        return task
+
+    def _callback(self, role: str, signature: Signature | None) -> dict[str, Any] | None:
+        if signature is None:
+            return None
+        if not _is_task_signature(signature):
+            raise InvalidBatch(f"{role} must be one task's signature, not {_kind(signature)}")
+        task = self._task(signature.task, role)
+        stored = {
+            "task": task.name,
+            "args": list(signature.args),
+            "kwargs": dict(signature.kwargs),
+            "options": dict(signature.options),
+            "immutable": bool(signature.immutable),
+        }
+        try:
+            canonical_json(stored)
+        except InvalidTaskArguments as exc:
+            raise InvalidBatch(f"{role} cannot be stored: {exc}", task=task.name) from None
+        # The callback is called with the batch's summary first (unless immutable).
+        placeholder = [] if signature.immutable else [callback_argument(_EMPTY, "complete")]
+        arguments = (*placeholder, *signature.args)
+        validate = getattr(task, "validate_arguments", None)
+        if validate is not None:
+            validate(arguments, dict(signature.kwargs))
+        else:
+            check_binding(task.run, arguments, dict(signature.kwargs))
+        return stored
+
+
+def batch(signatures: Iterable[Signature] = (), *, on_success: Signature | None = None,
+          on_complete: Signature | None = None, description: str | None = None,
+          app: Celery | None = None) -> Batch:
+    """A new `Batch` (see its docstring); `.add()` members, then `.apply_async()`."""
+    return Batch(signatures, on_success=on_success, on_complete=on_complete,
+                 description=description, app=app)
+
+
+def _is_task_signature(value: Any) -> bool:
+    from celery.canvas import Signature
+
+    return isinstance(value, Signature) and not value.subtask_type and bool(value.task)
+
+
+def _kind(value: Any) -> str:
+    subtask_type = getattr(value, "subtask_type", None)
+    return f"a {subtask_type}" if subtask_type else type(value).__name__
+
+
+def _backend(app: Celery) -> PostgresBatchBackend:
+    from resilience.batches.backends.postgres import backend_for
+    from resilience.stores import stores_for
+
+    return backend_for(stores_for(app))
+
+
+def _empty_summary() -> BatchSummary:
+    import datetime as dt
+
+    return BatchSummary(id="", description=None, total=0, pending=0, tallies={},
+                        created_at=dt.datetime.now(dt.UTC), completed_at=None)
+
+
+_EMPTY = _empty_summary()

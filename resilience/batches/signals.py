@@ -1,0 +1,89 @@
+"""Final outcomes no guard sees, recorded from Celery's signals.
+
+The batch guards record every outcome of an execution that reaches the guard pipeline.
+These are the rest:
+
+- `task_failure` in the worker's pool process for a job that failed before its pipeline
+  ran (arguments that no longer fit the signature: dead-lettered by the intake check);
+- `task_failure` in the worker's main process: a hard time limit whose message is
+  acknowledged (Celery's default `acks_on_timeout`), a lost worker process whose message
+  is not requeued;
+- `task_revoked`: Celery's `revoke` (`jobs cancel` sends one too) or an expired job,
+  dropped by the worker without running: `cancelled`, or `shed` when it expired.
+
+The main process knows the job's id, not its headers, so those look the member up by task
+id (an index). A job that is no batch member costs a header lookup in the pool process and
+one indexed statement in the main process, only on these rare paths.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from resilience.batches.backends import MemberState
+from resilience.batches.guard import batch_id_of, handled, log_recorded, state_of_error
+
+logger = logging.getLogger("resilience.batches")
+
+_connected = False
+
+
+def _record(sender: Any, task_id: str | None, state: MemberState | None,
+            batch_id: str | None) -> None:
+    if task_id is None or state is None or sender is None:
+        return
+    try:
+        from resilience.batches.backends.postgres import backend_for
+        from resilience.stores import stores_for
+
+        done = backend_for(stores_for(sender.app)).record(None, task_id=task_id, state=state,
+                                                          batch_id=batch_id)
+    except Exception as exc:  # noqa: BLE001 - a signal handler must not break the worker
+        logger.error("batch member %s: final state %s NOT recorded: %s", task_id, state, exc)
+        return
+    if done.recorded:
+        log_recorded(task_id, batch_id, state, done.completed)
+
+
+def on_task_failure(sender: Any = None, task_id: str | None = None,
+                    exception: BaseException | None = None, **_: Any) -> None:
+    """Record a failure the guards did not see (see the module doc)."""
+    from celery.exceptions import TimeLimitExceeded, WorkerLostError
+
+    if sender is None or task_id is None or exception is None or handled(task_id):
+        return
+    if isinstance(exception, TimeLimitExceeded | WorkerLostError):
+        # The main process: Celery sends this signal for a lost worker only when the
+        # message is not requeued; a hard time limit is requeued unless acks_on_timeout.
+        if (isinstance(exception, TimeLimitExceeded) and getattr(sender, "acks_late", False)
+                and not getattr(sender, "acks_on_timeout", True)):
+            return
+        _record(sender, task_id, MemberState.FAILED, None)
+        return
+    request = getattr(sender, "request", None)
+    if getattr(request, "id", None) != task_id:
+        return
+    batch_id = batch_id_of(request)
+    if batch_id is not None:
+        _record(sender, task_id, state_of_error(exception), batch_id)
+
+
+def on_task_revoked(sender: Any = None, request: Any = None, expired: bool = False,
+                    **_: Any) -> None:
+    """A revoked or expired job the worker dropped: the member is cancelled or shed."""
+    task_id = getattr(request, "id", None) or getattr(request, "task_id", None)
+    state = MemberState.SHED if expired else MemberState.CANCELLED
+    _record(sender, task_id, state, None)
+
+
+def connect() -> None:
+    """Connect the handlers to Celery's signals (once per process)."""
+    global _connected
+    if _connected:
+        return
+    from celery import signals
+
+    signals.task_failure.connect(on_task_failure, weak=False)
+    signals.task_revoked.connect(on_task_revoked, weak=False)
+    _connected = True
