@@ -42,6 +42,7 @@ TITLES = {
     "locks": "locks held",
     "idempotency": "idempotency records",
     "outbox": "outbox",
+    "batches": "batches",
     "beat_leader": "beat leader",
 }
 
@@ -105,6 +106,23 @@ def cancellations_table(section: Any) -> Table:
         view.add_column(column)
     for row in section:
         view.add_row(row["target"], row["reason"], row["created_at"], row["expires_at"])
+    return view
+
+
+def batches_table(section: Any) -> Table:
+    """The newest batches (`jobs batches list` shows more)."""
+    title = TITLES["batches"]
+    missing = _unavailable(title, section)
+    if missing:
+        return missing
+    view = Table(title=title, title_justify="left")
+    for column in ("batch", "description", "total", "pending", "final states", "completed"):
+        view.add_column(column, justify="right" if column in ("total", "pending") else "left")
+    for row in section:
+        tallies = " ".join(f"{state}={count}" for state, count in row["tallies"].items()
+                           if state != "pending")
+        view.add_row(row["id"], row["description"] or "", str(row["total"]),
+                     str(row["pending"]), tallies, row["completed_at"] or "-")
     return view
 
 
@@ -229,6 +247,7 @@ def render(snapshot: dict[str, Any]) -> Group:
         locks_table(snapshot["locks"]),
         idempotency_table(snapshot["idempotency"]),
         outbox_section_table(snapshot["outbox"]),
+        batches_table(snapshot["batches"]),
         leader_table(snapshot["beat_leader"]),
     )
 

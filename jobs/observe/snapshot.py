@@ -43,11 +43,13 @@ logger = logging.getLogger("jobs.observe.snapshot")
 #: Section names in the order views show them.
 SECTIONS = (
     "tiers", "paused", "cancellations", "breakers", "budgets", "limits", "locks",
-    "idempotency", "outbox", "beat_leader",
+    "idempotency", "outbox", "batches", "beat_leader",
 )
 
 #: Newest live cancellations the snapshot lists.
 CANCELLATIONS_SHOWN = 50
+#: Newest batches the snapshot lists (`jobs batches list` shows more).
+BATCHES_SHOWN = 10
 
 #: Counter outcomes summed per tier in the tiers section.
 TIER_OUTCOMES = {
@@ -73,6 +75,7 @@ SECTION_STORES = {
     "held_locks": "database",
     "paused": "redis",
     "cancellations": "database",
+    "batches": "database",
     "breakers": "redis",
     "budgets": "redis",
     "limits": "redis",
@@ -484,6 +487,23 @@ def cancellations_section(app: Celery) -> list[dict[str, Any]]:
     ]
 
 
+def batches_section(app: Celery) -> list[dict[str, Any]]:
+    """The newest batches, newest first: members per final state and whether they are
+    complete (`resilience.batches.recent`: one statement)."""
+    from resilience.batches import recent
+    from resilience.stores import stores_for
+
+    return [
+        {"id": summary.id, "description": summary.description, "total": summary.total,
+         "pending": summary.pending,
+         "tallies": {state: count for state, count in summary.tallies.items() if count},
+         "created_at": summary.created_at.isoformat(timespec="seconds"),
+         "completed_at": (summary.completed_at.isoformat(timespec="seconds")
+                          if summary.completed_at else None)}
+        for summary in recent(stores_for(app), limit=BATCHES_SHOWN)
+    ]
+
+
 def breakers_section(app: Celery, client: redis.Redis) -> list[dict[str, Any]]:
     """Every breaker with state in Redis or configured on a task: state and failure rate.
 
@@ -681,6 +701,7 @@ def collect(app: Celery, *, inspect_timeout_seconds: float = 1.0, active: bool =
         "locks": section("locks", lambda: locks_section(held)),
         "idempotency": section("idempotency", lambda: idempotency_section(app)),
         "outbox": section("outbox", lambda: outbox_section(app)),
+        "batches": section("batches", lambda: batches_section(app)),
         "beat_leader": section("beat_leader", lambda: beat_leader_section(held)),
         "counters": counters,
         "workers": running.get("workers") if isinstance(running, dict) else None,

@@ -19,9 +19,10 @@ from playwright.sync_api import sync_playwright
 from tests.support import wait_for
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_FLAGS = ("--no-sandbox", "--disable-gpu", "--disable-quic",
-                  "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync")
+#: Flags of a headless run (also used by tests that run Chromium's own CLI modes).
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync")
 
 
 class BrowserError(Exception):
@@ -45,7 +46,8 @@ class Browser:
         self._playwright = sync_playwright().start()
         try:
             self._browser = self._playwright.chromium.launch(
-                executable_path=CHROMIUM, headless=True, args=list(CHROMIUM_FLAGS))
+                executable_path=CHROMIUM, headless=True,
+                args=[flag for flag in CHROMIUM_FLAGS if flag != "--headless"])
             context = self._browser.new_context(
                 viewport={"width": window[0], "height": window[1]},
                 extra_http_headers=headers or {})
