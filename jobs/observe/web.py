@@ -23,7 +23,7 @@ import json
 import logging
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -343,6 +343,33 @@ def add_resilience_handlers(flower_app: Flower) -> None:
     flower_app.add_handlers(r".*", rules)
 
 
+class QueueDepthCollector:
+    """`flower_queue_depth{queue}` in Flower's own `/metrics` (Flower #1173: Flower counts
+    events, never the broker's queues): messages waiting per tier queue, read from the
+    broker at each scrape (`jobs.observe.snapshot.queue_depths`: one pipelined LLEN on
+    Redis). A broker that cannot be read leaves the family empty for that scrape."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        from jobs.observe.snapshot import queue_depths
+        from jobs.tiers import TIERS
+
+        family = GaugeMetricFamily("flower_queue_depth", "Messages waiting in the queue",
+                                   labels=["queue"])
+        try:
+            depths = queue_depths(self.app, TIERS)
+        except Exception as exc:  # noqa: BLE001 - a scrape never fails on the broker
+            logger.warning("flower_queue_depth: broker not readable: %s", exc)
+            depths = {}
+        for queue, depth in depths.items():
+            family.add_metric([queue], depth)
+        yield family
+
+
 def run_flower(app: Celery, argv: list[str]) -> None:
     """Run Flower for `app` with the resilience view: Flower's own command, handlers added.
 
@@ -361,6 +388,9 @@ def run_flower(app: Celery, argv: list[str]) -> None:
     command.setup_logging()
     flower_app = Flower(capp=app, options=options, **settings)
     add_resilience_handlers(flower_app)
+    from prometheus_client import REGISTRY
+
+    REGISTRY.register(QueueDepthCollector(app))
     atexit.register(flower_app.stop)
     signal.signal(signal.SIGTERM, command.sigterm_handler)
     port = flower_app.start_http_server()

@@ -183,6 +183,10 @@ class TestResiliencePage:
         snapshot = flower.get_json("/api/resilience")
         assert snapshot["tiers"]["optional"]["depth"] == 6
         assert snapshot["tiers"]["optional"]["full"] is True
+        # Flower's own /metrics carries the tier depths too (Flower #1173).
+        status, metrics = flower.get("/metrics")
+        assert status == 200
+        assert 'flower_queue_depth{queue="optional"} 6.0' in metrics.decode()
 
         url = f"{flower.url}/resilience?refresh=0"
         dom = chromium("--dump-dom", url)
