@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from jobs import app
-from resilience.idempotency.cleanup import CleanupConfig, delete_expired, reap_abandoned
+from resilience.idempotency.cleanup import CleanupConfig, reap_abandoned, run_cleanup
 from resilience.locks.guards import singleton
 from resilience.stores import stores_for
 
@@ -18,14 +18,22 @@ from resilience.stores import stores_for
 @app.task(tier="standard")
 @singleton(key="maintenance:cleanup_idempotency")
 def cleanup_idempotency(
-    batch_size: int = 1000, pause_seconds: float = 0.1, max_batches: int = 100
+    batch_size: int = 1000,
+    pause_seconds: float = 0.0,
+    max_batches: int | None = None,
+    time_budget_seconds: float = 30.0,
 ) -> dict[str, Any]:
-    """Delete expired, finished idempotency records in bounded batches."""
+    """Delete expired, finished idempotency records until none is left or the time budget
+    is spent (kept under half the standard tier's soft time limit); reports rows/s."""
+    from jobs.settings import get_settings
+
+    budget = min(time_budget_seconds, get_settings().standard.soft_time_limit_seconds / 2)
     policy = CleanupConfig(
-        batch_size=batch_size, pause_seconds=pause_seconds, max_batches=max_batches
+        batch_size=batch_size, pause_seconds=pause_seconds, max_batches=max_batches,
+        time_budget_seconds=budget,
     )
-    deleted = delete_expired(stores_for(app).engine(), policy)
-    return {"deleted": deleted}
+    report = run_cleanup(stores_for(app).engine(), policy)
+    return {"deleted": report.rows, **report.as_dict()}
 
 
 @app.task(tier="standard")

@@ -1,4 +1,4 @@
-"""TTL cleanup and the abandoned-claim reaper, in bounded batches.
+"""TTL cleanup and the abandoned-claim reaper: short batches until done or out of time.
 
 Both lock the rows they touch with `FOR UPDATE SKIP LOCKED`, so two runs at once (two
 beats, a manual run during a scheduled one) split the work instead of blocking or failing,
@@ -29,10 +29,25 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("resilience.idempotency.cleanup")
 
-# The batch is a CTE: PostgreSQL materializes it once. Inside `WHERE id IN (...)` a LIMIT
-# subquery may be rescanned by the plan, and each rescan with SKIP LOCKED can pick other rows,
-# so a "batch" could grow past its bound.
+# One batch: the expired rows' ctids are collected once (`ARRAY(...)` is an initplan, run
+# exactly once, so SKIP LOCKED cannot pick more rows on a rescan and the batch never grows
+# past its bound), locked, and deleted by a TID scan without a primary-key probe per row.
+# The conditions are checked again on the locked rows (a row version the claim replaced is
+# not the one locked).
 DELETE_EXPIRED_SQL = f"""
+DELETE FROM {TABLE_NAME}
+WHERE ctid = ANY(ARRAY(
+        SELECT ctid FROM {TABLE_NAME}
+        WHERE state <> '{IN_PROGRESS}' AND expires_at < now()
+        ORDER BY expires_at
+        LIMIT %(batch_size)s
+        FOR UPDATE SKIP LOCKED))
+  AND state <> '{IN_PROGRESS}' AND expires_at < now()
+"""
+
+# The single-pass statement cleanup ran before 0012 (ids joined back through the primary
+# key); kept so `python -m bench cleanup` can compare both in one run.
+DELETE_EXPIRED_BY_ID_SQL = f"""
 WITH batch AS MATERIALIZED (
     SELECT id FROM {TABLE_NAME}
     WHERE state <> '{IN_PROGRESS}' AND expires_at < now()
@@ -66,18 +81,24 @@ WHERE r.id = batch.id AND r.state = '{IN_PROGRESS}'
 
 @dataclass(frozen=True, kw_only=True)
 class CleanupConfig:
-    """How much one cleanup run may do.
+    """How much one cleanup (or reaper) run may do.
+
+    A run repeats short batches until one comes back short (nothing expired is left) or the
+    run has spent `time_budget_seconds`; the next scheduled run continues. So the delete
+    rate follows the insert rate instead of a fixed rows-per-run cap.
 
     Args:
         batch_size: rows per statement (one short transaction each).
-        pause_seconds: sleep between batches, so cleanup never monopolizes the database.
-        max_batches: upper bound per run; the next scheduled run continues.
+        pause_seconds: sleep between batches, to leave the database room under load.
+        max_batches: upper bound on batches per run (None: only the time budget bounds it).
+        time_budget_seconds: a run starts no batch after this long.
         grace_seconds: the reaper leaves claims whose lease ended less than this ago.
     """
 
     batch_size: int = 1000
-    pause_seconds: float = 0.1
-    max_batches: int = 100
+    pause_seconds: float = 0.0
+    max_batches: int | None = None
+    time_budget_seconds: float = 30.0
     grace_seconds: float = 300.0
 
     def __post_init__(self) -> None:
@@ -85,8 +106,44 @@ class CleanupConfig:
             raise ConfigurationError(f"batch_size must be 1..100000, got {self.batch_size}")
         if self.pause_seconds < 0 or self.grace_seconds < 0:
             raise ConfigurationError("pause_seconds and grace_seconds must be >= 0")
-        if self.max_batches < 1:
+        if self.max_batches is not None and self.max_batches < 1:
             raise ConfigurationError(f"max_batches must be >= 1, got {self.max_batches}")
+        if self.time_budget_seconds <= 0:
+            raise ConfigurationError(
+                f"time_budget_seconds must be > 0, got {self.time_budget_seconds}"
+            )
+
+
+@dataclass(frozen=True)
+class CleanupReport:
+    """What one run did.
+
+    Args:
+        rows: rows deleted (cleanup) or marked failed (reaper).
+        batches: statements run.
+        seconds: wall time of the run, pauses included.
+        exhausted: the run stopped on its time budget or batch bound with rows still to do
+            (a backlog: the next run continues).
+    """
+
+    rows: int
+    batches: int
+    seconds: float
+    exhausted: bool
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, float | int | bool]:
+        """JSON-ready fields (the maintenance task's result)."""
+        return {
+            "rows": self.rows,
+            "batches": self.batches,
+            "seconds": round(self.seconds, 3),
+            "rows_per_s": round(self.rows_per_second, 1),
+            "exhausted": self.exhausted,
+        }
 
 
 def _batches(
@@ -95,45 +152,80 @@ def _batches(
     parameters: dict[str, float | int],
     policy: CleanupConfig,
     sleep: Callable[[float], None],
+    clock: Callable[[], float],
     action: str,
-) -> int:
-    total = 0
-    for batch in range(policy.max_batches):
+) -> CleanupReport:
+    started = clock()
+    total = batches = 0
+    exhausted = False
+    while True:
         try:
             with engine.begin() as connection:
                 affected = connection.exec_driver_sql(sql, parameters).rowcount
         except DBAPIError as exc:
             raise wrap_database_error(exc, action) from exc
         total += affected
+        batches += 1
         if affected < policy.batch_size:
             break
-        if batch + 1 < policy.max_batches:
+        if (policy.max_batches is not None and batches >= policy.max_batches) or (
+            clock() - started >= policy.time_budget_seconds
+        ):
+            exhausted = True
+            break
+        if policy.pause_seconds:
             sleep(policy.pause_seconds)
-    return total
+    return CleanupReport(
+        rows=total, batches=batches, seconds=clock() - started, exhausted=exhausted
+    )
+
+
+def run_cleanup(
+    engine: Engine,
+    policy: CleanupConfig | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> CleanupReport:
+    """Delete expired finished records until none is left or the time budget is spent.
+
+    Safe to run twice at once: `SKIP LOCKED` splits the rows between the runs.
+
+    Raises:
+        StoreUnavailable, StorageError.
+    """
+    policy = policy or CleanupConfig()
+    report = _batches(
+        engine, DELETE_EXPIRED_SQL, {"batch_size": policy.batch_size}, policy, sleep, clock,
+        "cleanup",
+    )
+    log = logger.warning if report.exhausted else logger.info
+    log(
+        "idempotency cleanup deleted %d expired records in %d batches, %.1f s (%.0f rows/s)%s",
+        report.rows, report.batches, report.seconds, report.rows_per_second,
+        "; budget spent, expired records remain" if report.exhausted else "",
+    )
+    return report
 
 
 def delete_expired(
     engine: Engine,
     policy: CleanupConfig | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
 ) -> int:
-    """Delete expired finished records; returns how many were deleted.
+    """Delete expired finished records; returns how many (see `run_cleanup`).
 
     Raises:
         StoreUnavailable, StorageError.
     """
-    policy = policy or CleanupConfig()
-    deleted = _batches(
-        engine, DELETE_EXPIRED_SQL, {"batch_size": policy.batch_size}, policy, sleep, "cleanup"
-    )
-    logger.info("idempotency cleanup deleted %d expired records", deleted)
-    return deleted
+    return run_cleanup(engine, policy, sleep, clock).rows
 
 
 def reap_abandoned(
     engine: Engine,
     policy: CleanupConfig | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
 ) -> int:
     """Mark claims abandoned long ago as failed (reclaimable); returns how many.
 
@@ -142,7 +234,7 @@ def reap_abandoned(
     """
     policy = policy or CleanupConfig()
     parameters = {"batch_size": policy.batch_size, "grace_seconds": float(policy.grace_seconds)}
-    reaped = _batches(engine, REAP_SQL, parameters, policy, sleep, "reap")
+    reaped = _batches(engine, REAP_SQL, parameters, policy, sleep, clock, "reap").rows
     logger.info("idempotency reaper marked %d abandoned claims failed", reaped)
     return reaped
 

@@ -70,5 +70,8 @@ idempotency_records = Table(
         "lease_expires_at",
         postgresql_where=text("state = 'in_progress'"),
     ),
-    Index("ix_idempotency_records_updated_at", "updated_at"),
+    # No index on `updated_at` (dropped in 0012): every claim and completion changes it, so
+    # it cost an index entry per write for the operator's `list` alone. Completions are
+    # still not HOT updates: they change `state`, which both partial indexes' predicates
+    # read (see docs/idempotency.md, "Cleanup").
 )

@@ -80,12 +80,26 @@ class IdempotencyRecords:
             self.cache.forget(task_name, key)
         return deleted
 
-    def describe(self, *, holders_limit: int = 20, cache_size: bool = True) -> IdempotencyState:
+    def count_by_state(self, *, exact: bool = False) -> dict[str, int]:
+        """Records per state (every state, zeros included).
+
+        Without `exact`, a backend that can estimate (PostgreSQL: open claims exact, finished
+        states from the planner's statistics once the table is large) does, so a status view
+        or a metrics scrape never scans the whole table.
+        """
+        estimate = None if exact else getattr(self.backend, "estimate_by_state", None)
+        return estimate() if estimate is not None else self.backend.count_by_state()
+
+    def describe(
+        self, *, holders_limit: int = 20, cache_size: bool = True, exact_counts: bool = False
+    ) -> IdempotencyState:
         """Records by state, the oldest open claims, and (when asked) the cache's size.
 
         Args:
             holders_limit: most open claims listed.
             cache_size: count the cached results (one SCAN of the cache's keys).
+            exact_counts: count finished records exactly (a full scan on a large table);
+                by default they are estimated (`count_by_state`).
 
         Raises:
             StoreUnavailable, StorageError: the records cannot be read (an unreadable
@@ -98,7 +112,7 @@ class IdempotencyRecords:
             except StorageError as exc:
                 logger.warning("idempotency cache size unknown: %s", exc)
         return IdempotencyState(
-            by_state=self.backend.count_by_state(),
+            by_state=self.count_by_state(exact=exact_counts),
             holders=self.backend.holders(limit=holders_limit),
             cached_results=cached,
         )
@@ -113,7 +127,10 @@ def records_for(stores: Stores) -> IdempotencyRecords:
 
 
 def describe(
-    stores: Stores, *, holders_limit: int = 20, cache_size: bool = True
+    stores: Stores, *, holders_limit: int = 20, cache_size: bool = True,
+    exact_counts: bool = False,
 ) -> IdempotencyState:
     """Live idempotency state of `stores` (see `IdempotencyRecords.describe`)."""
-    return records_for(stores).describe(holders_limit=holders_limit, cache_size=cache_size)
+    return records_for(stores).describe(
+        holders_limit=holders_limit, cache_size=cache_size, exact_counts=exact_counts
+    )

@@ -151,6 +151,28 @@ WHERE task_name = %(task_name)s AND key = %(key)s AND (%(force)s OR state <> '{I
 
 COUNT_SQL = f"SELECT state, count(*) AS n FROM {TABLE_NAME} GROUP BY state"
 
+# Counts without a full scan: open claims exactly (the partial index over `in_progress` is
+# small), the table's size from the planner's statistics (rows per page at the last ANALYZE
+# times today's pages, as the planner scales it) and the finished states' shares from
+# `pg_stats` (the state column's most common values). `total` is -1 when never analyzed.
+ESTIMATE_SQL = f"""
+SELECT
+    (SELECT count(*) FROM {TABLE_NAME} WHERE state = '{IN_PROGRESS}') AS in_progress,
+    (SELECT CASE WHEN c.reltuples < 0 OR c.relpages = 0 THEN -1::float8
+                 ELSE c.reltuples / c.relpages
+                      * (pg_relation_size(c.oid) / current_setting('block_size')::float8)
+            END
+     FROM pg_class c WHERE c.oid = to_regclass('{TABLE_NAME}')) AS total,
+    (SELECT json_build_object('values', s.most_common_vals::text::text[],
+                              'shares', s.most_common_freqs)
+     FROM pg_stats s JOIN pg_class c ON c.relname = s.tablename
+     JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = s.schemaname
+     WHERE c.oid = to_regclass('{TABLE_NAME}') AND s.attname = 'state') AS shares
+"""
+
+#: Below this many rows (by the statistics) the counts are exact: a scan is cheap.
+EXACT_COUNT_BELOW_ROWS = 100_000
+
 # Open claims someone holds (a released claim has no owner): oldest first, as locks list.
 HOLDERS_SQL = f"""
 SELECT task_name, key, attempt, task_id, lease_owner,
@@ -209,6 +231,7 @@ FIND = _Statement("resilience_idempotency_find", FIND_SQL)
 RECENT = _Statement("resilience_idempotency_recent", RECENT_SQL)
 PURGE = _Statement("resilience_idempotency_purge", PURGE_SQL)
 COUNT = _Statement("resilience_idempotency_count", COUNT_SQL)
+ESTIMATE = _Statement("resilience_idempotency_estimate", ESTIMATE_SQL)
 HOLDERS = _Statement("resilience_idempotency_holders", HOLDERS_SQL)
 
 
@@ -473,6 +496,35 @@ class PostgresIdempotencyBackend:
     def count_by_state(self) -> dict[str, int]:
         counts = dict.fromkeys(STATES, 0)
         counts.update({row.state: int(row.n) for row in self._execute(COUNT, {}, "count")})
+        return counts
+
+    def estimate_by_state(self) -> dict[str, int]:
+        """Record count per state without scanning the table: open claims exact, finished
+        states estimated from the planner's statistics (exact while the table is small or
+        not analyzed yet).
+
+        Raises:
+            StoreUnavailable, StorageError.
+        """
+        row = self._execute(ESTIMATE, {}, "count")[0]
+        open_claims = int(row.in_progress)
+        total = float(row.total if row.total is not None else -1)
+        shares: dict[str, float] = {}
+        if row.shares:
+            shares = dict(zip(row.shares["values"], row.shares["shares"], strict=True))
+        if total < EXACT_COUNT_BELOW_ROWS or not shares:
+            return self.count_by_state()
+        finished = max(total - open_claims, 0.0)
+        # A state too rare to be among the most common values gets what they leave over.
+        rest = max(1.0 - sum(shares.values()), 0.0)
+        succeeded = shares.get(SUCCEEDED, rest if FAILED in shares else rest / 2)
+        failed = shares.get(FAILED, rest if SUCCEEDED in shares else rest / 2)
+        both = succeeded + failed
+        counts = dict.fromkeys(STATES, 0)
+        counts[IN_PROGRESS] = open_claims
+        if both > 0:
+            counts[FAILED] = round(finished * failed / both)
+            counts[SUCCEEDED] = round(finished) - counts[FAILED]
         return counts
 
     def holders(self, *, limit: int) -> list[Holder]:

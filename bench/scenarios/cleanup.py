@@ -1,0 +1,147 @@
+"""Idempotency cleanup: delete rate of the old single pass against the new loop, and how
+many completions are HOT updates.
+
+Both variants delete the same number of freshly seeded expired records (`--rows`) on the same
+table, one after the other, with a VACUUM before each:
+  old   the cleanup before 0012: batches of 1,000 joined back by id, 0.1 s pause, at most
+        100 batches per run, one run every 600 s
+  new   `run_cleanup`: batches by ctid until none is left or 30 s are spent, one run every 60 s
+`*_rows_per_s` is the rate inside a run; `*_sustained_rows_per_s` what the schedule can delete
+per second of wall time (rows one run can delete / the beat interval), the figure that must
+exceed the insert rate. `hot_update_ratio` is n_tup_hot_upd / n_tup_upd over `--completions`
+claim + completion pairs run with the guard's own SQL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import uuid
+from typing import Any
+
+from bench.harness import platform, table
+
+OLD_BATCH, OLD_PAUSE_SECONDS, OLD_MAX_BATCHES, OLD_INTERVAL_SECONDS = 1000, 0.1, 100, 600.0
+NEW_INTERVAL_SECONDS = 60.0
+
+SEED_SQL = """
+INSERT INTO idempotency_records
+    (task_name, key, fingerprint, state, attempt, task_id, result, expires_at)
+SELECT %(task)s, md5(%(task)s || g), 'f', 'succeeded', 1, 't', '{"ok": true}'::jsonb,
+       now() - interval '1 minute' + g * interval '1 microsecond'
+FROM generate_series(1, %(rows)s) AS g
+"""
+
+
+def _execute(database_url: str, sql: str, parameters: dict[str, Any] | None = None) -> None:
+    import psycopg2
+
+    connection = psycopg2.connect(database_url)
+    connection.autocommit = True
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, parameters)
+    finally:
+        connection.close()
+
+
+def _seed(database_url: str, rows: int) -> None:
+    _execute(database_url, SEED_SQL, {"task": f"bench.cleanup.{uuid.uuid4().hex[:8]}",
+                                      "rows": rows})
+    _execute(database_url, "VACUUM ANALYZE idempotency_records")
+
+
+def _old_run(engine: Any) -> tuple[int, float]:
+    """One run of the cleanup as it was: rows deleted and seconds."""
+    from resilience.idempotency.cleanup import DELETE_EXPIRED_BY_ID_SQL
+
+    deleted, started = 0, time.perf_counter()
+    for batch in range(OLD_MAX_BATCHES):
+        with engine.begin() as connection:
+            affected = connection.exec_driver_sql(
+                DELETE_EXPIRED_BY_ID_SQL, {"batch_size": OLD_BATCH}).rowcount
+        deleted += affected
+        if affected < OLD_BATCH:
+            break
+        if batch + 1 < OLD_MAX_BATCHES:
+            time.sleep(OLD_PAUSE_SECONDS)
+    return deleted, time.perf_counter() - started
+
+
+def _hot_ratio(database_url: str, completions: int) -> tuple[int, int]:
+    """Claims + completions with the guard's SQL; the table's (updates, HOT updates)."""
+    import psycopg2
+
+    from resilience.idempotency.backends.postgres import CLAIM_SQL, COMPLETE_SQL
+
+    connection = psycopg2.connect(database_url)
+    connection.autocommit = True
+    task = f"bench.hot.{uuid.uuid4().hex[:8]}"
+    stats = ("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+             "WHERE relname = 'idempotency_records'")
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_force_next_flush()")
+            cursor.execute(stats)
+            before = cursor.fetchone()
+            for n in range(completions):
+                claim = {"task_name": task, "key": str(n), "fingerprint": "f", "owner": f"o{n}",
+                         "task_id": f"t{n}", "lease_seconds": 60.0, "ttl_seconds": 3600.0}
+                cursor.execute(CLAIM_SQL, claim)
+                cursor.execute(COMPLETE_SQL, {**claim, "attempt": 1, "result": '{"ok": 1}'})
+            cursor.execute("SELECT pg_stat_force_next_flush()")
+            cursor.execute("SELECT 1")
+            cursor.execute(stats)
+            after = cursor.fetchone()
+    finally:
+        connection.close()
+    return after[0] - before[0], after[1] - before[1]
+
+
+def run(argv: list[str]) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="python -m bench cleanup")
+    parser.add_argument("--rows", type=int, default=200_000, help="expired records per variant")
+    parser.add_argument("--completions", type=int, default=2000)
+    parser.add_argument("--batch-size", type=int, default=1000)
+    options = parser.parse_args(argv)
+
+    with platform():
+        from jobs import app
+        from resilience.idempotency.cleanup import CleanupConfig, run_cleanup
+        from resilience.stores import stores_for
+
+        stores = stores_for(app)
+        engine = stores.engine()
+        url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        run_cleanup(engine)  # start from an empty backlog
+
+        # The old cleanup deletes at most 100,000 rows per run: seed what one run can take.
+        old_rows = min(options.rows, OLD_BATCH * OLD_MAX_BATCHES)
+        _seed(url, old_rows)
+        old_deleted, old_seconds = _old_run(engine)
+
+        _seed(url, options.rows)
+        report = run_cleanup(engine, CleanupConfig(batch_size=options.batch_size))
+        updates, hot = _hot_ratio(url, options.completions)
+
+    old_rate = old_deleted / old_seconds
+    figures = {
+        "old_rows_per_s": round(old_rate, 1),
+        "new_rows_per_s": round(report.rows_per_second, 1),
+        "old_sustained_rows_per_s": round(old_deleted / OLD_INTERVAL_SECONDS, 1),
+        "new_sustained_rows_per_s": round(
+            report.rows_per_second * CleanupConfig().time_budget_seconds / NEW_INTERVAL_SECONDS,
+            1),
+        "old_deleted": old_deleted,
+        "new_deleted": report.rows,
+        "new_batches": report.batches,
+        "hot_update_ratio": round(hot / updates, 3) if updates else 0.0,
+        "updates": updates,
+    }
+    table("Idempotency cleanup", ["variant", "deleted", "seconds", "rows/s in run",
+                                  "sustained rows/s"],
+          [["old (100 x 1000, 0.1 s pause, every 600 s)", old_deleted, round(old_seconds, 2),
+            figures["old_rows_per_s"], figures["old_sustained_rows_per_s"]],
+           ["new (until done or 30 s, every 60 s)", report.rows, round(report.seconds, 2),
+            figures["new_rows_per_s"], figures["new_sustained_rows_per_s"]]])
+    return figures
