@@ -137,3 +137,60 @@ class TestWhileRunning:
                 "SELECT count(*) FROM tests_cancel_effects WHERE run_id = :run"),
                 {"run": run_id}).scalar_one()
         assert rows == 0
+
+
+def _waiting_in_queue(app: Any, queue: str, run_id: str) -> set[str]:
+    """Task ids of this run's messages sitting in the tier queue's broker list."""
+    import json
+
+    with app.connection_for_write() as connection:
+        raw = connection.default_channel.client.lrange(queue, 0, -1)
+    ids = set()
+    for item in raw:
+        headers = json.loads(item).get("headers", {})
+        if run_id in str(headers.get("argsrepr", "")):
+            ids.add(headers["id"])
+    return ids
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(180)
+def test_cancelled_while_every_worker_is_stopped_never_runs_after_restart(
+    app: Any, redis_client: Any, tier_workers: Any
+) -> None:
+    """Every worker consuming the critical queue is terminated (warm shutdown, SIGTERM);
+    four jobs are sent and wait in the broker's list. The operator runs `jobs cancel ID` on
+    one (its Celery `revoke` reaches nobody) and `jobs cancel --task --key` on the key of two
+    others. New worker processes are started: the three cancelled jobs end CANCELLED (not
+    Celery's REVOKED: the mark stopped them) and their bodies never ran (counters absent);
+    the job queued alongside runs exactly once."""
+    from jobs.admin.cancel import cancel as jobs_cancel
+    from tests.resilience.cancel.tasks import cancel_order
+
+    critical = tier_workers["critical"]
+    old_pid = critical.pid
+    run_id = uuid.uuid4().hex[:8]
+    order = f"order-{run_id}"
+    critical.stop()
+    try:
+        assert not critical.alive()
+        by_id = cancel_order.delay(run_id, "by-id", 1)
+        by_key = [cancel_order.delay(run_id, order, n) for n in (2, 3)]
+        kept = cancel_order.delay(run_id, "kept", 4)
+        sent = {by_id.id, kept.id, *(r.id for r in by_key)}
+        assert _waiting_in_queue(app, "critical", run_id) == sent  # nobody consumes them
+        jobs_cancel(by_id.id, reason="customer asked")
+        jobs_cancel(None, task=cancel_order.name, key=order, reason="order withdrawn")
+        assert _waiting_in_queue(app, "critical", run_id) == sent
+    finally:
+        critical.start()  # new processes: no revoke list, no copy of the marks
+    assert critical.pid != old_pid
+    assert kept.get(timeout=60) == 4
+    stopped = [by_id.get(timeout=60), *(r.get(timeout=60) for r in by_key)]
+    assert [s["outcome"] for s in stopped] == ["CANCELLED"] * 3
+    assert [s["reason"] for s in stopped] == [
+        "cancelled: customer asked", "cancelled: order withdrawn", "cancelled: order withdrawn"]
+    assert redis_client.get(f"tests:cancel:{run_id}:by-id") is None
+    assert redis_client.get(f"tests:cancel:{run_id}:{order}") is None
+    assert redis_client.get(f"tests:cancel:{run_id}:kept") == "1"
+    assert _waiting_in_queue(app, "critical", run_id) == set()

@@ -15,3 +15,10 @@ def counted(run_id: str, n: int) -> int:
 @app.task(tier="optional", name="tests.pause.inline")
 def inline(n: int) -> int:
     return n
+
+
+@app.task(tier="critical", name="tests.pause.per_job")
+def per_job(run_id: str, n: int) -> int:
+    """Count each run of job `n` in its own field, so a missing or doubled job shows."""
+    stores_for(app).redis().hincrby(f"tests:pause:{run_id}:runs", str(n), 1)
+    return n

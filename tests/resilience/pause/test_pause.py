@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from typing import Any
@@ -145,3 +146,95 @@ class TestStoreDown:
             assert backend.reads == 2
         finally:
             server.stop()
+
+
+def _in_broker(app: Any, queue: str, task_name: str, run_id: str) -> set[str]:
+    """Distinct task ids of this run held by the broker: in the tier queue's list, or in the
+    unacked hash (taken by a worker and not acknowledged yet, which is where a deferred job's
+    countdown copy waits until its ETA)."""
+    import json
+
+    with app.connection_for_write() as connection:
+        client = connection.default_channel.client
+        listed = client.lrange(queue, 0, -1)
+        unacked = [json.loads(raw)[0] for raw in client.hvals("unacked")]
+    ids = set()
+    for message in [json.loads(item) for item in listed] + unacked:
+        headers = message.get("headers", {})
+        if headers.get("task") == task_name and run_id in str(headers.get("argsrepr", "")):
+            ids.add(headers["id"])
+    return ids
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.usefixtures("tier_workers")
+def test_pause_under_load_defers_everything_and_drains_exactly_once(
+    app: Any, redis_client: Any
+) -> None:
+    """A producer sends 200 jobs over ~3 s to the shared critical worker; once some have run,
+    the task is paused. After the pause reaches the worker (refresh 1 s, plus a margin) no
+    body runs: the per-job run counters are frozen until resume. Meanwhile what rises is the
+    number of DEFERRED jobs (result state RETRY) and the broker's depth for the run, counted
+    as distinct task ids in the queue list plus the unacked hash: a deferred job is
+    republished with a 5 s countdown and the worker holds that ETA copy unacknowledged, so
+    the depth is there rather than in the queue list. Every job not run is held there,
+    deferred. After resume the deferred copies come due and every job runs exactly once
+    (each job's counter is 1, its result its number) and the broker holds none of them."""
+    from jobs.platform import pause_backend
+    from tests.resilience.pause.tasks import per_job
+
+    jobs, seconds = 200, 3.0
+    switch = PauseSwitch(pause_backend(app))
+    run_id = uuid.uuid4().hex[:8]
+    runs_key = f"tests:pause:{run_id}:runs"
+    results: list[Any] = []
+
+    def produce() -> None:
+        for n in range(jobs):
+            results.append(per_job.delay(run_id, n))
+            time.sleep(seconds / jobs)
+
+    def ran() -> dict[str, str]:
+        return redis_client.hgetall(runs_key)
+
+    seen_deferred: set[int] = set()
+
+    def deferred() -> int:
+        """Jobs whose result says RETRY (DEFERRED), or STARTED again after one: a deferred
+        copy that came due while still paused is being deferred once more."""
+        states = [r.state for r in list(results)]
+        seen_deferred.update(n for n, state in enumerate(states) if state == "RETRY")
+        return sum(state == "RETRY" or (state == "STARTED" and n in seen_deferred)
+                   for n, state in enumerate(states))
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    try:
+        wait_for(lambda: len(ran()) >= 5, timeout_seconds=30, message="jobs running")
+        switch.pause("task", per_job.name, reason="load test")
+        time.sleep(1.5)  # every worker process's copy of the switches was refreshed
+        frozen, sent_then = ran(), len(results)
+        deferred_then = deferred()
+        depth_then = len(_in_broker(app, "critical", per_job.name, run_id))
+        producer.join(timeout=60)
+        assert not producer.is_alive()
+        waiting = jobs - len(frozen)
+        wait_for(lambda: deferred() == waiting, timeout_seconds=60, interval=0.2,
+                 message=f"{waiting} jobs deferred")
+        held = _in_broker(app, "critical", per_job.name, run_id)
+        assert ran() == frozen, "a body ran while the task was paused"
+    finally:
+        switch.resume("task", per_job.name)
+        producer.join(timeout=60)
+    print(f"pause under load: {len(frozen)} ran before the pause, {sent_then} sent by then; "
+          f"deferred {deferred_then} -> {waiting}, broker depth {depth_then} -> {len(held)}")
+    assert sent_then < jobs and len(frozen) < jobs
+    assert deferred_then < waiting
+    assert len(held) == waiting > depth_then
+    assert held == {results[n].id for n in range(jobs) if str(n) not in frozen}
+    wait_for(lambda: len(ran()) == jobs, timeout_seconds=60, interval=0.2,
+             message="every job ran after resume")
+    assert sorted(r.get(timeout=30) for r in results) == list(range(jobs))
+    wait_for(lambda: not _in_broker(app, "critical", per_job.name, run_id),
+             timeout_seconds=30, interval=0.2, message="every message acknowledged")
+    assert ran() == {str(n): "1" for n in range(jobs)}  # none missing, none doubled
