@@ -1,7 +1,9 @@
 """`jobs health`: liveness of one worker apart from readiness of the stores (exit 0 / 1).
 
-    jobs health live --node critical@HOST   the worker answers a ping (docker healthcheck)
-    jobs health ready                       Redis, broker, PostgreSQL up; migrations applied
+    jobs health live --local --tier critical   the worker's heartbeat file on this host is
+                                               fresh (Kubernetes / docker liveness probe)
+    jobs health live --node critical@HOST      the worker answers a ping through the broker
+    jobs health ready                          Redis, broker, PostgreSQL up; migrations applied
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import typer
 from rich.console import Console
 
 from jobs.observe.health import Check
+from jobs.observe.heartbeat import DEFAULT_MAX_AGE_SECONDS
 
-cli = typer.Typer(help="Health checks: live (worker answers), ready (stores reachable).",
+cli = typer.Typer(help="Health checks: live (worker's loop runs), ready (stores reachable).",
                   no_args_is_help=True)
 console = Console()
 
@@ -22,7 +25,7 @@ console = Console()
 def _report(checks: list[Check]) -> None:
     for check in checks:
         mark = "[green]ok[/green]" if check.ok else "[red]FAIL[/red]"
-        console.print(f"{mark} {check.name}: {check.detail}")
+        console.print(f"{mark} {check.name}: {check.detail}", soft_wrap=True)
     raise typer.Exit(0 if all(check.ok for check in checks) else 1)
 
 
@@ -32,17 +35,29 @@ def live(
         help="Worker node name, e.g. critical@host; default <tier>@<this host>.")] = None,
     tier: Annotated[str | None, typer.Option(help="Tier, to build the node name.")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the reply.")] = 5.0,
+    local: Annotated[bool, typer.Option(
+        "--local", help="Read the worker's heartbeat file on this host: no broker round "
+                        "trip (the liveness probe).")] = False,
+    max_age: Annotated[float, typer.Option(
+        min=0.1, help="With --local: seconds since the last beat before the worker counts "
+                      "as dead.")] = DEFAULT_MAX_AGE_SECONDS,
 ) -> None:
-    """Exit 0 when the worker process answers `inspect ping`, 1 when it does not."""
-    from jobs import app
-    from jobs.observe.health import liveness
-
+    """Exit 0 when the worker is alive (its heartbeat is fresh with --local, else it answers
+    `inspect ping`), 1 when it is not."""
     if node is None:
         if tier is None:
             console.print("[red]give --node critical@host or --tier critical[/red]")
             raise typer.Exit(2)
         node = f"{tier}@{socket.gethostname()}"
-    _report(liveness(app, node, timeout_seconds=timeout))
+    if local:  # no app, no broker: one stat of the heartbeat file
+        from jobs.observe.health import local_liveness
+
+        _report(local_liveness(node, max_age_seconds=max_age))
+    else:
+        from jobs import app
+        from jobs.observe.health import liveness
+
+        _report(liveness(app, node, timeout_seconds=timeout))
 
 
 @cli.command("ready")

@@ -1,12 +1,19 @@
-"""Health: liveness (this worker answers) kept apart from readiness (its stores are reachable).
+"""Health: liveness (this worker's main loop runs) kept apart from readiness (its stores
+are reachable).
 
-A worker whose Redis is down is alive (restarting it would not help, and would lose the
-tasks it runs) but not ready; a worker that stopped answering is dead whatever the stores
-say. So the two are separate checks, each returning a `Check` list:
+A worker whose Redis or broker is down is alive (restarting it would not help, and would
+lose the tasks it runs) but not ready; a worker whose main loop stopped is dead whatever
+the stores say. So the two are separate checks, each returning a `Check` list:
 
-    jobs health live --node critical@HOST   the node answers `celery inspect ping`
-    jobs health ready                       Redis, the broker and PostgreSQL answer, and
-                                            every migration head is applied
+    jobs health live --local --tier critical   the worker's heartbeat file is fresh: no
+                                               broker round trip (Kubernetes, docker)
+    jobs health live --node critical@HOST      the node answers `celery inspect ping`
+                                               through the broker (operators)
+    jobs health ready                          Redis, the broker and PostgreSQL answer, and
+                                               every migration head is applied
+
+The local form is the probe: it costs one `stat`, whatever the size of the fleet, and a
+broker outage does not fail it. The broadcast form costs every worker a reply per probe.
 """
 
 from __future__ import annotations
@@ -42,6 +49,19 @@ def liveness(app: Celery, node: str, *, timeout_seconds: float = 5.0) -> list[Ch
     answered = any(node in reply for reply in replies)
     return [Check(f"ping {node}", answered,
                   "pong" if answered else f"no reply within {timeout_seconds:g}s")]
+
+
+def local_liveness(node: str, *, max_age_seconds: float) -> list[Check]:
+    """Did worker `node`, on this host, beat within `max_age_seconds`? (heartbeat.py)"""
+    from jobs.observe.heartbeat import heartbeat_age, heartbeat_path
+
+    name = f"heartbeat {node}"
+    age = heartbeat_age(node)
+    if age is None:
+        return [Check(name, False, f"no heartbeat file {heartbeat_path(node)}: no worker "
+                                   "of that name runs on this host (or it has not started)")]
+    return [Check(name, age <= max_age_seconds,
+                  f"last beat {age:.1f}s ago (max {max_age_seconds:g}s)")]
 
 
 def check_redis(app: Celery) -> Check:

@@ -9,7 +9,10 @@ Import this module in the worker (it is one of the app's `imports`); it connects
   deadline and idempotency guards are included). A call stopped by its own lock guard
   (SKIPPED/DEFERRED: the lock was never held) is not observed;
 - `worker_process_shutdown`: `multiprocess.mark_process_dead(pid)`, so Prometheus stops
-  summing the live gauges of a pool process that is gone.
+  summing the live gauges of a pool process that is gone;
+- `celeryd_init` / `worker_shutdown`: the heartbeat file `jobs health live --local` reads
+  (heartbeat.py): its bootsteps are added before the worker is built, and the file is
+  removed once the worker has stopped.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 from celery import signals
 
+from jobs.observe import heartbeat
 from jobs.observe.logging import install_worker_logging
 from jobs.observe.metrics import LOCK_HOLD_SECONDS, multiprocess_dir
 
@@ -74,6 +78,17 @@ def _process_gone(pid: int | None = None, **_: Any) -> None:
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(pid or os.getpid())
+
+
+@signals.celeryd_init.connect(weak=False)
+def _install_heartbeat(instance: Any = None, **_: Any) -> None:
+    if instance is not None:
+        heartbeat.install(instance.app)
+
+
+@signals.worker_shutdown.connect(weak=False)
+def _stop_heartbeat(sender: Any = None, **_: Any) -> None:
+    heartbeat.stop_heartbeat(sender)
 
 
 install_worker_logging()

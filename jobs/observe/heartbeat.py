@@ -1,0 +1,213 @@
+"""The worker's heartbeat file: liveness read locally, with no broker round trip.
+
+`jobs health live --local` checks the file's age. It must mean "this worker's main loop is
+alive", not "the broker answers": a broker outage must not fail every liveness probe of the
+fleet at once (Kubernetes would restart every worker, losing their running tasks).
+
+- While the consumer runs, the beat is a timer entry of the worker's event loop (the hub of
+  the prefork pool), so a main process that is stopped, deadlocked or stuck in a callback
+  stops beating.
+- While the main thread waits for a lost broker, the event loop does not turn, and that is
+  no reason to restart the worker. Two waits were seen on a real worker whose broker
+  Redis was killed: the consumer's reconnect loop (bounded by `broker_connection_max_retries`,
+  then the worker exits), and, with task events on, the event heartbeat's publish, which
+  kombu retries without limit from inside an event-loop timer (the consumer does not even
+  notice the outage until the broker returns). Both are kombu's `retry_over_time`. So a
+  thread of the main process beats while the main thread is inside `retry_over_time`, and
+  while the consumer is stopped (reconnecting, or draining tasks in a warm shutdown).
+
+Celery's extension points connect it: `WorkerHeartbeat` (worker blueprint: the file, the
+timer entry, the thread) and `ConsumerHeartbeat` (consumer blueprint: whether the consumer
+runs), added by `install(app)`, which `jobs.observe.worker` calls from `celeryd_init`. The
+thread beats on through a warm shutdown, while the pool finishes its tasks;
+`worker_shutdown` (after the pool has stopped) removes the file. The file is
+`<tempdir>/jobs-heartbeat/<nodename>` (`TMPDIR` moves it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from celery import bootsteps
+from kombu.utils.functional import retry_over_time
+
+logger = logging.getLogger("jobs.observe.heartbeat")
+
+#: Seconds between beats; the probe's max age should be many of these.
+BEAT_INTERVAL_SECONDS = 1.0
+#: Default `--max-age` of `jobs health live --local`.
+DEFAULT_MAX_AGE_SECONDS = 30.0
+#: A worker starting removes other heartbeat files older than this (killed workers').
+ABANDONED_AFTER_SECONDS = 24 * 3600.0
+
+
+def heartbeat_dir() -> Path:
+    """The directory of every worker's heartbeat file on this host."""
+    return Path(tempfile.gettempdir()) / "jobs-heartbeat"
+
+
+def heartbeat_path(node: str) -> Path:
+    """The heartbeat file of worker `node` (e.g. `critical@host`)."""
+    return heartbeat_dir() / node.replace(os.sep, "_")
+
+
+def heartbeat_age(node: str) -> float | None:
+    """Seconds since worker `node` last beat on this host, or None without a heartbeat file."""
+    try:
+        modified = heartbeat_path(node).stat().st_mtime
+    except FileNotFoundError:
+        return None
+    return max(0.0, time.time() - modified)
+
+
+class Heartbeat:
+    """The heartbeat file of one worker, beaten by its event loop or, while the main
+    thread waits for the broker or the consumer is down, by a thread of the main process.
+
+    Args:
+        node: the worker's node name.
+        interval_seconds: time between beats.
+    """
+
+    def __init__(self, node: str, interval_seconds: float = BEAT_INTERVAL_SECONDS) -> None:
+        self.path = heartbeat_path(node)
+        self.interval_seconds = interval_seconds
+        #: True while the consumer runs (its event loop beats); False: the thread beats.
+        self.consuming = False
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._warned = False
+
+    def beat(self) -> None:
+        """Touch the file; a write error is logged once and never stops the worker."""
+        try:
+            try:
+                os.utime(self.path)
+            except FileNotFoundError:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.path.write_text(f"{os.getpid()}\n")
+            self._warned = False
+        except OSError as exc:
+            if not self._warned:
+                logger.warning("heartbeat file %s cannot be written (%s): `jobs health live "
+                               "--local` will fail; set TMPDIR to a writable directory",
+                               self.path, exc)
+                self._warned = True
+
+    def start(self) -> None:
+        """Write the file and start the thread that beats while the consumer is down."""
+        self._stopped.clear()
+        self.beat()
+        _remove_abandoned(self.path.parent)
+        self._thread = threading.Thread(target=self._beat_while_not_consuming,
+                                        name="jobs-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop beating and remove the file: a worker that has stopped is not alive."""
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(self.interval_seconds * 2)
+            self._thread = None
+        self.path.unlink(missing_ok=True)
+
+    def _beat_while_not_consuming(self) -> None:
+        while not self._stopped.wait(self.interval_seconds):
+            if not self.consuming or main_thread_waits_for_broker():
+                self.beat()
+
+
+def main_thread_waits_for_broker() -> bool:
+    """Is the main thread inside kombu's connection retry loop (`retry_over_time`)?"""
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    while frame is not None:
+        if frame.f_code is retry_over_time.__code__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _remove_abandoned(directory: Path) -> None:
+    """Remove heartbeat files untouched for a day: killed workers' files, which nothing
+    else removes (node names that never come back, as in test sessions)."""
+    cutoff = time.time() - ABANDONED_AFTER_SECONDS
+    for path in directory.glob("*"):
+        try:
+            if path.stat().st_mtime < cutoff:
+                path.unlink()
+        except OSError:
+            pass  # another worker removed it first, or it is not ours to remove
+
+
+class WorkerHeartbeat(bootsteps.StartStopStep):
+    """Worker bootstep: the heartbeat file, beaten every second by the worker's timer."""
+
+    requires = ("celery.worker.components:Timer",)
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.timer_entry: Any = None
+
+    def create(self, w: Any) -> Heartbeat:
+        w.jobs_heartbeat = Heartbeat(w.hostname)
+        return w.jobs_heartbeat
+
+    def start(self, w: Any) -> None:
+        # Registered before the consumer starts, so the consumer's reconnects (which cancel
+        # the timer entries of a lost connection) keep it.
+        super().start(w)
+        self.timer_entry = w.timer.call_repeatedly(
+            w.jobs_heartbeat.interval_seconds, w.jobs_heartbeat.beat)
+
+    def stop(self, w: Any) -> None:
+        # The thread keeps beating while the pool finishes its tasks; `worker_shutdown`
+        # stops it and removes the file (`stop_heartbeat`).
+        if self.timer_entry is not None:
+            w.timer.cancel(self.timer_entry)
+            self.timer_entry = None
+        w.jobs_heartbeat.consuming = False
+
+    terminate = stop
+
+
+class ConsumerHeartbeat(bootsteps.StartStopStep):
+    """Consumer bootstep: tells the heartbeat whether the consumer (and its loop) runs."""
+
+    # Started after the connection and the task consumers, just before the event loop.
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def start(self, c: Any) -> None:
+        self._set(c, consuming=True)
+
+    def stop(self, c: Any) -> None:
+        self._set(c, consuming=False)
+
+    shutdown = stop
+
+    @staticmethod
+    def _set(c: Any, *, consuming: bool) -> None:
+        heartbeat = getattr(c.controller, "jobs_heartbeat", None)
+        if heartbeat is not None:
+            heartbeat.consuming = consuming
+            if consuming:
+                heartbeat.beat()
+
+
+def install(app: Any) -> None:
+    """Add the heartbeat bootsteps to `app`'s workers (before the worker is built)."""
+    app.steps["worker"].add(WorkerHeartbeat)
+    app.steps["consumer"].add(ConsumerHeartbeat)
+
+
+def stop_heartbeat(worker: Any) -> None:
+    """Stop `worker`'s heartbeat and remove its file (the worker has shut down)."""
+    heartbeat = getattr(worker, "jobs_heartbeat", None)
+    if heartbeat is not None:
+        heartbeat.stop()
