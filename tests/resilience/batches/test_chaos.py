@@ -11,16 +11,15 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import time
 from collections.abc import Callable
 from typing import Any
 
-import psutil
 import pytest
 from sqlalchemy import text
 
 from resilience.batches import batch
+from tests.chaos import kill_pool_child, restore_unacked
 from tests.resilience.batches import tasks
 
 MEMBERS = int(os.environ.get("BATCH_CHAOS_MEMBERS", "2000"))
@@ -37,29 +36,6 @@ WORKER_ENV = {
     "JOBS_VISIBILITY_TIMEOUT_SECONDS": "45",
     "JOBS_MAX_DELIVERIES": "1000",
 }
-
-
-def restore_unacked(app: Any) -> None:
-    """Give back messages a killed worker held unacked past the visibility timeout (kombu's
-    own scan runs only every ~100 s)."""
-    with app.connection_for_write() as connection:
-        channel = connection.default_channel
-        channel.visibility_timeout = int(WORKER_ENV["JOBS_VISIBILITY_TIMEOUT_SECONDS"])
-        channel.qos.restore_visible(num=10_000, interval=1)
-
-
-def kill_pool_child(worker: Any, rng: random.Random) -> bool:
-    try:
-        children = worker.children() if worker.alive() else []
-    except psutil.Error:
-        return False
-    if not children:
-        return False
-    try:
-        os.kill(rng.choice(children).pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def callbacks(engine: Any, run: str, table: str) -> list[tuple[str, str]]:
@@ -115,7 +91,7 @@ def test_a_2000_member_batch_under_sigkill_fires_each_callback_once(
         now = time.monotonic()
         if now >= deadline and now - last_progress > visibility:
             break
-        restore_unacked(app)
+        restore_unacked(app, int(WORKER_ENV["JOBS_VISIBILITY_TIMEOUT_SECONDS"]))
         time.sleep(0.5)
         latest = result.summary().pending
         if latest < pending:

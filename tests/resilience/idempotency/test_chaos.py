@@ -11,16 +11,15 @@ import collections
 import json
 import os
 import random
-import signal
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-import psutil
 import pytest
 from sqlalchemy import text
 
+from tests.chaos import kill_pool_child, restore_unacked
 from tests.resilience.idempotency import tasks
 
 #: `make test` runs 1,000; `python -m bench chaos` sets CHAOS_TRANSFERS=2000 (the soak).
@@ -72,33 +71,6 @@ def unfinished(engine: Any, prefix: str, transfers: dict[str, Any]) -> list[Any]
     found = {row.key: tuple(row) for row in rows}
     missing = [(key, "no record") for key in transfers if key not in found]
     return [row for row in found.values() if row[1] != "succeeded"] + missing
-
-
-def restore_unacked(app: Any) -> None:
-    """Give back messages a killed worker held unacked longer than the visibility timeout.
-
-    Kombu's workers scan for them only every ~100 s (restore interval x throttle); the test
-    scans every half second, with the workers' visibility timeout (45 s, longer than any
-    task's hard limit or countdown there), so it never restores a message a live worker holds.
-    """
-    with app.connection_for_write() as connection:
-        channel = connection.default_channel
-        channel.visibility_timeout = int(WORKER_ENV["JOBS_VISIBILITY_TIMEOUT_SECONDS"])
-        channel.qos.restore_visible(num=10_000, interval=1)
-
-
-def kill_pool_child(worker: Any, rng: random.Random) -> bool:
-    try:
-        children = worker.children() if worker.alive() else []
-    except psutil.Error:
-        return False
-    if not children:
-        return False
-    try:
-        os.kill(rng.choice(children).pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.mark.chaos
@@ -172,7 +144,7 @@ def test_transfers_have_exactly_one_effect_under_sigkill(
         now = time.monotonic()
         if now >= deadline and now - last_progress > visibility:
             break
-        restore_unacked(app)
+        restore_unacked(app, int(WORKER_ENV["JOBS_VISIBILITY_TIMEOUT_SECONDS"]))
         time.sleep(0.5)
         latest = succeeded_keys(engine, prefix)
         if latest > done:

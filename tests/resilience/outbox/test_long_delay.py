@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from tests.chaos import restore_unacked
 from tests.resilience.outbox import tasks
 from tests.resilience.outbox.relays import RelayProcess, effects, outbox_rows
 from tests.support import wait_for
@@ -43,16 +44,6 @@ def in_broker(app: Any, task_ids: set[str]) -> int:
         raw = [*client.lrange("critical", 0, -1), *client.hvals("unacked")]
     decoded = [m.decode() if isinstance(m, bytes) else str(m) for m in raw]
     return sum(1 for message in decoded if any(task_id in message for task_id in task_ids))
-
-
-def restore_unacked(app: Any) -> None:
-    """What a worker's transport does (every ~100 s): redeliver messages unacknowledged
-    longer than the visibility timeout. Done every second here, so an ETA message held
-    past the timeout would run twice within the test."""
-    with app.connection_for_write() as connection:
-        channel = connection.default_channel
-        channel.visibility_timeout = VISIBILITY_TIMEOUT_SECONDS
-        channel.qos.restore_visible(num=10_000, interval=1)
 
 
 @pytest.mark.soak
@@ -107,15 +98,15 @@ def run_long_delay(app: Any, engine: Any, worker_factory: Callable[..., Any], *,
         time.sleep(2.0)
         assert in_broker(app, set(ids)) == 0, "a delayed job sits in the broker"
         while time.monotonic() - started < countdown_seconds - 5:
-            restore_unacked(app)
+            restore_unacked(app, VISIBILITY_TIMEOUT_SECONDS)
             assert effects(engine, run) == [], "a job ran before its due time"
             time.sleep(1.0)
         deadline = time.monotonic() + 60
         while len(effects(engine, run)) < jobs and time.monotonic() < deadline:
-            restore_unacked(app)
+            restore_unacked(app, VISIBILITY_TIMEOUT_SECONDS)
             time.sleep(0.5)
         for _ in range(5):  # a redelivery would land now
-            restore_unacked(app)
+            restore_unacked(app, VISIBILITY_TIMEOUT_SECONDS)
             time.sleep(1.0)
     finally:
         relay.stop()
