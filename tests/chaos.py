@@ -37,3 +37,20 @@ def kill_pool_child(worker: Any, rng: random.Random) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def supervise(workers: list[Any]) -> int:
+    """Start again every worker that exited on its own, as the platform's supervisor does
+    (honcho under `jobs up`, Kubernetes, compose's `restart:`); returns how many.
+
+    Celery stops a worker on purpose when a pool process dies before the pool has started
+    (`WorkerLostError: Could not start worker processes`), which random pool kills right
+    after a restart sometimes hit: without a supervisor that worker's queue would simply
+    stop being consumed, which is not a lost job.
+    """
+    restarted = 0
+    for worker in workers:
+        if worker.process is not None and not worker.alive():
+            worker.start(wait=False)
+            restarted += 1
+    return restarted

@@ -49,12 +49,14 @@ def run(argv: list[str]) -> dict[str, Any]:
             tallies.append(tally)
         rows.append((index, "pass" if done.returncode == 0 else "FAIL",
                      tally and tally["lost"], tally and tally["doubled"],
-                     tally and tally["child"], tally and tally["worker"], f"{seconds:.0f}s"))
+                     tally and tally["child"], tally and tally["worker"],
+                     tally and tally.get("exited", 0), f"{seconds:.0f}s"))
         print(f"run {index}/{options.runs}: {rows[-1][1]} {tally}", flush=True)
         if done.returncode != 0 and tally is None:
             print(done.stdout[-3000:], flush=True)
     table(f"chaos: {options.runs} runs of {TEST}",
-          ("run", "result", "lost", "doubled", "pool kills", "worker kills", "time"), rows)
+          ("run", "result", "lost", "doubled", "pool kills", "worker kills",
+           "restarted after exit", "time"), rows)
     return {
         "runs": options.runs,
         "failed_runs": failed,
@@ -63,5 +65,8 @@ def run(argv: list[str]) -> dict[str, Any]:
         "transfers": sum(t["transfers"] for t in tallies),
         "pool_kills": sum(t["child"] for t in tallies),
         "worker_kills": sum(t["worker"] for t in tallies),
+        # Workers Celery stopped itself (a pool process killed before the pool started),
+        # started again by the test as a supervisor would.
+        "worker_exits": sum(t.get("exited", 0) for t in tallies),
         "runs_without_tally": options.runs - len(tallies),
     }

@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import text
 
 from resilience.batches import batch
-from tests.chaos import kill_pool_child, restore_unacked
+from tests.chaos import kill_pool_child, restore_unacked, supervise
 from tests.resilience.batches import tasks
 
 MEMBERS = int(os.environ.get("BATCH_CHAOS_MEMBERS", "2000"))
@@ -63,12 +63,13 @@ def test_a_2000_member_batch_under_sigkill_fires_each_callback_once(
     for worker in workers:
         worker.wait_ready()
 
-    kills = {"child": 0, "worker": 0}
+    kills = {"child": 0, "worker": 0, "exited": 0}
     chaos_started = last_worker_kill = time.monotonic()
     while time.monotonic() - chaos_started < CHAOS_SECONDS:
         if len(callbacks(engine, run, "batch_test_callbacks")) == 2:
             break
         time.sleep(rng.uniform(0.2, 0.5))
+        kills["exited"] += supervise(workers)
         victim = rng.choice(workers)
         elapsed = time.monotonic() - chaos_started
         if kills["worker"] < MAX_WHOLE_WORKER_KILLS and elapsed > 3 + 6 * kills["worker"]:
@@ -91,6 +92,7 @@ def test_a_2000_member_batch_under_sigkill_fires_each_callback_once(
         now = time.monotonic()
         if now >= deadline and now - last_progress > visibility:
             break
+        kills["exited"] += supervise(workers)
         restore_unacked(app, int(WORKER_ENV["JOBS_VISIBILITY_TIMEOUT_SECONDS"]))
         time.sleep(0.5)
         latest = result.summary().pending

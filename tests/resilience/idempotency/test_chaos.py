@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from tests.chaos import kill_pool_child, restore_unacked
+from tests.chaos import kill_pool_child, restore_unacked, supervise
 from tests.resilience.idempotency import tasks
 
 #: `make test` runs 1,000; `python -m bench chaos` sets CHAOS_TRANSFERS=2000 (the soak).
@@ -110,12 +110,13 @@ def test_transfers_have_exactly_one_effect_under_sigkill(
     for worker in workers:
         worker.wait_ready()
 
-    kills = {"child": 0, "worker": 0}
+    kills = {"child": 0, "worker": 0, "exited": 0}
     started = last_worker_kill = time.monotonic()
     while time.monotonic() - started < CHAOS_SECONDS:
         if succeeded_keys(engine, prefix) == TRANSFERS:
             break
         time.sleep(rng.uniform(0.2, 0.5))
+        kills["exited"] += supervise(workers)
         victim = rng.choice(workers)
         elapsed = time.monotonic() - started
         if kills["worker"] < MAX_WHOLE_WORKER_KILLS and elapsed > 3 + 6 * kills["worker"]:
@@ -144,6 +145,7 @@ def test_transfers_have_exactly_one_effect_under_sigkill(
         now = time.monotonic()
         if now >= deadline and now - last_progress > visibility:
             break
+        kills["exited"] += supervise(workers)
         restore_unacked(app, int(WORKER_ENV["JOBS_VISIBILITY_TIMEOUT_SECONDS"]))
         time.sleep(0.5)
         latest = succeeded_keys(engine, prefix)
