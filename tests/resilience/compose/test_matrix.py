@@ -20,9 +20,9 @@ outside the lock. Before 69a673c the second group failed too: with PostgreSQL re
 connections, the idempotency store's connect error escaped unwrapped, so jobs FAILED
 instead of being DEFERRED (fail closed).
 
-Budget (see `machines.budget`): 12 examples of up to 6 steps for the first group, 6 of up
-to 6 for the second, derandomized, not shrunk; the folder runs in about 1.5 minutes on
-2 cores, most of it the first machine.
+Budget (see `machines.budget`): 8 examples of up to 6 steps for the first group, 6 of up
+to 6 for the second, derandomized, not shrunk (`make stress`: 40 and 20 of up to 8); the
+folder runs in about a minute on 2 cores, most of it the first machine.
 """
 
 from __future__ import annotations
@@ -68,7 +68,17 @@ def test_every_stack_once_commit_inside_lock(compose: Context) -> None:
 def test_fault_matrix(compose: Context) -> None:
     """Stacks without a commit under a lock, under duplicates, retries, SIGKILL mid-body,
     Redis down and PostgreSQL down: nothing lost, effects as promised, locks exclusive."""
-    run_machine(FaultMachine, compose, OUTSIDE_LOCK_COMMIT, examples=12, steps=6)
+    run_machine(FaultMachine, compose, OUTSIDE_LOCK_COMMIT, examples=8, steps=6)
+
+
+@pytest.mark.soak
+@pytest.mark.chaos
+@pytest.mark.timeout(1800)
+def test_fault_matrix_soak(compose: Context) -> None:
+    """`make stress`: both groups with a larger budget (40 and 20 examples of up to 8
+    steps) than `make test` runs."""
+    run_machine(FaultMachine, compose, OUTSIDE_LOCK_COMMIT, examples=40, steps=8)
+    run_machine(FaultMachine, compose, INSIDE_LOCK_COMMIT, examples=20, steps=8)
 
 
 @pytest.mark.chaos

@@ -22,8 +22,8 @@ from sqlalchemy import text
 from tests.chaos import kill_pool_child, restore_unacked, supervise
 from tests.resilience.idempotency import tasks
 
-#: `make test` runs 1,000; `python -m bench chaos` sets CHAOS_TRANSFERS=2000 (the soak).
-TRANSFERS = int(os.environ.get("CHAOS_TRANSFERS", "1000"))
+#: `make test` runs 600; `python -m bench chaos` sets CHAOS_TRANSFERS=2000 (the soak).
+TRANSFERS = int(os.environ.get("CHAOS_TRANSFERS", "600"))
 DUPLICATE_FRACTION = 0.35
 ACCOUNTS = 10
 CHAOS_SECONDS = 45
