@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, ClassVar
 
 from celery import Task
@@ -165,26 +165,15 @@ class GuardedTask(Task):
                                          options)
 
         def send(publish: Publish) -> Any:
-            if producer is not None or self.app.conf.task_always_eager:
+            given = producer is not None or self.app.conf.task_always_eager
+            with nullcontext(producer) if given else pooled_producer(self.app) as chosen:
                 return Task.apply_async(
                     self,
                     publish.args,
                     publish.kwargs,
                     # An enqueue guard may fix the id before publishing (unique does).
                     task_id=publish.state.get("task_id") or task_id,
-                    producer=producer,
-                    link=link,
-                    link_error=link_error,
-                    shadow=shadow,
-                    **publish.options,
-                )
-            with pooled_producer(self.app) as own:
-                return Task.apply_async(
-                    self,
-                    publish.args,
-                    publish.kwargs,
-                    task_id=publish.state.get("task_id") or task_id,
-                    producer=own,
+                    producer=chosen,
                     link=link,
                     link_error=link_error,
                     shadow=shadow,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import random
 import signal
+import time
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -54,3 +56,26 @@ def supervise(workers: list[Any]) -> int:
             worker.start(wait=False)
             restarted += 1
     return restarted
+
+
+def chaos_loop(workers: list[Any], rng: random.Random, *, seconds: float,
+               done: Callable[[], bool], max_worker_kills: int) -> tuple[dict[str, int], float]:
+    """SIGKILL a random pool process every 0.2-0.5 s, and a whole worker (started again at
+    once) every 6 s up to `max_worker_kills`, for `seconds` or until `done()`; restart
+    workers that exited on their own. Returns the kill counts and when the last whole
+    worker was killed (its unacked messages come back a visibility timeout later)."""
+    kills = {"child": 0, "worker": 0, "exited": 0}
+    started = last_worker_kill = time.monotonic()
+    while time.monotonic() - started < seconds and not done():
+        time.sleep(rng.uniform(0.2, 0.5))
+        kills["exited"] += supervise(workers)
+        victim = rng.choice(workers)
+        elapsed = time.monotonic() - started
+        if kills["worker"] < max_worker_kills and elapsed > 3 + 6 * kills["worker"]:
+            victim.sigkill()
+            last_worker_kill = time.monotonic()
+            victim.start(wait=False)
+            kills["worker"] += 1
+        elif kill_pool_child(victim, rng):
+            kills["child"] += 1
+    return kills, last_worker_kill

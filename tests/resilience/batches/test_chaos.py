@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import text
 
 from resilience.batches import batch
-from tests.chaos import kill_pool_child, restore_unacked, supervise
+from tests.chaos import chaos_loop, restore_unacked, supervise
 from tests.resilience.batches import tasks
 
 MEMBERS = int(os.environ.get("BATCH_CHAOS_MEMBERS", "2000"))
@@ -63,22 +63,10 @@ def test_a_2000_member_batch_under_sigkill_fires_each_callback_once(
     for worker in workers:
         worker.wait_ready()
 
-    kills = {"child": 0, "worker": 0, "exited": 0}
-    chaos_started = last_worker_kill = time.monotonic()
-    while time.monotonic() - chaos_started < CHAOS_SECONDS:
-        if len(callbacks(engine, run, "batch_test_callbacks")) == 2:
-            break
-        time.sleep(rng.uniform(0.2, 0.5))
-        kills["exited"] += supervise(workers)
-        victim = rng.choice(workers)
-        elapsed = time.monotonic() - chaos_started
-        if kills["worker"] < MAX_WHOLE_WORKER_KILLS and elapsed > 3 + 6 * kills["worker"]:
-            victim.sigkill()
-            last_worker_kill = time.monotonic()
-            victim.start(wait=False)
-            kills["worker"] += 1
-        elif kill_pool_child(victim, rng):
-            kills["child"] += 1
+    chaos_started = time.monotonic()
+    kills, last_worker_kill = chaos_loop(
+        workers, rng, seconds=CHAOS_SECONDS, max_worker_kills=MAX_WHOLE_WORKER_KILLS,
+        done=lambda: len(callbacks(engine, run, "batch_test_callbacks")) == 2)
     print(f"chaos ended at {time.monotonic() - chaos_started:.1f}s: "
           f"{result.summary().pending} pending, kills={kills}")
 
