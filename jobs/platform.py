@@ -148,7 +148,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     exchange = Exchange("jobs", type="direct")
     config: dict[str, Any] = {
         "broker_url": settings.effective_broker_url,
-        "result_backend": settings.effective_redis_url,
+        "result_backend": settings.effective_result_backend_url,
         "broker_connection_retry_on_startup": True,
         # JSON only: a pickle message can run arbitrary code in the worker.
         "task_serializer": "json",
@@ -233,6 +233,7 @@ def create_app(settings: Settings | None = None) -> JobsCelery:
             redis_url=settings.effective_redis_url,
             database_url=settings.effective_database_url,
             redlock_urls=settings.effective_redlock_urls,
+            locks_database_url=settings.locks_database_url,
         ),
     )
     from jobs.observe.tracing import tracing_enabled

@@ -28,6 +28,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from jobs.tiers import CRITICAL, OPTIONAL, STANDARD, TIERS
 from resilience.errors import ConfigurationError
 from resilience.redact import redact, redact_url
+from resilience.stores import REDIS_SCHEMES
 
 RejectionPolicy = Literal["abort", "discard", "caller_runs", "wait"]
 
@@ -151,6 +152,20 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("JOBS_BROKER_URL", "BROKER_URL", "broker_url"),
         description="Celery broker (redis:// or amqp://); unset: the Redis URL",
     )
+    locks_database_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("JOBS_LOCKS_DATABASE_URL", "LOCKS_DATABASE_URL",
+                                      "locks_database_url"),
+        description="PostgreSQL reached directly for advisory locks (singletons, beat) when "
+                    "DATABASE_URL is a transaction-mode PgBouncer; unset: DATABASE_URL",
+    )
+    result_backend_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("JOBS_RESULT_BACKEND_URL", "RESULT_BACKEND_URL",
+                                      "result_backend_url"),
+        description="Celery result backend; unset: the Redis URL (or the broker's Redis when "
+                    "the guard Redis is a Sentinel or Cluster URL)",
+    )
     redlock_urls: CommaList = Field(
         default_factory=list,
         validation_alias=AliasChoices("JOBS_REDLOCK_URLS", "REDLOCK_URLS", "redlock_urls"),
@@ -255,11 +270,14 @@ class Settings(BaseSettings):
     @classmethod
     def _redis_scheme(cls, value: Any) -> Any:
         for url in value if isinstance(value, list) else [value]:
-            if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
-                raise ValueError(f"{redact_url(url)!r} is not a Redis URL (redis://host:port/db)")
+            if url is not None and not url.startswith(REDIS_SCHEMES):
+                raise ValueError(
+                    f"{redact_url(url)!r} is not a Redis URL (redis://host:port/db, "
+                    "redis+sentinel://host:26379/<service>, redis+cluster://host:port)"
+                )
         return value
 
-    @field_validator("database_url")
+    @field_validator("database_url", "locks_database_url")
     @classmethod
     def _postgres_scheme(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(("postgresql", "postgres://")):
@@ -322,11 +340,24 @@ class Settings(BaseSettings):
                 f"JOBS_FLOWER_ADDRESS={self.flower_address} exposes Flower beyond this machine "
                 "without a password; set FLOWER_BASIC_AUTH to user:password or bind to 127.0.0.1"
             )
-        if self.pg_pool_mode in ("transaction", "statement"):
+        if self.pg_pool_mode in ("transaction", "statement") and not self.locks_database_url:
             raise ValueError(
                 f"JOBS_PG_POOL_MODE={self.pg_pool_mode}: advisory locks (singleton guard, beat "
-                "leadership) need a session of their own; point DATABASE_URL at PostgreSQL "
-                "directly or at a session-mode pool"
+                "leadership) need a session of their own; set LOCKS_DATABASE_URL to PostgreSQL "
+                "reached directly (docs/production.md)"
+            )
+        topology = not (self.redis_url or "redis://").startswith(("redis://", "rediss://",
+                                                                   "unix://"))
+        if topology and not self.broker_url:
+            raise ValueError(
+                "REDIS_URL is a Sentinel or Cluster URL: set BROKER_URL to the broker (one "
+                "Redis, redis://, or RabbitMQ, amqp://); guard state and broker are kept apart "
+                "in production (docs/production.md)"
+            )
+        if topology and not self.result_backend_url and not self.broker_is_redis:
+            raise ValueError(
+                "REDIS_URL is a Sentinel or Cluster URL and the broker is RabbitMQ: set "
+                "RESULT_BACKEND_URL (a redis:// URL, or db+postgresql://...) for task results"
             )
         if len(self.embedded_redlock_ports) < 3 and not self.redlock_urls:
             raise ValueError("JOBS_EMBEDDED_REDLOCK_PORTS needs at least 3 ports for a quorum")
@@ -359,6 +390,18 @@ class Settings(BaseSettings):
             self.database_url
             or f"postgresql://postgres@127.0.0.1:{self.embedded_postgres_port}/jobs"
         )
+
+    @property
+    def effective_locks_database_url(self) -> str:
+        return self.locks_database_url or self.effective_database_url
+
+    @property
+    def effective_result_backend_url(self) -> str:
+        if self.result_backend_url:
+            return self.result_backend_url
+        if self.effective_redis_url.startswith(("redis://", "rediss://", "unix://")):
+            return self.effective_redis_url
+        return self.effective_broker_url  # a Sentinel/Cluster guard store: the broker's Redis
 
     @property
     def effective_broker_url(self) -> str:

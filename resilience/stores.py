@@ -34,9 +34,15 @@ class Stores:
     """Where guard state lives: one Redis, one PostgreSQL, and the Redlock nodes.
 
     Args:
-        redis_url: shared guard state (breakers, budgets, limits, fast paths).
-        database_url: durable state (idempotency records, fencing counters, advisory locks).
+        redis_url: shared guard state (breakers, budgets, limits, fast paths): one Redis
+            (`redis://`, `rediss://`, `unix://`), a Sentinel-managed master
+            (`redis+sentinel://`) or a Redis Cluster (`redis+cluster://`); see
+            `redis_from_url`.
+        database_url: durable state (idempotency records, fencing counters); may point at a
+            transaction-mode pooler (PgBouncer) when `locks_database_url` is set.
         redlock_urls: independent Redis nodes for Redlock (3 or more for a real quorum).
+        locks_database_url: PostgreSQL reached directly, for what needs a session of its
+            own (advisory locks of singletons and beat leadership); unset: `database_url`.
     """
 
     def __init__(
@@ -45,20 +51,28 @@ class Stores:
         redis_url: str,
         database_url: str,
         redlock_urls: Sequence[str] = (),
+        locks_database_url: str | None = None,
         socket_timeout_seconds: float = 5.0,
     ) -> None:
-        if not redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigurationError(
-                "redis_url must start with redis://, rediss:// or unix://, "
-                f"got {redact_url(redis_url)!r}"
-            )
+        check_redis_url(redis_url, "redis_url")
+        for url in redlock_urls:
+            check_redis_url(url, "a Redlock URL")
         if not database_url.startswith(("postgresql", "postgres://")):
             raise ConfigurationError(
                 "database_url must be a PostgreSQL URL (postgresql://user@host:port/db), "
                 f"got {redact_url(database_url)!r}"
             )
+        if locks_database_url is not None and not locks_database_url.startswith(
+                ("postgresql", "postgres://")):
+            raise ConfigurationError(
+                "locks_database_url must be a PostgreSQL URL (postgresql://user@host:port/db), "
+                f"got {redact_url(locks_database_url)!r}"
+            )
         self.redis_url = redis_url
         self.database_url = _sqlalchemy_url(database_url)
+        #: Where session-bound work runs (advisory locks: singletons, beat leadership):
+        #: PostgreSQL directly when `database_url` points at a transaction-mode pooler.
+        self.locks_database_url = _sqlalchemy_url(locks_database_url or database_url)
         self.redlock_urls = tuple(redlock_urls)
         self.socket_timeout_seconds = socket_timeout_seconds
         self._lock = threading.Lock()
@@ -69,10 +83,11 @@ class Stores:
         if self._pid != os.getpid():
             with self._lock:
                 if self._pid != os.getpid():
-                    engine = self._cache.get("engine")
-                    if engine is not None:
-                        # close=False: never touch the parent's connections from the child.
-                        engine.dispose(close=False)
+                    for name in ("engine", "locks_engine"):
+                        engine = self._cache.get(name)
+                        if engine is not None:
+                            # close=False: never touch the parent's connections from the child.
+                            engine.dispose(close=False)
                     self._cache = {}
                     self._pid = os.getpid()
         return self._cache
@@ -82,9 +97,7 @@ class Stores:
         cache = self._per_process()
         client = cache.get("redis")
         if client is None:
-            import redis as redis_lib
-
-            client = redis_lib.Redis.from_url(
+            client = redis_from_url(
                 self.redis_url,
                 decode_responses=True,
                 socket_timeout=self.socket_timeout_seconds,
@@ -99,10 +112,8 @@ class Stores:
         cache = self._per_process()
         clients = cache.get("redlock")
         if clients is None:
-            import redis as redis_lib
-
             clients = [
-                redis_lib.Redis.from_url(
+                redis_from_url(
                     url, decode_responses=True, socket_timeout=0.5, socket_connect_timeout=0.5
                 )
                 for url in self.redlock_urls
@@ -126,6 +137,129 @@ class Stores:
             )
             cache["engine"] = engine
         return engine
+
+    def locks_engine(self) -> Engine:
+        """The engine for session-bound work (advisory locks): `engine()` itself unless
+        `locks_database_url` names another server than `database_url`.
+
+        Its pool keeps no idle connection: a lock session is opened when a singleton or beat
+        takes a lock and closed when it is released, so direct connections are bounded by
+        the locks held at once, not by the worker threads that ever held one.
+        """
+        if self.locks_database_url == self.database_url:
+            return self.engine()
+        cache = self._per_process()
+        engine = cache.get("locks_engine")
+        if engine is None:
+            from sqlalchemy import create_engine
+            from sqlalchemy.pool import NullPool
+
+            engine = create_engine(
+                self.locks_database_url,
+                poolclass=NullPool,
+                connect_args={"connect_timeout": int(max(1, self.socket_timeout_seconds))},
+            )
+            cache["locks_engine"] = engine
+        return engine
+
+
+#: URL schemes of the guard Redis: one server, a Sentinel-managed master, a Redis Cluster.
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://", "rediss+sentinel://",
+                 "redis+cluster://", "rediss+cluster://")
+
+
+def check_redis_url(url: str, what: str = "redis_url") -> None:
+    """Raise `ConfigurationError` unless `url` has a scheme `redis_from_url` accepts."""
+    if not isinstance(url, str) or not url.startswith(REDIS_SCHEMES):
+        raise ConfigurationError(
+            f"{what} must start with redis://, rediss://, unix://, redis+sentinel:// or "
+            f"redis+cluster://, got {redact_url(str(url))!r}"
+        )
+
+
+def _hosts(hostlist: str, default_port: int) -> list[tuple[str, int]]:
+    """`host:port[,host:port...]` (an IPv6 host in brackets) as (host, port) pairs."""
+    hosts = []
+    for part in (piece.strip() for piece in hostlist.split(",")):
+        host, port = part, ""
+        if part.startswith("["):
+            host, _, rest = part[1:].partition("]")
+            port = rest[1:] if rest.startswith(":") else ""
+        elif ":" in part:
+            host, _, port = part.rpartition(":")
+        if not host or (port and not port.isdigit()):
+            raise ConfigurationError(f"{part!r} is not host:port")
+        hosts.append((host, int(port) if port else default_port))
+    return hosts
+
+
+def redis_from_url(url: str, **options: Any) -> Any:
+    """A redis-py client for `url`, whatever the topology behind it.
+
+    - `redis://`, `rediss://`, `unix://`: one server (`redis.Redis.from_url`).
+    - `redis+sentinel://[[user]:password@]host:port[,host:port...]/<service>[/<db>]`: the
+      master Sentinel names for `<service>`, found again after a failover (redis-py's
+      `Sentinel.master_for`). The password is the data nodes'; a password for the
+      Sentinels themselves goes in `?sentinel_password=...`. Default port 26379.
+    - `redis+cluster://[[user]:password@]host:port[,host:port...]`: a Redis Cluster
+      (`redis.cluster.RedisCluster`; any reachable node discovers the rest). Default
+      port 6379. Guard keys carry hash tags, so every script's keys share a slot.
+
+    `rediss+sentinel://` and `rediss+cluster://` connect with TLS. `options` are
+    redis-py connection options (`decode_responses`, `socket_timeout`, ...).
+
+    Raises:
+        ConfigurationError: the URL is malformed (no hosts, no Sentinel service name).
+    """
+    from urllib.parse import parse_qs, unquote, urlsplit
+
+    check_redis_url(url)
+    scheme = url.split("://", 1)[0]
+    if "+" not in scheme:
+        import redis as redis_lib
+
+        return redis_lib.Redis.from_url(url, **options)
+    parts = urlsplit(url)
+    # urlsplit cannot parse a host list for a port: take the netloc apart by hand.
+    userinfo, _, hostlist = parts.netloc.rpartition("@")
+    username, _, password = userinfo.partition(":")
+    if not hostlist:
+        raise ConfigurationError(f"{redact_url(url)!r} names no host")
+    query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+    if scheme.startswith("rediss"):
+        options["ssl"] = True
+    if username:
+        options["username"] = unquote(username)
+    if password:
+        options["password"] = unquote(password)
+    if scheme.endswith("+cluster"):
+        from redis.cluster import ClusterNode, RedisCluster
+
+        options.pop("health_check_interval", None)  # per-node pools check on their own
+        nodes = [ClusterNode(host, port) for host, port in _hosts(hostlist, 6379)]
+        return RedisCluster(startup_nodes=nodes, **options)
+    from redis.sentinel import Sentinel
+
+    path = [segment for segment in parts.path.split("/") if segment]
+    if not path:
+        raise ConfigurationError(
+            f"{redact_url(url)!r} names no Sentinel service: "
+            "redis+sentinel://host:26379[,host:26379...]/<service_name>[/<db>]"
+        )
+    service = unquote(path[0])
+    if len(path) > 1:
+        try:
+            options["db"] = int(path[1])
+        except ValueError:
+            raise ConfigurationError(f"{redact_url(url)!r}: {path[1]!r} is no db number") from None
+    sentinel_options = {
+        key: options[key] for key in ("socket_timeout", "socket_connect_timeout", "ssl")
+        if key in options
+    }
+    if query.get("sentinel_password"):
+        sentinel_options["password"] = query["sentinel_password"]
+    sentinel = Sentinel(_hosts(hostlist, 26379), sentinel_kwargs=sentinel_options, **options)
+    return sentinel.master_for(service, **options)
 
 
 def _sqlalchemy_url(url: str) -> str:
