@@ -4,6 +4,9 @@
                                                fresh (Kubernetes / docker liveness probe)
     jobs health live --node critical@HOST      the worker answers a ping through the broker
     jobs health ready                          Redis, broker, PostgreSQL up; migrations applied
+    jobs health ready --local --tier critical  the worker's last recorded readiness check is
+                                               fresh and passed (the readiness probe: no
+                                               store connection of its own)
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from jobs.observe.health import Check
+from jobs.observe.health import DEFAULT_READY_MAX_AGE_SECONDS, Check
 from jobs.observe.heartbeat import DEFAULT_MAX_AGE_SECONDS
 
 cli = typer.Typer(help="Health checks: live (worker's loop runs), ready (stores reachable).",
@@ -61,8 +64,30 @@ def live(
 
 
 @cli.command("ready")
-def ready() -> None:
-    """Exit 0 when Redis, the broker and PostgreSQL answer and migrations are applied."""
+def ready(
+    node: Annotated[str | None, typer.Option(
+        help="With --local: worker node name, e.g. critical@host; default <tier>@<this "
+             "host>.")] = None,
+    tier: Annotated[str | None, typer.Option(help="With --local: tier, to build the node "
+                                                  "name.")] = None,
+    local: Annotated[bool, typer.Option(
+        "--local", help="Read the worker's recorded readiness (it checks its stores every "
+                        "10 s): no connection from the probe (the readiness probe).")] = False,
+    max_age: Annotated[float, typer.Option(
+        min=0.1, help="With --local: seconds since the worker's last check before the "
+                      "record counts as stale (not ready).")] = DEFAULT_READY_MAX_AGE_SECONDS,
+) -> None:
+    """Exit 0 when Redis, the broker and PostgreSQL answer and migrations are applied
+    (checked now, or with --local as the worker last recorded it), 1 when not."""
+    if local:  # no app, no store: one read of the worker's readiness file
+        from jobs.observe.health import local_readiness
+
+        if node is None:
+            if tier is None:
+                console.print("[red]give --node critical@host or --tier critical[/red]")
+                raise typer.Exit(2)
+            node = f"{tier}@{socket.gethostname()}"
+        _report(local_readiness(node, max_age_seconds=max_age))
     from jobs import app
     from jobs.observe.health import readiness
 

@@ -41,16 +41,27 @@ def status_command(
         int, typer.Option("--limit", "-n", min=1, max=1000, help="most open claims listed")
     ] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+    count_cache: Annotated[
+        bool,
+        typer.Option(
+            "--count-cache",
+            help="also count the cached results (one SCAN of the whole guard Redis keyspace)",
+        ),
+    ] = False,
 ) -> None:
-    """What is on now: records by state, open claims and their holders, cached results."""
+    """What is on now: records by state (estimated on a large table), open claims and their
+    holders; cached results only with --count-cache (a SCAN, too slow to run routinely)."""
     from resilience.idempotency import describe
 
-    state = describe(_stores(), holders_limit=limit)
+    state = describe(_stores(), holders_limit=limit, cache_size=count_cache)
     if as_json:
         console.print_json(json.dumps(state.as_dict()))
         return
     counts = ", ".join(f"{name} {n}" for name, n in state.by_state.items())
-    cached = "unknown" if state.cached_results is None else str(state.cached_results)
+    if not count_cache:
+        cached = "not counted (--count-cache)"
+    else:
+        cached = "unknown" if state.cached_results is None else str(state.cached_results)
     console.print(f"records: {state.total} ({counts}); cached results: {cached}")
     view = Table(title="open claims (oldest first)")
     for column in ("key", "holder", "attempt", "held", "alive"):

@@ -174,7 +174,8 @@ def limits_table(section: Any) -> Table:
     for column in ("kind", "limit", "configured", "in use", "deferred"):
         view.add_column(column)
     for row in section["concurrency"]:
-        view.add_row("concurrency", row["name"], _number(row["limit"]), str(row["in_use"]),
+        in_use = "per key (jobs limits)" if row.get("keyed") else _number(row["in_use"])
+        view.add_row("concurrency", row["name"], _number(row["limit"]), in_use,
                      str(row["deferred"]))
     for row in section["rate"]:
         view.add_row(f"rate ({row['algorithm']})", row["name"], row["rate"], "",

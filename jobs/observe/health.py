@@ -11,20 +11,47 @@ the stores say. So the two are separate checks, each returning a `Check` list:
                                                through the broker (operators)
     jobs health ready                          Redis, the broker and PostgreSQL answer, and
                                                every migration head is applied
+    jobs health ready --local --tier critical  the worker's own last readiness check, read
+                                               from its file: fresh and passed (the probe)
 
-The local form is the probe: it costs one `stat`, whatever the size of the fleet, and a
-broker outage does not fail it. The broadcast form costs every worker a reply per probe.
+The local forms are the probes: liveness costs one `stat`, readiness one small file read,
+whatever the size of the fleet, and a broker outage does not fail liveness. The broadcast
+form costs every worker a reply per probe.
+
+Cached readiness: a probe that opened Redis, broker and PostgreSQL connections every few
+seconds from 1,000 pods would be a load of its own (and a PgBouncer / RabbitMQ connection
+storm). Instead a thread of the worker checks every `READY_CHECK_INTERVAL_SECONDS` on the
+worker's own pooled clients (Redis PING, PostgreSQL `SELECT 1` + migration heads; the
+broker from the consumer's state: consuming and not reconnecting, no connection of its
+own) and writes the result and its time to `<heartbeat dir>/<node>.ready`. The probe is
+ready when that file is fresh (`DEFAULT_READY_MAX_AGE_SECONDS`) and every check passed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from resilience.redact import redact
 
 if TYPE_CHECKING:
     from celery import Celery
+
+logger = logging.getLogger("jobs.observe.health")
+
+#: Seconds between a worker's readiness checks.
+READY_CHECK_INTERVAL_SECONDS = 10.0
+#: Default `--max-age` of `jobs health ready --local`: a few missed checks (a check may
+#: wait on a store's timeouts) before the file counts as stale.
+DEFAULT_READY_MAX_AGE_SECONDS = 45.0
 
 
 @dataclass(frozen=True)
@@ -69,7 +96,16 @@ def check_redis(app: Celery) -> Check:
     from resilience.stores import stores_for
 
     try:
-        return Check("redis", bool(stores_for(app).redis().ping()), "PONG")
+        client = stores_for(app).redis()
+    except Exception as exc:  # noqa: BLE001
+        return _failed("redis", exc)
+    return ping_redis(client)
+
+
+def ping_redis(client: Any) -> Check:
+    """`client`'s Redis answers PING (the `redis` check, on any client)."""
+    try:
+        return Check("redis", bool(client.ping()), "PONG")
     except Exception as exc:  # noqa: BLE001
         return _failed("redis", exc)
 
@@ -84,13 +120,21 @@ def check_broker(app: Celery) -> Check:
         return _failed("broker", exc)
 
 
+@lru_cache(maxsize=4)
+def _heads(database_url: str) -> frozenset[str]:
+    """The code's migration heads (read from the scripts once per process)."""
+    from alembic.script import ScriptDirectory
+
+    from jobs.db import alembic_config
+
+    return frozenset(ScriptDirectory.from_config(alembic_config(database_url)).get_heads())
+
+
 def check_postgres(app: Celery) -> list[Check]:
     """PostgreSQL answers, and the applied migrations are every head of the code's scripts."""
     from alembic.runtime.migration import MigrationContext
-    from alembic.script import ScriptDirectory
     from sqlalchemy import text
 
-    from jobs.db import alembic_config
     from resilience.stores import stores_for
 
     stores = stores_for(app)
@@ -100,8 +144,7 @@ def check_postgres(app: Celery) -> list[Check]:
             applied = set(MigrationContext.configure(connection).get_current_heads())
     except Exception as exc:  # noqa: BLE001
         return [_failed("postgres", exc), Check("migrations", False, "database unreachable")]
-    heads = set(ScriptDirectory.from_config(alembic_config(stores.database_url)).get_heads())
-    missing = sorted(heads - applied)
+    missing = sorted(_heads(stores.database_url) - applied)
     return [
         Check("postgres", True, "SELECT 1"),
         Check("migrations", not missing,
@@ -112,3 +155,106 @@ def check_postgres(app: Celery) -> list[Check]:
 def readiness(app: Celery) -> list[Check]:
     """Redis, the broker and PostgreSQL reachable; migrations applied."""
     return [check_redis(app), check_broker(app), *check_postgres(app)]
+
+
+# -- cached readiness ---------------------------------------------------------------------
+def readiness_path(node: str) -> Path:
+    """The readiness file of worker `node`, next to its heartbeat file."""
+    from jobs.observe.heartbeat import heartbeat_path
+
+    path = heartbeat_path(node)
+    return path.with_name(f"{path.name}.ready")
+
+
+def write_readiness(path: Path, checks: list[Check], *, checked_at: float | None = None) -> None:
+    """Record `checks` and when they ran (epoch seconds), atomically (write, then rename):
+    a probe never reads half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"checked_at": time.time() if checked_at is None else checked_at,
+            "checks": [asdict(check) for check in checks]}
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    partial.write_text(json.dumps(body))
+    os.replace(partial, path)
+
+
+def local_readiness(node: str, *, max_age_seconds: float = DEFAULT_READY_MAX_AGE_SECONDS,
+                    path: Path | None = None) -> list[Check]:
+    """Worker `node`'s last recorded readiness: its checks, plus one saying whether the
+    record is fresh (within `max_age_seconds`). No store is contacted."""
+    path = path or readiness_path(node)
+    name = f"readiness {node}"
+    try:
+        body: Any = json.loads(path.read_text())
+        checked_at = float(body["checked_at"])
+        checks = [Check(str(c["name"]), bool(c["ok"]), str(c.get("detail", "")))
+                  for c in body["checks"]]
+    except FileNotFoundError:
+        return [Check(name, False, f"no readiness file {path}: no worker of that name runs "
+                                   "on this host (or it has not checked yet)")]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return [Check(name, False, f"unreadable readiness file {path}: {type(exc).__name__}")]
+    age = max(0.0, time.time() - checked_at)
+    fresh = Check(name, age <= max_age_seconds,
+                  f"last check {age:.1f}s ago (max {max_age_seconds:g}s)"
+                  + ("" if age <= max_age_seconds else ": the worker stopped checking"))
+    return [fresh, *checks]
+
+
+def worker_readiness(app: Celery, broker_connected: Callable[[], bool]) -> list[Check]:
+    """A worker's own readiness on its pooled clients: Redis PING, PostgreSQL and
+    migrations, and the broker as the consumer sees it (`broker_connected`)."""
+    broker = (Check("broker", True, "consumer connected") if broker_connected()
+              else Check("broker", False, "consumer not consuming (connecting or reconnecting)"))
+    return [check_redis(app), broker, *check_postgres(app)]
+
+
+class ReadinessRecorder:
+    """Runs `check` every `interval_seconds` in a thread and records the result in `path`.
+
+    Args:
+        path: the readiness file (`readiness_path(node)`).
+        check: the checks to run (`worker_readiness` bound to the worker).
+        interval_seconds: time between checks.
+    """
+
+    def __init__(self, path: Path, check: Callable[[], list[Check]],
+                 interval_seconds: float = READY_CHECK_INTERVAL_SECONDS) -> None:
+        self.path = path
+        self.check = check
+        self.interval_seconds = interval_seconds
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def refresh(self) -> list[Check]:
+        """Run the checks once and record them; a failing check is a result, not an error."""
+        try:
+            checks = self.check()
+        except Exception as exc:  # noqa: BLE001 - an unexpected failure is "not ready"
+            checks = [_failed("readiness", exc)]
+        if self._stopped.is_set():  # stopping: leave no file behind
+            return checks
+        try:
+            write_readiness(self.path, checks)
+        except OSError as exc:
+            logger.warning("readiness file %s cannot be written (%s): `jobs health ready "
+                           "--local` will fail", self.path, exc)
+        return checks
+
+    def start(self) -> None:
+        """Start checking (first check at once, in the thread)."""
+        self._stopped.clear()
+        self._thread = threading.Thread(target=self._run, name="jobs-readiness", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop checking and remove the file: a stopped worker is not ready."""
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(1.0)
+            self._thread = None
+        self.path.unlink(missing_ok=True)
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            self.refresh()
+            self._stopped.wait(self.interval_seconds)

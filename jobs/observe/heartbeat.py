@@ -22,6 +22,10 @@ runs), added by `install(app)`, which `jobs.observe.worker` calls from `celeryd_
 thread beats on through a warm shutdown, while the pool finishes its tasks;
 `worker_shutdown` (after the pool has stopped) removes the file. The file is
 `<tempdir>/jobs-heartbeat/<nodename>` (`TMPDIR` moves it).
+
+The same bootstep starts the worker's readiness recorder (`jobs.observe.health`): a thread
+that checks the stores every 10 s on the worker's own clients and writes
+`<nodename>.ready` beside the heartbeat file, which `jobs health ready --local` reads.
 """
 
 from __future__ import annotations
@@ -156,8 +160,16 @@ class WorkerHeartbeat(bootsteps.StartStopStep):
         self.timer_entry: Any = None
 
     def create(self, w: Any) -> Heartbeat:
-        w.jobs_heartbeat = Heartbeat(w.hostname)
-        return w.jobs_heartbeat
+        from jobs.observe.health import ReadinessRecorder, readiness_path, worker_readiness
+
+        heartbeat = w.jobs_heartbeat = Heartbeat(w.hostname)
+
+        def broker_connected() -> bool:
+            return heartbeat.consuming and not main_thread_waits_for_broker()
+
+        w.jobs_readiness = ReadinessRecorder(
+            readiness_path(w.hostname), lambda: worker_readiness(w.app, broker_connected))
+        return heartbeat
 
     def start(self, w: Any) -> None:
         # Registered before the consumer starts, so the consumer's reconnects (which cancel
@@ -165,6 +177,7 @@ class WorkerHeartbeat(bootsteps.StartStopStep):
         super().start(w)
         self.timer_entry = w.timer.call_repeatedly(
             w.jobs_heartbeat.interval_seconds, w.jobs_heartbeat.beat)
+        w.jobs_readiness.start()
 
     def stop(self, w: Any) -> None:
         # The thread keeps beating while the pool finishes its tasks; `worker_shutdown`
@@ -207,7 +220,11 @@ def install(app: Any) -> None:
 
 
 def stop_heartbeat(worker: Any) -> None:
-    """Stop `worker`'s heartbeat and remove its file (the worker has shut down)."""
+    """Stop `worker`'s heartbeat and readiness checks and remove their files (the worker
+    has shut down)."""
+    readiness = getattr(worker, "jobs_readiness", None)
+    if readiness is not None:
+        readiness.stop()
     heartbeat = getattr(worker, "jobs_heartbeat", None)
     if heartbeat is not None:
         heartbeat.stop()

@@ -178,7 +178,8 @@ def limit_metrics(snapshot: dict[str, Any]) -> Iterator[Metric]:
     limits = snapshot["limits"]
     if _ok(limits):
         for row in limits["concurrency"]:
-            in_use.add_metric([row["name"]], row["in_use"])
+            if row["in_use"] is not None:  # None: keyed per argument, not enumerated
+                in_use.add_metric([row["name"]], row["in_use"])
             if row["limit"] is not None:
                 capacity.add_metric([row["name"]], row["limit"])
     yield decisions

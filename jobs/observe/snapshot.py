@@ -4,11 +4,18 @@
 section is gathered on its own, in its own `try`: a store that is down or a guard package
 that is not installed turns that section into `{"unavailable": "<reason>"}` and the other
 sections still show. Cost: one HGETALL for every counter, one pipelined LLEN per broker,
-a SCAN plus one pipeline per Redis-held guard kind (pause switches included), four SQL
-statements (live cancellations included), one broadcast.
+one MGET / pipeline per Redis-held guard kind (pause switches, breakers, budgets) plus one
+small pipeline per declared concurrency limit, four SQL statements (live cancellations
+included), one broadcast.
 
-Configured guards (breaker thresholds, retry budgets, limits) are found on the app's
-registered tasks, so the view shows a limit even before it has any state in Redis.
+No SCAN: this runs on every metrics scrape, `jobs status` and web page refresh, and a SCAN
+walks the whole keyspace whatever its pattern (~170 ms per 200k keys, on the Redis every
+guard waits on). The names read are the registry the app declares: its tiers and the
+guards of its registered tasks (every worker, exporter and CLI imports the same app), so
+the view shows a limit even before it has any state in Redis. State under a name no task
+declares (a breaker used by hand, a switch on a task name this app lacks, keyed concurrency
+limits per key) is listed by the admin commands, which do SCAN on request (`jobs breakers
+list`, `jobs paused`, `jobs limits`).
 
 `probe_stores(settings)` asks each store once, quickly (`jobs status` does, before
 collecting): a store that cannot serve becomes one `StoreStatus` saying which store, why,
@@ -457,19 +464,29 @@ def _rounded(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
+def declared_switches(app: Celery) -> list[tuple[str, str]]:
+    """The pause switches a job of `app` can hit: one per tier, one per registered task."""
+    from jobs.tiers import TIERS
+
+    tasks = [name for name, task in app.tasks.items()
+             if not name.startswith("celery.") and hasattr(task, "pipelines")]
+    return [("tier", tier) for tier in TIERS] + [("task", name) for name in sorted(tasks)]
+
+
 def paused_section(app: Celery) -> list[dict[str, Any]]:
-    """Pause switches that are on (`PauseSwitch.describe`: one SCAN, one MGET), as
-    `jobs paused` lists them: what is paused, why, and since when."""
+    """Declared pause switches that are on (one MGET over `declared_switches`), as `jobs
+    paused` lists them: what is paused, why, and since when."""
     from jobs.platform import pause_backend
-    from resilience.pause import PauseSwitch
 
     now = time.time()
+    switches = sorted(pause_backend(app).paused(declared_switches(app)),
+                      key=lambda switch: (switch.scope, switch.name))
     return [
         {"scope": switch.scope, "name": switch.name, "reason": switch.reason,
          "since": dt.datetime.fromtimestamp(switch.since_epoch_seconds, dt.UTC)
          .isoformat(timespec="seconds"),
          "paused_seconds": round(max(0.0, now - switch.since_epoch_seconds), 1)}
-        for switch in PauseSwitch(pause_backend(app)).describe()
+        for switch in switches
     ]
 
 
@@ -505,14 +522,15 @@ def batches_section(app: Celery) -> list[dict[str, Any]]:
 
 
 def breakers_section(app: Celery, client: redis.Redis) -> list[dict[str, Any]]:
-    """Every breaker with state in Redis or configured on a task: state and failure rate.
+    """Every breaker configured on a registered task: state and failure rate.
 
-    Read by the circuit package (`RedisBreakerBackend.describe`: one SCAN, one pipeline).
+    Read by the circuit package (`RedisBreakerBackend.describe` of the declared names: one
+    pipeline, no SCAN; `jobs breakers list` also shows undeclared ones).
     """
     from resilience.circuit.backends.redis import RedisBreakerBackend
 
     configs = {guard.config.name: guard.config for _, guard in _guards_of(app, "breaker")}
-    states = RedisBreakerBackend(lambda: client).describe(configs, include_stored=True)
+    states = RedisBreakerBackend(lambda: client).describe(configs)
     return [
         {
             "name": state.name,
@@ -536,8 +554,8 @@ def breakers_section(app: Celery, client: redis.Redis) -> list[dict[str, Any]]:
 def budgets_section(app: Celery, client: redis.Redis) -> list[dict[str, Any]]:
     """Retry budgets: requests and retries in the window, and the share of the budget used.
 
-    Read by the retry package (`RedisBudgetBackend.describe`: one SCAN, one pipeline); a
-    budget no loaded task configures is read with the default window.
+    Read by the retry package (`RedisBudgetBackend.describe` of the budgets the registered
+    tasks configure: one pipeline, no SCAN).
     """
     from resilience.retry.budget import RedisBudgetBackend
 
@@ -546,7 +564,7 @@ def budgets_section(app: Celery, client: redis.Redis) -> list[dict[str, Any]]:
         budget = getattr(getattr(guard, "policy", None), "budget", None)
         if budget is not None:
             configs[guard.policy.dependency or task.name] = budget
-    states = RedisBudgetBackend(lambda: client).describe(configs, include_stored=True)
+    states = RedisBudgetBackend(lambda: client).describe(configs)
     return [
         {
             "dependency": state.dependency,
@@ -563,7 +581,12 @@ def budgets_section(app: Celery, client: redis.Redis) -> list[dict[str, Any]]:
 
 
 def limits_section(app: Celery, client: redis.Redis, counters: Any) -> dict[str, Any]:
-    """Rate and concurrency limits: configuration, slots in use, and deferrals so far."""
+    """Rate and concurrency limits: configuration, slots in use, and deferrals so far.
+
+    Slots in use are read for the declared names only (no SCAN): a concurrency limit keyed
+    per argument has one semaphore per key, which only a SCAN could enumerate, so its
+    `in_use` is None here (`jobs limits` lists every key).
+    """
     deferred: dict[tuple[str, str], int] = {}
     if isinstance(counters, list):
         for c in counters:
@@ -573,9 +596,7 @@ def limits_section(app: Celery, client: redis.Redis, counters: Any) -> dict[str,
                     c["value"] if c["outcome"] == "DEFERRED" else 0)
     from resilience.ratelimit import LEASE, RedisBackend
 
-    # Every semaphore with state (one SCAN, one pipeline, on Redis server time), as the
-    # limiter's backend decodes it: live leases are in use, a lapsed one is free again.
-    in_use = {state.key: state.used for state in RedisBackend(client).describe(LEASE)}
+    backend = RedisBackend(client)
     concurrency, rates, seen = [], [], set()
     for task, guard in configured_guards(app):
         config = getattr(guard, "config", None)
@@ -584,9 +605,13 @@ def limits_section(app: Celery, client: redis.Redis, counters: Any) -> dict[str,
             continue
         seen.add((kind, config.name))
         if kind == "concurrency":
-            used = sum(n for k, n in in_use.items()
-                       if k == config.name or k.startswith(f"{config.name}:"))
+            keyed = getattr(guard, "keys", None) is not None
+            # One pipeline (server TIME + the lease set), decoded by the limiter's backend:
+            # live leases are in use, a lapsed one is free again.
+            used = (None if keyed else
+                    sum(state.used for state in backend.describe(LEASE, key=config.name)))
             concurrency.append({"name": config.name, "limit": config.limit, "in_use": used,
+                                "keyed": keyed,
                                 "deferred": deferred.get((kind, config.name), 0),
                                 "task": task.name})
         else:
@@ -594,11 +619,6 @@ def limits_section(app: Celery, client: redis.Redis, counters: Any) -> dict[str,
                           "algorithm": getattr(config, "algorithm", ""),
                           "deferred": deferred.get((kind, config.name), 0),
                           "task": task.name})
-    known = {row["name"] for row in concurrency}
-    for key, used in sorted(in_use.items()):
-        if not any(key == name or key.startswith(f"{name}:") for name in known):
-            concurrency.append({"name": key, "limit": None, "in_use": used,
-                                "deferred": 0, "task": None})
     return {"concurrency": concurrency, "rate": rates}
 
 

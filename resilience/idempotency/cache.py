@@ -1,4 +1,8 @@
-"""Redis fast path: finished keys cached with the record's TTL, one GET for a duplicate.
+"""Redis fast path: finished keys cached for a short while, one GET for a duplicate.
+
+Cached for `IdempotencyConfig.cache_ttl_seconds` (10 minutes by default), not for the
+record's TTL: duplicates mostly arrive within minutes, and a day of keys at a high job rate
+would fill Redis with copies of what PostgreSQL already holds.
 
 Not a backend of the records but a hint in front of any of them: the backend stays the
 truth, so a miss (flushed Redis, evicted key, Redis down) falls through to the claim, which
@@ -95,8 +99,9 @@ class ResultCache:
         task_id: str | None,
         ttl_seconds: float,
     ) -> None:
-        """Cache a succeeded record for `ttl_seconds` (the record's own TTL), queued in
-        the call's write round with its other after-run writes."""
+        """Cache a succeeded record for `ttl_seconds` (the guard passes its cache TTL,
+        never more than the record has left), queued in the call's write round with its
+        other after-run writes."""
 
         def done(reply: Any) -> None:
             if isinstance(reply, BaseException):  # a missed fill costs one PG read later
@@ -121,7 +126,9 @@ class ResultCache:
             logger.warning("idempotency cache delete failed: %s", exc)
 
     def size(self) -> int:
-        """How many results are cached now (one SCAN over the cache's keys: admin views).
+        """How many results are cached now: one SCAN, which walks the *whole* keyspace
+        (~170 ms per 200k keys). Explicit admin use only (`jobs idempotency status
+        --count-cache`), never a periodic path (metrics, status, web pages).
 
         Raises:
             StoreUnavailable, StorageError.

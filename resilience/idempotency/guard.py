@@ -47,6 +47,7 @@ from resilience.idempotency.backends import (
 )
 from resilience.idempotency.cache import CachedResult, ResultCache
 from resilience.idempotency.config import (
+    DEFAULT_CACHE_TTL_SECONDS,
     DEFAULT_LEASE_SECONDS,
     LEASE_MARGIN_SECONDS,
     IdempotencyConfig,
@@ -253,7 +254,7 @@ class IdempotencyGuard(Guard):
                 found.result,
                 found.task_id,
                 source="database",
-                ttl_seconds=found.expires_in_seconds,
+                ttl_seconds=min(found.expires_in_seconds, self.config.cache_ttl_seconds),
             )
         self._count(call, Outcome.DEFERRED.value)
         remaining = found.lease_remaining_seconds if found.state == IN_PROGRESS else None
@@ -393,7 +394,7 @@ class IdempotencyGuard(Guard):
                 fingerprint=key.fingerprint,
                 result_json=result_json,
                 task_id=call.task_id,
-                ttl_seconds=self.config.ttl_seconds,
+                ttl_seconds=self.config.cache_ttl_seconds,
             )
 
     def _commit_transaction(self, call: Call, taken: _Taken, result_json: str) -> None:
@@ -541,6 +542,7 @@ def idempotent(
     store_down_retry_seconds: float = 5.0,
     poll_seconds: float = 1.0,
     cache: bool = True,
+    cache_ttl_seconds: float = DEFAULT_CACHE_TTL_SECONDS,
     synchronous_commit: bool = False,
     prepared_statements: bool = True,
     backend: BackendOption = None,
@@ -563,6 +565,7 @@ def idempotent(
         store_down_retry_seconds=store_down_retry_seconds,
         poll_seconds=poll_seconds,
         cache=cache,
+        cache_ttl_seconds=cache_ttl_seconds,
         synchronous_commit=synchronous_commit,
         prepared_statements=prepared_statements,
     )

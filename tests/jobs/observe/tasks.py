@@ -15,7 +15,8 @@ from jobs import app
 from resilience.circuit.guard import circuit_breaker
 from resilience.idempotency import idempotent
 from resilience.locks import singleton
-from resilience.ratelimit import rate_limit
+from resilience.ratelimit import limit_concurrency, rate_limit
+from resilience.retry import RetryBudget, retry_policy
 
 
 @app.task(tier="standard", name="tests.observe.remember")
@@ -50,4 +51,22 @@ def idle(n: int) -> int:
 @circuit_breaker("observe-flower-dep", open_seconds=1.0)
 def gated(n: int) -> int:
     """Behind a breaker: while it is open, calls are DEFERRED (state RETRY in Flower)."""
+    return n
+
+
+@app.task(tier="standard", name="tests.observe.declared")
+@circuit_breaker("observe-snapshot-dep")
+@retry_policy(max_attempts=2, dependency="observe-budget-dep", budget=RetryBudget())
+@limit_concurrency("observe-slots", 3)
+def declared(n: int) -> int:
+    """Declares a breaker, a retry budget and a concurrency limit: the periodic views read
+    only the names the app's tasks declare (no SCAN), so these are the ones they show."""
+    return n
+
+
+@app.task(tier="standard", name="tests.observe.keyed")
+@limit_concurrency("observe-keyed", 2, key="{n}")
+def keyed(n: int) -> int:
+    """A concurrency limit per argument: one semaphore per key, not enumerated by the
+    periodic views (no SCAN)."""
     return n

@@ -209,7 +209,8 @@ class TestKubernetesManifests:
         """Each container's command and exec probe is a `jobs` command whose options exist
         (`<the same arguments> --help` exits 0 and lists them); workers' liveness is the
         local heartbeat (it runs: exit 1 without a worker, never a usage error) and their
-        readiness `jobs health ready`; beat runs 2 replicas."""
+        readiness the worker's recorded check (`jobs health ready --local`); beat runs 2
+        replicas."""
         from click.testing import CliRunner
 
         from jobs.tiers import TIERS
@@ -233,9 +234,12 @@ class TestKubernetesManifests:
             assert worker["command"] == ["jobs", "worker", tier]
             live = worker["livenessProbe"]["exec"]["command"]
             assert live[:5] == ["jobs", "health", "live", "--local", "--tier"] and tier in live
-            assert worker["readinessProbe"]["exec"]["command"] == ["jobs", "health", "ready"]
+            ready = worker["readinessProbe"]["exec"]["command"]
+            assert ready[:5] == ["jobs", "health", "ready", "--local", "--tier"] and tier in ready
             ran = runner.invoke(command, live[1:])
             assert ran.exit_code == 1 and "FAIL heartbeat" in ran.output, ran.output
+            ran = runner.invoke(command, ready[1:])
+            assert ran.exit_code == 1 and "FAIL readiness" in ran.output, ran.output
         assert deployments["jobs-beat"]["spec"]["replicas"] == 2
 
     @pytest.mark.timeout(60)
