@@ -54,6 +54,13 @@ def gated(n: int) -> int:
     return n
 
 
+@app.task(tier="standard", name="tests.observe.metrics_declared")
+@circuit_breaker("observe-metrics-dep")
+def metrics_declared(n: int) -> int:
+    """Declares the breaker the metrics test forces open (scrapes show declared names)."""
+    return n
+
+
 @app.task(tier="standard", name="tests.observe.declared")
 @circuit_breaker("observe-snapshot-dep")
 @retry_policy(max_attempts=2, dependency="observe-budget-dep", budget=RetryBudget())
