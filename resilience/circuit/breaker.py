@@ -10,15 +10,21 @@ Every transition happens inside one atomic step of the backend (`acquire` or `re
 Lua script on Redis server time in `backends/redis.py`), so two workers can never both see
 "closed → open" or hand out more probes than allowed. Transitions are logged here and
 counted through the backend (`BreakerBackend.count`).
+
+With `local_state_seconds` > 0 (the default) a closed breaker is read from this process's
+copy and its successes are sent in aggregate (`local.py`); every decision still runs the
+backend's atomic step.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from resilience.circuit.backends import BreakerBackend, BreakerState, Permission, Verdict
+from resilience.circuit.backends import BreakerBackend, BreakerState, Peek, Permission, Verdict
 from resilience.circuit.config import BreakerConfig
+from resilience.circuit.local import LocalBreaker, local_breaker, monotonic
 from resilience.errors import ConfigurationError, StorageError, StoreRejected
 from resilience.outcomes import Outcome
 from resilience.store_down import StoreDown
@@ -42,18 +48,36 @@ class CircuitBreaker:
     def name(self) -> str:
         return self.config.name
 
+    def local(self) -> LocalBreaker | None:
+        """This process's copy of the breaker, None with `local_state_seconds=0`."""
+        if self.config.local_state_seconds <= 0:
+            return None
+        local = local_breaker(self.backend, self.name)
+        local.report = self._recorded
+        return local
+
     def acquire(self) -> Permission:
         """May a call go ahead now? Applies `on_store_down` when the store is unreachable.
+
+        A fresh local copy of a closed breaker answers without the store.
 
         Raises:
             StoreRejected: the store refused the step (no retry can fix it).
         """
+        local = self.local()
+        asked = monotonic()
+        if local is not None:
+            cached = local.permission(self.config, asked)
+            if cached is not None:
+                return cached
         try:
             permission = self.backend.acquire(self.config)
         except StoreRejected:
             raise  # not "down": the guard dead-letters the job with the store's reason
         except StorageError as exc:
             return self.store_down(exc)
+        if local is not None:
+            local.saw(permission.state, permission.generation, asked)
         if permission.transition:
             self._transitioned(permission.transition, "acquire")
         return permission
@@ -81,14 +105,60 @@ class CircuitBreaker:
             and duration_seconds >= self.config.slow_call_seconds
         )
 
+    def peek_later(self, rounds: Rounds, then: Callable[[Peek | StorageError], None]) -> None:
+        """The guard's prefetch: a fresh local copy answers at once; otherwise the state
+        read is queued into the call's read round (and refreshes the copy)."""
+        local = self.local()
+        asked = monotonic()
+        if local is not None:
+            cached = local.permission(self.config, asked)
+            if cached is not None:
+                then(cached)
+                return
+
+            def seen(peek: Peek | StorageError) -> None:
+                if isinstance(peek, Permission):
+                    local.saw(peek.state, peek.generation, asked)
+                elif peek is None:
+                    local.forget()  # not closed: only acquire.lua can tell
+                then(peek)
+
+            self.backend.peek_later(rounds, self.name, seen)
+            return
+        self.backend.peek_later(rounds, self.name, then)
+
+    def _aggregated(
+        self, local: LocalBreaker | None, permission: Permission, outcome: str, slow: bool
+    ) -> bool:
+        """Is this outcome one the local layer takes (no script now)? Counts a success."""
+        if local is None or permission.state not in ("closed", "forced_closed"):
+            return False
+        if outcome == "failure" or slow:
+            return False  # may trip the breaker: a decision, sent at once
+        if outcome == "success" and permission.state == "closed":
+            local.add(self.config, permission.generation, monotonic())
+        return True  # ignored, or forced_closed: record.lua would change nothing
+
     def record(self, permission: Permission, outcome: str, *, duration_seconds: float) -> Verdict:
-        """Report a permitted call's outcome: 'success', 'failure' or 'ignored'."""
+        """Report a permitted call's outcome: 'success', 'failure' or 'ignored'.
+
+        With a local copy a closed breaker's success is counted here and sent in
+        aggregate (its verdict then shows no figures); a failure first sends what is
+        pending.
+        """
         if permission.store_down:
             return Verdict("", "unknown")
+        slow = self._slow(outcome, duration_seconds)
+        local = self.local()
+        if self._aggregated(local, permission, outcome, slow):
+            assert local is not None
+            if local.due(monotonic()):
+                local.send_now(local.take())
+            return Verdict("", permission.state)
+        if local is not None:
+            local.send_now(local.take())  # in order: the failure is judged on them
         try:
-            verdict = self.backend.record(
-                self.config, permission.generation, outcome, self._slow(outcome, duration_seconds)
-            )
+            verdict = self.backend.record(self.config, permission.generation, outcome, slow)
         except StorageError as exc:
             logger.warning("breaker %s: outcome not recorded (%s)", self.name, exc)
             return Verdict("", "unknown")
@@ -98,9 +168,19 @@ class CircuitBreaker:
     def record_later(
         self, rounds: Rounds, permission: Permission, outcome: str, *, duration_seconds: float
     ) -> None:
-        """`record`, queued in the call's write round with its other after-run writes."""
+        """`record`, queued in the call's write round with its other after-run writes
+        (pending successes go in the same round, once due or ahead of a failure)."""
         if permission.store_down:
             return
+        slow = self._slow(outcome, duration_seconds)
+        local = self.local()
+        if self._aggregated(local, permission, outcome, slow):
+            assert local is not None
+            if local.due(monotonic()):
+                local.send_later(rounds, local.take())
+            return
+        if local is not None:
+            local.send_later(rounds, local.take())
 
         def done(verdict: Verdict | StorageError) -> None:
             if isinstance(verdict, StorageError):
@@ -109,15 +189,12 @@ class CircuitBreaker:
             self._recorded(verdict)
 
         self.backend.record_later(
-            rounds,
-            self.config,
-            permission.generation,
-            outcome,
-            self._slow(outcome, duration_seconds),
-            done,
+            rounds, self.config, permission.generation, outcome, slow, done
         )
 
     def _recorded(self, verdict: Verdict) -> None:
+        if self.config.local_state_seconds > 0:
+            local_breaker(self.backend, self.name).observe(verdict)
         if verdict.transition:
             self._transitioned(
                 verdict.transition,
@@ -133,6 +210,8 @@ class CircuitBreaker:
         if state not in FORCEABLE:
             raise ConfigurationError(f"state must be one of {FORCEABLE}, got {state!r}")
         previous = self.backend.force(self.name, state)
+        if self.config.local_state_seconds > 0:
+            self.local().forget()  # type: ignore[union-attr] - set above
         self._transitioned(state, f"operator (was {previous})")
         return previous
 

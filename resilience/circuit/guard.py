@@ -100,9 +100,7 @@ class BreakerGuard(Guard):
 
     def prefetch(self, call: Call) -> None:
         assert self.breaker is not None, "BreakerGuard used before bind()"
-        self.breaker.backend.peek_later(
-            call.reads, self.config.name, lambda peek: call.keep(self, _Peek(peek))
-        )
+        self.breaker.peek_later(call.reads, lambda peek: call.keep(self, _Peek(peek)))
 
     def before_run(self, call: Call) -> None:
         assert self.breaker is not None, "BreakerGuard used before bind()"
@@ -234,6 +232,7 @@ def circuit_breaker(
     on_store_down: StoreDown | str = StoreDown.FAIL_OPEN,
     classify_hooks: Iterable[ClassifyHook] = (),
     on_open: str = "enqueue",
+    local_state_seconds: float = 0.1,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: gate the task on the fleet-wide breaker `name`.
 
@@ -244,6 +243,11 @@ def circuit_breaker(
     `on_open="refuse"` also adds an enqueue guard (`resilience.circuit.admission`): while
     the breaker is open `.delay()` raises `DependencyUnavailable(retry_after=...)` and queues
     nothing; the default "enqueue" queues the job, which the worker defers.
+
+    `local_state_seconds` (default 0.1): how stale this process's copy of a closed breaker
+    may be, and how long its successes wait to be sent in aggregate (see
+    `resilience.circuit.local` and docs/failure.md); 0 = every call reads and records in
+    Redis.
 
     Raises:
         ConfigurationError: at definition time (threshold outside (0, 1], window <= 0,
@@ -262,6 +266,7 @@ def circuit_breaker(
         probe_timeout_seconds=probe_timeout_seconds,
         fallback=fallback,
         on_store_down=on_store_down,
+        local_state_seconds=local_state_seconds,
     )
     admission = AdmissionConfig(on_open=on_open)
 

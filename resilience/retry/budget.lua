@@ -8,6 +8,8 @@
 -- ARGV[3] = ratio: retries allowed per request in the window (0..1)
 -- ARGV[4] = floor: retries always allowed per window (min_per_second * window_seconds)
 -- ARGV[5] = number of slots the window is cut into
+-- ARGV[6] = requests a "request..." mode counts (optional, default 1): a process's
+--           aggregated requests (`budget.py`, `RequestCounts`) arrive as one call
 -- Returns {allowed (1/0), requests in window, retries in window}
 --
 -- The window is a ring of slots, slot i holding fields e<i> (the slot's epoch: which
@@ -21,6 +23,7 @@ local window_ms = tonumber(ARGV[2])
 local ratio = tonumber(ARGV[3])
 local floor = tonumber(ARGV[4])
 local slots = tonumber(ARGV[5])
+local amount = tonumber(ARGV[6] or '1')
 
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
@@ -40,30 +43,32 @@ for i = 0, slots - 1 do
 end
 
 local slot = epoch % slots
-local function bump(field)
+local function bump(field, by)
   if tonumber(fields['e' .. slot] or '-1') ~= epoch then
     redis.call('HSET', key, 'e' .. slot, epoch, 'q' .. slot, 0, 'r' .. slot, 0)
   end
-  redis.call('HINCRBY', key, field .. slot, 1)
+  redis.call('HINCRBY', key, field .. slot, by)
   redis.call('PEXPIRE', key, window_ms * 2)
 end
 
 if string.sub(mode, 1, 8) == 'request+' then
-  bump('q')
-  requests = requests + 1
-  fields['e' .. slot] = tostring(epoch)
+  if amount > 0 then
+    bump('q', amount)
+    requests = requests + amount
+    fields['e' .. slot] = tostring(epoch)
+  end
   mode = string.sub(mode, 9)
 end
 if mode == 'request' then
-  bump('q')
-  return {1, requests + 1, retries}
+  bump('q', amount)
+  return {1, requests + amount, retries}
 end
 if mode == 'forced' then
-  bump('r')
+  bump('r', 1)
   return {1, requests, retries + 1}
 end
 if retries + 1 <= ratio * requests + floor then
-  bump('r')
+  bump('r', 1)
   return {1, requests, retries + 1}
 end
 return {0, requests, retries}

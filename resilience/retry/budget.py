@@ -13,21 +13,35 @@ windows hold now (status views); `window_figures` is the one reader of the budge
 When Redis is unreachable the budget follows `on_store_down`: "fail_open" (the default:
 retries are still bounded by `max_attempts`) or "fail_closed" (dead-letter).
 Either way it logs a warning and never crashes the task.
+
+Requests (deposits) a guarded call counts after it ran are aggregated in the process
+(`RequestCounts`, with `flush_seconds` > 0, the default 0.1) and sent as one script call
+once the oldest is `flush_seconds` old: by the call that finds them due (in its write
+round) or by the timer thread of `resilience.flushing` (which also flushes at
+shutdown and is fork-safe). A retry (a withdrawal: a decision) runs the script at once and
+takes the pending requests along in the same call, so a decision never sees fewer requests
+than this process made. Fleet-wide the window's requests lag by at most `flush_seconds`
+per process; a SIGKILLed process's last `flush_seconds` of requests are lost (the budget
+reads slightly low: it refuses marginally early, never late).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from resilience import flushing
 from resilience.batch import for_client
 from resilience.errors import ConfigurationError, StorageError
 from resilience.keys import redis_key, stored_keys
 from resilience.scripts import LuaScript
 from resilience.store_down import StoreDown, store_down_policy
-from resilience.stores import read_hashes, wrap_store_errors
+from resilience.stores import read_hashes, stores_for, wrap_store_errors
 
 if TYPE_CHECKING:
     import redis
@@ -57,6 +71,9 @@ class RetryBudget:
         slots: how many slices the window is cut into (its sliding granularity).
         on_store_down: "fail_open" (default: allow the retry; `max_attempts` still bounds
             it) or "fail_closed" (refuse: dead-letter) while Redis is unreachable.
+        flush_seconds: how long a process holds the requests its calls counted before
+            sending them as one script call (see the module doc); 0 = one script call per
+            request, as before.
     """
 
     ratio: float = 0.2
@@ -64,8 +81,16 @@ class RetryBudget:
     window_seconds: float = 10.0
     slots: int = 10
     on_store_down: StoreDown | str = StoreDown.FAIL_OPEN
+    flush_seconds: float = 0.1
 
     def __post_init__(self) -> None:
+        seconds = self.flush_seconds
+        if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
+                or not math.isfinite(seconds) or not 0 <= seconds <= 60):
+            raise ConfigurationError(
+                f"flush_seconds must be a number within 0..60, got {seconds!r}",
+                field="flush_seconds",
+            )
         if not 0.0 <= self.ratio <= 1.0:
             raise ConfigurationError(f"ratio must be within 0..1, got {self.ratio}")
         if self.min_per_second < 0:
@@ -133,18 +158,30 @@ class RedisBudgetBackend:
     def __init__(self, client: Callable[[], redis.Redis]) -> None:
         self._client = client
 
+    @classmethod
+    def of_app(cls, app: Any) -> RedisBudgetBackend:
+        """The backend on the app's shared Redis, one per app, so every task counting
+        requests of a dependency shares the process's `RequestCounts`."""
+        backend = _BY_APP.get(app)
+        if backend is None:
+            backend = _BY_APP.setdefault(app, cls(lambda: stores_for(app).redis()))
+        return backend
+
     @staticmethod
-    def _args(mode: str, budget: RetryBudget) -> list[Any]:
+    def _args(mode: str, budget: RetryBudget, amount: int = 1) -> list[Any]:
         return [
             mode,
             int(budget.window_seconds * 1000),
             repr(float(budget.ratio)),
             repr(float(budget.floor)),
             budget.slots,
+            amount,
         ]
 
-    def decide(self, dependency: str, mode: str, budget: RetryBudget) -> BudgetDecision:
-        """Run one decision.
+    def decide(
+        self, dependency: str, mode: str, budget: RetryBudget, amount: int = 1
+    ) -> BudgetDecision:
+        """Run one decision; a "request..." mode counts `amount` requests.
 
         Raises:
             StoreUnavailable, StoreRejected, StorageError: Redis failed (native error as cause).
@@ -152,25 +189,28 @@ class RedisBudgetBackend:
         key = budget_key(dependency)
         with wrap_store_errors("retry budget", dependency=dependency):
             allowed, requests, retries = self.SCRIPT(
-                self._client(), [key], self._args(mode, budget)
+                self._client(), [key], self._args(mode, budget, amount)
             )
         return BudgetDecision(bool(allowed), int(requests), int(retries))
 
     def client(self) -> redis.Redis:
         return self._client()
 
-    def count_later(self, rounds: Rounds, dependency: str, mode: str, budget: RetryBudget) -> None:
+    def count_later(
+        self, rounds: Rounds, dependency: str, mode: str, budget: RetryBudget, amount: int = 1
+    ) -> None:
         """Queue a counting mode ("request", "request+forced") in the call's write round."""
 
         def done(reply: Any) -> None:
             if isinstance(reply, BaseException):
-                logger.warning("retry budget %s: %s not counted (%s)", dependency, mode, reply)
+                logger.warning("retry budget %s: %s not counted, %d of them (%s)",
+                               dependency, mode, amount, reply)
 
         batch = for_client(rounds, self.client())
         batch.script(
             self.SCRIPT.for_client(batch.client),
             [budget_key(dependency)],
-            self._args(mode, budget),
+            self._args(mode, budget, amount),
             then=done,
         )
 
@@ -220,6 +260,58 @@ class RedisBudgetBackend:
         return states
 
 
+#: `RedisBudgetBackend.of_app`'s backends (apps live as long as the process).
+_BY_APP: dict[Any, RedisBudgetBackend] = {}
+
+
+class RequestCounts:
+    """Requests of one budget counted in this process and not yet sent (a
+    `resilience.flushing.Aggregate`)."""
+
+    def __init__(self, backend: RedisBudgetBackend, dependency: str, budget: RetryBudget) -> None:
+        self.backend = backend
+        self.dependency = dependency
+        self.budget = budget
+        self._lock = threading.Lock()
+        self._count = 0
+        self._since: float | None = None  # when the oldest pending request was counted
+
+    def add(self, now: float) -> None:
+        """Count one request."""
+        with self._lock:
+            self._count += 1
+            first = self._since is None
+            if first:
+                self._since = now
+        if first:
+            flushing.wake(self.budget.flush_seconds)
+
+    def due(self, now: float) -> bool:
+        """Are the pending requests old enough to send?"""
+        since = self._since
+        return since is not None and now - since >= self.budget.flush_seconds
+
+    def take(self) -> int:
+        """How many are pending (and no longer pending)."""
+        with self._lock:
+            count, self._count, self._since = self._count, 0, None
+        return count
+
+    def flush(self, now: float, *, force: bool = False) -> bool:
+        """The timer's (and shutdown's) flush; True while some are still pending. A failed
+        send is logged and its requests dropped."""
+        if not self._count or not (force or self.due(now)):
+            return bool(self._count)
+        amount = self.take()
+        if amount:
+            try:
+                self.backend.decide(self.dependency, "request", self.budget, amount)
+            except StorageError as exc:
+                logger.warning("retry budget %s: request not counted, %d of them (%s)",
+                               self.dependency, amount, exc)
+        return False
+
+
 class RetryBudgetGate:
     """A budget bound to a dependency and a backend, applying the store-down policy."""
 
@@ -228,9 +320,26 @@ class RetryBudgetGate:
         self.budget = budget
         self.backend = backend
 
+    def pending(self) -> RequestCounts | None:
+        """This process's unsent requests of the budget; None with `flush_seconds=0`."""
+        if self.budget.flush_seconds <= 0:
+            return None
+        return flushing.member(
+            ("budget", self.backend, self.dependency, self.budget),
+            lambda: RequestCounts(self.backend, self.dependency, self.budget),
+        )
+
     def _decide(self, mode: str) -> BudgetDecision:
+        amount = 1
+        pending = self.pending()
+        held = pending.take() if pending is not None else 0
+        if held:  # the decision takes this process's unsent requests along
+            if mode.startswith("request"):
+                amount += held
+            else:
+                mode, amount = f"request+{mode}", held
         try:
-            return self.backend.decide(self.dependency, mode, self.budget)
+            return self.backend.decide(self.dependency, mode, self.budget, amount)
         except StorageError as exc:
             allowed = self.budget.on_store_down is StoreDown.FAIL_OPEN
             logger.warning(
@@ -257,8 +366,22 @@ class RetryBudgetGate:
         return self._decide("forced")
 
     def count_later(self, rounds: Rounds, mode: str) -> None:
-        """Count "request" or "request+forced" with the call's after-run writes."""
-        self.backend.count_later(rounds, self.dependency, mode, self.budget)
+        """Count "request" or "request+forced" with the call's after-run writes; a plain
+        request is aggregated in the process (sent in this round once due)."""
+        pending = self.pending()
+        if pending is None:
+            self.backend.count_later(rounds, self.dependency, mode, self.budget)
+            return
+        if mode == "request":
+            now = time.monotonic()
+            pending.add(now)
+            if pending.due(now):
+                amount = pending.take()
+                if amount:
+                    self.backend.count_later(rounds, self.dependency, mode, self.budget, amount)
+            return
+        amount = 1 + pending.take()  # "request+forced": the pending requests come along
+        self.backend.count_later(rounds, self.dependency, mode, self.budget, amount)
 
     def describe(self) -> BudgetState:
         """This budget's live use (see `RedisBudgetBackend.describe`).

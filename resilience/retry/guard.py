@@ -38,7 +38,6 @@ from resilience.pipeline import Call, Guard, Stage, attach
 from resilience.retry.backoff import JITTERS, backoff_for, delay_with_retry_after
 from resilience.retry.budget import RedisBudgetBackend, RetryBudget, RetryBudgetGate
 from resilience.retry.classify import ClassifyHook, is_retryable, retry_after
-from resilience.stores import stores_for
 
 if TYPE_CHECKING:
     from celery import Task
@@ -128,7 +127,7 @@ class RetryGuard(Guard):
     def bind(self, task: Task) -> None:
         self.task = task
         if self.policy.budget is not None:
-            backend = self._backend or RedisBudgetBackend(lambda: stores_for(task.app).redis())
+            backend = self._backend or RedisBudgetBackend.of_app(task.app)
             self.gate = RetryBudgetGate(
                 self.policy.dependency or task.name, self.policy.budget, backend
             )

@@ -98,9 +98,12 @@ class BreakerBackend(Protocol):
             StorageError: the store failed (StoreUnavailable, StoreRejected).
         """
 
-    def record(self, config: BreakerConfig, generation: int, outcome: str, slow: bool) -> Verdict:
+    def record(
+        self, config: BreakerConfig, generation: int, outcome: str, slow: bool, calls: int = 1
+    ) -> Verdict:
         """Report a call's outcome ('success', 'failure', 'ignored') under the generation
-        it was admitted in; applies the transition it causes.
+        it was admitted in; applies the transition it causes. `calls` > 1 reports that many
+        equal outcomes at once (a process's aggregated successes; a closed breaker only).
 
         Raises:
             StorageError: the store failed.
@@ -127,6 +130,7 @@ class BreakerBackend(Protocol):
         outcome: str,
         slow: bool,
         then: Callable[[Verdict | StorageError], None],
+        calls: int = 1,
     ) -> None:
         """`record`, queued into the call's write round; `then` gets the verdict or error."""
 

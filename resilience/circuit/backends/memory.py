@@ -109,27 +109,33 @@ class MemoryBreakerBackend:
             wait_ms = min(breaker.half_open_until - now, open_ms)
             return Permission(False, breaker.state, breaker.gen, wait_ms / 1000, transition)
 
-    def record(self, config: BreakerConfig, generation: int, outcome: str, slow: bool) -> Verdict:
+    def record(
+        self, config: BreakerConfig, generation: int, outcome: str, slow: bool, calls: int = 1
+    ) -> Verdict:
         with self._lock:
             now = self._now_ms()
             breaker = self._breaker(config.name)
             state = breaker.state
             if generation != breaker.gen or state in ("open", "forced_open", "forced_closed"):
                 return Verdict("", state)  # admitted under an older state: no verdict
+            if calls != 1 and state != "closed":
+                return Verdict("", state)  # aggregates are for a closed breaker only
             failed = outcome == "failure"
             if state == "half_open":
                 return self._record_probe(config, breaker, now, outcome, failed or slow)
             if outcome == "ignored":
                 return Verdict("", state)
-            calls, failures, slows = self._count_in_window(config, breaker, now, failed, slow)
+            total, failures, slows = self._count_in_window(
+                config, breaker, now, failed, slow, calls
+            )
             slow_threshold = config.slow_call_rate_threshold
-            if calls >= config.minimum_calls and (
-                failures >= config.failure_rate_threshold * calls
-                or (slow_threshold is not None and slows >= slow_threshold * calls)
+            if total >= config.minimum_calls and (
+                failures >= config.failure_rate_threshold * total
+                or (slow_threshold is not None and slows >= slow_threshold * total)
             ):
                 self._open(config, breaker, now)
-                return Verdict("open", "open", calls, failures, slows)
-            return Verdict("", state, calls, failures, slows)
+                return Verdict("open", "open", total, failures, slows)
+            return Verdict("", state, total, failures, slows)
 
     def _record_probe(
         self, config: BreakerConfig, breaker: _Breaker, now: int, outcome: str, bad: bool
@@ -161,16 +167,18 @@ class MemoryBreakerBackend:
 
     @staticmethod
     def _count_in_window(
-        config: BreakerConfig, breaker: _Breaker, now: int, failed: bool, slow: bool
+        config: BreakerConfig, breaker: _Breaker, now: int, failed: bool, slow: bool,
+        calls: int = 1,
     ) -> tuple[int, int, int]:
-        """Add one outcome to the window; the window's calls, failures and slow calls."""
+        """Add `calls` equal outcomes to the window; its calls, failures and slow calls."""
         window = config.window
         if isinstance(window, CountWindow):
-            breaker.outcomes.appendleft(int(failed) + 2 * int(slow))
-            breaker.calls += 1
-            breaker.failures += int(failed)
-            breaker.slow += int(slow)
-            if breaker.calls > window.calls:
+            pushed = min(calls, window.calls)  # older ones would leave the window at once
+            breaker.outcomes.extendleft([int(failed) + 2 * int(slow)] * pushed)
+            breaker.calls += pushed
+            breaker.failures += int(failed) * pushed
+            breaker.slow += int(slow) * pushed
+            while breaker.calls > window.calls:
                 old = breaker.outcomes.pop()
                 breaker.calls -= 1
                 breaker.failures -= old % 2
@@ -182,9 +190,9 @@ class MemoryBreakerBackend:
         current = breaker.slots.get(epoch % slots)
         if current is None or current[0] != epoch:
             current = breaker.slots[epoch % slots] = [epoch, 0, 0, 0]
-        current[1] += 1
-        current[2] += int(failed)
-        current[3] += int(slow)
+        current[1] += calls
+        current[2] += int(failed) * calls
+        current[3] += int(slow) * calls
         live = [slot for slot in breaker.slots.values() if slot[0] > epoch - slots]
         return (
             sum(slot[1] for slot in live),
@@ -224,8 +232,9 @@ class MemoryBreakerBackend:
         outcome: str,
         slow: bool,
         then: Callable[[Verdict | StorageError], None],
+        calls: int = 1,
     ) -> None:
-        then(self.record(config, generation, outcome, slow))
+        then(self.record(config, generation, outcome, slow, calls))
 
     # -- live state ----------------------------------------------------------------------
     def names(self) -> list[str]:

@@ -12,6 +12,10 @@
 -- ARGV[9] = slow-call-rate threshold (0..1; above 1 = disabled)
 -- ARGV[10] = open duration in ms
 -- ARGV[11] = half-open probes that must succeed to close
+-- ARGV[12] = how many such outcomes (optional, default 1): a process's aggregated successes
+--            (`resilience.circuit.local`) arrive as one call; a count window gets that many
+--            entries, a time window's slot that many calls. More than one is only ever sent
+--            for a closed breaker; in any other state such a report changes nothing.
 -- Returns {transition ('' | 'open' | 'closed'), state, calls, failures, slow calls}
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
@@ -26,12 +30,16 @@ local failure_threshold = tonumber(ARGV[8])
 local slow_threshold = tonumber(ARGV[9])
 local open_ms = tonumber(ARGV[10])
 local probes_to_close = tonumber(ARGV[11])
+local n = tonumber(ARGV[12] or '1')
 
 local values = redis.call('HMGET', KEYS[1], 'state', 'gen')
 local state = values[1] or 'closed'
 local gen = tonumber(values[2] or '0')
 if given_gen ~= gen or state == 'open' or state == 'forced_open' or state == 'forced_closed' then
   -- Admitted under an older state (or the breaker is held by an operator): no verdict.
+  return {'', state, 0, 0, 0}
+end
+if n ~= 1 and state ~= 'closed' then
   return {'', state, 0, 0, 0}
 end
 
@@ -77,11 +85,21 @@ if outcome == 'ignored' then
 end
 local calls, failures, slows
 if kind == 'count' then
-  redis.call('LPUSH', KEYS[2], failed + 2 * slow)
-  calls = redis.call('HINCRBY', KEYS[1], 'calls', 1)
-  failures = redis.call('HINCRBY', KEYS[1], 'failures', failed)
-  slows = redis.call('HINCRBY', KEYS[1], 'slow', slow)
-  if calls > size then
+  -- The newest min(n, size) outcomes enter the list (older ones would leave it at once).
+  local value = failed + 2 * slow
+  local pushed = math.min(n, size)
+  local chunk = {}
+  for i = 1, pushed do
+    chunk[#chunk + 1] = value
+    if #chunk == 1000 or i == pushed then
+      redis.call('LPUSH', KEYS[2], unpack(chunk))
+      chunk = {}
+    end
+  end
+  calls = redis.call('HINCRBY', KEYS[1], 'calls', pushed)
+  failures = redis.call('HINCRBY', KEYS[1], 'failures', failed * pushed)
+  slows = redis.call('HINCRBY', KEYS[1], 'slow', slow * pushed)
+  if calls > size and pushed == 1 then
     local old = tonumber(redis.call('RPOP', KEYS[2]))
     calls = redis.call('HINCRBY', KEYS[1], 'calls', -1)
     local old_failed, old_slow = 0, 0
@@ -89,6 +107,19 @@ if kind == 'count' then
     if old >= 2 then old_slow = -1 end
     failures = redis.call('HINCRBY', KEYS[1], 'failures', old_failed)
     slows = redis.call('HINCRBY', KEYS[1], 'slow', old_slow)
+  elseif calls > size then
+    local old = redis.call('LRANGE', KEYS[2], size, -1)
+    redis.call('LTRIM', KEYS[2], 0, size - 1)
+    local old_failed, old_slow = 0, 0
+    for i = 1, #old do
+      local entry = tonumber(old[i])
+      if entry % 2 == 1 then old_failed = old_failed + 1 end
+      if entry >= 2 then old_slow = old_slow + 1 end
+    end
+    -- 0 - x, not -x: Lua's -0 reaches Redis as "-0", which HINCRBY refuses.
+    calls = redis.call('HINCRBY', KEYS[1], 'calls', 0 - #old)
+    failures = redis.call('HINCRBY', KEYS[1], 'failures', 0 - old_failed)
+    slows = redis.call('HINCRBY', KEYS[1], 'slow', 0 - old_slow)
   end
 else
   local slot_ms = math.max(1, math.floor(size / slots))
@@ -97,9 +128,9 @@ else
   if tonumber(redis.call('HGET', KEYS[2], 'e' .. slot) or '-1') ~= epoch then
     redis.call('HSET', KEYS[2], 'e' .. slot, epoch, 'c' .. slot, 0, 'f' .. slot, 0, 's' .. slot, 0)
   end
-  redis.call('HINCRBY', KEYS[2], 'c' .. slot, 1)
-  redis.call('HINCRBY', KEYS[2], 'f' .. slot, failed)
-  redis.call('HINCRBY', KEYS[2], 's' .. slot, slow)
+  redis.call('HINCRBY', KEYS[2], 'c' .. slot, n)
+  redis.call('HINCRBY', KEYS[2], 'f' .. slot, failed * n)
+  redis.call('HINCRBY', KEYS[2], 's' .. slot, slow * n)
   redis.call('PEXPIRE', KEYS[2], size * 2)
   calls, failures, slows = 0, 0, 0
   local all = redis.call('HGETALL', KEYS[2])

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 
 NAMESPACE = "resilience:breaker"
 
+#: `RedisBreakerBackend.of_app`'s backends (apps live as long as the process).
+_BY_APP: dict[Any, RedisBreakerBackend] = {}
+
 
 def state_key(name: str) -> str:
     """The Redis key of breaker `name`'s state hash."""
@@ -59,8 +62,13 @@ class RedisBreakerBackend:
 
     @classmethod
     def of_app(cls, app: Celery) -> RedisBreakerBackend:
-        """The backend on the app's shared Redis (`resilience.stores.install`)."""
-        return cls(lambda: stores_for(app).redis())
+        """The backend on the app's shared Redis (`resilience.stores.install`), one per app,
+        so every task naming a breaker shares the process's local copy of it
+        (`resilience.circuit.local`)."""
+        backend = _BY_APP.get(app)
+        if backend is None:
+            backend = _BY_APP.setdefault(app, cls(lambda: stores_for(app).redis()))
+        return backend
 
     def client(self) -> redis.Redis:
         return self._client()
@@ -82,7 +90,9 @@ class RedisBreakerBackend:
         return Permission(bool(allowed), state, int(generation), int(wait_ms) / 1000, transition)
 
     @staticmethod
-    def _record_args(config: BreakerConfig, generation: int, outcome: str, slow: bool) -> list[Any]:
+    def _record_args(
+        config: BreakerConfig, generation: int, outcome: str, slow: bool, calls: int = 1
+    ) -> list[Any]:
         window = config.window
         if isinstance(window, CountWindow):
             kind, size, slots = "count", window.calls, 1
@@ -101,11 +111,14 @@ class RedisBreakerBackend:
             repr(float(slow_threshold if slow_threshold is not None else 2.0)),
             int(config.open_seconds * 1000),
             config.half_open_probes,
+            calls,
         ]
 
-    def record(self, config: BreakerConfig, generation: int, outcome: str, slow: bool) -> Verdict:
+    def record(
+        self, config: BreakerConfig, generation: int, outcome: str, slow: bool, calls: int = 1
+    ) -> Verdict:
         reply = self._run(
-            self.RECORD, config.name, self._record_args(config, generation, outcome, slow)
+            self.RECORD, config.name, self._record_args(config, generation, outcome, slow, calls)
         )
         return self.verdict(reply)
 
@@ -161,6 +174,7 @@ class RedisBreakerBackend:
         outcome: str,
         slow: bool,
         then: Callable[[Verdict | StorageError], None],
+        calls: int = 1,
     ) -> None:
         """Queue record.lua; `then` gets its `Verdict` or the store's error."""
 
@@ -174,7 +188,7 @@ class RedisBreakerBackend:
         batch.script(
             self.RECORD.for_client(batch.client),
             [state_key(config.name), window_key(config.name)],
-            self._record_args(config, generation, outcome, slow),
+            self._record_args(config, generation, outcome, slow, calls),
             then=done,
         )
 

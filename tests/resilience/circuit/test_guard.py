@@ -16,6 +16,7 @@ from resilience.circuit.breaker import CircuitBreaker
 from resilience.circuit.config import BreakerConfig, CountWindow, TimeWindow
 from resilience.circuit.guard import BreakerGuard, circuit_breaker
 from resilience.errors import ConfigurationError
+from resilience.flushing import flush_all
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Pipeline
 from tests.resilience.circuit.conftest import FakeClock
@@ -105,11 +106,18 @@ class TestGuardOnMemory:
         assert (state.state, state.calls) == ("closed", 0)
 
     def test_successes_are_recorded(self, app: Any) -> None:
-        """A closed breaker lets the body run and records its success."""
-        guard, backend, task = self._guard()
+        """A closed breaker lets the body run and records its success: at once with
+        local_state_seconds=0, at the next flush of the process's aggregate otherwise."""
+        guard, backend, task = self._guard(local_state_seconds=0)
         assert Pipeline([guard]).run(_call(task), lambda: 200) == 200
         state = backend.describe(["memory-guard"])[0]
         assert (state.calls, state.failures) == (1, 0)
+        guard, backend, task = self._guard()
+        for _ in range(3):
+            assert Pipeline([guard]).run(_call(task), lambda: 200) == 200
+        flush_all()
+        state = backend.describe(["memory-guard"])[0]
+        assert (state.calls, state.failures) == (3, 0)
 
     def test_fallback_when_open(self, app: Any) -> None:
         """With fallback=, an open breaker returns the fallback's result (SKIPPED)."""

@@ -230,6 +230,9 @@ class TestRetryGuardOnWorkers:
             RetryBudget(ratio=1.0, min_per_second=0, window_seconds=600),
             RedisBudgetBackend(lambda: redis_client),
         )
+        # The last run's request is aggregated in the worker: it arrives within flush_seconds.
+        wait_for(lambda: gate.describe().requests == 2, timeout_seconds=5,
+                 message="the worker's aggregated request arrived")
         decision = gate.try_spend()
         assert (decision.requests, decision.retries) == (2, 2)  # 1 forced + this one
 
@@ -285,5 +288,8 @@ def test_autoretry_for_interoperates(
         RetryBudget(ratio=1.0, min_per_second=0, window_seconds=600),
         RedisBudgetBackend(lambda: redis_client),
     )
+    # The last run's request is aggregated in the worker: it arrives within flush_seconds.
+    wait_for(lambda: gate.describe().requests == 3, timeout_seconds=5,
+             message="the worker's aggregated request arrived")
     decision = gate.try_spend()
     assert (decision.requests, decision.retries) == (3, 3)  # 1 forced + 1 granted + this one
