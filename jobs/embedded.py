@@ -172,9 +172,11 @@ def wait_until(check: Callable[[], bool], *, timeout_seconds: float, what: str) 
 
 
 def redis_ready(url: str) -> bool:
-    import redis
+    """Whether the Redis at `url` answers PING: one server, the master a Sentinel names
+    (`redis+sentinel://`) or a Redis Cluster (`redis+cluster://`, any node answering)."""
+    from resilience.stores import redis_from_url
 
-    client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+    client = redis_from_url(url, socket_timeout=1, socket_connect_timeout=1)
     try:
         return bool(client.ping())
     finally:

@@ -11,11 +11,18 @@ anything but "go ahead" makes its own atomic call), and the writes are ones nobo
 (their failures were already logged and ignored). Scripts are sent as EVALSHA without
 redis-py's per-pipeline `SCRIPT EXISTS` check; a script the server lost is run once more on
 its own, which loads it.
+
+On a Redis Cluster (`redis.cluster.RedisCluster`) the commands are grouped by the master that
+serves each one's first key and each group goes out on that master's connection, one round
+trip per master involved; a reply redirecting elsewhere (MOVED, ASK: a slot moved, the
+client's table is stale) makes that one command go again through the client's own path,
+which follows the redirection and refreshes the table.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -70,13 +77,25 @@ class RedisBatch:
         queued, self.queued = self.queued, []
         if not queued:
             return
+        from redis.exceptions import AskError, NoScriptError, TryAgainError
+
+        cluster = is_cluster(self.client)
         try:
-            replies = self._send([item.args for item in queued])
+            if cluster:
+                replies = self._send_per_node([item.args for item in queued])
+            else:
+                replies = self._send([item.args for item in queued])
         except Exception as exc:  # noqa: BLE001 - handed to each owner's own policy
             replies = [exc] * len(queued)
-        from redis.exceptions import NoScriptError
 
         for item, reply in zip(queued, replies, strict=True):
+            if cluster and isinstance(reply, AskError | TryAgainError):
+                # MOVED is an AskError: the slot lives elsewhere now. The client's own path
+                # follows the redirection (and refreshes its slot table on MOVED).
+                try:
+                    reply = self.client.execute_command(*item.args)
+                except Exception as exc:  # noqa: BLE001 - handed to the owner
+                    reply = exc
             if isinstance(reply, NoScriptError) and item.script is not None:
                 try:
                     reply = item.script(keys=list(item.keys), args=list(item.argv))
@@ -87,43 +106,97 @@ class RedisBatch:
             except Exception:
                 logger.exception("batched Redis reply handler failed")
 
-    def _send(self, commands: list[tuple[Any, ...]]) -> list[Any]:
-        """Write every command at once and read every reply, on one pooled connection.
-
-        What redis-py's non-transactional pipeline does, without its per-call bookkeeping
-        (which costs more CPU than the round trip here): error replies become exception
-        values, the client's response callbacks apply, and a connection error is retried
-        under the client's own retry policy on a fresh connection.
-        """
-        from redis.exceptions import ResponseError
-
+    def _send_per_node(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """`_send` for a Redis Cluster: the commands grouped by the master serving each
+        one's first key (a command without a key goes to the client's default node), one
+        pipelined round trip per master. A master that fails makes its own commands'
+        replies that error; the others' replies stand."""
         client = self.client
-        callbacks = client.response_callbacks
-        pool = client.connection_pool
-        connection = pool.get_connection()
+        groups: dict[str, tuple[Any, list[int]]] = {}
+        for index, args in enumerate(commands):
+            key = first_key(args)
+            node = (client.get_node_from_key(key) if key is not None
+                    else client.get_default_node())
+            groups.setdefault(node.name, (node, []))[1].append(index)
+        replies: list[Any] = [None] * len(commands)
+        for node, indexes in groups.values():
+            try:
+                sent = _send(client.get_redis_connection(node),
+                             [commands[index] for index in indexes])
+            except Exception as exc:  # noqa: BLE001 - this master's commands fail alone
+                sent = [exc] * len(indexes)
+            for index, reply in zip(indexes, sent, strict=True):
+                replies[index] = reply
+        return replies
 
-        def send() -> list[Any]:
-            connection.send_packed_command(connection.pack_commands(commands))
-            replies: list[Any] = []
-            for args in commands:
-                try:
-                    reply = connection.read_response()
-                except ResponseError as exc:
-                    reply = exc
-                else:
-                    callback = callbacks.get(args[0])
-                    if callback is not None:
-                        reply = callback(reply)
-                replies.append(reply)
-            return replies
+    def _send(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """`_send` on this batch's (single-server) client."""
+        return _send(self.client, commands)
 
-        try:
-            return connection.retry.call_with_retry(send, lambda _error: connection.disconnect())
-        except BaseException:
-            connection.disconnect()  # replies may be left unread: never reuse the socket
-            raise
-        finally:
-            pool.release(connection)
+
+def is_cluster(client: Any) -> bool:
+    """Whether `client` is a Redis Cluster client (`redis.cluster.RedisCluster`), whose
+    multi-key commands, pipelines and connections work per master."""
+    module = sys.modules.get("redis.cluster")
+    return module is not None and isinstance(client, module.RedisCluster)
+
+
+def mget(client: Any, keys: Sequence[str]) -> list[Any]:
+    """The values of `keys` (None where missing), in order: one MGET on one server; on a
+    Redis Cluster, whose MGET must stay in one slot, one MGET per slot, pipelined per master
+    (redis-py's `mget_nonatomic`)."""
+    if is_cluster(client):
+        return list(client.mget_nonatomic(list(keys)))
+    return list(client.mget(list(keys)))
+
+
+def first_key(args: Sequence[Any]) -> Any:
+    """The first key of a command as queued (`"GET", key`, `"EVALSHA", sha, n, *keys, ...`);
+    None for a command without one."""
+    name = str(args[0]).upper()
+    if name in ("EVALSHA", "EVAL", "EVALSHA_RO", "EVAL_RO"):
+        return args[3] if len(args) > 3 and int(args[2]) > 0 else None
+    if name in ("TIME", "PING", "INFO", "DBSIZE"):
+        return None
+    return args[1] if len(args) > 1 else None
+
+
+def _send(client: redis.Redis, commands: list[tuple[Any, ...]]) -> list[Any]:
+    """Write every command at once and read every reply, on one pooled connection.
+
+    What redis-py's non-transactional pipeline does, without its per-call bookkeeping
+    (which costs more CPU than the round trip here): error replies become exception
+    values, the client's response callbacks apply, and a connection error is retried
+    under the client's own retry policy on a fresh connection.
+    """
+    from redis.exceptions import ResponseError
+
+    callbacks = client.response_callbacks
+    pool = client.connection_pool
+    connection = pool.get_connection()
+
+    def send() -> list[Any]:
+        connection.send_packed_command(connection.pack_commands(commands))
+        replies: list[Any] = []
+        for args in commands:
+            try:
+                reply = connection.read_response()
+            except ResponseError as exc:
+                reply = exc
+            else:
+                callback = callbacks.get(args[0])
+                if callback is not None:
+                    reply = callback(reply)
+            replies.append(reply)
+        return replies
+
+    try:
+        return connection.retry.call_with_retry(send, lambda _error: connection.disconnect())
+    except BaseException:
+        connection.disconnect()  # replies may be left unread: never reuse the socket
+        raise
+    finally:
+        pool.release(connection)
 
 
 def for_client(rounds: Rounds, client: redis.Redis) -> RedisBatch:

@@ -43,6 +43,9 @@ class Stores:
         redlock_urls: independent Redis nodes for Redlock (3 or more for a real quorum).
         locks_database_url: PostgreSQL reached directly, for what needs a session of its
             own (advisory locks of singletons and beat leadership); unset: `database_url`.
+        pool_mode: the pooler's mode in front of `database_url` ("none", "session",
+            "transaction", "statement"); None: env `JOBS_PG_POOL_MODE`, else "none".
+            Transaction and statement pooling turn server-side prepared statements off.
     """
 
     def __init__(
@@ -53,6 +56,7 @@ class Stores:
         redlock_urls: Sequence[str] = (),
         locks_database_url: str | None = None,
         socket_timeout_seconds: float = 5.0,
+        pool_mode: str | None = None,
     ) -> None:
         check_redis_url(redis_url, "redis_url")
         for url in redlock_urls:
@@ -75,6 +79,14 @@ class Stores:
         self.locks_database_url = _sqlalchemy_url(locks_database_url or database_url)
         self.redlock_urls = tuple(redlock_urls)
         self.socket_timeout_seconds = socket_timeout_seconds
+        #: The pooler's mode in front of `database_url` (lower case; "none" without one).
+        self.pool_mode = (pool_mode or os.environ.get("JOBS_PG_POOL_MODE")
+                          or "none").strip().lower()
+        if self.pool_mode not in ("none", "session", "transaction", "statement"):
+            raise ConfigurationError(
+                "pool_mode (JOBS_PG_POOL_MODE) must be none, session, transaction or "
+                f"statement, got {self.pool_mode!r}"
+            )
         self._lock = threading.Lock()
         self._pid = -1
         self._cache: dict[str, Any] = {}
@@ -137,6 +149,18 @@ class Stores:
             )
             cache["engine"] = engine
         return engine
+
+    @property
+    def transaction_pooled(self) -> bool:
+        """True when `database_url` is a transaction/statement pooler: no session state
+        (prepared statements, `SET`, `LISTEN`, session advisory locks) survives a statement."""
+        return self.pool_mode in ("transaction", "statement")
+
+    @property
+    def locks_pool_mode(self) -> str:
+        """The pooler's mode in front of `locks_database_url`: "none" when it is its own
+        (direct) URL, else `pool_mode`."""
+        return self.pool_mode if self.locks_database_url == self.database_url else "none"
 
     def locks_engine(self) -> Engine:
         """The engine for session-bound work (advisory locks): `engine()` itself unless
@@ -236,6 +260,15 @@ def redis_from_url(url: str, **options: Any) -> Any:
         from redis.cluster import ClusterNode, RedisCluster
 
         options.pop("health_check_interval", None)  # per-node pools check on their own
+        # redis-py retries CLUSTERDOWN / an uncovered slot 10 times, each after 0.25 s and a
+        # re-read of the layout: a guard call would stall ~4 s (14 s for one task's guards)
+        # while a master is down. One retry rides out a blip; beyond that the guard's own
+        # store-down policy decides at once.
+        if "retry" not in options:
+            from redis.backoff import ExponentialWithJitterBackoff
+            from redis.retry import Retry
+
+            options["retry"] = Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.25), 1)
         nodes = [ClusterNode(host, port) for host, port in _hosts(hostlist, 6379)]
         return RedisCluster(startup_nodes=nodes, **options)
     from redis.sentinel import Sentinel
@@ -313,16 +346,35 @@ _SCRIPT_ERROR_CODE = re.compile(r"@user_script:\d+: ([A-Z]+) ")
 _DETAIL_LENGTH = 500
 
 
+#: What redis-py's cluster client raises, outside `RedisError`, for a request no server can
+#: serve as written: a transaction or a pipelined command across slots (a program error, as
+#: the CROSSSLOT reply is).
+_CLUSTER_MISUSE = ("must map to the same key slot", "is blocked when running redis in cluster")
+
+
 def _redis_verdict(exc: BaseException) -> type[StorageError] | None:
     errors = sys.modules.get("redis.exceptions")
-    if errors is None or not isinstance(exc, errors.RedisError):
+    if errors is None:
         return None
+    if isinstance(exc, errors.RedisClusterException):
+        # Not a RedisError: a slot no master serves, no node reachable to learn the
+        # layout from ("Redis Cluster cannot be connected"), ... is a store down;
+        # a request that mixes slots is refused whatever the cluster's health.
+        if isinstance(exc, errors.CrossSlotTransactionError | errors.InvalidPipelineStack) or (
+                any(text in str(exc) for text in _CLUSTER_MISUSE)):
+            return StoreRejected
+        return StoreUnavailable
+    if not isinstance(exc, errors.RedisError):
+        return None
+    # A Sentinel that names no master (`MasterNotFoundError`) is a ConnectionError.
     if isinstance(exc, errors.ConnectionError | errors.TimeoutError | errors.InvalidResponse):
         return StoreUnavailable
     if isinstance(
-        exc, errors.ReadOnlyError | errors.TryAgainError | errors.ClusterDownError
+        exc, errors.ReadOnlyError | errors.TryAgainError | errors.ClusterError
         | errors.AskError | errors.OutOfMemoryError
     ):
+        # ClusterError: CLUSTERDOWN / MASTERDOWN replies, and the cluster client giving up
+        # after too many redirections ("TTL exhausted") while slots move.
         return StoreUnavailable
     if isinstance(exc, errors.ResponseError):
         # redis-py keeps the code of replies it has no class for: "BUSY Redis is busy ..."
@@ -479,7 +531,21 @@ def wrap_store_errors(what: str, **fields: Any) -> _StoreErrorTranslation:
 
 def read_hashes(client: Any, keys: Sequence[str]) -> tuple[int, list[dict[str, str]]]:
     """Redis server time in ms and the fields of each hash of `keys`, in one round trip
-    (the `describe()` of the breakers and the retry budgets)."""
+    (the `describe()` of the breakers and the retry budgets).
+
+    On a Redis Cluster, whose pipelines refuse TIME (it has no key, so no slot), the clock
+    is read from one master first and the hashes, which live on different masters, in one
+    cluster pipeline (one round trip per master).
+    """
+    from resilience.batch import is_cluster
+
+    if is_cluster(client):
+        seconds, micros = client.time()
+        with client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.hgetall(key)
+            hashes = pipe.execute() if keys else []
+        return int(seconds) * 1000 + int(micros) // 1000, list(hashes)
     with client.pipeline(transaction=False) as pipe:
         pipe.time()
         for key in keys:

@@ -184,12 +184,13 @@ def url_variable(field: str, default: str) -> str:
 def _probe_redis(url: str, timeout_seconds: float) -> None:
     """PING with a client of our own: short timeouts and no retries (redis-py's default
     retries with backoff are what made a down Redis cost seconds)."""
-    import redis as redis_lib
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    client = redis_lib.Redis.from_url(url, socket_connect_timeout=timeout_seconds,
-                                      socket_timeout=timeout_seconds, retry=Retry(NoBackoff(), 0))
+    from resilience.stores import redis_from_url
+
+    client = redis_from_url(url, socket_connect_timeout=timeout_seconds,
+                            socket_timeout=timeout_seconds, retry=Retry(NoBackoff(), 0))
     try:
         client.ping()
     finally:

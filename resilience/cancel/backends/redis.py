@@ -16,8 +16,12 @@ from resilience.stores import wrap_store_errors
 if TYPE_CHECKING:
     import redis
 
-MARKS_KEY = "resilience:cancel:marks"
-VERSION_KEY = "resilience:cancel:version"
+#: The marks and their version change together in one MULTI, so they share a hash tag:
+#: on a Redis Cluster a transaction must stay in one slot. (Before the tag they were
+#: `resilience:cancel:marks` and `...:version`; the copies are rewritten from PostgreSQL by
+#: `Cancellations.restore()`, which the beat runs, so nothing is lost by the new names.)
+MARKS_KEY = "resilience:cancel:{marks}"
+VERSION_KEY = "resilience:cancel:{marks}:version"
 
 
 class RedisCancelBackend:

@@ -52,8 +52,16 @@ def lock_key(name: str) -> str:
 
 
 def describe(client: redis.Redis) -> str:
-    """host:port of a client, for error messages."""
-    kwargs = client.connection_pool.connection_kwargs
+    """host:port of a client, for error messages (a Sentinel client: its service name; a
+    Redis Cluster client: its first node and `+cluster`)."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:  # redis.cluster.RedisCluster: a pool per node
+        nodes = getattr(getattr(client, "nodes_manager", None), "startup_nodes", None) or {}
+        return f"{next(iter(nodes), '?')}+cluster"
+    service = getattr(pool, "service_name", None)
+    if service is not None:  # redis.sentinel.SentinelConnectionPool
+        return f"sentinel:{service}"
+    kwargs = pool.connection_kwargs
     return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
 
 
@@ -76,6 +84,15 @@ def not_owned(lease: Lease) -> LockNotOwnedError:
     )
 
 
+class _Whole:
+    """A node `NodeConnections` cannot hold one connection of: its client, used whole."""
+
+    __slots__ = ("client",)
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+
 class NodeConnections:
     """Free-list of connection sets, one connection per node, kept across calls.
 
@@ -91,13 +108,16 @@ class NodeConnections:
         self._pid = os.getpid()
 
     def take(self) -> list[Any]:
-        """A connection per node, for one thread's use until `give_back`."""
+        """A connection per node, for one thread's use until `give_back`. A node that is a
+        Redis Cluster (no single connection serves every key) is its client itself, which
+        `run_on_nodes` calls the ordinary way."""
         with self._guard:
             if self._pid != os.getpid():  # never share sockets with a forked parent
                 self._free, self._pid = [], os.getpid()
             if self._free:
                 return self._free.pop()
-        return [client.connection_pool.make_connection() for client in self.clients]
+        return [client.connection_pool.make_connection() if hasattr(client, "connection_pool")
+                else _Whole(client) for client in self.clients]
 
     def give_back(self, connections: list[Any]) -> None:
         """Keep `connections` for the next caller (dropped after a fork)."""
@@ -110,7 +130,8 @@ class NodeConnections:
         with self._guard:
             for connections in self._free:
                 for connection in connections:
-                    connection.disconnect()
+                    if not isinstance(connection, _Whole):
+                        connection.disconnect()
             self._free = []
 
 
@@ -130,6 +151,9 @@ def run_on_nodes(
     try:
         sent: list[BaseException | None] = []
         for connection in connections:
+            if isinstance(connection, _Whole):
+                sent.append(None)  # called in the reply loop
+                continue
             try:
                 connection.send_command("EVALSHA", script.sha, 1, key, *args)
                 sent.append(None)
@@ -142,6 +166,9 @@ def run_on_nodes(
                 replies.append(failure)
                 continue
             try:
+                if isinstance(connection, _Whole):
+                    replies.append(script(connection.client, [key], args))
+                    continue
                 try:
                     replies.append(connection.read_response())
                 except NoScriptError:

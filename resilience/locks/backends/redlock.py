@@ -149,14 +149,13 @@ class Redlock:
             ConfigurationError: fewer than 3 URLs, or a URL that is not redis://.
             StoreUnavailable: `check` and a node did not answer PING.
         """
-        import redis as redis_lib
+        from resilience.stores import check_redis_url, redis_from_url
 
         for url in urls:
-            if not url.startswith(("redis://", "rediss://", "unix://")):
-                raise ConfigurationError(f"Redlock node URL must be redis://..., got {url!r}")
+            check_redis_url(url, "a Redlock node URL")
         clients = [
-            redis_lib.Redis.from_url(url, socket_timeout=timeout_seconds,
-                                     socket_connect_timeout=timeout_seconds)
+            redis_from_url(url, socket_timeout=timeout_seconds,
+                           socket_connect_timeout=timeout_seconds)
             for url in urls
         ]
         lock = cls(clients, **kwargs)

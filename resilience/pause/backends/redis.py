@@ -1,5 +1,7 @@
 """Pause switches in Redis: one hash per switch, read for a whole call with one MGET-like
-pipeline; keys from `resilience.keys.redis_key`, so a task name cannot name another key."""
+pipeline; keys from `resilience.keys.redis_key`, so a task name cannot name another key.
+On a Redis Cluster the switches live in different slots: they are read per master
+(`resilience.batch.mget`)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from resilience.batch import mget
 from resilience.keys import redis_key, stored_keys
 from resilience.pause.backends import Paused
 from resilience.stores import wrap_store_errors
@@ -50,14 +53,14 @@ class RedisPauseBackend:
     def paused(self, switches: Sequence[tuple[str, str]]) -> list[Paused]:
         if not switches:
             return []
-        values = self.client.mget([self.key(scope, name) for scope, name in switches])
+        values = mget(self.client, [self.key(scope, name) for scope, name in switches])
         return [_decode(scope, name, value)
                 for (scope, name), value in zip(switches, values, strict=True) if value]
 
     @wrap_store_errors("pause switches")
     def all_paused(self) -> list[Paused]:
         stored = stored_keys(self.client, NAMESPACE, suffixed=True)
-        values = self.client.mget(list(stored)) if stored else []
+        values = mget(self.client, list(stored)) if stored else []
         found = []
         for (_, switch), value in zip(stored.items(), values, strict=True):
             if value is None:  # resumed since the SCAN

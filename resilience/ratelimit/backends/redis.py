@@ -17,6 +17,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
+from resilience.batch import is_cluster
 from resilience.errors import ConfigurationError
 from resilience.keys import redis_key, stored_keys
 from resilience.ratelimit.algorithms import (
@@ -117,14 +118,22 @@ class RedisBackend(Shortcuts):
             found = [
                 (each, one, stored) for each in chosen for one, stored in self._stored(each, key)
             ]
-            # One round trip for the clock and every limiter's state and waiting line.
-            with self.client.pipeline(transaction=False) as pipe:
-                pipe.time()
-                for each, _, stored in found:
+            # One round trip for the clock and every limiter's state and waiting line. A
+            # Redis Cluster's pipeline refuses TIME (no key, no slot): one more round trip
+            # reads it there, and the pipeline goes out per master.
+            client = self.client
+            cluster = is_cluster(client)
+            with client.pipeline(transaction=False) as pipe:
+                if not cluster:
+                    pipe.time()
+                for each, one, stored in found:
                     _READERS[each.schema][0](pipe, stored)
                     if each.waits:
-                        pipe.zcard(f"{stored}:waiting")
-                replies = iter(pipe.execute())
+                        pipe.zcard(self.key(each, one, "waiting"))
+                replies = pipe.execute()
+            if cluster:
+                replies = [client.time(), *replies]
+        replies = iter(replies)
         seconds, micros = next(replies)
         now = int(seconds) * 1_000_000 + int(micros)
         states = []

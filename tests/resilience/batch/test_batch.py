@@ -13,6 +13,7 @@ from redis.connection import AbstractConnection
 
 from resilience.batch import RedisBatch
 from resilience.circuit.backends.redis import state_key
+from resilience.flushing import flush_all
 from resilience.idempotency.cache import cache_key
 from resilience.retry.budget import budget_key
 
@@ -102,10 +103,13 @@ class TestFullStack:
         fresh = f"{key}-2"
         result = batch_full_stack.apply(args=(fresh, counter))
         assert result.get() == f"done {fresh}"
-        assert len(sent) == 3, f"{len(sent)} Redis round trips: {sent}"
+        # read, write (+ the body's INCR); the breaker's and budget's counts ride in the
+        # write round when their 0.1 s aggregate is due, else they wait for the next flush
+        assert len(sent) <= 3, f"{len(sent)} Redis round trips: {sent}"
 
         cached = redis_client.get(cache_key(batch_full_stack.name, fresh))
         assert cached is not None and f"done {fresh}" in str(cached)
+        flush_all()  # what the timer thread sends within 0.1 s
         # both successes reached the breaker's count window
         assert redis_client.hget(state_key("batch-dependency"), "calls") == "2"
         budget = redis_client.hgetall(budget_key("batch-dependency"))
