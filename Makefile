@@ -23,6 +23,7 @@ lint: install
 test: install lint
 	./scripts/ensure-chromium
 	./scripts/ensure-prometheus
+	./scripts/ensure-pgbouncer
 	$(BIN)/python -m pytest
 
 bench: install

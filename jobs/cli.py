@@ -190,7 +190,7 @@ def wait_for_services(settings: Settings, timeout_seconds: float = 60) -> None:
                what=f"Redis at {_masked(settings.effective_redis_url)}")
     wait_until(lambda: postgres_ready(settings.effective_database_url),
                timeout_seconds=timeout_seconds, what="PostgreSQL")
-    migrate(settings.effective_database_url)
+    migrate(settings.effective_locks_database_url)
 
 
 @cli.command()
@@ -199,7 +199,7 @@ def migrate() -> None:
     settings = settings_or_exit()
     from jobs.db import migrate as apply
 
-    apply(settings.effective_database_url)
+    apply(settings.effective_locks_database_url)
     console.print("migrations applied")
 
 

@@ -234,6 +234,7 @@ def create_app(settings: Settings | None = None) -> JobsCelery:
             database_url=settings.effective_database_url,
             redlock_urls=settings.effective_redlock_urls,
             locks_database_url=settings.locks_database_url,
+            pool_mode=settings.pg_pool_mode,
         ),
     )
     from jobs.observe.tracing import tracing_enabled

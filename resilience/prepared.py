@@ -4,6 +4,11 @@ PostgreSQL parses and plans a statement on every simple-protocol call; for the g
 that is more than the execution itself (~0.1-0.2 ms each). `PreparedStatement` keeps the SQL
 readable with `%(name)s` parameters and turns it into `PREPARE name AS ... $n` once per
 connection, then `EXECUTE name (...)` on each call.
+
+SQL-level prepared statements belong to a server session: behind a transaction (or
+statement) pooler such as PgBouncer before 1.21 the next statement may run on another
+server connection, where the name does not exist. Users turn them off there
+(`Stores.transaction_pooled`).
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ class PreparedStatement:
         self.prepare = f"PREPARE {name} AS {body}"
         arguments = f" ({', '.join(['%s'] * len(names))})" if names else ""
         self.execute = f"EXECUTE {name}{arguments}"
+        #: PREPARE and the first EXECUTE in one round trip (one simple-protocol query; a
+        #: literal `%` of the body is escaped for the driver's parameter substitution).
+        self.prepare_and_execute = f"{self.prepare.replace('%', '%%')}; {self.execute}"
 
     def values(self, parameters: dict[str, Any]) -> list[Any]:
         """The statement's positional values from named `parameters`."""

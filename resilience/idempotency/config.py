@@ -46,10 +46,11 @@ class IdempotencyConfig:
             and a PostgreSQL *crash* may then forget the last ~0.6 s of records, which can
             re-run a non-transactional body (the same exposure as a worker crash between
             effect and record). Transactional mode's completion commits with the body's
-            writes and is always durable.
+            writes and is always durable. Set per statement (`SET LOCAL`, in the same
+            query), so it works behind PgBouncer.
         prepared_statements: prepare the claim/completion statements once per connection
-            (saves PostgreSQL's parse and plan per call); turn off behind PgBouncer in
-            transaction mode before 1.21, which does not keep them.
+            (saves PostgreSQL's parse and plan per call); turned off automatically when
+            the stores declare a transaction/statement pooler (`JOBS_PG_POOL_MODE`).
     """
 
     key: KeyOption = None

@@ -3,7 +3,9 @@
     celery -A jobs beat -S resilience.locks.beat:LeaderElectedScheduler
 
 Leadership is a PostgreSQL session advisory lock on a connection the beat process opens for
-itself (backends/postgres.py), chosen over a Redis lease because:
+itself to the direct lock URL (`Stores.locks_database_url`, `LOCKS_DATABASE_URL` when
+DATABASE_URL is a transaction pooler; backends/postgres.py): one connection per beat
+process, leader or standby. Chosen over a Redis lease because:
   * SIGKILL / crash of the leader: the kernel closes its socket, PostgreSQL ends the
     session and frees the lock at once; a standby polls every `leader_poll_seconds`
     (default 1 s), so takeover happens within ~1 s of the leader's death (a whole host
@@ -89,8 +91,9 @@ class LeaderElectedScheduler(PersistentScheduler):
                 self.session.verify(LEADER_KEY)
                 return True
             if self.session is None:
-                self.session = AdvisorySession(stores_for(self.app).database_url,
-                                               label=self.node)
+                stores = stores_for(self.app)
+                self.session = AdvisorySession(stores.locks_database_url, label=self.node,
+                                               pool_mode=stores.locks_pool_mode)
             if self.session.try_acquire(LEADER_KEY):
                 self.leading_since = time.monotonic()
                 # A new leader starts from now: it must not replay the sends it missed.

@@ -57,8 +57,11 @@ class SingletonConfig(LockConfig):
     """Options of `@singleton`.
 
     Args:
-        database_url: PostgreSQL of the advisory locks; None: the app's store.
-        pool_mode: declared pooler mode ("transaction" is refused); None: `JOBS_PG_POOL_MODE`.
+        database_url: PostgreSQL of the advisory locks; None: the app's direct lock URL
+            (`Stores.locks_database_url`: `LOCKS_DATABASE_URL`, else `DATABASE_URL`).
+        pool_mode: declared pooler mode in front of the locks' URL ("transaction" is
+            refused); None: the app's (`Stores.locks_pool_mode`), or with `database_url`
+            env `JOBS_PG_POOL_MODE`.
     """
 
     database_url: str | None = None

@@ -8,10 +8,11 @@
     @exclusive(key="{report}", ttl_seconds=30, policy="defer")
     def publish(report, fencing_token=None): ...
 
-* singleton — a PostgreSQL session advisory lock on a dedicated connection (one per worker
-  thread, used for nothing else, reused across runs): freed the instant the holder dies;
-  lost sessions are caught by `call.checkpoint()`. Acquire and release are one round trip
-  each (`backends/postgres.py`).
+* singleton — a PostgreSQL session advisory lock on a dedicated connection to the app's
+  direct lock URL (`LOCKS_DATABASE_URL`; one per lock held, used for nothing else, kept a
+  few seconds after release for the next run, then closed): freed the instant the holder
+  dies; lost sessions are caught by `call.checkpoint()`. Acquire and release are one round
+  trip each (`backends/postgres.py`).
 * exclusive — Redlock over `REDLOCK_URLS` with a lease heartbeat and a fencing token from
   PostgreSQL, handed to the body as `fencing_token` when it takes that parameter
   (`backends/redlock.py`).
@@ -270,12 +271,16 @@ class SingletonGuard(LockGuard):
         self.options: SingletonConfig = options
 
     def default_backend(self, task: Task) -> LockBackend:
-        """Advisory locks on the option's database, else the app's."""
+        """Advisory locks on the option's database, else on the app's direct lock URL
+        (`Stores.locks_database_url`); registry and holder reports on the pooled engine."""
         from resilience.locks.backends.postgres import AdvisoryLockBackend
 
         stores = stores_for(task.app)
-        return AdvisoryLockBackend(self.options.database_url or stores.database_url,
-                                   engine=stores.engine, pool_mode=self.options.pool_mode)
+        if self.options.database_url:
+            return AdvisoryLockBackend(self.options.database_url, engine=stores.engine,
+                                       pool_mode=self.options.pool_mode)
+        return AdvisoryLockBackend(stores.locks_database_url, engine=stores.engine,
+                                   pool_mode=self.options.pool_mode or stores.locks_pool_mode)
 
 
 class ExclusiveGuard(LockGuard):

@@ -39,7 +39,7 @@ def describe(stores: Stores, redlock_urls: Sequence[str] = ()) -> list[Holder]:
         StorageError: PostgreSQL failed (wraps the cause).
     """
     registry = HeldLockRegistry(stores.engine)
-    found = AdvisoryLockBackend(stores.database_url, engine=stores.engine).holders()
+    found = AdvisoryLockBackend(stores.locks_database_url, engine=stores.engine).holders()
     if len(redlock_urls) >= MIN_NODES:
         redlock = Redlock.from_urls(redlock_urls, check=False)
         found += RedlockBackend(redlock, registry=registry).holders()
@@ -62,7 +62,7 @@ def force_release(stores: Stores, key: str, redlock_urls: Sequence[str] = ()) ->
         deleted = Redlock.from_urls(redlock_urls, check=False).force_release(key)
         if deleted:
             done.append(f"deleted on {deleted} Redlock node(s)")
-    advisory = AdvisoryLockBackend(stores.database_url, engine=stores.engine)
+    advisory = AdvisoryLockBackend(stores.locks_database_url, engine=stores.engine)
     terminated = advisory.terminate_holders(key)
     if terminated:
         done.append(f"terminated {terminated} PostgreSQL session(s) holding it")

@@ -87,3 +87,28 @@ class TestSettings:
     def test_every_tier_has_defaults(self) -> None:
         settings = load_settings()
         assert [settings.tier(t).concurrency >= 1 for t in TIERS] == [True] * len(TIERS)
+
+
+class TestTransactionPooling:
+    def test_transaction_pooling_without_a_direct_lock_url_is_one_clear_line(self) -> None:
+        """JOBS_PG_POOL_MODE=transaction alone is refused with one line naming
+        LOCKS_DATABASE_URL; with it, the settings load and the stores learn the mode."""
+        for mode in ("transaction", "statement"):
+            with pytest.raises(SettingsError) as refused:
+                load_settings(pg_pool_mode=mode)
+            assert len(refused.value.problems) == 1
+            assert f"JOBS_PG_POOL_MODE={mode}" in refused.value.problems[0]
+            assert "LOCKS_DATABASE_URL" in refused.value.problems[0]
+        settings = load_settings(
+            pg_pool_mode="transaction",
+            database_url="postgresql://postgres@127.0.0.1:6432/jobs",
+            locks_database_url="postgresql://postgres@127.0.0.1:5432/jobs",
+        )
+        assert settings.effective_locks_database_url.endswith(":5432/jobs")
+        from resilience.stores import Stores
+
+        stores = Stores(redis_url="redis://127.0.0.1:6379/0",
+                        database_url=settings.effective_database_url,
+                        locks_database_url=settings.locks_database_url,
+                        pool_mode=settings.pg_pool_mode)
+        assert stores.transaction_pooled and stores.locks_pool_mode == "none"

@@ -10,6 +10,14 @@ Transactional mode (`begin()`) is the exception: the body's writes and the recor
 completion share one transaction on a pooled connection (`PostgresTransaction`), committed
 by the guard while every lock the call holds is still owned.
 
+Behind PgBouncer in transaction mode (`Stores.pool_mode`): every statement is its own
+transaction, so each may run on another server connection. Nothing here relies on session
+state: `synchronous_commit=off` is set per statement (`SET LOCAL`, sent in the same query
+string as the write: no round trip of its own), and SQL-level prepared statements, which
+belong to one server session, are turned off (`backend_for`). The thread's connection is
+then a client connection to PgBouncer, which multiplexes them over its server pool;
+without a pooler it is one PostgreSQL backend per worker thread, held for the thread's life.
+
 Race timeline the claim is written for (insert first, never check-then-act)::
 
     A: INSERT ... ON CONFLICT          -> row inserted, attempt 1, owner a
@@ -221,6 +229,10 @@ class _ThreadConnection:
             self.driver.close()
 
 
+#: Prepended to a write when `synchronous_commit` is off: applies to the statement's own
+#: (implicit) transaction only, so it holds behind a transaction pooler too.
+ASYNCHRONOUS_COMMIT = "SET LOCAL synchronous_commit = off; "
+
 PING = _Statement("resilience_idempotency_ping", "SELECT 1")
 CLAIM = _Statement("resilience_idempotency_claim", CLAIM_SQL)
 READ = _Statement("resilience_idempotency_read", READ_SQL)
@@ -301,6 +313,8 @@ class PostgresIdempotencyBackend:
             not keep them (PgBouncer in transaction mode before 1.21).
         transaction_engine: the pooled engine transactional bodies write through (or a
             callable returning it, so it is only created when used); None: no `begin()`.
+        synchronous_commit: False: the claim, completion, failure and release do not wait
+            for the WAL flush (`SET LOCAL synchronous_commit = off` in the same query).
     """
 
     def __init__(
@@ -309,9 +323,11 @@ class PostgresIdempotencyBackend:
         *,
         prepared: bool = True,
         transaction_engine: Engine | Callable[[], Engine] | None = None,
+        synchronous_commit: bool = True,
     ) -> None:
         self.engine = engine
         self.prepared = prepared
+        self.synchronous_commit = synchronous_commit
         self._transaction_engine = transaction_engine
 
     def _connection(self) -> _ThreadConnection:
@@ -334,21 +350,25 @@ class PostgresIdempotencyBackend:
             connection = held[self.engine] = _ThreadConnection(fairy.dbapi_connection)
         return connection
 
-    def _execute(self, statement: _Statement, parameters: dict[str, Any], action: str) -> Any:
+    def _execute(self, statement: _Statement, parameters: dict[str, Any], action: str, *,
+                 write: bool = False) -> Any:
         import psycopg2
 
+        prefix = ASYNCHRONOUS_COMMIT if write and not self.synchronous_commit else ""
         for attempt in (1, 2):
             with wrap_store_errors("idempotency store", action=action):
                 connection = self._connection()
             try:
                 with connection.driver.cursor() as cursor:
-                    if self.prepared:
-                        if statement.name not in connection.prepared:
-                            cursor.execute(statement.prepare)
-                            connection.prepared.add(statement.name)
-                        cursor.execute(statement.execute, statement.values(parameters))
+                    # One query string per call: the result is the last statement's.
+                    if not self.prepared:
+                        cursor.execute(prefix + statement.sql, parameters)
+                    elif statement.name in connection.prepared:
+                        cursor.execute(prefix + statement.execute, statement.values(parameters))
                     else:
-                        cursor.execute(statement.sql, parameters)
+                        cursor.execute(prefix + statement.prepare_and_execute,
+                                       statement.values(parameters))
+                        connection.prepared.add(statement.name)
                     if cursor.description is None:
                         return cursor.rowcount
                     columns = [column.name for column in cursor.description]
@@ -405,12 +425,12 @@ class PostgresIdempotencyBackend:
             "lease_seconds": float(lease_seconds),
             "ttl_seconds": float(ttl_seconds),
         }
-        rows = self._execute(CLAIM, parameters, "claim")
+        rows = self._execute(CLAIM, parameters, "claim", write=True)
         if not rows:
             rows = self._execute(READ, parameters, "claim (read)")
         if not rows:
             # The row was deleted between the two statements (purge, cleanup): try again.
-            rows = self._execute(CLAIM, parameters, "claim")
+            rows = self._execute(CLAIM, parameters, "claim", write=True)
         if not rows:
             raise StorageError(f"idempotency store: claim of {task_name}:{key} found no row")
         row = rows[0]
@@ -437,7 +457,7 @@ class PostgresIdempotencyBackend:
             "result": result_json,
             "ttl_seconds": float(ttl_seconds),
         }
-        return self._execute(COMPLETE, parameters, "complete") == 1
+        return self._execute(COMPLETE, parameters, "complete", write=True) == 1
 
     def fail(self, claim: Claim, error: str, ttl_seconds: float) -> bool:
         """Record a non-retryable failure; False when the claim was taken over."""
@@ -446,11 +466,11 @@ class PostgresIdempotencyBackend:
             "error": error[:4000],
             "ttl_seconds": float(ttl_seconds),
         }
-        return self._execute(FAIL, parameters, "fail") == 1
+        return self._execute(FAIL, parameters, "fail", write=True) == 1
 
     def release(self, claim: Claim) -> bool:
         """End the claim's lease now so a retry can claim at once; False when stale."""
-        return self._execute(RELEASE, claim.parameters(), "release") == 1
+        return self._execute(RELEASE, claim.parameters(), "release", write=True) == 1
 
     def begin(self) -> PostgresTransaction:
         """Open the body's transaction on the pooled engine.
@@ -542,7 +562,7 @@ class PostgresIdempotencyBackend:
         ]
 
 
-_engines: dict[tuple[int, int, bool], Engine] = {}
+_engines: dict[tuple[int, int], Engine] = {}
 _engines_lock = threading.Lock()
 
 
@@ -552,13 +572,12 @@ def autocommit_engine(stores: Stores, *, synchronous_commit: bool = True) -> Eng
     Separate from `stores.engine()` (which pings on checkout) so a claim costs one round
     trip; created per process, never shared across a fork. It only opens connections: each
     thread keeps the one it gets (`PostgresIdempotencyBackend._connection`), so there is no
-    pool.
-
-    With `synchronous_commit=False` the statements do not wait for the WAL flush
-    (PostgreSQL's `synchronous_commit=off`): a PostgreSQL crash may forget the last fraction
-    of a second of records, never corrupts.
+    pool. Connections carry no session setting (no `options=-c ...` at connect, which
+    PgBouncer refuses): `synchronous_commit` is the backend's, per statement, and is
+    ignored here (kept for callers of the old signature).
     """
-    identity = (id(stores), os.getpid(), synchronous_commit)
+    del synchronous_commit
+    identity = (id(stores), os.getpid())
     engine = _engines.get(identity)
     if engine is None:
         with _engines_lock:
@@ -567,16 +586,11 @@ def autocommit_engine(stores: Stores, *, synchronous_commit: bool = True) -> Eng
                 from sqlalchemy import create_engine
                 from sqlalchemy.pool import NullPool
 
-                connect_args: dict[str, Any] = {
-                    "connect_timeout": int(max(1, stores.socket_timeout_seconds))
-                }
-                if not synchronous_commit:
-                    connect_args["options"] = "-c synchronous_commit=off"
                 engine = create_engine(
                     stores.database_url,
                     isolation_level="AUTOCOMMIT",
                     poolclass=NullPool,
-                    connect_args=connect_args,
+                    connect_args={"connect_timeout": int(max(1, stores.socket_timeout_seconds))},
                 )
                 _engines[identity] = engine
     return engine
@@ -586,11 +600,18 @@ def backend_for(
     stores: Stores, *, synchronous_commit: bool = True, prepared: bool = True
 ) -> PostgresIdempotencyBackend:
     """The PostgreSQL idempotency backend of `stores`, for this process; transactional
-    bodies write through `stores.engine()`."""
+    bodies write through `stores.engine()`.
+
+    With `synchronous_commit=False` the writes do not wait for the WAL flush: a PostgreSQL
+    crash may forget the last fraction of a second of records, never corrupts. Prepared
+    statements are off whatever `prepared` says when `stores` declares a transaction or
+    statement pooler (`Stores.transaction_pooled`): they would not survive it.
+    """
     return PostgresIdempotencyBackend(
-        autocommit_engine(stores, synchronous_commit=synchronous_commit),
-        prepared=prepared,
+        autocommit_engine(stores),
+        prepared=prepared and not stores.transaction_pooled,
         transaction_engine=stores.engine,
+        synchronous_commit=synchronous_commit,
     )
 
 

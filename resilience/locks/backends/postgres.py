@@ -9,11 +9,18 @@ backend to other code that unlocks, or keep it alive after we are gone).
 
 PgBouncer in transaction (or statement) pooling mode breaks session locks: consecutive
 statements may run on different backends, so the lock is taken on one and "checked" or
-released on another. `AdvisorySession` refuses it:
-  * declared: `pool_mode="transaction"` (or env `JOBS_PG_POOL_MODE=transaction`) → error;
+released on another. Lock sessions therefore go to `Stores.locks_database_url`
+(`LOCKS_DATABASE_URL`: PostgreSQL reached directly) while everything else may use the
+pooler. `AdvisorySession` refuses a pooler in front of its own URL:
+  * declared: `pool_mode="transaction"` (or env `JOBS_PG_POOL_MODE=transaction` when no
+    mode is passed; `Stores.locks_pool_mode` passes "none" for a separate direct URL);
   * detected: the backend pid must stay the same across statements at open and at every
     ownership check; a change means a pooler moved us → error / lost ownership.
 A pooler with a single idle server connection can hide the pid change, so declare it.
+
+A lock session is taken per acquisition from the process's `SESSION_POOL` and given back
+at release; one unused for `idle_seconds` (default 5 s) is closed. Direct connections
+follow the locks held at once, not the worker threads.
 
 The held-lock registry (`resilience_held_locks`, one row per key) records who holds each
 lock, for holder details in refusals and for `describe()`; it is informational, the truth
@@ -29,6 +36,7 @@ import hashlib
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -197,8 +205,9 @@ class AdvisorySession:
             raise ConfigurationError(
                 f"advisory locks need a session of their own, but the database is behind a "
                 f"pooler in {mode} pooling mode (PgBouncer): the lock would be taken on one "
-                "backend and checked or released on another. Point the singleton guard at "
-                "PostgreSQL directly or at a session-mode pool.",
+                "backend and checked or released on another. Set LOCKS_DATABASE_URL "
+                "(Stores(locks_database_url=...)) to PostgreSQL reached directly, or point "
+                "the singleton guard at a session-mode pool.",
                 pool_mode=mode,
             )
         import psycopg2
@@ -214,15 +223,15 @@ class AdvisorySession:
         self.connection.autocommit = True
         self.backend_pid = self.scalar("SELECT pg_backend_pid()")
         # Under transaction pooling, autocommit statements may land on other backends.
-        for _ in range(2):
-            if self.scalar("SELECT pg_backend_pid()") != self.backend_pid:
-                self.close()
-                raise ConfigurationError(
-                    "the PostgreSQL session moved between backends across statements: the "
-                    "database is behind a transaction-pooling proxy (PgBouncer "
-                    "pool_mode=transaction); session advisory locks cannot work there",
-                    pool_mode="transaction",
-                )
+        if self.scalar("SELECT pg_backend_pid()") != self.backend_pid:
+            self.close()
+            raise ConfigurationError(
+                "the PostgreSQL session moved between backends across statements: the "
+                "database is behind a transaction-pooling proxy (PgBouncer "
+                "pool_mode=transaction); session advisory locks cannot work there: set "
+                "LOCKS_DATABASE_URL to PostgreSQL reached directly",
+                pool_mode="transaction",
+            )
         self.held: set[int] = set()
         #: Names of the statements prepared on this session.
         self.prepared: set[str] = set()
@@ -241,8 +250,10 @@ class AdvisorySession:
     def execute_prepared(self, statement: PreparedStatement, parameters: dict[str, Any]) -> Any:
         """`execute` of a statement prepared once on this session (saves parse and plan)."""
         if statement.name not in self.prepared:
-            self.execute(statement.prepare)
+            # PREPARE and the first EXECUTE in one round trip.
+            rows = self.execute(statement.prepare_and_execute, statement.values(parameters))
             self.prepared.add(statement.name)
+            return rows
         return self.execute(statement.execute, statement.values(parameters))
 
     def scalar(self, sql: str, parameters: Sequence[Any] = ()) -> Any:
@@ -331,34 +342,150 @@ class AdvisorySession:
         self.close()
 
 
-#: Each thread's dedicated lock session, as (pid, database url, session).
+#: Seconds a released lock session stays open for the process's next singleton before it
+#: is closed (env `RESILIENCE_LOCK_SESSION_IDLE_SECONDS`; 0: closed at release).
+DEFAULT_IDLE_SECONDS = 5.0
+
+
+class LockSessionPool:
+    """The process's lock sessions that hold no lock, kept open a few seconds for reuse.
+
+    A lock session is taken for one acquisition and given back at release. Connecting
+    costs ~3 ms on a local PostgreSQL (more with TLS and password authentication) against
+    ~0.2 ms for a lock and unlock on an open session, so a released session waits
+    `idle_seconds` for the next singleton of the process; a reaper thread (running only
+    while sessions are idle) closes it after that. Direct connections are then the locks
+    held at once plus the sessions released in the last `idle_seconds`, not one per
+    worker thread that ever ran a singleton.
+
+    An idle session holds no lock, so any thread may take it. After a fork the parent's
+    sessions are forgotten, never closed: closing would end the parent's backends.
+    """
+
+    def __init__(self, idle_seconds: float | None = None) -> None:
+        if idle_seconds is None:
+            idle_seconds = float(os.environ.get("RESILIENCE_LOCK_SESSION_IDLE_SECONDS",
+                                                DEFAULT_IDLE_SECONDS))
+        #: Seconds a released session stays open; 0 closes it at release.
+        self.idle_seconds = idle_seconds
+        self._lock = threading.Lock()
+        self._idle: list[tuple[float, str, AdvisorySession]] = []
+        self._pid = os.getpid()
+        self._reaper: threading.Thread | None = None
+
+    def _forked(self) -> None:
+        """Forget the parent's sessions and reaper (call with the lock held)."""
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._idle = []
+            self._reaper = None
+
+    def take(self, database_url: str, pool_mode: str | None = None) -> AdvisorySession:
+        """An idle session of `database_url` (the most recently released), else a new one.
+
+        Raises:
+            ConfigurationError: a transaction/statement pooler is declared or detected.
+            StoreUnavailable: PostgreSQL cannot be reached.
+        """
+        with self._lock:
+            self._forked()
+            for index in range(len(self._idle) - 1, -1, -1):
+                if self._idle[index][1] == database_url:
+                    session = self._idle.pop(index)[2]
+                    if not session.connection.closed:
+                        return session
+        return AdvisorySession(database_url, label="", pool_mode=pool_mode)
+
+    def give_back(self, session: AdvisorySession, database_url: str) -> None:
+        """Keep `session` for reuse, or close it: it holds a lock, failed, or reuse is off."""
+        if session.held or session.connection.closed or self.idle_seconds <= 0:
+            session.close()
+            return
+        with self._lock:
+            self._forked()
+            self._idle.append((time.monotonic(), database_url, session))
+            if self._reaper is None:
+                self._reaper = threading.Thread(target=self._reap, name="lock-session-reaper",
+                                                daemon=True)
+                self._reaper.start()
+
+    def idle_count(self) -> int:
+        """Sessions open now that hold no lock."""
+        with self._lock:
+            self._forked()
+            return len(self._idle)
+
+    def close_idle(self, older_than_seconds: float = 0.0) -> int:
+        """Close the idle sessions released more than `older_than_seconds` ago; how many."""
+        cutoff = time.monotonic() - older_than_seconds
+        with self._lock:
+            self._forked()
+            expired = [entry for entry in self._idle if entry[0] <= cutoff]
+            self._idle = [entry for entry in self._idle if entry[0] > cutoff]
+        for _, _, session in expired:
+            session.close()
+        return len(expired)
+
+    def _reap(self) -> None:
+        """Close sessions idle past `idle_seconds`; exit once none is idle."""
+        pid = os.getpid()
+        while True:
+            time.sleep(max(0.05, min(self.idle_seconds, 1.0) / 2))
+            self.close_idle(self.idle_seconds)
+            with self._lock:
+                if self._pid != pid:
+                    return  # a forked child's copy of this thread cannot run; be safe
+                if not self._idle:
+                    self._reaper = None
+                    return
+
+
+#: The process's idle lock sessions.
+SESSION_POOL = LockSessionPool()
+
+#: Per thread: the lock sessions this thread took and has not given back (`in_use`), and
+#: the last one taken (`session`, as (pid, database url, session)).
 _SESSIONS = threading.local()
 
 
-def thread_session(database_url: str, pool_mode: str | None = None) -> AdvisorySession:
-    """This thread's dedicated advisory-lock session, opened once and reused.
+def _in_use() -> list[AdvisorySession]:
+    sessions: list[AdvisorySession] | None = getattr(_SESSIONS, "in_use", None)
+    if sessions is None or getattr(_SESSIONS, "pid", None) != os.getpid():
+        sessions = _SESSIONS.in_use = []
+        _SESSIONS.pid = os.getpid()
+        _SESSIONS.session = None
+    return sessions
 
-    Dedicated means no other code ever runs on it: it is not from the shared pool, and it
-    serves only this thread's singleton locks (a prefork child runs one task at a time).
-    Reusing it saves a connection per run (about 4 ms); it still dies with the process,
-    which frees every lock it holds. A session that failed is discarded.
-    """
-    cached = getattr(_SESSIONS, "session", None)
-    if cached is not None:
-        pid, cached_url, session = cached
-        if pid == os.getpid() and cached_url == database_url and not session.connection.closed:
-            return session
-    session = AdvisorySession(database_url, label="", pool_mode=pool_mode)
+
+def take_session(database_url: str, pool_mode: str | None = None) -> AdvisorySession:
+    """A lock session for one acquisition on this thread (`LockSessionPool.take`)."""
+    session = SESSION_POOL.take(database_url, pool_mode)
+    _in_use().append(session)
     _SESSIONS.session = (os.getpid(), database_url, session)
     return session
 
 
+def give_back_session(session: AdvisorySession, database_url: str, *,
+                      close: bool = False) -> None:
+    """Return a session `take_session` gave this thread: kept idle a moment, or closed
+    (`close=True`: it failed or its lock was lost)."""
+    with contextlib.suppress(ValueError):
+        _in_use().remove(session)
+    if close:
+        session.close()
+    else:
+        SESSION_POOL.give_back(session, database_url)
+
+
 def discard_thread_session() -> None:
-    """Close and forget this thread's lock session (it failed, or its lock was lost)."""
-    cached = getattr(_SESSIONS, "session", None)
+    """Close this thread's lock sessions (whatever they hold is freed) and the process's
+    idle ones."""
+    sessions = _in_use()
+    _SESSIONS.in_use = []
     _SESSIONS.session = None
-    if cached is not None:
-        cached[2].close()
+    for session in sessions:
+        session.close()
+    SESSION_POOL.close_idle()
 
 
 # -- the registry ----------------------------------------------------------------------------
@@ -421,12 +548,17 @@ def _holder(row: Any, *, alive: bool = True) -> Holder:
 
 # -- the backend -----------------------------------------------------------------------------
 class AdvisoryLockBackend:
-    """`@singleton`'s store: session advisory locks, one dedicated session per thread.
+    """`@singleton`'s store: session advisory locks, one session per lock held.
+
+    A session comes from the process's `SESSION_POOL` at acquire and goes back at release
+    (closed after `idle_seconds` unused), so the connections to `database_url` follow the
+    locks held, not the worker threads.
 
     Args:
-        database_url: the PostgreSQL of the locks.
-        engine: returns the SQLAlchemy engine for holder reports and the registry.
-        pool_mode: the declared pooler mode (see `AdvisorySession`).
+        database_url: the PostgreSQL of the locks, reached directly (`Stores.locks_database_url`).
+        engine: returns the SQLAlchemy engine for holder reports and the registry (may be
+            a transaction pooler in front of the same database).
+        pool_mode: the declared pooler mode in front of `database_url` (see `AdvisorySession`).
     """
 
     kind = "singleton"
@@ -439,13 +571,13 @@ class AdvisoryLockBackend:
         self.registry = HeldLockRegistry(engine)
 
     def acquire(self, key: str, claimant: Claimant) -> Taken | None:
-        """One round trip on this thread's session: lock, name the session, register."""
-        session = thread_session(self.database_url, self.pool_mode)
+        """One round trip on a lock session: lock, name the session, register."""
         lock_id = advisory_id(key)
-        if lock_id in session.held:
+        if any(lock_id in held.held for held in _in_use()):
             # Session locks are re-entrant; a second take by the same thread (an inline
             # caller-runs call of the same key) must see the key as held.
             return None
+        session = take_session(self.database_url, self.pool_mode)
         parameters = {
             "id": lock_id, "key": key, "kind": self.kind, "owner": str(session.backend_pid),
             "name": f"{SESSION_PREFIX}{claimant.task_id or ''}"[:63], "ttl_seconds": None,
@@ -456,14 +588,16 @@ class AdvisoryLockBackend:
                 taken, token, _ = session.execute_prepared(_ACQUIRE_ADVISORY, parameters)[0]
                 break
             except StorageError as exc:
-                discard_thread_session()
-                # The thread's idle session may have died since its last run (PostgreSQL
-                # restarted, an idle timeout): if it held nothing, a fresh one tries at once.
-                if fresh or session.held or not isinstance(exc, StoreUnavailable):
+                give_back_session(session, self.database_url, close=True)
+                # An idle session may have died since its last run (PostgreSQL restarted,
+                # an idle timeout): it held nothing, so a new one tries at once.
+                if fresh or not isinstance(exc, StoreUnavailable):
                     raise
-                session = thread_session(self.database_url, self.pool_mode)
+                SESSION_POOL.close_idle()  # died with it, most likely
+                session = take_session(self.database_url, self.pool_mode)
                 parameters["owner"] = str(session.backend_pid)
         if not taken:
+            give_back_session(session, self.database_url)
             return None
         session.held.add(lock_id)
         return Taken(key=key, owner=parameters["owner"], token=token, handle=session)
@@ -473,7 +607,7 @@ class AdvisoryLockBackend:
         try:
             taken.handle.verify(taken.key)
         except Exception:
-            discard_thread_session()
+            give_back_session(taken.handle, self.database_url, close=True)
             raise
 
     def extend(self, taken: Taken) -> bool:
@@ -481,7 +615,8 @@ class AdvisoryLockBackend:
         return True
 
     def release(self, taken: Taken) -> None:
-        """Unregister, unlock and clear the session's name in one round trip."""
+        """Unregister, unlock and clear the session's name in one round trip; the session
+        goes back to the pool (closed after `SESSION_POOL.idle_seconds` unused)."""
         session: AdvisorySession = taken.handle
         lock_id = advisory_id(taken.key)
         session.held.discard(lock_id)
@@ -490,13 +625,15 @@ class AdvisoryLockBackend:
                 _RELEASE_ADVISORY, {"id": lock_id, "key": taken.key, "owner": taken.owner})[0][0]
         except StorageError as exc:
             # The session is gone, and its lock with it.
-            discard_thread_session()
+            give_back_session(session, self.database_url, close=True)
             raise LockNotOwnedError(
                 f"singleton lock {taken.key!r} lost at release: its session is gone ({exc})",
                 key=taken.key) from exc
         if not released:
+            give_back_session(session, self.database_url, close=True)
             raise LockNotOwnedError(f"singleton lock {taken.key!r} was no longer held at "
                                     "release", key=taken.key)
+        give_back_session(session, self.database_url)
 
     def holder(self, key: str) -> Holder | None:
         """The session holding `key`, as PostgreSQL itself reports it (its name: the task)."""

@@ -6,7 +6,9 @@
   one key take their ids in commit order.
 - batch: `SELECT ... FOR UPDATE SKIP LOCKED LIMIT n` in id order (a second relay skips the
   rows this one holds); the marks commit with the batch's transaction.
-- wait: LISTEN on a connection of its own, `select()` on its socket.
+- wait: LISTEN on a connection of its own, `select()` on its socket. LISTEN is session
+  state: behind a transaction pooler (PgBouncer) it goes to the direct lock URL
+  (`Stores.locks_engine`), one connection per relay process; the rest runs on the pooler.
 """
 
 from __future__ import annotations
@@ -188,12 +190,16 @@ class PostgresOutboxBackend:
     Args:
         engine: a callable returning the engine (the stores' engine, re-created per process).
         sleep: waits when the LISTEN connection is down (injectable).
+        listen_engine: a callable returning the engine of the LISTEN connection, which
+            needs a session of its own (`Stores.locks_engine`); None: `engine`.
     """
 
     def __init__(self, engine: Callable[[], Engine],
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 listen_engine: Callable[[], Engine] | None = None) -> None:
         self.engine = engine
         self.sleep = sleep
+        self.listen_engine = listen_engine or engine
         self._listener: Any = None
 
     # -- producer side ---------------------------------------------------------------------
@@ -301,7 +307,7 @@ class PostgresOutboxBackend:
     def _listen(self) -> Any:
         if self._listener is None or self._listener.closed:
             # Out of the pool: this connection stays in autocommit, LISTENing, for good.
-            raw = self.engine().raw_connection()
+            raw = self.listen_engine().raw_connection()
             raw.detach()
             connection = raw.dbapi_connection
             connection.autocommit = True
@@ -335,5 +341,5 @@ class PostgresOutboxBackend:
 
 
 def backend_for(stores: Stores) -> PostgresOutboxBackend:
-    """The outbox in the PostgreSQL of `stores`."""
-    return PostgresOutboxBackend(stores.engine)
+    """The outbox in the PostgreSQL of `stores` (LISTEN on its direct lock URL)."""
+    return PostgresOutboxBackend(stores.engine, listen_engine=stores.locks_engine)

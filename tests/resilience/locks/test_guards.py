@@ -291,8 +291,9 @@ class TestIdleSession:
     def test_dead_idle_session_is_replaced_not_deferred(
         self, engine: Any, run_id: str
     ) -> None:
-        """The thread's cached lock session dies between runs (backend terminated, as by a
-        PostgreSQL restart): the next run opens a fresh session and runs, once."""
+        """The idle lock session the last run released dies before the next run (backend
+        terminated, as by a PostgreSQL restart): the next run opens a fresh session and
+        runs, once."""
         from resilience.locks.backends.postgres import _SESSIONS
         from tests.resilience.locks.tasks import singleton_run
 

@@ -60,3 +60,40 @@ class TestAdvisoryLockBackend:
         assert again is not None and again.handle is not taken.handle
         backend.release(again)
         discard_thread_session()
+
+
+class TestLockSessionPool:
+    def test_released_sessions_are_reused_then_closed_when_idle(self, stores: Any) -> None:
+        """A released lock session serves the next acquisition (any thread); unused for
+        `idle_seconds` it is closed; with `idle_seconds=0` it is closed at release."""
+        import threading
+        import time
+
+        from resilience.locks import AdvisoryLockBackend, Claimant
+        from resilience.locks.backends.postgres import LockSessionPool
+
+        pool = LockSessionPool(idle_seconds=0.3)
+        backend = AdvisoryLockBackend(stores.database_url, engine=stores.engine)
+        claimant = Claimant(task_id="t", task_name="n")
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("resilience.locks.backends.postgres.SESSION_POOL", pool)
+            first = backend.acquire("tests.locks.pool", claimant)
+            assert first is not None
+            backend.release(first)
+            assert pool.idle_count() == 1
+            taken: list[Any] = []
+            thread = threading.Thread(target=lambda: taken.append(
+                backend.acquire("tests.locks.pool", claimant)))
+            thread.start()
+            thread.join(10)
+            assert taken[0] is not None and taken[0].handle is first.handle  # reused
+            backend.release(taken[0])
+            deadline = time.monotonic() + 5
+            while pool.idle_count() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert pool.idle_count() == 0 and first.handle.connection.closed
+            pool.idle_seconds = 0
+            again = backend.acquire("tests.locks.pool", claimant)
+            assert again is not None
+            backend.release(again)
+            assert again.handle.connection.closed and pool.idle_count() == 0
