@@ -40,7 +40,11 @@ class IdempotencyConfig:
             `resilience.store_down`. A store that rejects the claim dead-letters the job.
         store_down_retry_seconds: deferral delay when the store is down.
         poll_seconds: longest deferral while another holder's claim is live.
-        cache: use the Redis fast path for finished keys.
+        cache: the Redis fast path for finished keys: "auto" (default) reads and fills it
+            only while the task's keys replayed in this process in the last 60 s (a fresh
+            job makes no Redis round trip; PostgreSQL answers a duplicate anyway, in two
+            statements), True always (two Redis round trips per fresh job, to spare
+            PostgreSQL every duplicate), False never.
         synchronous_commit: wait for PostgreSQL's WAL flush on the claim and (outside
             transactional mode) the completion. Off by default: it halves their latency,
             and a PostgreSQL *crash* may then forget the last ~0.6 s of records, which can
@@ -60,7 +64,7 @@ class IdempotencyConfig:
     on_store_down: StoreDown | str = StoreDown.FAIL_CLOSED
     store_down_retry_seconds: float = 5.0
     poll_seconds: float = 1.0
-    cache: bool = True
+    cache: bool | str = "auto"
     cache_ttl_seconds: float = DEFAULT_CACHE_TTL_SECONDS
     synchronous_commit: bool = False
     prepared_statements: bool = True
@@ -70,6 +74,8 @@ class IdempotencyConfig:
             raise ConfigurationError(f"ttl_seconds must be > 0, got {self.ttl_seconds!r}")
         if self.lease_seconds is not None and not self.lease_seconds > 0:
             raise ConfigurationError(f"lease_seconds must be > 0, got {self.lease_seconds!r}")
+        if self.cache not in (True, False, "auto"):
+            raise ConfigurationError(f"cache must be True, False or 'auto', got {self.cache!r}")
         if not self.cache_ttl_seconds > 0:
             raise ConfigurationError(
                 f"cache_ttl_seconds must be > 0, got {self.cache_ttl_seconds!r}"

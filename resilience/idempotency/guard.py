@@ -6,14 +6,16 @@ live in an `IdempotencyBackend` (PostgreSQL unless given one). Per call:
 1. key: the task name + key template/function (or all bound arguments; `outbox:<row id>`
    for a job the outbox relay published), and the fingerprint of all bound arguments;
 2. cache hint (`prefetch`, batched with the other guards' reads): a cached succeeded
-   record with the same fingerprint -> REPLAYED;
+   record with the same fingerprint -> REPLAYED. With `cache="auto"` (the default) only
+   while the task's keys replayed in this process in the last `HOT_SECONDS`: a fresh job
+   then makes no Redis round trip, and a burst of duplicates turns the fast path on;
 3. claim (one atomic step): claimed -> run the body (in transactional mode inside the
    backend's transaction, its `session` injected); a succeeded record -> REPLAYED; a live
    claim of another holder -> DEFERRED; another fingerprint -> `IdempotencyKeyReused`
    (the task fails, never retried);
 4. commit (inside every lock and lease the call holds, after `call.checkpoint()` in
    transactional mode): record the result, with the body's writes in transactional mode,
-   and queue the cache fill;
+   and queue the cache fill (while the fast path is on);
 5. on error or stop: release the claim when the call will run again, record it failed
    otherwise; a transactional body whose database went away is DEFERRED. Failures are not
    cached: the next delivery may claim again.
@@ -25,6 +27,7 @@ import inspect
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -97,6 +100,11 @@ def _owner_token() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
+#: With `cache="auto"`, how long the Redis fast path stays on for a task in a process after
+#: one of its keys was replayed (from the cache or from PostgreSQL).
+HOT_SECONDS = 60.0
+
+
 @dataclass
 class _Taken:
     """What the guard keeps in its slot for one call."""
@@ -130,6 +138,8 @@ class IdempotencyGuard(Guard):
         self.tier: str | None = None
         self.spec: KeySpec | None = None
         self.lease_seconds = config.lease_seconds or DEFAULT_LEASE_SECONDS
+        #: `cache="auto"`: monotonic time until which the fast path is on in this process.
+        self._hot_until = 0.0
 
     # -- setup ---------------------------------------------------------------------------
     def bind(self, task: Task) -> None:
@@ -188,6 +198,21 @@ class IdempotencyGuard(Guard):
             return self._backend(task)
         return self._backend
 
+    def cache_on(self) -> bool:
+        """Whether this call reads and fills the Redis fast path.
+
+        `cache=True`: always. `cache="auto"`: while one of the task's keys replayed in this
+        process in the last `HOT_SECONDS`. Duplicates are a minority of most workloads and
+        PostgreSQL answers one anyway (the claim, then a read of the row in the way), so
+        an always-on cache costs every fresh job two Redis round trips (a read before the
+        claim, a fill after the completion) to spare PostgreSQL two statements per
+        duplicate; "auto" pays them only while duplicates are arriving.
+        """
+        mode = self.config.cache
+        if mode == "auto":
+            return time.monotonic() < self._hot_until
+        return bool(mode)
+
     def _cache(self, call: Call) -> ResultCache:
         return ResultCache(stores_for(call.task.app).redis())
 
@@ -203,7 +228,7 @@ class IdempotencyGuard(Guard):
 
     # -- take: key, cache hint, claim ------------------------------------------------------
     def prefetch(self, call: Call) -> None:
-        if not self.config.cache:
+        if not self.cache_on():
             return
         taken = self._taken(call)
 
@@ -215,7 +240,7 @@ class IdempotencyGuard(Guard):
     def before_run(self, call: Call) -> None:
         taken = self._taken(call)
         key = taken.key
-        if self.config.cache:
+        if taken.prefetched or self.cache_on():
             cached = (
                 taken.cached
                 if taken.prefetched
@@ -292,6 +317,8 @@ class IdempotencyGuard(Guard):
         ttl_seconds: float = 0.0,
     ) -> None:
         self._count(call, Outcome.REPLAYED.value)
+        if self.config.cache == "auto":
+            self._hot_until = time.monotonic() + HOT_SECONDS
         if source == "database" and self.config.cache and ttl_seconds > 0:
             # Warm the fast path so the next duplicate costs one Redis round trip.
             self._cache(call).put_later(
@@ -386,7 +413,7 @@ class IdempotencyGuard(Guard):
                 return
         # Committed: nothing is left to give back, whatever an outer guard does next.
         taken.claim = None
-        if claim is not None and self.config.cache:
+        if claim is not None and self.cache_on():
             self._cache(call).put_later(
                 call.writes,
                 self.task_name,
@@ -541,7 +568,7 @@ def idempotent(
     on_store_down: StoreDown | str = StoreDown.FAIL_CLOSED,
     store_down_retry_seconds: float = 5.0,
     poll_seconds: float = 1.0,
-    cache: bool = True,
+    cache: bool | str = "auto",
     cache_ttl_seconds: float = DEFAULT_CACHE_TTL_SECONDS,
     synchronous_commit: bool = False,
     prepared_statements: bool = True,

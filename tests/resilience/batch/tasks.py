@@ -13,7 +13,7 @@ from resilience.stores import stores_for
 @app.task(tier="standard")
 @circuit_breaker("batch-dependency", minimum_calls=1000)
 @retry_policy(dependency="batch-dependency", max_attempts=3)
-@idempotent(key="{key}")
+@idempotent(key="{key}", cache=True)
 @singleton(key="{key}")
 def batch_full_stack(key: str, counter: str) -> str:
     """Count one execution; every guard of the full stack around it."""

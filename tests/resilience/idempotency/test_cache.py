@@ -3,13 +3,15 @@ replay from it (records on the memory backend)."""
 
 from __future__ import annotations
 
+import time
+import uuid
 from typing import Any
 
 import pytest
 import redis
 
 from resilience.batch import for_client
-from resilience.errors import StoreUnavailable
+from resilience.errors import ConfigurationError, StoreUnavailable
 from resilience.idempotency import IdempotencyConfig, IdempotencyGuard, MemoryIdempotencyBackend
 from resilience.idempotency.cache import CachedResult, ResultCache, cache_key
 from resilience.outcomes import Outcome, Stop
@@ -97,7 +99,7 @@ class TestGuardWithCache:
         """The first call fills the cache after its commit; the second replays from it
         without asking the backend (its record is gone, the cache still answers)."""
         backend = MemoryIdempotencyBackend()
-        guard = IdempotencyGuard(IdempotencyConfig(key="{key}"), backend)
+        guard = IdempotencyGuard(IdempotencyConfig(key="{key}", cache=True), backend)
         guard.bind(tasks.idem_count)
         pipeline = Pipeline([guard])
 
@@ -111,3 +113,63 @@ class TestGuardWithCache:
         assert stopped.value.outcome is Outcome.REPLAYED
         assert stopped.value.details["source"] == "cache"
         assert stopped.value.result == {"ran": 1}
+
+    def test_auto_makes_no_redis_round_trip_until_a_key_replays(
+        self, stores: Any, redis_client: Any
+    ) -> None:
+        """cache="auto" (the default): fresh keys neither read nor fill the cache; the first
+        duplicate is answered by the backend's claim and turns the fast path on, so the
+        next duplicate of another key replays from Redis without asking the backend."""
+        backend = MemoryIdempotencyBackend()
+        guard = IdempotencyGuard(IdempotencyConfig(key="{key}"), backend)
+        assert guard.config.cache == "auto"
+        guard.bind(tasks.idem_count)
+        pipeline = Pipeline([guard])
+        run = uuid.uuid4().hex[:8]
+
+        def call(key: str) -> Call:
+            return Call(task=tasks.idem_count, args=(f"{run}-{key}",), kwargs={}, request=None)
+
+        for key in ("a", "b"):
+            assert pipeline.run(call(key), lambda: {"ran": 1}) == {"ran": 1}
+        assert not guard.cache_on()
+        assert redis_client.get(cache_key(tasks.idem_count.name, f"{run}-a")) is None  # no fill
+        probe = call("d")
+        guard.prefetch(probe)
+        assert not probe.reads, "a fresh key queued a cache read"
+
+        with pytest.raises(Stop) as stopped:  # a duplicate: answered by the backend's claim
+            pipeline.run(call("a"), lambda: pytest.fail("ran again"))
+        assert stopped.value.details["source"] == "database"
+        assert guard.cache_on()
+        assert pipeline.run(call("c"), lambda: {"ran": 3}) == {"ran": 3}  # hot: filled
+        assert backend.purge(tasks.idem_count.name, f"{run}-c")
+        with pytest.raises(Stop) as stopped:
+            pipeline.run(call("c"), lambda: pytest.fail("ran again"))
+        assert stopped.value.details["source"] == "cache"
+
+    def test_auto_turns_itself_off_after_the_hot_period(
+        self, stores: Any, redis_client: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from resilience.idempotency import guard as guard_module
+
+        backend = MemoryIdempotencyBackend()
+        guard = IdempotencyGuard(IdempotencyConfig(key="{key}"), backend)
+        guard.bind(tasks.idem_count)
+        pipeline = Pipeline([guard])
+        monkeypatch.setattr(guard_module, "HOT_SECONDS", 0.2)
+        key = f"hot-{uuid.uuid4().hex[:8]}"
+
+        def call() -> Call:
+            return Call(task=tasks.idem_count, args=(key,), kwargs={}, request=None)
+
+        pipeline.run(call(), lambda: {"ran": 1})
+        with pytest.raises(Stop):
+            pipeline.run(call(), lambda: pytest.fail("ran again"))
+        assert guard.cache_on()
+        time.sleep(0.3)
+        assert not guard.cache_on()
+
+    def test_cache_option_is_checked(self) -> None:
+        with pytest.raises(ConfigurationError, match="cache must be True, False or 'auto'"):
+            IdempotencyConfig(key="{key}", cache="sometimes")

@@ -64,7 +64,8 @@ def test_cache_expires_on_its_ttl_and_postgresql_still_replays(
     """The fill after the commit and the re-warm after a PostgreSQL replay both use the
     cache TTL while the record keeps the record TTL; past the cache TTL a duplicate is
     REPLAYED from PostgreSQL (the body never runs again)."""
-    config = IdempotencyConfig(key="{key}", ttl_seconds=RECORD_TTL, cache_ttl_seconds=CACHE_TTL)
+    config = IdempotencyConfig(key="{key}", ttl_seconds=RECORD_TTL, cache_ttl_seconds=CACHE_TTL,
+                               cache=True)
     guard = IdempotencyGuard(config)  # the app's PostgreSQL records
     guard.bind(tasks.idem_count)
     pipeline = Pipeline([guard])
