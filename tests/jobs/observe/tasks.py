@@ -61,6 +61,20 @@ def metrics_declared(n: int) -> int:
     return n
 
 
+@app.task(tier="standard", name="tests.observe.page_declared")
+@circuit_breaker("observe-payments-api")
+def page_declared(n: int) -> int:
+    """Declares the breaker the browser test forces open on the /resilience page."""
+    return n
+
+
+@app.task(tier="standard", name="tests.observe.alert_declared")
+@circuit_breaker("observe-prom-live")
+def alert_declared(n: int) -> int:
+    """Declares the breaker the live Prometheus test forces open to fire its alert."""
+    return n
+
+
 @app.task(tier="standard", name="tests.observe.declared")
 @circuit_breaker("observe-snapshot-dep")
 @retry_policy(max_attempts=2, dependency="observe-budget-dep", budget=RetryBudget())

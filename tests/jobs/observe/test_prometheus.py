@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import urllib.parse
 import urllib.request
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -205,7 +204,7 @@ class TestLivePrometheus:
         from resilience.circuit.breaker import CircuitBreaker
         from resilience.circuit.config import BreakerConfig
 
-        name = f"prom-live-{uuid.uuid4().hex[:8]}"
+        name = "observe-prom-live"  # declared by a task: scrapes read declared names only
         breaker = CircuitBreaker(BreakerConfig(name=name), RedisBreakerBackend(stores.redis))
         breaker.force("forced_open")
         # Prometheus starts first and learns the exporter's address from a file once it

@@ -24,7 +24,7 @@ from tests.resilience.idempotency import tasks
 
 #: `make test` runs 1,000 (fewer drain before the chaos does anything on a quiet machine);
 #: `python -m bench chaos` sets CHAOS_TRANSFERS=2000 (the soak).
-TRANSFERS = int(os.environ.get("CHAOS_TRANSFERS", "1000"))
+TRANSFERS = int(os.environ.get("CHAOS_TRANSFERS", "1500"))
 DUPLICATE_FRACTION = 0.35
 ACCOUNTS = 10
 CHAOS_SECONDS = 45
