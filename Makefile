@@ -30,11 +30,12 @@ bench: install
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	$(BIN)/python -m bench baseline
 
-# Long soaks, outside `make test`: the soak-marked tests, then the transfer chaos test 50
-# times in a row.
+# Long soaks, outside `make test`: the soak-marked tests, the transfer chaos test 50
+# times in a row, and the scale bench (cleanup against 10k inserts/s for 60 s).
 stress: install
 	$(BIN)/python -m pytest -m soak
 	$(BIN)/python -m bench chaos --runs 50
+	$(BIN)/python -m bench scale --seconds 60
 
 clean:
 	rm -rf $(VENV) .data artifacts
