@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from resilience.circuit import BreakerConfig, CircuitBreaker, RedisBreakerBackend
 from resilience.ratelimit import RedisBackend
 from resilience.ratelimit.algorithms import ALGORITHMS, Params
 from resilience.stores import redis_from_url
@@ -77,6 +78,24 @@ def gcra_decides(url: str, key: str) -> list[bool]:
         client.close()
 
 
+def breaker_trips(url: str, name: str) -> tuple[bool, bool]:
+    """On the Sentinel master at `url`: (a fresh breaker admits, it refuses after two
+    failures trip it), with per-call reads (no local copy) so each answer is the store's."""
+    client = redis_from_url(url, decode_responses=True, socket_timeout=1,
+                            socket_connect_timeout=1)
+    breaker = CircuitBreaker(
+        BreakerConfig(name=name, minimum_calls=2, failure_rate_threshold=0.5,
+                      open_seconds=60, local_state_seconds=0, on_store_down="fail_closed"),
+        RedisBreakerBackend(lambda: client))
+    try:
+        first = breaker.acquire()
+        for _ in range(2):
+            breaker.record(breaker.acquire(), "failure", duration_seconds=0.01)
+        return first.allowed and not first.store_down, breaker.acquire().allowed
+    finally:
+        client.close()
+
+
 @pytest.mark.chaos
 def test_failover_during_a_stream_of_jobs(app: Any, engine: Any, sentinel: SentinelProcesses,
                                           sentinel_worker: Worker) -> None:
@@ -108,6 +127,8 @@ def test_failover_during_a_stream_of_jobs(app: Any, engine: Any, sentinel: Senti
         time.sleep(0.2)
     recovered_after = time.monotonic() - killed_at
     assert replica.client().info("replication")["role"] == "master"
+    # A breaker decides against the new master too: admits, trips on failures, refuses.
+    assert breaker_trips(sentinel.url, f"topology-after-{uuid.uuid4().hex[:6]}") == (True, False)
 
     # No job lost: every message has a terminal outcome (the body's value, or its replay).
     outcomes = [result.get(timeout=60, propagate=True) for result in sent]
