@@ -53,6 +53,43 @@ class Aggregate(Protocol):
 A = TypeVar("A", bound=Aggregate)
 
 
+class Pending:
+    """Counts per key held in this process, and when the oldest of them was added: the
+    bookkeeping every `Aggregate` shares (a breaker's successes per generation, a budget's
+    requests). Thread-safe; the first count after a send wakes the timer."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[Hashable, int] = {}
+        self._since: float | None = None  # when the oldest count was added
+        self.interval = 0.1
+
+    def __bool__(self) -> bool:
+        return bool(self._counts)
+
+    def add(self, key: Hashable, now: float, interval: float) -> None:
+        """Count one under `key` at `now`; the counts are due `interval` s after the oldest."""
+        with self._lock:
+            self._counts[key] = self._counts.get(key, 0) + 1
+            first = self._since is None
+            if first:
+                self._since = now
+            self.interval = interval
+        if first:
+            wake(interval)
+
+    def due(self, now: float) -> bool:
+        """Are the counts old enough to send at `now`?"""
+        since = self._since
+        return since is not None and now - since >= self.interval
+
+    def take(self) -> dict[Hashable, int]:
+        """Every count (and none left)."""
+        with self._lock:
+            counts, self._counts, self._since = self._counts, {}, None
+        return counts
+
+
 class _Registry:
     """This process's aggregates and its timer thread."""
 

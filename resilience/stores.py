@@ -163,12 +163,11 @@ class Stores:
         return self.pool_mode if self.locks_database_url == self.database_url else "none"
 
     def locks_engine(self) -> Engine:
-        """The engine for session-bound work (advisory locks): `engine()` itself unless
-        `locks_database_url` names another server than `database_url`.
-
-        Its pool keeps no idle connection: a lock session is opened when a singleton or beat
-        takes a lock and closed when it is released, so direct connections are bounded by
-        the locks held at once, not by the worker threads that ever held one.
+        """An engine on `locks_database_url` for session-bound work done through SQLAlchemy
+        (the outbox relay's `LISTEN`): `engine()` itself unless `locks_database_url` names
+        another server than `database_url`. It keeps no idle connection (`NullPool`).
+        Advisory-lock sessions open their own connections to `locks_database_url`
+        (`resilience.locks.backends.postgres.LockSessionPool`).
         """
         if self.locks_database_url == self.database_url:
             return self.engine()

@@ -32,6 +32,16 @@ def _report(checks: list[Check]) -> None:
     raise typer.Exit(0 if all(check.ok for check in checks) else 1)
 
 
+def _node(node: str | None, tier: str | None) -> str:
+    """The worker node a local probe reads: `--node`, else `<tier>@<this host>`."""
+    if node is not None:
+        return node
+    if tier is None:
+        console.print("[red]give --node critical@host or --tier critical[/red]")
+        raise typer.Exit(2)
+    return f"{tier}@{socket.gethostname()}"
+
+
 @cli.command("live")
 def live(
     node: Annotated[str | None, typer.Option(
@@ -47,11 +57,7 @@ def live(
 ) -> None:
     """Exit 0 when the worker is alive (its heartbeat is fresh with --local, else it answers
     `inspect ping`), 1 when it is not."""
-    if node is None:
-        if tier is None:
-            console.print("[red]give --node critical@host or --tier critical[/red]")
-            raise typer.Exit(2)
-        node = f"{tier}@{socket.gethostname()}"
+    node = _node(node, tier)
     if local:  # no app, no broker: one stat of the heartbeat file
         from jobs.observe.health import local_liveness
 
@@ -82,12 +88,7 @@ def ready(
     if local:  # no app, no store: one read of the worker's readiness file
         from jobs.observe.health import local_readiness
 
-        if node is None:
-            if tier is None:
-                console.print("[red]give --node critical@host or --tier critical[/red]")
-                raise typer.Exit(2)
-            node = f"{tier}@{socket.gethostname()}"
-        _report(local_readiness(node, max_age_seconds=max_age))
+        _report(local_readiness(_node(node, tier), max_age_seconds=max_age))
     from jobs import app
     from jobs.observe.health import readiness
 

@@ -65,9 +65,8 @@ class LocalBreaker:
         self._lock = threading.Lock()
         #: (state, generation, monotonic time the read was asked) of a closed breaker.
         self._copy: tuple[str, int, float] | None = None
-        self._pending: dict[tuple[BreakerConfig, int], int] = {}
-        self._since: float | None = None  # when the oldest pending success was added
-        self._interval = 0.1
+        #: Successes not yet sent, per (config, generation) they were admitted under.
+        self._pending = flushing.Pending()
         #: Told each flushed verdict (the breaker logs and counts transitions).
         self.report: Callable[[Verdict], None] = lambda _verdict: None
 
@@ -99,26 +98,16 @@ class LocalBreaker:
     # -- pending successes ---------------------------------------------------------------
     def add(self, config: BreakerConfig, generation: int, now: float) -> None:
         """Count one success admitted under `generation`."""
-        with self._lock:
-            key = (config, generation)
-            self._pending[key] = self._pending.get(key, 0) + 1
-            first = self._since is None
-            if first:
-                self._since = now
-            self._interval = config.local_state_seconds
-        if first:
-            flushing.wake(config.local_state_seconds)
+        self._pending.add((config, generation), now, config.local_state_seconds)
 
     def due(self, now: float) -> bool:
         """Are the pending counts old enough to send?"""
-        since = self._since
-        return since is not None and now - since >= self._interval
+        return self._pending.due(now)
 
     def take(self) -> Batch:
         """Everything pending (and no longer pending)."""
-        with self._lock:
-            pending, self._pending, self._since = self._pending, {}, None
-        return [(config, generation, calls) for (config, generation), calls in pending.items()]
+        return [(config, generation, calls)
+                for (config, generation), calls in self._pending.take().items()]
 
     def send_later(self, rounds: Rounds, batch: Batch) -> None:
         """Queue the batch into a call's write round (before anything the call queues next)."""
@@ -149,11 +138,10 @@ class LocalBreaker:
     def flush(self, now: float, *, force: bool = False) -> bool:
         """The timer's (and shutdown's) flush: send the counts once due; True while some
         are still pending."""
-        with self._lock:
-            if not self._pending:
-                return False
-            if not force and self._since is not None and now - self._since < self._interval:
-                return True
+        if not self._pending:
+            return False
+        if not (force or self._pending.due(now)):
+            return True
         self.send_now(self.take())
         return False
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -272,36 +271,25 @@ class RequestCounts:
         self.backend = backend
         self.dependency = dependency
         self.budget = budget
-        self._lock = threading.Lock()
-        self._count = 0
-        self._since: float | None = None  # when the oldest pending request was counted
+        self._pending = flushing.Pending()
 
     def add(self, now: float) -> None:
         """Count one request."""
-        with self._lock:
-            self._count += 1
-            first = self._since is None
-            if first:
-                self._since = now
-        if first:
-            flushing.wake(self.budget.flush_seconds)
+        self._pending.add(None, now, self.budget.flush_seconds)
 
     def due(self, now: float) -> bool:
         """Are the pending requests old enough to send?"""
-        since = self._since
-        return since is not None and now - since >= self.budget.flush_seconds
+        return self._pending.due(now)
 
     def take(self) -> int:
         """How many are pending (and no longer pending)."""
-        with self._lock:
-            count, self._count, self._since = self._count, 0, None
-        return count
+        return sum(self._pending.take().values())
 
     def flush(self, now: float, *, force: bool = False) -> bool:
         """The timer's (and shutdown's) flush; True while some are still pending. A failed
         send is logged and its requests dropped."""
-        if not self._count or not (force or self.due(now)):
-            return bool(self._count)
+        if not self._pending or not (force or self.due(now)):
+            return bool(self._pending)
         amount = self.take()
         if amount:
             try:

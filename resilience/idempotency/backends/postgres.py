@@ -566,17 +566,15 @@ _engines: dict[tuple[int, int], Engine] = {}
 _engines_lock = threading.Lock()
 
 
-def autocommit_engine(stores: Stores, *, synchronous_commit: bool = True) -> Engine:
+def autocommit_engine(stores: Stores) -> Engine:
     """The process's autocommit engine without pre-ping, for single-statement decisions.
 
     Separate from `stores.engine()` (which pings on checkout) so a claim costs one round
     trip; created per process, never shared across a fork. It only opens connections: each
     thread keeps the one it gets (`PostgresIdempotencyBackend._connection`), so there is no
     pool. Connections carry no session setting (no `options=-c ...` at connect, which
-    PgBouncer refuses): `synchronous_commit` is the backend's, per statement, and is
-    ignored here (kept for callers of the old signature).
+    PgBouncer refuses): `synchronous_commit` is the backend's, per statement.
     """
-    del synchronous_commit
     identity = (id(stores), os.getpid())
     engine = _engines.get(identity)
     if engine is None:

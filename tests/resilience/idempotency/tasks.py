@@ -63,8 +63,10 @@ def idem_transfer(
     return {"transfer_key": transfer_key, "amount_cents": amount_cents}
 
 
+# cache=True: the tests of the cache read it on any pool process ("auto" turns it on only
+# in the process that saw a replay).
 @app.task(tier="critical", bind=True)
-@idempotent(key="{key}", ttl_seconds=3600)
+@idempotent(key="{key}", ttl_seconds=3600, cache=True)
 def idem_count(self: Any, key: str, payload: int = 0, pause_seconds: float = 0.0) -> dict[str, Any]:
     """Count executions of the body in Redis; returns the task id that ran it."""
     stores_for(app).redis().incr(runs_key(key))

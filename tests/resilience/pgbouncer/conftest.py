@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -51,7 +49,7 @@ class PgBouncer:
     """One `pgbouncer` process with its own ini, listening on 127.0.0.1:`port`."""
 
     def __init__(self, database_url: str) -> None:
-        from jobs.embedded import free_port
+        from jobs.embedded import EmbeddedProcess, free_port, postgres_ready
 
         binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
         if not os.access(binary, os.X_OK):
@@ -87,10 +85,8 @@ class PgBouncer:
         command = [binary, str(ini)]
         if os.geteuid() == 0:
             command[1:1] = ["-u", "nobody"]
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
-        self._wait_ready()
+        self.server = EmbeddedProcess(command, url=self.url, ready=postgres_ready,
+                                      log_path=self.log_path).start(timeout_seconds=15)
 
     @property
     def url(self) -> str:
@@ -102,31 +98,8 @@ class PgBouncer:
     def direct_url(self) -> str:
         return self.direct.render_as_string(hide_password=False)
 
-    def _wait_ready(self) -> None:
-        import psycopg2
-
-        deadline = time.monotonic() + 15
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"pgbouncer exited: {self.log_path.read_text()[-2000:]}")
-            try:
-                psycopg2.connect(host="127.0.0.1", port=self.port,
-                                 user=self.direct.username or "postgres",
-                                 dbname=self.direct.database, connect_timeout=2).close()
-                return
-            except psycopg2.OperationalError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        self.server.stop()
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
