@@ -6,10 +6,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test install lint bench stress clean
 
-$(STAMP): pyproject.toml
+# Two distributions, both editable: the library (resilience/pyproject.toml) and the platform.
+$(STAMP): pyproject.toml resilience/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e ./resilience -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)

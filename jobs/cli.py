@@ -227,7 +227,7 @@ def worker(
 
 @cli.command()
 def beat(loglevel: Annotated[str, typer.Option()] = "INFO") -> None:
-    """Run Celery beat with the schedule of beat_schedule.py."""
+    """Run Celery beat with the platform's schedule (jobs/schedule.py)."""
     settings = settings_or_exit()
     wait_for_services(settings)
     data = settings.data_dir.resolve()

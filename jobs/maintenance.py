@@ -1,4 +1,4 @@
-"""Platform maintenance tasks run by the leader-elected beat (see beat_schedule.py).
+"""Platform maintenance tasks run by the leader-elected beat (see jobs/schedule.py).
 
 Each runs under a singleton lock so overlapping schedules do not pile up; the SQL itself is
 also safe to run twice at once (`FOR UPDATE SKIP LOCKED`), so a lock lost mid-run costs

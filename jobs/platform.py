@@ -212,8 +212,9 @@ def queue_arguments(settings: Settings, tier: str) -> dict[str, Any] | None:
             "x-overflow": "reject-publish"}
 
 
-def load_beat_schedule(module: str = "beat_schedule") -> dict[str, Any]:
-    """The periodic tasks declared in `beat_schedule.py` (an empty schedule is valid)."""
+def load_beat_schedule(module: str = "jobs.schedule") -> dict[str, Any]:
+    """The periodic tasks declared in `module` (an empty schedule is valid): by default the
+    platform's own, inside its package, so no `beat_schedule.py` on sys.path replaces it."""
     schedule = getattr(importlib.import_module(module), "SCHEDULE", {})
     if not isinstance(schedule, dict):
         raise ConfigurationError(f"{module}.SCHEDULE must be a dict, not {type(schedule)}")

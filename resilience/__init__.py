@@ -10,6 +10,9 @@ from resilience.pipeline import Call, EnqueueGuard, Guard, Stage
 from resilience.stores import Stores
 from resilience.task import GuardedTask
 
+#: The library's release (the `celery-resilience` distribution; see CHANGELOG.md).
+__version__ = "0.1.0"
+
 __all__ = [
     "Call",
     "EnqueueGuard",
