@@ -15,6 +15,15 @@ Celery's `revoke` lives in each worker's memory and is forgotten on restart; thi
 kept in PostgreSQL and Redis (`resilience.cancel.tombstones`). When the store cannot be read
 the last copy stays in use; without one the guard follows `on_store_down` (fail open by
 default: a lost cancellation store must not stop the fleet).
+
+A store whose version is gone has lost its copy (FLUSHDB, a restart without persistence, a
+failover to an empty replica); it is never read as "nothing is cancelled". The guard keeps
+its last copy and restores the store from PostgreSQL at once (`Cancellations.
+restore_if_lost`: the first process to see the loss restores it under the record's lock, the
+others find it done), then reads the restored copy, which PostgreSQL decides: a cancellation
+withdrawn or expired meanwhile is not in it. While PostgreSQL cannot be read either, the last
+copy stays in use and the restore is tried again after `restore_retry_seconds`; a process
+without a copy follows `on_store_down`.
 """
 
 from __future__ import annotations
@@ -27,12 +36,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from resilience.cancel.backends import CancelBackend, Marks, id_target, key_target
+from resilience.cancel.tombstones import Cancellations
 from resilience.counters import count_call
 from resilience.errors import ConfigurationError, StorageError
 from resilience.keys import KeySpec
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Guard, Stage
 from resilience.store_down import StoreDown, store_down_policy, store_failed
+from resilience.stores import stores_for
 
 if TYPE_CHECKING:
     from celery import Task
@@ -54,16 +65,21 @@ class CancelConfig:
         on_store_down: "fail_open" (default: run when the store cannot be read and there is
             no copy) or "fail_closed" (defer by `retry_seconds`).
         retry_seconds: the deferral under "fail_closed".
+        restore_retry_seconds: after a failed restore of a lost store (PostgreSQL down too),
+            how long a worker process keeps its copy before it tries again.
     """
 
     refresh_seconds: float = 1.0
     check_at_checkpoint: bool = True
     on_store_down: StoreDown | str = StoreDown.FAIL_OPEN
     retry_seconds: float = 5.0
+    restore_retry_seconds: float = 5.0
 
     def __post_init__(self) -> None:
         if not self.refresh_seconds >= 0 or not self.retry_seconds > 0:
             raise ConfigurationError("refresh_seconds must be >= 0 and retry_seconds > 0")
+        if not self.restore_retry_seconds >= 0:
+            raise ConfigurationError("restore_retry_seconds must be >= 0")
         object.__setattr__(self, "on_store_down", store_down_policy(self.on_store_down))
 
 
@@ -75,10 +91,21 @@ class CancelGuard(Guard):
 
     def __init__(self, config: CancelConfig,
                  backend: CancelBackend | Callable[[Task], CancelBackend],
-                 *, clock: Callable[[], float] = time.monotonic) -> None:
+                 *, record: Cancellations | Callable[[Task], Cancellations] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """Args:
+            config: the guard's options.
+            backend: the copy workers read (or a callable giving it for a task).
+            record: the PostgreSQL record that restores a lost copy (or a callable giving
+                it for a task); None builds it on the task app's stores and `backend`.
+            clock: monotonic seconds (injected by tests).
+        """
         self.config = config
         self._backend = backend
+        self._record = record
         self.clock = clock
+        #: When this process last failed to restore a lost store (monotonic seconds).
+        self._restore_failed_at: float | None = None
         #: Per task name: its cancel key spec, or None. One guard serves every task of a
         #: platform (a class-level default), so nothing per task is kept on the guard itself.
         self._keys: dict[str, KeySpec | None] = {}
@@ -93,6 +120,12 @@ class CancelGuard(Guard):
 
     def backend(self, task: Task) -> CancelBackend:
         return self._backend(task) if callable(self._backend) else self._backend
+
+    def record(self, task: Task) -> Cancellations:
+        """The record that restores a lost copy."""
+        if self._record is None:
+            return Cancellations(stores_for(task.app).engine(), self.backend(task))
+        return self._record(task) if callable(self._record) else self._record
 
     def targets(self, call: Call) -> list[str]:
         """What a cancellation of this job would name: its id, and its task and key."""
@@ -119,13 +152,9 @@ class CancelGuard(Guard):
             copy = self._copy
         if copy is not None and now - copy[0] < self.config.refresh_seconds:
             return copy[2]
-        backend = self.backend(task)
         try:
-            if copy is not None and backend.version() == copy[1]:
-                fresh = (now, copy[1], copy[2])
-            else:
-                version, marks = backend.load()
-                fresh = (now, version, marks)
+            version, marks = self._read(task, copy)
+            fresh = (now, version, marks)
         except StorageError as error:
             if copy is None:
                 raise
@@ -134,6 +163,42 @@ class CancelGuard(Guard):
         with self._lock:
             self._copy = fresh
         return fresh[2]
+
+    def _read(self, task: Task, copy: tuple[float, str, Marks] | None) -> tuple[str, Marks]:
+        """The store's version and marks: the copy's own when the version has not moved, a
+        reload when it moved, a restore from the record when it is gone."""
+        backend = self.backend(task)
+        version = backend.version()
+        if version and copy is not None and version == copy[1]:
+            return version, copy[2]
+        if version:
+            version, marks = backend.load()
+            if version:
+                return version, marks
+        return self._restored(task, backend)
+
+    def _restored(self, task: Task, backend: CancelBackend) -> tuple[str, Marks]:
+        """The copy restored from PostgreSQL after the store lost it.
+
+        Raises:
+            StorageError: the restore failed now or recently (PostgreSQL down as well).
+        """
+        failed_at = self._restore_failed_at
+        if failed_at is not None and (
+                self.clock() - failed_at < self.config.restore_retry_seconds):
+            raise StorageError("the cancellation store lost its copy; restore failed, "
+                               "tried again later")
+        try:
+            self.record(task).restore_if_lost()
+            version, marks = backend.load()
+        except StorageError:
+            self._restore_failed_at = self.clock()
+            raise
+        if not version:
+            self._restore_failed_at = self.clock()
+            raise StorageError("the cancellation store lost its copy again while restoring")
+        self._restore_failed_at = None
+        return version, marks
 
     def before_run(self, call: Call) -> None:
         targets = self.targets(call)

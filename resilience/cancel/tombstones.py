@@ -2,16 +2,27 @@
 
 `cancel_job` / `cancel_key` write the row first, then the copy in the fast backend (Redis) with
 the same expiry. A worker restart, a redelivery or a new worker changes nothing: every
-execution checks the copy before it starts. If the copy is lost (Redis flushed, failed over)
-`restore()` writes the copies of every live row again; the platform's beat runs it
-periodically and `jobs cancel --sync` runs it at once.
+execution checks the copy before it starts. If the copy is lost (Redis flushed, restarted
+empty, failed over: its version is gone) `restore()` makes it the live rows again; the
+cancel guard runs it the moment a worker sees the version gone, the platform's beat runs it
+periodically and `jobs cancellations restore` at once.
+
+PostgreSQL is the truth, and the copy follows it in the record's order: every write of the
+copy (a cancel, a withdrawal, a restore) happens inside the PostgreSQL transaction that
+changed or read the rows, under one transaction-level advisory lock. So a restore that read
+a row cannot write its mark back after an operator withdrew it, and a restore never erases
+a cancellation committed after its read: the withdrawal or the cancel waits for the lock.
+A restore also removes marks that have no live row (withdrawn while the copy was being
+rebuilt elsewhere, or expired). A cancel or withdrawal that finds the copy lost restores it
+whole instead of writing its one mark into an empty store, which workers would otherwise
+take for the complete set.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -20,13 +31,16 @@ from sqlalchemy.dialects.postgresql import insert
 
 from resilience.cancel.backends import CancelBackend, id_target, key_target
 from resilience.cancel.models import cancellations
-from resilience.errors import ConfigurationError
+from resilience.errors import ConfigurationError, StorageError
 from resilience.stores import wrap_store_errors
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Engine
+    from sqlalchemy.engine import Connection, Engine
 
 logger = logging.getLogger("resilience.cancel")
+
+#: The transaction-level advisory lock every write of the copy holds (see the module doc).
+_LOCK = sa.text("SELECT pg_advisory_xact_lock(hashtextextended('resilience:cancellations', 0))")
 
 #: How long a cancellation lasts unless told: a week, longer than any countdown the platform
 #: accepts and than the broker's visibility timeout.
@@ -93,20 +107,47 @@ class Cancellations:
         ).returning(sa.func.extract("epoch", cancellations.c.expires_at))
         with wrap_store_errors("cancellation record", target=target), \
                 self.engine.begin() as connection:
+            connection.execute(_LOCK)
             until = float(connection.execute(statement).scalar_one())
-        # The copy carries the record's own expiry, so restore() finds nothing to rewrite.
-        self.backend.cancel(target, reason=reason, expires_at=until)
+            # The copy carries the record's own expiry, so restore() finds nothing to rewrite.
+            failed = self._copy(connection, lambda: self.backend.cancel(
+                target, reason=reason, expires_at=until))
+        if failed is not None:
+            raise failed  # the row is committed: restore() writes the copy later
         logger.info("cancelled %s: %s", target, reason)
         return target
 
     def uncancel(self, target: str) -> bool:
-        """Withdraw a cancellation (jobs not yet stopped by it run again)."""
+        """Withdraw a cancellation (jobs not yet stopped by it run again).
+
+        Raises:
+            StorageError: PostgreSQL or the copy's store failed (a withdrawn row stays
+                withdrawn: the next restore() removes its mark).
+        """
+        marked: list[bool] = []
         with wrap_store_errors("cancellation record", target=target), \
                 self.engine.begin() as connection:
+            connection.execute(_LOCK)
             removed = connection.execute(
                 cancellations.delete().where(cancellations.c.target == target)).rowcount
-        return bool(self.backend.uncancel(target)) or bool(removed)
+            failed = self._copy(connection, lambda: marked.append(self.backend.uncancel(target)))
+        if failed is not None:
+            raise failed
+        return any(marked) or bool(removed)
 
+    def _copy(self, connection: Connection, write: Callable[[], object]) -> StorageError | None:
+        """Write the copy inside the record's transaction: `write` when the copy is kept,
+        the whole copy when it was lost. Returns the copy's error instead of raising it, so
+        the record's change commits all the same."""
+        try:
+            if self.backend.version():
+                write()
+            else:
+                logger.warning("cancellations: the copy was lost; restoring it from the record")
+                self._sync(connection)
+        except StorageError as error:
+            return error
+        return None
     def describe(self, *, limit: int = 100) -> list[Cancellation]:
         """Live cancellations, newest first."""
         query = (sa.select(cancellations).where(cancellations.c.expires_at > sa.func.now())
@@ -116,18 +157,43 @@ class Cancellations:
                     for row in connection.execute(query)]
 
     def restore(self) -> int:
-        """Write the copy of every live cancellation again and drop expired ones, from the
-        record and from the copy. Returns how many copies were written."""
-        now = sa.func.now()
+        """Make the copy the live cancellations of the record, dropping expired rows and
+        marks without a row. Returns how many cancellations are live.
+
+        Raises:
+            StorageError: PostgreSQL or the copy's store failed.
+        """
         with wrap_store_errors("cancellations"), self.engine.begin() as connection:
-            connection.execute(cancellations.delete().where(cancellations.c.expires_at <= now))
-            rows = connection.execute(sa.select(
-                cancellations.c.target, cancellations.c.reason,
-                sa.func.extract("epoch", cancellations.c.expires_at).label("until"),
-            )).all()
-        _, marks = self.backend.load()
-        for target, reason, until in rows:
-            if marks.get(target) != (reason, float(until)):
-                self.backend.cancel(target, reason=reason, expires_at=float(until))
-        self.backend.prune(now=time.time())
-        return len(rows)
+            connection.execute(_LOCK)
+            return self._sync(connection)
+
+    def restore_if_lost(self) -> bool:
+        """`restore()` only when the copy has lost its version: the cancel guard's call, so
+        the first worker to see the loss restores it and the others find it done. Returns
+        True when this call restored it.
+
+        Raises:
+            StorageError: PostgreSQL or the copy's store failed.
+        """
+        with wrap_store_errors("cancellations"), self.engine.begin() as connection:
+            connection.execute(_LOCK)
+            if self.backend.version():
+                return False
+            live = self._sync(connection)
+        logger.warning("cancellations: the copy was lost; restored %d from the record", live)
+        return True
+
+    def _sync(self, connection: Connection) -> int:
+        """The copy made equal to the live rows (under `_LOCK`, in the caller's transaction);
+        written only when it differs or has no version, so workers reload only on change."""
+        expired = cancellations.c.expires_at <= sa.func.now()
+        connection.execute(cancellations.delete().where(expired))
+        rows = connection.execute(sa.select(
+            cancellations.c.target, cancellations.c.reason,
+            sa.func.extract("epoch", cancellations.c.expires_at).label("until"),
+        )).all()
+        live = {target: (reason, float(until)) for target, reason, until in rows}
+        version, marks = self.backend.load()
+        if not version or marks != live:
+            self.backend.replace(live)
+        return len(live)

@@ -5,7 +5,10 @@ A cancellation names a job by its task id (`id:<task id>`) or by its task and ke
 record; a backend here holds the copy workers read. Workers keep a local copy of every live
 cancellation and ask only for the store's version between two jobs (at most once per
 `refresh_seconds`), so a job's check costs no round trip; the set is reloaded when the
-version moved.
+version moved. A store without a version has lost its copy (flushed, restarted empty,
+failed over to an empty replica): that is never "no cancellations", because writing the
+copy always leaves a version (`Cancellations.restore`), so workers keep what they had and
+the copy is restored from the record.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ class CancelBackend(Protocol):
         """Remove the mark (True if there was one); moves the version."""
 
     def version(self) -> str:
-        """A value that changes whenever a mark is added or removed (never repeats)."""
+        """A value that changes whenever a mark is added or removed (never repeats); ""
+        when the store lost its copy."""
 
     def load(self) -> tuple[str, Marks]:
         """The version and every mark, read together."""
@@ -46,3 +50,6 @@ class CancelBackend(Protocol):
 
     def prune(self, *, now: float) -> int:
         """Drop marks expired at `now`; returns how many."""
+
+    def replace(self, marks: Marks) -> str:
+        """Make the copy exactly `marks`, in one step; returns the new version."""

@@ -46,3 +46,9 @@ class MemoryCancelBackend:
             if expired:
                 self._version += 1
             return len(expired)
+
+    def replace(self, marks: Marks) -> str:
+        with self._lock:
+            self._marks = dict(marks)
+            self._version += 1
+            return str(self._version)

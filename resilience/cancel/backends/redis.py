@@ -1,7 +1,8 @@
 """Cancellation marks in Redis: one hash (target -> {"reason", "until"}) and a version key
 set to a new random value with every change (never a counter: a flushed Redis would count
 again from 0 and a worker could take new marks for its old copy), so a worker polls one
-small GET and reloads the hash only when something changed."""
+small GET and reloads the hash only when something changed. A missing version key means
+the copy was lost (FLUSHDB, a restart without persistence), not that nothing is cancelled."""
 
 from __future__ import annotations
 
@@ -66,6 +67,18 @@ class RedisCancelBackend:
                 if until > now:
                     return reason
         return None
+
+    @wrap_store_errors("cancellations replace")
+    def replace(self, marks: Marks) -> str:
+        version = _new_version()
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.delete(MARKS_KEY)
+            if marks:
+                pipe.hset(MARKS_KEY, mapping={
+                    target: json.dumps({"reason": reason or "cancelled", "until": until})
+                    for target, (reason, until) in marks.items()})
+            pipe.set(VERSION_KEY, version).execute()
+        return version
 
     @wrap_store_errors("cancellations prune")
     def prune(self, *, now: float) -> int:

@@ -107,6 +107,147 @@ class TestOnWorkers:
         assert result.get(timeout=30)["outcome"] == "CANCELLED"
 
 
+class TestLostCopy:
+    """A guard Redis without the version key has lost its copy; PostgreSQL restores it."""
+
+    def test_a_cancel_after_a_flush_restores_the_whole_copy(
+        self, redis_client: Any, cancellations: Any
+    ) -> None:
+        """Cancel A, FLUSHDB, cancel B: the copy holds A and B (not B alone, which workers
+        would take for the complete set), with a version."""
+        first, second = (f"t-{uuid.uuid4().hex[:8]}" for _ in range(2))
+        cancellations.cancel_job(first, reason="first")
+        redis_client.flushdb()
+        cancellations.cancel_job(second, reason="second")
+        version, marks = cancellations.backend.load()
+        assert version
+        assert {marks[id_target(first)][0], marks[id_target(second)][0]} == {"first", "second"}
+
+    def test_restore_makes_the_copy_the_record(self, redis_client: Any,
+                                               cancellations: Any) -> None:
+        """A mark without a live row (withdrawn while the copy was rebuilt elsewhere) is
+        removed by restore(); an empty record still leaves a version, so an empty store is
+        never mistaken for a lost one; restore_if_lost() does nothing while it is kept."""
+        kept = f"t-{uuid.uuid4().hex[:8]}"
+        cancellations.cancel_job(kept, reason="kept")
+        cancellations.backend.cancel("id:orphan", reason="no row", expires_at=time.time() + 60)
+        cancellations.restore()
+        assert set(cancellations.backend.load()[1]) >= {id_target(kept)}
+        assert "id:orphan" not in cancellations.backend.load()[1]
+        cancellations.uncancel(id_target(kept))
+        redis_client.flushdb()
+        assert cancellations.restore_if_lost() is True
+        version, marks = cancellations.backend.load()
+        assert version and id_target(kept) not in marks
+        assert cancellations.restore_if_lost() is False
+        assert cancellations.backend.version() == version
+
+    def test_a_restore_in_progress_never_brings_back_a_withdrawn_mark(
+        self, engine: Any, redis_client: Any, cancellations: Any
+    ) -> None:
+        """A restore has read the rows and is about to write the copy when an operator
+        withdraws one of them: the copy ends without the withdrawn mark, as the record does
+        (the withdrawal waits for the restore's lock instead of slipping in between)."""
+        import threading
+
+        from resilience.cancel import Cancellations
+
+        target = cancellations.cancel_job(f"t-{uuid.uuid4().hex[:8]}", reason="withdraw me")
+        read, go = threading.Event(), threading.Event()
+
+        class Paused(RedisCancelBackend):
+            """The copy, pausing the restore after it read the record's rows."""
+
+            def load(self) -> Any:
+                read.set()
+                go.wait(10)
+                return super().load()
+
+        restoring = Cancellations(engine, Paused(redis_client))
+        restore = threading.Thread(target=restoring.restore, daemon=True)
+        restore.start()
+        assert read.wait(10)
+        withdrawn = threading.Event()
+        withdraw = threading.Thread(
+            target=lambda: (cancellations.uncancel(target), withdrawn.set()), daemon=True)
+        withdraw.start()
+        withdrawn.wait(1.0)
+        go.set()
+        restore.join(10)
+        withdraw.join(10)
+        assert withdrawn.is_set()
+        assert target not in {c.target for c in cancellations.describe()}
+        assert target not in cancellations.backend.load()[1]
+
+
+@pytest.mark.usefixtures("tier_workers")
+class TestLostCopyOnWorkers:
+    def test_a_cancelled_job_stays_cancelled_after_a_flush(
+        self, redis_client: Any, cancellations: Any
+    ) -> None:
+        """Cancelled through the platform's API (no Celery revoke), the guard Redis is
+        FLUSHDB'd, the job is delivered: CANCELLED, its body never ran, and the copy is
+        back in Redis at once (not at the next beat tick)."""
+        from tests.resilience.cancel.tasks import cancel_order
+
+        run_id, task_id = uuid.uuid4().hex[:8], str(uuid.uuid4())
+        cancellations.cancel_job(task_id, reason="before the flush")
+        assert cancel_order.delay(run_id, "warm", 1).get(timeout=30) == 1  # a copy is held
+        redis_client.flushdb()
+        time.sleep(REFRESH)  # every copy is old enough to be checked against the store
+        result = cancel_order.apply_async((run_id, "c", 1), task_id=task_id)
+        outcome = result.get(timeout=30)
+        assert outcome["outcome"] == "CANCELLED"
+        assert outcome["reason"] == "cancelled: before the flush"
+        assert redis_client.get(f"tests:cancel:{run_id}:c") is None
+        assert id_target(task_id) in cancellations.backend.load()[1]
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(180)
+def test_a_cancelled_job_stays_cancelled_after_the_guard_redis_restarts_empty(
+    app: Any, services: Any, engine: Any, tier_workers: Any, worker_factory: Any,
+    tmp_path: Any,
+) -> None:
+    """A critical worker whose guard Redis is its own server; the job is cancelled through
+    the platform's API, a job runs so the worker holds a copy, the guard Redis is stopped
+    and started again empty (no persistence), then the job is delivered: CANCELLED, its
+    body never ran."""
+    import redis
+
+    from jobs.embedded import embedded_redis, free_port
+    from resilience.cancel import Cancellations
+    from tests.resilience.cancel.tasks import cancel_order
+
+    port = free_port()
+    guard = embedded_redis(port, tmp_path / "guard-redis").start()
+    client = redis.Redis.from_url(guard.url, decode_responses=True)
+    cancellations = Cancellations(engine, RedisCancelBackend(client))
+    critical = tier_workers["critical"]
+    critical.stop()  # only this test's worker, on its own guard Redis, takes critical jobs
+    try:
+        worker = worker_factory("critical", name="cancel-restart", concurrency=1, env={
+            "REDIS_URL": guard.url, "RESULT_BACKEND_URL": services.redis_url})
+        run_id, task_id = uuid.uuid4().hex[:8], str(uuid.uuid4())
+        cancellations.cancel_job(task_id, reason="before the restart")
+        assert cancel_order.delay(run_id, "warm", 1).get(timeout=30) == 1
+        assert client.get(f"tests:cancel:{run_id}:warm") == "1"
+        guard.stop()
+        guard = embedded_redis(port, tmp_path / "guard-redis").start()
+        assert client.dbsize() == 0
+        time.sleep(REFRESH)
+        result = cancel_order.apply_async((run_id, "r", 1), task_id=task_id)
+        outcome = result.get(timeout=60)
+        assert outcome["outcome"] == "CANCELLED"
+        assert client.get(f"tests:cancel:{run_id}:r") is None
+        assert id_target(task_id) in cancellations.backend.load()[1]
+    finally:
+        guard.stop()
+        if "worker" in locals():
+            worker.stop()
+        critical.start()
+
+
 @pytest.fixture()
 def effects_table(engine: Any) -> Iterator[None]:
     with engine.begin() as connection:
