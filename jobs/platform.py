@@ -238,8 +238,11 @@ def create_app(settings: Settings | None = None) -> JobsCelery:
             pool_mode=settings.pg_pool_mode,
         ),
     )
+    from jobs.observe.backlog import stamp_published_at
     from jobs.observe.tracing import tracing_enabled
 
+    # Every publish carries its time: the age of a tier's oldest message (observe/backlog.py).
+    signals.before_task_publish.connect(stamp_published_at, weak=False)
     if tracing_enabled():  # OTEL_TRACES_EXPORTER set: docs/observe.md "Tracing"
         from jobs.observe.tracing import install_tracing
 

@@ -212,6 +212,11 @@ class Settings(BaseSettings):
         "none", description="PgBouncer pool mode in front of DATABASE_URL, if any"
     )
     metrics_port: int = Field(9808, ge=1, le=65535, description="Prometheus /metrics port")
+    worker_stall_seconds: float = Field(
+        60, ge=0,
+        description="a worker with a backlog and free slots that took nothing this long "
+                    "reconnects its consumer, then exits if that does not help; 0: off",
+    )
     vendor_url: str | None = Field(
         None,
         description="payment vendor the example charge calls; unset: the simulated vendor",

@@ -79,7 +79,8 @@ def liveness(app: Celery, node: str, *, timeout_seconds: float = 5.0) -> list[Ch
 
 
 def local_liveness(node: str, *, max_age_seconds: float) -> list[Check]:
-    """Did worker `node`, on this host, beat within `max_age_seconds`? (heartbeat.py)"""
+    """Did worker `node`, on this host, beat within `max_age_seconds`? (heartbeat.py) And
+    is it not marked stalled by its consumption watchdog? (watchdog.py)"""
     from jobs.observe.heartbeat import heartbeat_age, heartbeat_path
 
     name = f"heartbeat {node}"
@@ -87,8 +88,39 @@ def local_liveness(node: str, *, max_age_seconds: float) -> list[Check]:
     if age is None:
         return [Check(name, False, f"no heartbeat file {heartbeat_path(node)}: no worker "
                                    "of that name runs on this host (or it has not started)")]
-    return [Check(name, age <= max_age_seconds,
-                  f"last beat {age:.1f}s ago (max {max_age_seconds:g}s)")]
+    checks = [Check(name, age <= max_age_seconds,
+                    f"last beat {age:.1f}s ago (max {max_age_seconds:g}s)")]
+    try:
+        stalled = stalled_path(node).read_text().strip()
+    except FileNotFoundError:
+        return checks
+    except OSError as exc:
+        stalled = f"unreadable stall mark: {type(exc).__name__}"
+    return [*checks, Check(f"consumption {node}", False, stalled or "stalled")]
+
+
+def stalled_path(node: str) -> Path:
+    """The mark the consumption watchdog leaves while worker `node` is stalled and not
+    recovering, next to its heartbeat file."""
+    from jobs.observe.heartbeat import heartbeat_path
+
+    path = heartbeat_path(node)
+    return path.with_name(f"{path.name}.stalled")
+
+
+def mark_stalled(node: str, reason: str) -> None:
+    """Fail `jobs health live --local` for worker `node` from now on, with `reason`."""
+    path = stalled_path(node)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(redact(reason)[:300] + "\n")
+    except OSError as exc:
+        logger.warning("stall mark %s cannot be written (%s)", path, exc)
+
+
+def clear_stalled(node: str) -> None:
+    """Remove worker `node`'s stall mark (a new worker of that name starts)."""
+    stalled_path(node).unlink(missing_ok=True)
 
 
 def check_redis(app: Celery) -> Check:

@@ -23,7 +23,7 @@ from typing import Any
 
 from celery import signals
 
-from jobs.observe import heartbeat
+from jobs.observe import heartbeat, watchdog
 from jobs.observe.logging import install_worker_logging
 from jobs.observe.metrics import LOCK_HOLD_SECONDS, multiprocess_dir
 
@@ -84,6 +84,7 @@ def _process_gone(pid: int | None = None, **_: Any) -> None:
 def _install_heartbeat(instance: Any = None, **_: Any) -> None:
     if instance is not None:
         heartbeat.install(instance.app)
+        watchdog.install(instance.app)  # restarts a worker that stopped consuming
 
 
 @signals.worker_shutdown.connect(weak=False)

@@ -1,0 +1,404 @@
+"""Consumption watchdog: a worker that stops taking work while it stays alive is restarted.
+
+Celery's most repeated report (celery#4453, #8030, #8082, #8091, #9054, #10205): after a
+broker reconnect, or with a broker connection that went silent without a reset, the worker
+process is up, its PID and TCP checks pass, its heartbeat file ticks, and the backlog grows.
+
+**What counts as a stall.** For `JOBS_WORKER_STALL_SECONDS` (default 60) the worker had
+free slots (fewer reserved requests than its prefetch limit), its consumer was running (not
+inside Celery's own reconnect loop) and it took nothing (no `task_received`), while its
+queues had a backlog seen on two reads a quarter of that time apart. The backlog is read on
+a connection opened for the read (`jobs.observe.backlog.fresh_backlog`), never the
+consumer's own: those are what may be wedged.
+
+**A broker nothing can reach is an outage, not a stall.** When the fresh read fails too,
+the watchdog does nothing and starts its clock again: the worker waits for the broker like
+the rest of the fleet, and resumes when it returns (a fleet must not restart itself during
+a broker blip).
+
+**What it does.** Timeline of one stall (S = the stall seconds):
+
+    t0          the worker's broker connections go silent; the backlog grows
+    <= t0+S     stall seen: the consumer is made to reconnect (counted, logged)
+    +S/2        nothing taken since, still a backlog on a fresh read: the worker is
+                marked stalled (`jobs health live --local` fails from now), asks for a
+                warm shutdown with exit status 75, and after S/4 more exits at once
+    <  t0+2S    the worker is gone; its supervisor (Kubernetes, honcho) starts a new one
+
+Reconnecting: the watchdog shuts down (`shutdown(2)`) every TCP connection of the worker's
+main process to the broker's address. A main thread blocked reading a silent socket (e.g.
+publishing an event) gets its end of stream, and the event loop sees its consumer's socket
+closed: kombu raises a lost connection, and `Consumer.start` runs Celery's own reconnect
+(close, collect, restart the blueprint). If the consumer has not restarted a second later
+(it was not reading a broker socket at all), a callback on its event loop raises the
+connection error instead. Neither depends on the transport's internals (`jobs.broker`):
+only the consumer blueprint (`restart_count`, `hub`), the process's sockets and the
+broker URL. A worker exiting at once is a crashed worker to the platform: its unacknowledged
+messages come back (Redis: after the visibility timeout; RabbitMQ: when its connection
+closes), none is lost.
+
+Not seen: a message that cannot become a task (dead-lettered by the intake) is not counted
+as taken; a stream of only such messages for S seconds would read as a stall.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from celery import bootsteps, signals
+
+logger = logging.getLogger("jobs.observe.watchdog")
+
+#: Exit status of a worker that stalled and did not recover (EX_TEMPFAIL: start it again).
+EXIT_STALLED = 75
+#: Counter labels of the watchdog's decisions (`jobs_worker_stalls_total{action}`).
+RECONNECT, EXIT = "reconnect", "exit"
+
+_taken = [0]
+
+
+@signals.task_received.connect(weak=False)
+def _task_taken(**_: Any) -> None:
+    _taken[0] += 1
+
+
+def taken() -> int:
+    """Task messages this process's consumer has taken since it started."""
+    return _taken[0]
+
+
+@dataclass(frozen=True)
+class ConsumerState:
+    """What the watchdog sees of the consumer at one check."""
+
+    #: Task messages taken so far (any change is progress).
+    taken: int
+    #: Fewer reserved requests than the prefetch limit: the broker should deliver more.
+    free_slots: bool
+    #: The consumer runs and is not inside Celery's own reconnect loop.
+    consuming: bool
+    #: The queues it consumes now.
+    queues: tuple[str, ...]
+
+
+class ConsumptionWatchdog:
+    """Decides, one `check()` at a time, whether the consumer stalled, and acts.
+
+    Args:
+        stall_seconds: nothing taken this long, with a backlog and free slots, is a stall.
+        observe: the consumer's state now.
+        backlog: messages waiting in the queues, on a fresh connection; None: unreachable.
+        reconnect: make the consumer reconnect.
+        give_up: mark the worker stalled and exit (reconnecting did not help).
+        count: record a decision (RECONNECT / EXIT) fleet-wide.
+        clock: monotonic seconds (injected in tests).
+    """
+
+    def __init__(self, *, stall_seconds: float, observe: Callable[[], ConsumerState],
+                 backlog: Callable[[tuple[str, ...]], int | None],
+                 reconnect: Callable[[], None], give_up: Callable[[str], None],
+                 count: Callable[[str], None] = lambda action: None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if stall_seconds <= 0:
+            raise ValueError(f"stall_seconds must be positive, got {stall_seconds!r}")
+        self.stall_seconds = stall_seconds
+        #: Seconds between backlog reads while idle, and between a check and the next.
+        self.read_interval_seconds = stall_seconds / 4
+        self.check_interval_seconds = max(0.1, stall_seconds / 20)
+        #: After a reconnect, how long consumption has to come back.
+        self.recover_seconds = stall_seconds / 2
+        self.observe, self.backlog, self.clock = observe, backlog, clock
+        self.reconnect, self.give_up, self.count = reconnect, give_up, count
+        now = clock()
+        self._taken: int | None = None
+        self._queues: tuple[str, ...] = ()
+        self._idle_since = now
+        self._next_read = now
+        self._backlog_seen: float | None = None
+        self._gave_up = False
+        self._reconnected_at: float | None = None
+        self._outage = False
+
+    @property
+    def queues(self) -> tuple[str, ...]:
+        """The queues the consumer consumed when last seen running."""
+        return self._queues
+
+    @property
+    def reconnecting(self) -> bool:
+        """A reconnect was made and consumption has not come back yet."""
+        return self._reconnected_at is not None
+
+    def check(self) -> str | None:
+        """Look once; returns what was decided: 'reconnect', 'recovered', 'exit',
+        'outage', or None (nothing to do)."""
+        if self._gave_up:
+            return None
+        now = self.clock()
+        state = self.observe()
+        progressed = self._taken is not None and state.taken != self._taken
+        self._taken = state.taken
+        if state.queues:
+            self._queues = state.queues
+        if self._reconnected_at is not None:  # the consumer restarts: its queues may be ()
+            return self._after_reconnect(now, progressed or not state.free_slots)
+        busy = not state.free_slots or not state.queues
+        if progressed or busy or not state.consuming:
+            self._restart_clock(now)
+            return None
+        if now - self._idle_since < self.stall_seconds - self.read_interval_seconds:
+            return None
+        if now < self._next_read:
+            return None
+        self._next_read = now + self.read_interval_seconds
+        waiting = self.backlog(state.queues)
+        if waiting is None:
+            return self._broker_unreachable(now)
+        self._outage = False
+        if waiting == 0:
+            self._backlog_seen = None
+            return None
+        if self._backlog_seen is None:  # first sighting: a healthy consumer takes it now
+            self._backlog_seen = now
+            return None
+        if now - self._idle_since < self.stall_seconds:
+            return None
+        logger.warning("consumer stalled: %d message(s) waiting in %s, free slots, nothing "
+                       "taken for %.0fs; reconnecting it", waiting, ",".join(state.queues),
+                       now - self._idle_since)
+        self._reconnected_at = now
+        self.reconnect()
+        self.count(RECONNECT)
+        return RECONNECT
+
+    def _after_reconnect(self, now: float, resumed: bool) -> str | None:
+        assert self._reconnected_at is not None
+        if resumed:
+            logger.warning("consumer recovered %.1fs after the reconnect",
+                           now - self._reconnected_at)
+            self._reconnected_at = None
+            self._restart_clock(now)
+            return "recovered"
+        if now - self._reconnected_at < self.recover_seconds:
+            return None
+        waiting = self.backlog(self._queues)
+        if waiting is None:
+            self._reconnected_at = None
+            return self._broker_unreachable(now)
+        if waiting == 0:
+            self._reconnected_at = None
+            self._restart_clock(now)
+            return "recovered"
+        reason = (f"consumer stalled: {waiting} message(s) waiting in "
+                  f"{','.join(self._queues)}, nothing taken for "
+                  f"{now - self._idle_since:.0f}s, and reconnecting did not help")
+        logger.critical("%s; exiting with status %d so the supervisor restarts the worker",
+                        reason, EXIT_STALLED)
+        self._gave_up = True
+        self.count(EXIT)
+        self.give_up(reason)
+        return EXIT
+
+    def _broker_unreachable(self, now: float) -> str:
+        if not self._outage:
+            logger.warning("the broker cannot be reached on a fresh connection either: an "
+                           "outage, not a stall; waiting for it")
+        self._outage = True
+        self._restart_clock(now)
+        return "outage"
+
+    def _restart_clock(self, now: float) -> None:
+        self._idle_since = now
+        self._next_read = now
+        self._backlog_seen = None
+
+
+# -- the worker's side ------------------------------------------------------------------
+def consumer_state(worker: Any) -> ConsumerState:
+    """The state of `worker`'s consumer, read from Celery's worker objects."""
+    from celery.worker import state
+
+    from jobs.observe.heartbeat import main_thread_waits_for_broker
+
+    consumer = worker.consumer
+    heartbeat = getattr(worker, "jobs_heartbeat", None)
+    running = heartbeat.consuming if heartbeat is not None else consumer.connection is not None
+    task_consumer = getattr(consumer, "task_consumer", None)
+    queues = tuple(queue.name for queue in getattr(task_consumer, "queues", None) or ())
+    qos = getattr(consumer, "qos", None)
+    limit = int(getattr(qos, "value", 0) or 0)
+    return ConsumerState(
+        taken=taken(),
+        free_slots=limit == 0 or len(state.reserved_requests) < limit,
+        consuming=running and not main_thread_waits_for_broker(),
+        queues=queues,
+    )
+
+
+def broker_addresses(app: Any) -> set[tuple[str, int]]:
+    """The (ip, port) pairs the broker URL resolves to (TCP brokers; empty otherwise)."""
+    connection = app.connection_for_read()
+    try:
+        host, port = connection.hostname, connection.port or connection.transport.default_port
+    finally:
+        connection.release()
+    if not host or not port or str(host).startswith("/"):
+        return set()
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return set()
+    return {(str(info[4][0]), int(info[4][1])) for info in infos}
+
+
+def sever_connections(addresses: set[tuple[str, int]]) -> int:
+    """Shut down every TCP connection of this process to `addresses`; a thread blocked
+    reading one gets its end of stream at once. Returns how many were shut down."""
+    import psutil
+
+    severed = 0
+    for connection in psutil.Process().net_connections(kind="tcp"):
+        remote = connection.raddr
+        if not remote or connection.fd < 0 or (remote.ip, remote.port) not in addresses:
+            continue
+        try:
+            with socket.fromfd(connection.fd, connection.family, socket.SOCK_STREAM) as sock:
+                sock.shutdown(socket.SHUT_RDWR)  # acts on the connection, not the copy
+            severed += 1
+        except OSError:
+            pass  # closed meanwhile
+    return severed
+
+
+class _Reconnect(ConnectionResetError):
+    """Raised on the worker's event loop to send the consumer down Celery's reconnect path."""
+
+
+def reconnect_consumer(worker: Any, *, wait_seconds: float = 1.0) -> None:
+    """Make `worker`'s consumer reconnect: shut down the main process's broker connections
+    (a loop blocked reading one gets its end of stream, kombu reconnects); and if the
+    consumer did not restart within `wait_seconds`, raise a connection error on its event
+    loop, which sends it down Celery's reconnect path."""
+    consumer = worker.consumer
+    restarts = consumer.restart_count
+    severed = sever_connections(broker_addresses(worker.app))
+    logger.warning("consumption watchdog: %d broker connection(s) of the worker shut down",
+                   severed)
+    deadline = time.monotonic() + wait_seconds
+    while consumer.restart_count == restarts and time.monotonic() < deadline:
+        time.sleep(0.05)
+    hub = getattr(consumer, "hub", None)
+    if consumer.restart_count != restarts or hub is None:
+        return
+
+    def lost() -> None:
+        if consumer.restart_count == restarts:  # not restarted meanwhile
+            raise _Reconnect("consumption watchdog: the consumer stalled, reconnecting")
+
+    hub.call_soon(lost)
+
+
+def exit_stalled(worker: Any, reason: str, *, grace_seconds: float) -> None:
+    """Mark `worker` stalled (its liveness probe fails), ask for a warm shutdown with
+    status `EXIT_STALLED`, and exit at once if it has not stopped after `grace_seconds`."""
+    from celery.worker import state
+
+    from jobs.observe.health import mark_stalled
+
+    mark_stalled(worker.hostname, reason)
+    state.should_stop = EXIT_STALLED  # the event loop raises WorkerShutdown(75)
+    hub = getattr(worker.consumer, "hub", None)
+    if hub is not None:
+        hub.call_soon(lambda: None)  # wake the loop so it looks at the flag
+    time.sleep(grace_seconds)
+    logger.critical("consumption watchdog: the worker did not stop within %.1fs; exiting "
+                    "now with status %d", grace_seconds, EXIT_STALLED)
+    _kill_pool()
+    os._exit(EXIT_STALLED)
+
+
+def _kill_pool() -> None:
+    """SIGKILL the pool processes: no orphan outlives the worker (a crash to the platform:
+    their unacknowledged messages are delivered again)."""
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            child.send_signal(signal.SIGKILL)
+
+
+class WorkerWatchdog(bootsteps.StartStopStep):
+    """Worker bootstep: the consumption watchdog's thread, for the worker's whole life."""
+
+    requires = ("celery.worker.components:Timer",)
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def include_if(self, w: Any) -> bool:
+        return _stall_seconds(w.app) > 0
+
+    def create(self, w: Any) -> ConsumptionWatchdog:
+        from jobs.observe.backlog import fresh_backlog
+        from resilience.counters import count_outcome
+
+        stall = _stall_seconds(w.app)
+        timeout = min(5.0, max(0.5, stall / 4))
+
+        def count(action: str) -> None:
+            tier = ",".join(w.jobs_watchdog.queues) or None
+            count_outcome(w.app, "STALLED", guard="watchdog", tier=tier, name=action)
+
+        w.jobs_watchdog = ConsumptionWatchdog(
+            stall_seconds=stall,
+            observe=lambda: consumer_state(w),
+            backlog=lambda queues: fresh_backlog(w.app, queues, timeout_seconds=timeout),
+            reconnect=lambda: reconnect_consumer(w),
+            give_up=lambda reason: exit_stalled(w, reason, grace_seconds=max(1.0, stall / 4)),
+            count=count,
+        )
+        return w.jobs_watchdog
+
+    def start(self, w: Any) -> None:
+        from jobs.observe.health import clear_stalled
+
+        clear_stalled(w.hostname)  # a previous incarnation's mark
+        self._stopped.clear()
+        self._thread = threading.Thread(target=self._run, args=(w.jobs_watchdog,),
+                                        name="jobs-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self, w: Any) -> None:
+        self._stopped.set()
+
+    terminate = stop
+
+    def _run(self, watchdog: ConsumptionWatchdog) -> None:
+        while not self._stopped.wait(watchdog.check_interval_seconds):
+            try:
+                watchdog.check()
+            except Exception:  # the watchdog must never take the worker down
+                logger.exception("consumption watchdog check failed")
+
+
+def _stall_seconds(app: Any) -> float:
+    from jobs.settings import get_settings
+
+    settings = getattr(app, "settings", None) or get_settings()
+    return float(settings.worker_stall_seconds)
+
+
+def install(app: Any) -> None:
+    """Add the watchdog bootstep to `app`'s workers (before the worker is built)."""
+    app.steps["worker"].add(WorkerWatchdog)
