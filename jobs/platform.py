@@ -214,8 +214,14 @@ def queue_arguments(settings: Settings, tier: str) -> dict[str, Any] | None:
 
 def load_beat_schedule(module: str = "jobs.schedule") -> dict[str, Any]:
     """The periodic tasks declared in `module` (an empty schedule is valid): by default the
-    platform's own, inside its package, so no `beat_schedule.py` on sys.path replaces it."""
-    schedule = getattr(importlib.import_module(module), "SCHEDULE", {})
+    platform's own, inside its package, so no `beat_schedule.py` on sys.path replaces it.
+
+    Raises:
+        ConfigurationError: the module declares no `SCHEDULE` dict (never read as empty).
+    """
+    schedule = getattr(importlib.import_module(module), "SCHEDULE", None)
+    if schedule is None:
+        raise ConfigurationError(f"{module} declares no SCHEDULE (write SCHEDULE = {{}} for none)")
     if not isinstance(schedule, dict):
         raise ConfigurationError(f"{module}.SCHEDULE must be a dict, not {type(schedule)}")
     return schedule

@@ -357,3 +357,29 @@ class TestPlatformWheel:
         assert first["pid"] != worker.process.pid  # a prefork pool process ran it
         runs = (installation.project / "runs.txt").read_text().split()
         assert runs.count(order_id) == 1, (calls, time.monotonic() - started)
+
+
+class TestBeatSchedule:
+    def test_a_beat_schedule_module_on_the_path_does_not_replace_the_platform_schedule(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """With a user's `beat_schedule.py` first on sys.path, the platform still loads its
+        own maintenance schedule (jobs/schedule.py)."""
+        from jobs.platform import load_beat_schedule
+        from jobs.schedule import SCHEDULE
+
+        (tmp_path / "beat_schedule.py").write_text(USER_BEAT_SCHEDULE)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.delitem(sys.modules, "beat_schedule", raising=False)
+        try:
+            assert load_beat_schedule() == SCHEDULE != {}
+        finally:
+            sys.modules.pop("beat_schedule", None)
+
+    def test_a_module_without_a_schedule_is_a_configuration_error(self) -> None:
+        """A schedule module that declares no SCHEDULE is refused, never read as empty."""
+        from jobs.platform import load_beat_schedule
+        from resilience.errors import ConfigurationError
+
+        with pytest.raises(ConfigurationError, match="declares no SCHEDULE"):
+            load_beat_schedule("jobs.tiers")
