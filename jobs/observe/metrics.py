@@ -2,9 +2,10 @@
 
 Two sources, both correct under prefork workers:
 
-- `SharedStateCollector` reads the shared state when Prometheus scrapes: queue depth from
-  the broker, decision counters from Redis (`resilience.counters`), breaker states, retry
-  budget use, limit usage, idempotency records and the outbox backlog. Nothing is counted
+- `SharedStateCollector` reads the shared state when Prometheus scrapes: queue depth and
+  the oldest message's age from the broker, decision counters from Redis
+  (`resilience.counters`, the consumption watchdog's stalls among them), breaker states,
+  retry budget use, limit usage, idempotency records and the outbox backlog. Nothing is counted
   in process memory, so no prefork child can hold a number the others do not see.
 - `LOCK_HOLD_SECONDS`, a Histogram observed in the worker processes themselves, in
   prometheus-client's multiprocess mode: every process writes its own mmap file under
@@ -26,10 +27,17 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from jobs.observe.backlog import oldest_ages
+from jobs.tiers import TIERS
+from resilience.errors import StorageError
+
 if TYPE_CHECKING:
     from celery import Celery
 
 logger = logging.getLogger("jobs.observe.metrics")
+
+#: The `guard` label of the consumption watchdog's counters (not a guard: exported apart).
+WATCHDOG = "watchdog"
 
 DEFAULT_ADDRESS = "127.0.0.1"
 DEFAULT_PORT = 9808
@@ -63,7 +71,15 @@ class SharedStateCollector(Collector):
 
         snapshot = collect(self.app, active=False)
         yield from tier_metrics(snapshot)
+        ages_read = True
+        try:
+            ages = oldest_ages(self.app, TIERS)
+        except StorageError as exc:
+            logger.warning("oldest message ages not read: %s", exc)
+            ages, ages_read = {}, False
+        yield from queue_age_metrics(ages)
         yield from outcome_metrics(snapshot)
+        yield from stall_metrics(snapshot)
         yield from breaker_metrics(snapshot)
         yield from budget_metrics(snapshot)
         yield from limit_metrics(snapshot)
@@ -77,6 +93,7 @@ class SharedStateCollector(Collector):
         for section in ("counters", "queue_depth", "breakers", "budgets", "limits", "locks",
                         "idempotency", "outbox"):
             errors.add_metric([section], 0.0 if section in snapshot["errors"] else 1.0)
+        errors.add_metric(["queue_age"], 1.0 if ages_read else 0.0)
         yield errors
 
 
@@ -103,13 +120,42 @@ def tier_metrics(snapshot: dict[str, Any]) -> Iterator[Metric]:
     yield locks
 
 
+def queue_age_metrics(ages: dict[str, float | None]) -> Iterator[Metric]:
+    """Seconds the oldest waiting message of each tier was published ago (Redis brokers;
+    absent on RabbitMQ and for a tier whose oldest message carries no `published_at`):
+    the autoscaling signal beside depth (jobs.observe.backlog)."""
+    age = GaugeMetricFamily(
+        "jobs_queue_oldest_age_seconds",
+        "Seconds since the oldest message waiting in the tier queue was published (0: empty)",
+        labels=["tier"])
+    for tier, seconds in ages.items():
+        if seconds is not None:
+            age.add_metric([tier], seconds)
+    yield age
+
+
+def stall_metrics(snapshot: dict[str, Any]) -> Iterator[Metric]:
+    """The consumption watchdog's decisions (jobs.observe.watchdog): `reconnect` for each
+    stall seen, `exit` when reconnecting did not help and the worker exited."""
+    stalls = CounterMetricFamily(
+        "jobs_worker_stalls",
+        "Workers that stopped consuming with a backlog and free slots, by what was done",
+        labels=["tier", "action"])
+    counters = snapshot["counters"]
+    if isinstance(counters, list):
+        for c in counters:
+            if c.get("guard") == WATCHDOG:
+                stalls.add_metric([c.get("tier", ""), c.get("name", "")], c["value"])
+    yield stalls
+
+
 def outcome_metrics(snapshot: dict[str, Any]) -> Iterator[Metric]:
     outcomes = CounterMetricFamily(
         "jobs_guard_outcomes", "Guard decisions fleet-wide, by outcome, tier and guard",
         labels=["outcome", "tier", "guard", "name"])
     counters = snapshot["counters"]
     if isinstance(counters, list):
-        for c in counters:
+        for c in (c for c in counters if c.get("guard") != WATCHDOG):
             outcomes.add_metric([c.get("outcome", ""), c.get("tier", ""), c.get("guard", ""),
                                  c.get("name", "")], c["value"])
     yield outcomes

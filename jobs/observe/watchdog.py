@@ -351,6 +351,7 @@ class WorkerWatchdog(bootsteps.StartStopStep):
 
     def create(self, w: Any) -> ConsumptionWatchdog:
         from jobs.observe.backlog import fresh_backlog
+        from jobs.observe.metrics import WATCHDOG
         from resilience.counters import count_outcome
 
         stall = _stall_seconds(w.app)
@@ -358,7 +359,7 @@ class WorkerWatchdog(bootsteps.StartStopStep):
 
         def count(action: str) -> None:
             tier = ",".join(w.jobs_watchdog.queues) or None
-            count_outcome(w.app, "STALLED", guard="watchdog", tier=tier, name=action)
+            count_outcome(w.app, "STALLED", guard=WATCHDOG, tier=tier, name=action)
 
         w.jobs_watchdog = ConsumptionWatchdog(
             stall_seconds=stall,

@@ -184,6 +184,22 @@ def _start(worker_factory: Any, name: str, broker_url: str, **env: str) -> Any:
     return worker
 
 
+def _scrape(app: Any) -> dict[str, list[Any]]:
+    """What `jobs metrics` would serve now, by family."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from jobs.observe.metrics import registry_for
+
+    text = generate_latest(registry_for(app)).decode()
+    return {family.name: family.samples for family in text_string_to_metric_families(text)}
+
+
+def _value(samples: list[Any], name: str, **labels: str) -> float:
+    return sum(s.value for s in samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
 def _stalls(redis_client: Any, action: str) -> int:
     field = field_for(outcome="STALLED", tier="standard", guard="watchdog", name=action)
     return int(redis_client.hget(COUNTERS_KEY, field) or 0)
@@ -215,6 +231,11 @@ class TestStalledWorker:
         assert _stalls(redis_client, RECONNECT) >= 1
         assert _stalls(redis_client, EXIT) == 0
         assert all(check.ok for check in local_liveness(worker.nodename, max_age_seconds=30))
+        stalls = _scrape(app)["jobs_worker_stalls"]
+        assert _value(stalls, "jobs_worker_stalls_total", tier="standard",
+                      action=RECONNECT) >= 1
+        assert not [s for s in _scrape(app)["jobs_guard_outcomes"]
+                    if s.labels["guard"] == "watchdog"]
 
     @pytest.mark.timeout(120)
     def test_a_worker_a_reconnect_cannot_cure_fails_liveness_then_exits(
@@ -303,6 +324,9 @@ class TestOldestAge:
                 assert published_at(oldest) is not None
                 client.rpush(name, b'{"headers": {}, "body": ""}')  # a foreign producer's
             assert oldest_ages(app, [name], now=now) == {name: None}
+            exported = _scrape(app)["jobs_queue_oldest_age_seconds"]
+            assert {s.labels["tier"] for s in exported} <= {"critical", "standard", "optional"}
+            assert all(s.value >= 0 for s in exported)
         finally:
             with app.connection_for_write() as connection:
                 connection.default_channel.client.delete(name)
