@@ -19,7 +19,7 @@ from jobs.observe.backlog import oldest_ages, published_at
 from jobs.observe.health import local_liveness, stalled_path
 from jobs.observe.watchdog import EXIT, EXIT_STALLED, RECONNECT, ConsumerState, ConsumptionWatchdog
 from resilience.counters import COUNTERS_KEY, field_for
-from tests.support import wait_for
+from tests.support import ROOT, wait_for
 
 #: JOBS_WORKER_STALL_SECONDS of the chaos tests' workers.
 STALL_SECONDS = 4.0
@@ -261,6 +261,11 @@ class TestStalledWorker:
         assert failed_at is not None and failed_at < exited_at
         assert exited_at - started <= 2 * STALL_SECONDS, worker.log_tail()
         assert stalled_path(worker.nodename).exists()  # until a worker of that name starts
+        probe = subprocess.run(
+            [sys.executable, "-m", "jobs", "health", "live", "--local", "--node",
+             worker.nodename], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True, text=True, timeout=60)
+        assert probe.returncode == 1 and "FAIL consumption" in probe.stdout, probe.stdout
         assert _stalls(redis_client, EXIT) == 1
 
         _start(worker_factory, "watchdog-after", broker.url)
