@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from jobs.embedded import embedded_redis, free_port
-from jobs.observe.backlog import oldest_ages, published_at
+from jobs.observe.backlog import fresh_backlog, oldest_ages, published_at
 from jobs.observe.health import local_liveness, stalled_path
 from jobs.observe.watchdog import EXIT, EXIT_STALLED, RECONNECT, ConsumerState, ConsumptionWatchdog
 from resilience.counters import COUNTERS_KEY, field_for
@@ -300,6 +300,54 @@ class TestStalledWorker:
         assert worker.alive()
         assert _stalls(redis_client, RECONNECT) == 0
         assert _stalls(redis_client, EXIT) == 0
+
+
+# -- the backlog on a fresh connection ------------------------------------------------------
+RABBITMQ_URL = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+def _rabbitmq_reachable() -> bool:
+    from kombu import Connection
+
+    try:
+        with Connection(RABBITMQ_URL, connect_timeout=2) as connection:
+            connection.ensure_connection(max_retries=1)
+        return True
+    except Exception:  # noqa: BLE001 - any failure means unreachable
+        return False
+
+
+class TestFreshBacklog:
+    @pytest.mark.timeout(60)
+    def test_an_unreachable_broker_is_none_within_the_timeout(self) -> None:
+        """Redis and RabbitMQ URLs nobody listens on: None (an outage), not an error."""
+        from celery import Celery
+
+        for url in (f"redis://127.0.0.1:{free_port()}/0",
+                    f"amqp://guest:guest@127.0.0.1:{free_port()}//"):
+            started = time.monotonic()
+            assert fresh_backlog(Celery(broker=url), ["standard"], timeout_seconds=0.5) is None
+            assert time.monotonic() - started < 5, url
+
+    @pytest.mark.skipif(not _rabbitmq_reachable(), reason=f"no RabbitMQ at {RABBITMQ_URL}")
+    @pytest.mark.timeout(60)
+    def test_a_rabbitmq_queue_is_counted_on_a_connection_of_its_own(self) -> None:
+        from celery import Celery
+        from kombu import Connection, Queue
+
+        name = f"watchdog-backlog-{os.getpid()}"
+        with Connection(RABBITMQ_URL) as connection:
+            queue = Queue(name, channel=connection.default_channel)
+            queue.declare()
+            try:
+                producer = connection.Producer()
+                for index in range(3):
+                    producer.publish({"index": index}, routing_key=name)
+                app = Celery(broker=RABBITMQ_URL)
+                assert wait_for(lambda: fresh_backlog(app, [name], timeout_seconds=2) == 3,
+                                timeout_seconds=10, message="3 messages counted")
+            finally:
+                queue.delete()
 
 
 # -- the oldest message's age ---------------------------------------------------------------
