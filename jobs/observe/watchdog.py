@@ -111,8 +111,9 @@ class ConsumptionWatchdog:
         if stall_seconds <= 0:
             raise ValueError(f"stall_seconds must be positive, got {stall_seconds!r}")
         self.stall_seconds = stall_seconds
-        #: Seconds between backlog reads while idle, and between a check and the next.
+        #: Seconds between fresh backlog reads while idle (each opens a broker connection).
         self.read_interval_seconds = stall_seconds / 4
+        #: Seconds between checks of the consumer's state (local, no I/O).
         self.check_interval_seconds = max(0.1, stall_seconds / 20)
         #: After a reconnect, how long consumption has to come back.
         self.recover_seconds = stall_seconds / 2
@@ -176,8 +177,10 @@ class ConsumptionWatchdog:
                        "taken for %.0fs; reconnecting it", waiting, ",".join(state.queues),
                        now - self._idle_since)
         self._reconnected_at = now
-        self.reconnect()
-        self.count(RECONNECT)
+        try:
+            self.reconnect()
+        finally:  # counted after: a guard Redis on the broker's server answers again now
+            self.count(RECONNECT)
         return RECONNECT
 
     def _after_reconnect(self, now: float, resumed: bool) -> str | None:
