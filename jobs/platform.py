@@ -18,6 +18,7 @@ from resilience.deadletter.poison import PoisonConfig, PoisonGuard
 from resilience.deadline import DeadlineConfig, DeadlineGuard, DeadlineStampGuard
 from resilience.errors import ConfigurationError
 from resilience.pause import PauseConfig, PauseGuard, RedisPauseBackend
+from resilience.results import FINAL_STATE_BACKENDS
 from resilience.stores import Stores, install
 from resilience.task import GuardedTask
 
@@ -149,6 +150,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     config: dict[str, Any] = {
         "broker_url": settings.effective_broker_url,
         "result_backend": settings.effective_result_backend_url,
+        # Celery's loader reads this: on these backends a late RETRY or STARTED never
+        # replaces a final state (resilience.results).
+        "override_backends": FINAL_STATE_BACKENDS,
         "broker_connection_retry_on_startup": True,
         # JSON only: a pickle message can run arbitrary code in the worker.
         "task_serializer": "json",
