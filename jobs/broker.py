@@ -7,21 +7,43 @@ it is in neither the queue nor the unacked hash, so no visibility restore brings
 Here the taking and the recording are one Lua script (`fetch.lua`), writing exactly the
 record kombu's QoS writes, so everything kombu does afterwards is unchanged: `acks_late`,
 prefetch, ETA messages held unacknowledged, `restore_visible` after the visibility timeout,
-restore at warm shutdown. The blocking wait that BRPOP gave is kept without taking anything:
-`BLMOVE q q RIGHT RIGHT` moves a list's last item onto its own tail, which leaves the list as
-it was and returns once the list has an item; the script then takes the oldest message of
-the first non-empty list. Sidekiq Pro's super_fetch moves each job into a private working
+restore at warm shutdown. Sidekiq Pro's super_fetch moves each job into a private working
 list instead; kombu already keeps a working set (the unacked hash) and recovers it, so the
-platform closes the window into it rather than adding a second one. The wait watches the first
-queue of kombu's round-robin cycle; a message on another queue of a multi-queue worker (or a
-priority sub-list) is taken on the next wake-up, at most `brpop_timeout` (1 s) later. A tier
-worker consumes one queue, so it never waits. An item that is not kombu JSON is moved to
-the list `jobs:unreadable` with an error logged, rather than crashing the consumer.
+platform closes the window into it rather than adding a second one.
+
+The script cannot block, so fetching and waiting are apart:
+
+- *Fetch.* The script is sent on the channel's consuming connection (the one kombu's BRPOP
+  used, registered with the event loop the same way) and takes the oldest message of the
+  first non-empty list, lists ordered as kombu's BRPOP orders them: every queue's top
+  priority step, in the round-robin order of kombu's `_queue_cycle`, then the next step.
+  The queue served goes to the end of the cycle. A channel fetches at once when it starts
+  consuming and again right after each delivery, so it never waits while a list it
+  watches has a message.
+- *Wait.* Only after a fetch found every list empty does the channel wait, on one waiter
+  connection per list (each queue times each priority step), each blocked in
+  `BLMOVE list list RIGHT RIGHT`: that moves a list's last item onto its own tail, which
+  leaves the list as it was and returns as soon as the list has an item. Redis has no
+  multi-list wait that does not take the item (BLMPOP takes it), so one connection per list
+  is what makes a message on any list wake the channel at once. A reply means "fetch now";
+  a waiter can be dropped at any moment without losing anything, since it never holds a
+  message. Waiters are registered with kombu's `MultiChannelPoller` next to the consuming
+  connection, so Celery's event loop (and `drain_events`) wake on them.
+
+The cost: a consumer keeps one more Redis connection per list it watches (4 per queue with
+kombu's default priority steps) and, while idle, each waiter re-blocks every
+`brpop_timeout` (1 s). A message pushed onto a list several idle consumers watch wakes all
+of them (BRPOP woke one); the others' fetches find nothing and they wait again. An item that
+is not kombu JSON is moved to the list `jobs:unreadable` with an error logged, rather than
+crashing the consumer. Consumers that never acknowledge (Celery's control replies) and
+channels with a `global_keyprefix` keep kombu's BRPOP.
 
 **Guarded publish.** A message whose headers carry the enqueue guards' requests (the tier's
 bound, a unique key: `resilience.publish`) is pushed by one script that checks them first, so
-a guarded `.delay()` is one round trip, as a plain one is, and both checks are exact. The
-headers are removed before the message is stored.
+a guarded `.delay()` is one round trip, as a plain one is, and both checks are exact. What is
+stored is a copy without those headers; the caller's message is never changed, so a publish
+kombu retries after a connection error (`publish(retry=True)`, Celery's default) runs the
+checks again on every attempt.
 
 **One client object.**
 kombu's Redis channel builds a new `redis.Redis` object for every publish, fanout event and
@@ -32,22 +54,26 @@ them) a worker's main process publishes three events per job, and that construct
 took a quarter of its CPU under load (py-spy, `python -m bench idempotency`).
 
 A `redis.Redis` object holds no connection of its own here (it takes one from the pool per
-command) and is thread-safe, so the channel keeps one. The asynchronous client (the BRPOP
-poller's) is left as kombu builds it. Selected by `jobs.platform.celery_config` for
-redis:// brokers only (rediss:// and RabbitMQ keep kombu's own transport).
+command) and is thread-safe, so the channel keeps one. The asynchronous client (the
+consuming connection's) is left as kombu builds it. Selected by `jobs.platform.celery_config`
+for redis:// brokers only (rediss:// and RabbitMQ keep kombu's own transport).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from functools import partial
 from time import monotonic, time
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
+from redis.exceptions import NoScriptError
 
-from resilience.publish import BOUND_HEADER, UNIQUE_HEADER, push
+from resilience.errors import ConfigurationError
+from resilience.publish import guard_requests, push
 from resilience.scripts import LuaScript
 
 logger = logging.getLogger("jobs.broker")
@@ -55,6 +81,10 @@ logger = logging.getLogger("jobs.broker")
 FETCH = LuaScript.load(__file__, "fetch.lua")
 #: Where an item that is not kombu JSON is set aside (inspect it with LRANGE).
 UNREADABLE_KEY = "jobs:unreadable"
+#: Poller type of a waiter: `(WAIT, list key)` (kombu's own types are 'BRPOP' and 'LISTEN').
+WAIT = "WAIT"
+#: What the consuming connection has in flight when it is the fetch script.
+_FETCHING = "FETCH"
 
 
 class QoS(kombu_redis.QoS):
@@ -69,6 +99,47 @@ class QoS(kombu_redis.QoS):
         super().append(message, delivery_tag)
 
 
+class Waiter:
+    """One list's wait: a connection of its own, blocked in `BLMOVE key key RIGHT RIGHT`.
+
+    It stands where kombu's poller expects a client (`.connection`), so the poller and
+    Celery's event loop register, poll and forget it as they do the BRPOP connection.
+    """
+
+    __slots__ = ("armed", "connection", "fileno", "key", "sent_at")
+
+    def __init__(self, key: str, connection: Any) -> None:
+        self.key = key
+        self.connection = connection
+        self.armed = False
+        self.sent_at = 0.0
+        self.fileno: int | None = None
+
+    @property
+    def kind(self) -> tuple[str, str]:
+        """This waiter's type in the poller's maps and in the channel's `handlers`."""
+        return (WAIT, self.key)
+
+
+def _is_wait(kind: Any) -> bool:
+    return isinstance(kind, tuple) and kind[:1] == (WAIT,)
+
+
+class Poller(kombu_redis.MultiChannelPoller):
+    """kombu's poller; a waiter's reply is read even while the channel cannot consume.
+
+    Reading a waiter takes nothing (the reply only says "fetch now"), and a reply left
+    unread would keep its socket readable and spin the event loop.
+    """
+
+    def on_readable(self, fileno: int) -> Any:
+        found = self._fd_to_chan.get(fileno)
+        if found is not None and _is_wait(found[1]):
+            channel, kind = found
+            return channel.handlers[kind]()
+        return super().on_readable(fileno)
+
+
 class Channel(kombu_redis.Channel):
     """A Redis channel with reliable fetch that reuses its synchronous client."""
 
@@ -80,6 +151,12 @@ class Channel(kombu_redis.Channel):
         self.recorded: set[str] = set()
         self._fetch_keys: list[str] = []
         self._no_ack_tags: set[Any] = set()
+        #: Whether the next poll sends the fetch script rather than waiting: at start,
+        #: after a delivery, and when a waiter saw its list non-empty.
+        self._fetch_due = True
+        #: What the consuming connection has in flight (`_FETCHING` or None: kombu's BRPOP).
+        self._in_flight: str | None = None
+        self._waiters: dict[str, Waiter] = {}
         super().__init__(*args, **kwargs)
 
     @property
@@ -98,79 +175,82 @@ class Channel(kombu_redis.Channel):
         tag = kwargs.get("consumer_tag", args[2] if len(args) > 2 else None)
         if no_ack:
             self._no_ack_tags.add(tag)
+        self._fetch_due = True  # a new queue may hold messages already
         return super().basic_consume(queue, *args, **kwargs)
 
     def basic_cancel(self, consumer_tag: Any) -> Any:
         self._no_ack_tags.discard(consumer_tag)
         return super().basic_cancel(consumer_tag)
 
+    # -- fetch -------------------------------------------------------------------------
     def _brpop_start(self, timeout: float | None = None) -> None:
+        """Fetch now if a fetch is due, else make sure every watched list has a waiter."""
         if not self.reliable:
+            self._drop_waiters()
             return super()._brpop_start(timeout)
         if timeout is None:
             timeout = self.brpop_timeout
         queues = self._queue_cycle.consume(len(self.active_queues))
         if not queues:
             return None
-        self._fetch_keys = [self._q_for_pri(queue, priority) for priority in self.priority_steps
-                            for queue in queues]
-        first = self._fetch_keys[0]
-        self._in_poll = self.client.connection
-        self._brpop_sent_at = monotonic()
-        # Waits for the list to have an item and moves nothing (see the module docstring).
-        self.client.connection.send_command("BLMOVE", first, first, "RIGHT", "RIGHT",
-                                            timeout or 0)
+        self._fetch_keys = list(dict.fromkeys(
+            self._q_for_pri(queue, priority) for priority in self.priority_steps
+            for queue in queues))
+        if self._fetch_due:
+            self._fetch_due = False
+            self._send_fetch(self._fetch_keys)
+        else:
+            self._arm_waiters(self._fetch_keys, timeout)
         return None
 
+    def _send_fetch(self, keys: list[str]) -> None:
+        connection = self.client.connection
+        self._in_poll = connection
+        self._in_flight = _FETCHING
+        self._brpop_sent_at = monotonic()
+        connection.send_command(
+            "EVALSHA", FETCH.sha, 3 + len(keys), self.unacked_key, self.unacked_index_key,
+            UNREADABLE_KEY, *keys, repr(time()))
+
     def _brpop_read(self, **options: Any) -> bool:
-        if not self.reliable:
+        """Read the fetch script's reply and deliver its message (kombu's BRPOP reply when
+        the channel is not reliable)."""
+        if self._in_flight != _FETCHING:
             return super()._brpop_read(**options)
+        self._in_flight = None
         try:
             try:
-                self.client.parse_response(self.client.connection, "BLMOVE", **options)
+                reply = self.client.parse_response(self.client.connection, "EVALSHA",
+                                                   **options)
             except self.connection_errors:
                 self.client.connection.disconnect()
                 raise
+            except NoScriptError:
+                # A new, restarted or flushed server: load the script and fetch again.
+                with self.conn_or_acquire() as client:
+                    client.script_load(FETCH.text)
+                self._fetch_due = True
+                raise kombu_redis.Empty() from None
         finally:
             self._in_poll = None
-            flush = getattr(self, "_flush_brpop_reauth", None)
-            if flush is not None:
-                flush()
-        fetched = self._fetch(self._fetch_keys)
-        if fetched is None:
+            self._flush_brpop_reauth()
+        if not reply:
+            raise kombu_redis.Empty()  # every list empty: the waiters take over
+        self._fetch_due = True
+        key, item, tag = (bytes_to_str(part) for part in reply)
+        queue = key.rsplit(self.sep, 1)[0]
+        if tag == "unreadable":
+            logger.error("an item of queue %r is not a kombu message; moved to the Redis "
+                         "list %r", queue, UNREADABLE_KEY)
             raise kombu_redis.Empty()
-        queue, message = fetched
+        self.recorded.add(tag)
         self._queue_cycle.rotate(queue)
-        self.connection._deliver(message, queue)
+        self.connection._deliver(loads(item), queue)
         return True
 
-    def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
-        """Publish; a message carrying the enqueue guards' headers (`resilience.publish`) is
-        pushed by one script that checks its unique key and its queue's bound first.
-
-        Raises:
-            QueueFull, DuplicateJob: the script refused the message; nothing was pushed.
-        """
-        headers = message.get("headers")
-        if not isinstance(headers, dict):
-            return super()._put(queue, message, **kwargs)
-        bound = headers.pop(BOUND_HEADER, None)
-        unique = headers.pop(UNIQUE_HEADER, None)
-        if (bound is None and unique is None) or kwargs.get("_publish_batch") is not None \
-                or self.global_keyprefix:
-            return super()._put(queue, message, **kwargs)
-        priority = self._get_message_priority(message, reverse=False)
-        with self.conn_or_acquire() as client:
-            push(client, target=self._q_for_pri(queue, priority),
-                 lists=[self._q_for_pri(queue, step) for step in self.priority_steps],
-                 payload=dumps(message), bound=bound, unique=unique)
-            if self._expires and queue in self._expires:
-                for step in self.priority_steps:
-                    client.pexpire(self._q_for_pri(queue, step), self._expires[queue])
-        return None
-
     def _fetch(self, keys: list[str]) -> tuple[str, Any] | None:
-        """Take the oldest message of the first non-empty list, recorded as unacked."""
+        """Take the oldest message of the first non-empty list, recorded as unacked (the
+        fetch, synchronously, on the channel's shared client)."""
         if not keys:
             return None
         with self.conn_or_acquire() as client:
@@ -188,6 +268,156 @@ class Channel(kombu_redis.Channel):
                 self.recorded.add(tag)
                 return queue, loads(item)
 
+    # -- wait --------------------------------------------------------------------------
+    def _arm_waiters(self, keys: list[str], timeout: float) -> None:
+        """Block a waiter on each of `keys` that is not blocked already; drop the others."""
+        for key in [key for key in self._waiters if key not in keys]:
+            self._drop_waiter(key)
+        now = monotonic()
+        overdue = (timeout or 0) + (self.health_check_interval or 0)
+        for key in keys:
+            waiter = self._waiters.get(key) or self._new_waiter(key)
+            if waiter.armed:
+                # A half-open connection never answers, and no socket timeout applies to
+                # the event loop: drop one whose reply is overdue (kombu does so for BRPOP).
+                if timeout and self.health_check_interval and now - waiter.sent_at > overdue \
+                        and not kombu_redis._socket_readable(waiter.connection._sock):
+                    logger.warning("Redis wait on %r got no reply for %.0f s; reconnecting",
+                                   key, now - waiter.sent_at)
+                    self._drop_waiter(key)
+                continue
+            waiter.connection.send_command("BLMOVE", key, key, "RIGHT", "RIGHT", timeout or 0)
+            waiter.armed = True
+            waiter.sent_at = now
+
+    def _new_waiter(self, key: str) -> Waiter:
+        pool = self.async_pool
+        # Outside the pool: a waiter holds its connection for good, and a worker watching
+        # several queues would otherwise exhaust the pool's `max_connections`. The class is
+        # the pool's, which tells the channel when the connection drops.
+        waiter = Waiter(key, pool.connection_class(**pool.connection_kwargs))
+        # Registering connects; a broker that is down raises here, with nothing kept.
+        self.connection.cycle._register(self, waiter, waiter.kind)
+        waiter.fileno = waiter.connection._sock.fileno()
+        self._waiters[key] = waiter
+        self.handlers[waiter.kind] = partial(self._wait_read, key)
+        return waiter
+
+    def _wait_read(self, key: str) -> None:
+        """A waiter answered: its list has an item (fetch now) or its wait timed out.
+
+        Raises:
+            Empty: always; a waiter delivers nothing itself.
+        """
+        waiter = self._waiters.get(key)
+        if waiter is None:
+            raise kombu_redis.Empty()
+        waiter.armed = False
+        try:
+            reply = self.client.parse_response(waiter.connection, "BLMOVE")
+        except self.connection_errors:
+            # Nothing is lost with a waiter. Drop it and fetch: a broker that is really
+            # gone fails the fetch on the consuming connection, which kombu recovers.
+            logger.debug("Redis wait on %r failed; reconnecting", key, exc_info=True)
+            self._drop_waiter(key)
+            self._fetch_due = True
+            raise kombu_redis.Empty() from None
+        if reply is not None:
+            self._fetch_due = True
+        raise kombu_redis.Empty()
+
+    def _poll_error(self, type: Any, **options: Any) -> Any:
+        if _is_wait(type):
+            return self._wait_read(type[1])
+        return super()._poll_error(type, **options)
+
+    def _drop_waiter(self, key: str) -> None:
+        waiter = self._waiters.get(key)
+        if waiter is None:
+            return
+        self._forget_waiter(waiter)
+        waiter.connection.disconnect()
+
+    def _forget_waiter(self, waiter: Waiter) -> None:
+        """Remove a waiter from the channel and from the poller (before or after its socket
+        closed: a closed socket has left epoll already)."""
+        if self._waiters.get(waiter.key) is waiter:
+            del self._waiters[waiter.key]
+        self.handlers.pop(waiter.kind, None)
+        connection = self.connection
+        cycle = getattr(connection, "cycle", None) if connection else None
+        if cycle is None:
+            return
+        ident = (self, waiter, waiter.kind)
+        cycle._chan_to_sock.pop(ident, None)
+        if waiter.fileno is not None and cycle._fd_to_chan.get(waiter.fileno) == (
+                self, waiter.kind):
+            del cycle._fd_to_chan[waiter.fileno]
+            with contextlib.suppress(Exception):
+                cycle._unregister_from_poll(waiter.fileno)
+
+    def _drop_waiters(self) -> None:
+        for key in list(self._waiters):
+            self._drop_waiter(key)
+
+    def _on_connection_disconnect(self, connection: Any) -> None:
+        for waiter in list(self._waiters.values()):
+            if waiter.connection is connection:
+                self._forget_waiter(waiter)
+        super()._on_connection_disconnect(connection)
+
+    def _after_fork(self) -> None:
+        # A child shares the parent's poller: close the inherited sockets without touching
+        # it (unregistering would unregister them for the parent too).
+        for waiter in list(self._waiters.values()):
+            self._waiters.pop(waiter.key, None)
+            self.handlers.pop(waiter.kind, None)
+            sock, waiter.connection._sock = waiter.connection._sock, None
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.close()
+        super()._after_fork()
+
+    def close(self) -> None:
+        if not self.closed:
+            self._drop_waiters()
+        super().close()
+
+    # -- publish -----------------------------------------------------------------------
+    def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
+        """Publish; a message carrying the enqueue guards' headers (`resilience.publish`) is
+        pushed by one script that checks its unique key and its queue's bound first.
+
+        The caller's message is left as it was (a copy without the guards' headers is
+        stored), so a publish kombu retries carries the checks again.
+
+        Raises:
+            QueueFull, DuplicateJob: the script refused the message; nothing was pushed.
+            ConfigurationError: guard headers on a channel with a `global_keyprefix`.
+        """
+        stored, bound, unique = guard_requests(message)
+        if bound is None and unique is None:
+            return super()._put(queue, stored, **kwargs)
+        if self.global_keyprefix:
+            raise ConfigurationError(
+                "guarded publish (x-resilience-* headers) is not supported with the broker "
+                f"option global_keyprefix={self.global_keyprefix!r}; the enqueue guards "
+                "check on their own there (resilience.publish.guarded_publish)")
+        batch = kwargs.get("_publish_batch")
+        if batch is not None:
+            # The checks answer now, so the message cannot wait in the batch; what the
+            # batch holds goes first, keeping the order of publication.
+            batch.flush()
+        priority = self._get_message_priority(stored, reverse=False)
+        with self.conn_or_acquire() as client:
+            push(client, target=self._q_for_pri(queue, priority),
+                 lists=[self._q_for_pri(queue, step) for step in self.priority_steps],
+                 payload=dumps(stored), bound=bound, unique=unique)
+            if self._expires and queue in self._expires:
+                for step in self.priority_steps:
+                    client.pexpire(self._q_for_pri(queue, step), self._expires[queue])
+        return None
+
     def _create_client(self, asynchronous: bool = False) -> Any:
         if asynchronous:
             return super()._create_client(asynchronous=True)
@@ -198,8 +428,12 @@ class Channel(kombu_redis.Channel):
 
 
 class Transport(kombu_redis.Transport):
-    """kombu's Redis transport with `Channel` above; everything else unchanged."""
+    """kombu's Redis transport with `Channel` and `Poller` above; everything else unchanged."""
 
     Channel = Channel
     #: `_put` runs the enqueue guards' checks in the push (`resilience.publish`).
     guarded_publish = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cycle = Poller()

@@ -7,11 +7,13 @@ guards put what they need in message headers instead, and the transport runs `pu
 the unique key, the depth bound and the LPUSH in one script. A guarded `.delay()` then costs
 the round trip a plain one does, and both checks are exact (nothing can slip in between).
 
-The transport removes the headers before the message is stored and answers a refusal by
-raising from the publish: `QueueFull` (the bound) or `DuplicateJob` (the unique key, with
-the holder's task id). The guard that asked turns it into its policy in `give_back` (see
-`resilience.pipeline.EnqueuePipeline`). Other transports ignore nothing: the guards see
-`guarded_publish(app)` is False and keep their own round trips.
+The transport stores a copy of the message without the headers (`guard_requests`), never
+changing the caller's: kombu retries a publish after a connection error with the same
+headers (`publish(retry=True)`, Celery's default), so every attempt runs the checks. It
+answers a refusal by raising from the publish: `QueueFull` (the bound) or `DuplicateJob`
+(the unique key, with the holder's task id). The guard that asked turns it into its
+policy in `give_back` (see `resilience.pipeline.EnqueuePipeline`). Other transports ignore
+nothing: the guards see `guarded_publish(app)` is False and keep their own round trips.
 """
 
 from __future__ import annotations
@@ -62,6 +64,22 @@ def broker_redis(app: Celery) -> redis.Redis:
     from resilience.bulkhead.backends.broker import depth_backend_for
 
     return depth_backend_for(app).client()  # type: ignore[union-attr]
+
+
+def guard_requests(message: dict[str, Any]) -> tuple[dict[str, Any], Any, Any]:
+    """Split a kombu message into what is stored and the guards' requests it carries.
+
+    Returns `(stored, bound, unique)`: `stored` is `message` itself when it carries no
+    request, else a copy whose headers lack them; `message` and its headers are never
+    changed, so a retried publish of the same message asks again.
+    """
+    headers = message.get("headers")
+    if not isinstance(headers, dict) or not any(header in headers for header in HEADERS):
+        return message, None, None
+    stored = {**message,
+              "headers": {name: value for name, value in headers.items()
+                          if name not in HEADERS}}
+    return stored, headers.get(BOUND_HEADER), headers.get(UNIQUE_HEADER)
 
 
 def push(client: redis.Redis, *, target: str, lists: list[str], payload: str,

@@ -159,7 +159,8 @@ class Worker:
     """One real `celery worker` process that a test can kill, stop, continue and restart.
 
     Args:
-        queues: tier queue(s) it consumes, e.g. "critical" or "critical,standard".
+        queues: tier queue(s) it consumes, e.g. "critical" or "critical,standard"; "" for
+            no -Q (every configured queue).
         name: node name prefix; the node is `<name>@<unique>`.
         concurrency: pool processes; None lets the tier's configuration decide.
         env: extra environment (per-worker settings).
@@ -190,7 +191,7 @@ class Worker:
     def command(self) -> list[str]:
         return [
             sys.executable, "-m", "celery", "-A", "jobs", "worker",
-            "-Q", self.queues,
+            *(["-Q", self.queues] if self.queues else []),  # "": every configured queue
             "-n", self.nodename,
             *(["-c", str(self.concurrency)] if self.concurrency else []),
             "-P", self.pool,
