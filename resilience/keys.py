@@ -2,8 +2,10 @@
 
 `f(1)`, `f(a=1)` and `f()` with `a=1` as default produce the same key: arguments are bound
 to the function's signature, defaults applied, then written as canonical JSON (sorted keys,
-no whitespace). Non-JSON values are refused rather than stringified, because `str()` of an
-object is not stable across processes and would silently split or merge keys.
+no whitespace), with the types Celery's JSON serializer carries (`UUID`, `datetime`,
+`Decimal`, ...) tagged as kombu writes them. Other values are refused rather than
+stringified, because `str()` of an object is not stable across processes and would silently
+split or merge keys.
 
 `redis_key` turns a key (or any user- or task-derived name) into a Redis key name that
 cannot collide with another guard's bookkeeping keys, keeps a script's keys in one Redis
@@ -22,6 +24,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 from urllib.parse import unquote
+
+from kombu.utils.json import JSONEncoder
 
 from resilience.errors import ArgumentsDoNotBind, ConfigurationError, InvalidKey, NonJsonArguments
 
@@ -45,6 +49,29 @@ def canonical_json(value: Any) -> str:
         raise NonJsonArguments(
             f"arguments must be JSON-serializable (str, int, float, bool, None, list, dict "
             f"with str keys): {exc}",
+            cause=repr(exc),
+        ) from None
+
+
+def canonical_arguments(value: Any) -> str:
+    """Canonical JSON of task arguments, with the types Celery's JSON serializer carries.
+
+    kombu's encoder writes `UUID`, `datetime`, `date`, `time`, `Decimal` (and bytes, objects
+    with `__json__`, types registered with `kombu.utils.json.register_type`) as tagged
+    values the worker decodes back, so a key built in the producer from a `UUID` equals the
+    key the worker builds from the `UUID` it receives, and differs from the key of its
+    string. Sets, arbitrary objects, NaN and infinities are still refused.
+
+    Raises:
+        NonJsonArguments: `value` holds a type the JSON serializer cannot carry.
+    """
+    try:
+        return json.dumps(value, cls=JSONEncoder, sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise NonJsonArguments(
+            f"arguments must be what Celery's JSON serializer carries (str, int, float, bool, "
+            f"None, list, dict, UUID, datetime, date, time, Decimal): {exc}",
             cause=repr(exc),
         ) from None
 
@@ -218,7 +245,7 @@ class KeySpec:
             ArgumentsDoNotBind, NonJsonArguments, InvalidKey.
         """
         arguments = bind_arguments(self.func, args, kwargs)
-        canonical = canonical_json(arguments)
+        canonical = canonical_arguments(arguments)
         digest = fingerprint(canonical)
         return GuardKey(namespace=namespace, value=self._value(arguments, canonical, digest),
                         fingerprint=digest)
@@ -232,7 +259,7 @@ class KeySpec:
         """
         arguments = bind_arguments(self.func, args, kwargs)
         if self.key is None:
-            canonical = canonical_json(arguments)
+            canonical = canonical_arguments(arguments)
             return self._value(arguments, canonical, fingerprint(canonical))
         return self._value(arguments, "", "")
 
@@ -250,7 +277,7 @@ class KeySpec:
                 value = produced
             else:
                 try:
-                    value = canonical_json(produced)
+                    value = canonical_arguments(produced)
                 except NonJsonArguments:
                     raise InvalidKey(
                         f"key function returned {type(produced).__name__}, which is not JSON; "

@@ -10,15 +10,26 @@ Execution path (`__call__`, in the worker): the execution guards around `run`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from typing import Any, ClassVar
 
 from celery import Task
+from celery._state import _task_stack
 from celery.exceptions import Retry
+from kombu import serialization
+from kombu.exceptions import EncodeError
+from kombu.utils.json import dumps as kombu_json
 
-from resilience.errors import AdmissionError, JobDeferred, JobStopped, PayloadTooLarge
-from resilience.keys import canonical_json, check_binding, signature_of
+from resilience.errors import (
+    AdmissionError,
+    InvalidTaskArguments,
+    JobDeferred,
+    JobStopped,
+    NonJsonArguments,
+    PayloadTooLarge,
+)
+from resilience.keys import check_binding, signature_of
 from resilience.outcomes import Outcome, Stop, flush_decisions
 from resilience.pipeline import (
     Call,
@@ -94,6 +105,52 @@ def scalar_payload_bound(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int |
     return size
 
 
+def celery_arguments(args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """`args`/`kwargs` of `apply_async` as Celery takes them: None is empty, args a list or
+    tuple, kwargs a mapping (`celery/app/amqp.py` `as_task_v2`), so `apply_async("s", {})`
+    fails here instead of publishing `("s",)`.
+
+    Raises:
+        InvalidTaskArguments: a TypeError, with Celery's message.
+    """
+    args = args or ()
+    kwargs = kwargs or {}
+    if not isinstance(args, (list, tuple)):
+        raise InvalidTaskArguments(
+            f"task args must be a list or tuple, not {type(args).__name__}")
+    if not isinstance(kwargs, Mapping):
+        raise InvalidTaskArguments(
+            f"task keyword arguments must be a mapping, not {type(kwargs).__name__}")
+    return tuple(args), dict(kwargs)
+
+
+def serialized_size(args: tuple[Any, ...], kwargs: dict[str, Any],
+                    serializer: str | None) -> int:
+    """Bytes of `[args, kwargs]` as `serializer` writes them (None: JSON).
+
+    JSON is kombu's, so whatever Celery's JSON carries is accepted (`UUID`, `datetime`,
+    `date`, `time`, `Decimal`, bytes, registered types), except NaN and infinities: kombu
+    would write them as bare `NaN` / `Infinity`, which no JSON parser but Python's reads.
+
+    Raises:
+        NonJsonArguments: the serializer cannot carry an argument.
+    """
+    if serializer in (None, "json"):
+        try:
+            return len(kombu_json([list(args), kwargs], allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            raise NonJsonArguments(
+                "arguments must be what Celery's JSON serializer carries (str, int, float, "
+                "bool, None, list, dict, UUID, datetime, date, time, Decimal, bytes): "
+                f"{exc}", cause=repr(exc)) from None
+    try:
+        _, _, payload = serialization.dumps([list(args), kwargs], serializer)
+    except EncodeError as exc:
+        raise NonJsonArguments(f"arguments cannot be serialized with {serializer}: {exc}",
+                               cause=repr(exc)) from None
+    return len(payload)
+
+
 def delay_seconds_of_options(options: dict[str, Any]) -> float:
     """Seconds until a publish with these options is due (0 when it names no delay)."""
     if options.get("countdown") is None and options.get("eta") is None:
@@ -155,11 +212,12 @@ class GuardedTask(Task):
         `retries` in its options and skips the enqueue guards: it is not new work.
 
         Raises:
+            InvalidTaskArguments: args not a list or tuple, kwargs not a mapping (a
+                TypeError, as Celery raises).
             ArgumentsDoNotBind, NonJsonArguments, PayloadTooLarge: the arguments cannot be sent.
             AdmissionError: an enqueue guard refused the job (`TierFull`, `DuplicateJob`).
         """
-        args = tuple(args or ())
-        kwargs = dict(kwargs or {})
+        args, kwargs = celery_arguments(args, kwargs)
         if self._beyond_max_countdown(options):
             return self._delay_in_outbox(args, kwargs, task_id, link, link_error, shadow,
                                          options)
@@ -198,7 +256,7 @@ class GuardedTask(Task):
                                "%.0fs", self.name, task_id, later["countdown"])
                 return self._delay_in_outbox(args, kwargs, task_id, link, link_error, shadow,
                                              later)
-        self.validate_arguments(args, kwargs)
+        self.validate_arguments(args, kwargs, serializer=options.get("serializer"))
         _, enqueue = self.pipelines()
         if not enqueue.guards:
             return send(publish)
@@ -272,14 +330,13 @@ class GuardedTask(Task):
                 relay reads (the app's DATABASE_URL).
 
         Raises:
-            ArgumentsDoNotBind, NonJsonArguments, PayloadTooLarge, InvalidKey: as
-                `apply_async`; nothing is written.
+            InvalidTaskArguments, ArgumentsDoNotBind, NonJsonArguments, PayloadTooLarge,
+                InvalidKey: as `apply_async`; nothing is written.
             StorageError: the insert failed (the caller's transaction is aborted).
         """
         from resilience.outbox.enqueue import write
 
-        args = tuple(args or ())
-        kwargs = dict(kwargs or {})
+        args, kwargs = celery_arguments(args, kwargs)
         self.validate_arguments(args, kwargs)
         self._validate_keys(args, kwargs, options)
         return write(self, session, args, kwargs, options)
@@ -309,19 +366,30 @@ class GuardedTask(Task):
                 "resilience_max_payload_bytes", DEFAULT_MAX_PAYLOAD_BYTES))
         return limit
 
-    def validate_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def validate_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any], *,
+                           serializer: str | None = None) -> None:
         """Refuse arguments that would fail in the worker or could not be sent at all.
+
+        The signature check follows Celery's `typing` (the task's `typing=`, else the app's
+        `strict_typing`): when it is off the arguments are not bound, as Celery does not
+        bind them. The serializer and size checks run whatever `typing` says: they protect
+        the broker and the worker's memory, which Celery leaves unbounded. (A guard that
+        keys on arguments, `@idempotent` or `@unique` say, still binds them to build its
+        key.)
+
+        Args:
+            serializer: the publish's `serializer` option; None takes the task's.
 
         Raises:
             ArgumentsDoNotBind, NonJsonArguments, PayloadTooLarge.
         """
-        check_binding(self.run, args, kwargs)
+        if self.typing:
+            check_binding(self.run, args, kwargs)
         limit = self.max_payload_bytes or self._app_payload_limit()
         bound = scalar_payload_bound(args, kwargs)
         if bound is not None and bound <= limit:
             return  # plain scalars that cannot reach the limit: no need to serialize
-        payload = canonical_json([list(args), kwargs])
-        size = len(payload.encode("utf-8"))
+        size = serialized_size(args, kwargs, serializer or self.serializer)
         if size > limit:
             raise PayloadTooLarge(
                 f"{self.name}: arguments serialize to {size} bytes, over the {limit}-byte "
@@ -332,8 +400,32 @@ class GuardedTask(Task):
 
     # -- execution path ----------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the task inside its guards, as Celery's `Task.__call__` runs it.
+
+        From a message, the worker's trace has pushed the request and the task already
+        (`celery/app/trace.py`); the first call under that request runs in it, as Celery's
+        stack protection does. Any other call (a direct call, a task calling itself or
+        another task as a function) pushes a request of its own with its own arguments and
+        `called_directly` set, and the task on `current_task`'s stack: the guards then see an
+        inline call, never the enclosing message's request.
+        """
+        stack = self.request_stack
+        top = stack.top
+        if (top is not None and not top._protected and len(stack) == 1
+                and not top.called_directly):
+            top._protected = 1
+            return self._guarded(args, kwargs, top)
+        _task_stack.push(self)
+        self.push_request(args=args, kwargs=kwargs, called_directly=True)
+        try:
+            return self._guarded(args, kwargs, self.request)
+        finally:
+            self.pop_request()
+            _task_stack.pop()
+
+    def _guarded(self, args: tuple[Any, ...], kwargs: dict[str, Any], request: Any) -> Any:
         pipeline, _ = self.pipelines()
-        call = Call(task=self, args=args, kwargs=kwargs, request=self.request)
+        call = Call(task=self, args=args, kwargs=kwargs, request=request)
         if not call.inline:
             self.check_arguments(call)
         if not pipeline:
