@@ -9,7 +9,11 @@ These are the rest:
   acknowledged (Celery's default `acks_on_timeout`), a lost worker process whose message
   is not requeued;
 - `task_revoked`: Celery's `revoke` (`jobs cancel` sends one too) or an expired job,
-  dropped by the worker without running: `cancelled`, or `shed` when it expired.
+  dropped by the worker without running: `cancelled`, or `shed` when it expired;
+- `job_deduplicated` (`resilience.idempotency.unique`), in the outbox relay: a member whose
+  `@unique` key another job holds is never published, so it never runs: `skipped`. It
+  does not follow the holder, which may be no member and whose outcome may come much
+  later; its own result names the holder (`details.existing_task_id`).
 
 The main process knows the job's id, not its headers, so those look the member up by task
 id (an index). A job that is no batch member costs a header lookup in the pool process and
@@ -19,10 +23,18 @@ one indexed statement in the main process, only on these rare paths.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from resilience.batches.backends import MemberState
-from resilience.batches.guard import batch_id_of, handled, log_recorded, state_of_error
+from resilience.batches.guard import (
+    BATCH_HEADER,
+    batch_id_of,
+    handled,
+    log_recorded,
+    state_of_error,
+)
+from resilience.idempotency.unique import job_deduplicated
 
 logger = logging.getLogger("resilience.batches")
 
@@ -77,8 +89,30 @@ def on_task_revoked(sender: Any = None, request: Any = None, expired: bool = Fal
     _record(sender, task_id, state, None)
 
 
+def on_job_deduplicated(sender: Any = None, task_id: str | None = None,
+                        holder: str | None = None, headers: Any = None, **_: Any) -> None:
+    """A member deduplicated at publish by `@unique` will never run: it is `skipped`.
+
+    Raises:
+        StorageError: not recorded; the enqueue raises it, so the relay publishes the row
+            again later (and records then).
+    """
+    batch_id = headers.get(BATCH_HEADER) if isinstance(headers, Mapping) else None
+    if sender is None or task_id is None or not isinstance(batch_id, str) or not batch_id:
+        return
+    from resilience.batches.backends.postgres import backend_for
+    from resilience.stores import stores_for
+
+    done = backend_for(stores_for(sender.app)).record(
+        None, task_id=task_id, state=MemberState.SKIPPED, batch_id=batch_id)
+    if done.recorded:
+        logger.info("batch %s member %s skipped: its unique key is held by %s", batch_id,
+                    task_id, holder, extra={"batch_id": batch_id, "task_id": task_id})
+        log_recorded(task_id, batch_id, MemberState.SKIPPED, done.completed)
+
+
 def connect() -> None:
-    """Connect the handlers to Celery's signals (once per process)."""
+    """Connect the handlers to Celery's signals and `job_deduplicated` (once per process)."""
     global _connected
     if _connected:
         return
@@ -86,4 +120,5 @@ def connect() -> None:
 
     signals.task_failure.connect(on_task_failure, weak=False)
     signals.task_revoked.connect(on_task_revoked, weak=False)
+    job_deduplicated.connect(on_job_deduplicated, weak=False)
     _connected = True

@@ -9,6 +9,16 @@ Execution side (a guard at the outermost stage): the key is given back when the 
 starts (`until_started`) or when it finishes (`until_finished`), only if it still names this
 job (compare-and-delete), so a late release never frees another job's key.
 
+A duplicate whose task id its caller fixed before the enqueue (an outbox row's, a canvas
+member's, an explicit `task_id`) would leave that id PENDING forever, since nothing ever runs
+with it: a batch would never complete, a chord never count it. So that id is given its
+outcome at once (`UniqueEnqueueGuard.settle`), as if a worker had stopped it: the REJECTED
+outcome naming the holder (`details.existing_task_id`) as its result, or, with
+`raise_on_duplicate` and for a chord member, a failure (`DuplicateJob`, `JobStopped`) that the
+chord counts; `job_deduplicated` tells the rest (a batch counts its member SKIPPED). A
+`.delay()` without a task id gets the holder's AsyncResult and stores nothing: nobody knows
+the id it never used.
+
 Unique enqueue is a cheap dedupe of the queue, not a correctness guarantee: if Redis is
 down the job is enqueued anyway (fail open, counted), and the TTL bounds how long a key
 survives a job that was lost. Use `@idempotent` for effects that must happen once.
@@ -22,10 +32,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from celery import signals
+from celery import signals, states
+from celery.app.task import Context
+from celery.utils.dispatch import Signal
 
 from resilience.counters import count_outcome
-from resilience.errors import ConfigurationError, DuplicateJob, StoreUnavailable
+from resilience.errors import (
+    ConfigurationError,
+    DuplicateJob,
+    JobStopped,
+    ResilienceError,
+    StoreUnavailable,
+)
 from resilience.keys import KeyOption, KeySpec, redis_key
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, EnqueueGuard, EnqueueStage, Guard, Publish, Stage, attach
@@ -45,6 +63,15 @@ GUARD_NAME = "unique"
 NAMESPACE = "resilience:unique"
 ACQUIRE = LuaScript.load(__file__, "unique_acquire.lua")
 RELEASE = LuaScript.load(__file__, "unique_release.lua")
+#: `Publish.state` entry: the task id the caller fixed before the enqueue, or None.
+_GIVEN_TASK_ID = "unique:given_task_id"
+
+#: Sent in the producer when an enqueue whose task id was fixed by its caller is answered by
+#: the job holding its unique key (the id's outcome is stored already). Arguments: `sender`
+#: (the task), `task_id` (the id that will never run), `holder` (the holding job's id),
+#: `key`, `headers` (the message headers it would have had). A receiver that raises makes
+#: the enqueue raise that error (the outbox relay then tries the row again).
+job_deduplicated = Signal(name="resilience.job_deduplicated")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,6 +162,7 @@ class UniqueEnqueueGuard(EnqueueGuard):
 
     def before_publish(self, publish: Publish) -> None:
         key = self.keys.redis_key(publish.args, publish.kwargs)
+        publish.state[_GIVEN_TASK_ID] = publish.state.get("task_id")
         task_id = publish.state.get("task_id") or str(uuid.uuid4())
         # GuardedTask publishes with publish.state["task_id"], so the key names the real job.
         publish.state["task_id"] = task_id
@@ -166,22 +194,81 @@ class UniqueEnqueueGuard(EnqueueGuard):
         self._duplicate(publish, key, holder)
 
     def _duplicate(self, publish: Publish, key: str, holder: str) -> None:
-        """Answer a duplicate: the existing job's AsyncResult (a Stop) or `DuplicateJob`."""
+        """Answer a duplicate: the existing job's AsyncResult (a Stop) or `DuplicateJob`,
+        after giving a task id fixed by the caller its outcome (`settle`).
+
+        A holder that is this very task id (the outbox relay publishing a row again) is the
+        job itself, already queued: its AsyncResult, never an error."""
         self._count(publish, Outcome.REJECTED.value)
-        if self.keys.config.raise_on_duplicate:
-            raise DuplicateJob(
-                f"{self.keys.task_name}: a job with this key is already queued or running "
-                f"(task id {holder})",
-                key=key,
-                task_id=holder,
-            )
-        raise Stop(
+        stop = Stop(
             Outcome.REJECTED,
             guard=GUARD_NAME,
             reason=f"duplicate of queued job {holder}",
             result=publish.task.AsyncResult(holder),
             details={"key": key, "existing_task_id": holder},
         )
+        own_id = publish.state.get(_GIVEN_TASK_ID)
+        if own_id is not None and own_id != holder:
+            self.settle(publish, str(own_id), stop)
+        if self.keys.config.raise_on_duplicate and own_id != holder:
+            raise self._error(key, holder)
+        raise stop
+
+    def _error(self, key: str, holder: str) -> DuplicateJob:
+        return DuplicateJob(
+            f"{self.keys.task_name}: a job with this key is already queued or running "
+            f"(task id {holder})",
+            key=key,
+            task_id=holder,
+        )
+
+    def settle(self, publish: Publish, task_id: str, stop: Stop) -> None:
+        """Store the outcome of `task_id`, a duplicate that will never run, as a worker
+        that stopped it would (`GuardedTask.stopped`), then send `job_deduplicated`.
+
+        - default: the REJECTED outcome (`Stop.as_result()`, naming the holder in
+          `details.existing_task_id`) as its result, state SUCCESS, so `.get()` returns it;
+        - `raise_on_duplicate`: a FAILURE with `DuplicateJob`, so `.get()` raises it;
+        - a chord member: a FAILURE the chord counts (`JobStopped`, or `DuplicateJob` with
+          `raise_on_duplicate`), so the chord fails (`ChordError`) instead of waiting for
+          a member that never runs; its body never gets an outcome as a result.
+
+        Raises:
+            StoreUnavailable: the outcome could not be stored (the id would stay PENDING).
+            Exception: what a `job_deduplicated` receiver raised.
+        """
+        task = publish.task
+        holder = str(stop.details["existing_task_id"])
+        request = _request_of(publish, task_id)
+        try:
+            if self.keys.config.raise_on_duplicate or request.chord:
+                error: ResilienceError = (
+                    self._error(str(stop.details["key"]), holder)
+                    if self.keys.config.raise_on_duplicate else
+                    JobStopped(f"{stop.outcome.value} by {GUARD_NAME}: {stop.reason}; a "
+                               "chord member that did not run fails the chord",
+                               outcome=stop.outcome.value, guard=GUARD_NAME,
+                               details=stop.details))
+                task.backend.mark_as_failure(task_id, error, request=request)
+            else:
+                outcome = stop.as_result()
+                outcome.pop("result", None)  # the holder's AsyncResult: named in details
+                task.backend.store_result(task_id, outcome, states.SUCCESS, request=request)
+        except Exception as exc:
+            raise StoreUnavailable(
+                f"{task.name}[{task_id}]: duplicate of {holder}, but its outcome could not "
+                f"be stored ({type(exc).__name__}: {exc}); it would stay PENDING",
+                key=stop.details["key"], task_id=task_id,
+            ) from exc
+        logger.info("%s[%s] not enqueued: its unique key is held by %s", task.name, task_id,
+                    holder, extra={"task_id": task_id, "task_name": task.name,
+                                   "guard": GUARD_NAME, "outcome": stop.outcome.value})
+        headers = dict(publish.options.get("headers") or {})
+        for _receiver, answer in job_deduplicated.send(
+                sender=task, task_id=task_id, holder=holder, key=stop.details["key"],
+                headers=headers):
+            if isinstance(answer, Exception):
+                raise answer
 
     def _count(self, publish: Publish, outcome: str) -> None:
         count_outcome(
@@ -310,5 +397,21 @@ def _release_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
 signals.task_revoked.connect(_release_revoked, weak=False)
 
 
-UniqueEnqueue = UniqueEnqueueGuard  # deprecated alias, removed in the next release
-UniqueRelease = UniqueReleaseGuard  # deprecated alias, removed in the next release
+def _request_of(publish: Publish, task_id: str) -> Context:
+    """The request the duplicate would have run with, as far as the result backend needs
+    it: its group and chord (a chord counts its members by id), arguments, headers."""
+    options = publish.options
+    queue = options.get("routing_key") or options.get("queue")
+    return Context(
+        id=task_id,
+        task=publish.task.name,
+        args=list(publish.args),
+        kwargs=dict(publish.kwargs),
+        group=options.get("group_id"),
+        group_index=options.get("group_index"),
+        chord=options.get("chord"),
+        root_id=options.get("root_id"),
+        parent_id=options.get("parent_id"),
+        headers=dict(options.get("headers") or {}),
+        delivery_info={"routing_key": queue if isinstance(queue, str) else None},
+    )

@@ -14,6 +14,13 @@ One batch (`Relay.relay_once`):
    backoff; an unknown task or a non-retryable error dead-letters it
    (`resilience.deadletter.place.dead_letter`, in the same transaction).
 
+A row whose `@unique` key another job holds is done, not refused: the unique guard stored
+its task id's outcome (REJECTED naming the holder, or `DuplicateJob` with
+`raise_on_duplicate`) and a batch counted the member SKIPPED (`job_deduplicated`), so the
+row is marked like a published one and counted `deduplicated`. Waiting for the key instead
+would run the job later than its caller asked, and a `wait` on every such row would stall
+its whole queue; the caller's `AsyncResult` says where the work went.
+
 The race a crash leaves, spelled out:
 
     relay A: lock rows 1..100 -> publish 1..100 -> (SIGKILL) -> mark, commit never happen
@@ -40,6 +47,7 @@ from resilience.counters import count_outcome
 from resilience.errors import (
     AdmissionError,
     ConfigurationError,
+    DuplicateJob,
     InvalidKey,
     InvalidTaskArguments,
     JobDeferred,
@@ -103,10 +111,12 @@ class RelayConfig:
 
 @dataclass
 class RelayReport:
-    """What one batch did."""
+    """What one batch did (`deduplicated` rows are among the `published`: marked, their
+    key held by another job, their outcome stored by the unique guard)."""
 
     locked: int = 0
     published: int = 0
+    deduplicated: int = 0
     postponed: int = 0
     dead_lettered: int = 0
 
@@ -190,6 +200,12 @@ class Relay:
                     continue
                 try:
                     result = self.publish(task, row)
+                except DuplicateJob:
+                    # raise_on_duplicate: the guard stored the row's outcome (a holder that
+                    # is the row's own job answers its AsyncResult, never this error).
+                    published.append(row.id)
+                    report.deduplicated += 1
+                    continue
                 except (AdmissionError, JobDeferred) as exc:
                     refused[queue] = _reason(exc)
                     self._postpone(batch, row, report, refused[queue])
@@ -207,12 +223,15 @@ class Relay:
                     refused[queue] = f"tier full: {result.get().get('reason', 'discarded')}"
                     self._postpone(batch, row, report, refused[queue])
                     continue
+                if getattr(result, "id", row.task_id) != row.task_id:
+                    report.deduplicated += 1  # the holder's AsyncResult: outcome stored
                 published.append(row.id)
             batch.published(published)
             report.published = len(published)
         if report.locked:
-            logger.info("outbox relay: %s published, %s postponed, %s dead-lettered",
-                        report.published, report.postponed, report.dead_lettered)
+            logger.info("outbox relay: %s published (%s deduplicated), %s postponed, "
+                        "%s dead-lettered", report.published, report.deduplicated,
+                        report.postponed, report.dead_lettered)
         return report
 
     def publish(self, task: Task, row: OutboxRow) -> Any:

@@ -13,7 +13,7 @@ from sqlalchemy import text
 
 from jobs import app
 from resilience.batches import CALLBACK_KEY
-from resilience.idempotency import idempotent
+from resilience.idempotency import idempotent, unique
 from resilience.stores import stores_for
 
 CREATE_LEDGERS = [
@@ -58,6 +58,16 @@ def member(self: Any, run: str, n: int, fail: bool = False, pause_seconds: float
 @app.task(tier="critical", bind=True, name="tests.batches.plain")
 def plain(self: Any, run: str, n: int) -> int:
     """One ledger row per execution, no idempotency: a second delivery shows."""
+    with stores_for(app).engine().begin() as connection:
+        connection.execute(_EFFECT, {"run": run, "n": n, "task_id": self.request.id})
+    return n
+
+
+@app.task(tier="critical", bind=True, name="tests.batches.unique_member")
+@unique(ttl_seconds=60, mode="until_finished", key="{key}")
+def unique_member(self: Any, run: str, n: int, key: str, pause_seconds: float = 0.0) -> int:
+    """One ledger row per execution; a second job of its key is not enqueued meanwhile."""
+    time.sleep(pause_seconds)
     with stores_for(app).engine().begin() as connection:
         connection.execute(_EFFECT, {"run": run, "n": n, "task_id": self.request.id})
     return n

@@ -3,6 +3,7 @@ callback run once. The 2,000-member version under SIGKILL is `test_chaos.py` (so
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -132,6 +133,31 @@ class TestBatchOnWorkers:
                 "kind = 'complete'"), {"id": result.id}).scalar_one()
         assert argument["tallies"] == summary.tallies and argument["total"] == 50
         assert argument["description"] == "with a failure" and argument["succeeded"] is False
+
+    def test_a_member_deduplicated_at_publish_is_skipped_and_the_batch_completes(
+            self, app: Any, engine: Any, tier_workers: Any, relay: Any, run: str) -> None:
+        """Two members of one `@unique` key: the relay publishes the first, which holds the
+        key while it runs; the second is never enqueued. It counts as skipped at once (its
+        own result is the REJECTED outcome naming the first), so the batch completes and
+        on_complete runs exactly once; on_success does not (a skipped member is no success)."""
+        key = uuid.uuid4().hex
+        result = batch([tasks.unique_member.s(run, 1, key, 1.0),
+                        tasks.unique_member.s(run, 2, key, 1.0),
+                        tasks.member.s(run, 3)], app=app,
+                       on_success=tasks.callback.s(run), on_complete=tasks.callback.s(run),
+                       description="one deduplicated").apply_async()
+        summary = wait_for(lambda: (s := result.summary()).complete and s,
+                           timeout_seconds=60, interval=0.2, message="batch complete")
+        assert summary.tallies == {"succeeded": 2, "replayed": 0, "failed": 0, "shed": 0,
+                                   "skipped": 1, "cancelled": 0, "dead_lettered": 0}
+        assert summary.success_task_id is None and summary.complete_task_id is not None
+        outcome = result.results[1].get(timeout=10)
+        assert outcome["outcome"] == "REJECTED"
+        assert outcome["details"]["existing_task_id"] == result.results[0].id
+        assert app.AsyncResult(summary.complete_task_id).get(timeout=60) == "complete"
+        assert effects(engine, run) == [1, 3]
+        assert callback_rows(engine, run, "batch_test_callback_runs") == [(result.id, "complete")]
+        assert callback_rows(engine, run, "batch_test_callbacks") == [(result.id, "complete")]
 
 
 def replayed(redis_client: Any, task_name: str) -> int:

@@ -17,9 +17,11 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from resilience.counters import read_all
-from resilience.errors import ArgumentsDoNotBind, InvalidKey, NonJsonArguments
+from resilience.errors import ArgumentsDoNotBind, DuplicateJob, InvalidKey, NonJsonArguments
 from resilience.outbox import OUTBOX_HEADER, NewRow, Relay, RelayConfig, describe
 from resilience.outbox.backends.postgres import backend_for
+from tests.resilience.idempotency import tasks_unique
+from tests.resilience.idempotency.tasks import runs_key
 from tests.resilience.outbox import tasks
 from tests.resilience.outbox.relays import RelayProcess, effects, outbox_rows
 from tests.support import ROOT, Worker, running, wait_for
@@ -270,6 +272,68 @@ class TestRelay:
                 [{"age": 7200, "id": old.id}, {"age": 10, "id": recent.id}])
         assert backend_for(stores).purge_published(older_than_seconds=3600, limit=10) == 1
         assert [row.task_id for row in outbox_rows(engine)] == [recent.id, pending.id]
+
+
+class TestUniqueRows:
+    """A row whose `@unique` key another job holds is marked, not postponed, and its
+    AsyncResult resolves to where the work went instead of staying PENDING."""
+
+    def test_enqueue_in_while_the_key_is_held_resolves_to_the_rejected_outcome(
+        self, app: Any, engine: Any, critical_worker: Worker, run: str, redis_client: Any,
+    ) -> None:
+        """The caller's AsyncResult resolves at once to the REJECTED outcome naming the job
+        holding the key; that job runs once."""
+        key = uuid.uuid4().hex
+        holder = tasks_unique.held.delay(key, pause_seconds=3.0)
+        with Session(engine) as session, session.begin():
+            job = tasks_unique.held.enqueue_in(session, key)
+        report = relay_for(app).relay_once()
+        assert (report.published, report.deduplicated, report.postponed) == (1, 1, 0)
+        outcome = job.get(timeout=10)
+        assert outcome["outcome"] == "REJECTED" and outcome["guard"] == "unique"
+        assert outcome["details"]["existing_task_id"] == holder.id
+        assert holder.get(timeout=30) == holder.id
+        assert [row.state for row in outbox_rows(engine, [job.id])] == ["published"]
+        assert unique_runs(redis_client, key) == 1
+
+    def test_raise_on_duplicate_makes_get_raise_duplicate_job(
+        self, app: Any, engine: Any, critical_worker: Worker, run: str, redis_client: Any,
+    ) -> None:
+        """With `raise_on_duplicate` the row is marked too (not refused, which would hold up
+        its queue) and `.get()` raises DuplicateJob naming the holder."""
+        key = uuid.uuid4().hex
+        holder = tasks_unique.held_raising.delay(key, pause_seconds=3.0)
+        with Session(engine) as session, session.begin():
+            job = tasks_unique.held_raising.enqueue_in(session, key)
+        report = relay_for(app).relay_once()
+        assert (report.published, report.deduplicated, report.postponed) == (1, 1, 0)
+        with pytest.raises(DuplicateJob, match=holder.id):
+            job.get(timeout=10)
+        assert holder.get(timeout=30) == holder.id
+        assert unique_runs(redis_client, key) == 1
+
+    def test_a_row_published_again_while_its_own_job_holds_the_key_keeps_its_result(
+        self, app: Any, engine: Any, critical_worker: Worker, run: str, redis_client: Any,
+    ) -> None:
+        """The relay killed between publishing and marking publishes the row again while
+        its job holds the key: the holder is the row's own job, so nothing is stored for it
+        and it is not refused; the job runs once and its result is its own."""
+        key = uuid.uuid4().hex
+        with Session(engine) as session, session.begin():
+            job = tasks_unique.held_raising.enqueue_in(session, key, 2.0)
+        relay = relay_for(app)
+        assert relay.relay_once().published == 1
+        with engine.begin() as connection:
+            connection.execute(text("UPDATE resilience_outbox SET state = 'pending', "
+                                    "finished_at = NULL WHERE task_id = :id"), {"id": job.id})
+        report = relay.relay_once()
+        assert (report.published, report.deduplicated, report.postponed) == (1, 0, 0)
+        assert job.get(timeout=30) == job.id
+        assert unique_runs(redis_client, key) == 1
+
+
+def unique_runs(redis_client: Any, key: str) -> int:
+    return int(redis_client.get(runs_key(key)) or 0)
 
 
 class TestRelayProcesses:
