@@ -461,6 +461,9 @@ def pipeline(
     if as_json:
         console.print_json(json.dumps(view, default=str))
         return
+    if view.get("unguarded"):
+        console.print(view["unguarded"], markup=False)
+        return
     for phase in ("enqueue", "execution"):
         table = Table(title=f"{task_name}: {phase} pipeline (runs top to bottom)")
         for column in ("#", "stage", "guard", "options"):

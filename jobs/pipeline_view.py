@@ -26,14 +26,33 @@ def _options_text(options: dict[str, Any]) -> str:
                      for name, value in shown.items())
 
 
-def describe_pipelines(task: Any) -> dict[str, list[dict[str, Any]]]:
-    """The task's enqueue and execution guards in the order they run.
+def unguarded_reason(task: Any) -> str | None:
+    """One line saying why `task` runs without guards; None when it is a `GuardedTask`."""
+    from resilience.pipeline import attached
+    from resilience.task import GuardedTask
+
+    if isinstance(task, GuardedTask):
+        return None
+    guards = sorted({guard.name for guard in attached(getattr(task, "run", None))})
+    if guards:
+        return (f"{task.name} is not guarded: its guards ({', '.join(guards)}) need its app "
+                f"initialised with resilience.init_app(app)")
+    return (f"{task.name} is not guarded: a plain {type(task).__mro__[1].__name__} with no "
+            "guard decorators")
+
+
+def describe_pipelines(task: Any) -> dict[str, Any]:
+    """The task's enqueue and execution guards in the order they run; a task that is no
+    `GuardedTask` has empty pipelines and `unguarded`, one line saying so.
 
     Raises:
         ConfigurationError: the task's guards clash (two in a stage that holds one).
     """
+    reason = unguarded_reason(task)
+    if reason is not None:
+        return {"enqueue": [], "execution": [], "unguarded": reason}
     execution, enqueue = task.pipelines()
-    view: dict[str, list[dict[str, Any]]] = {"enqueue": [], "execution": []}
+    view: dict[str, Any] = {"enqueue": [], "execution": []}
     for phase, guards in (("enqueue", enqueue.guards), ("execution", execution.guards)):
         for guard in guards:
             options = {name: _value(value) for name, value in guard.describe(task).items()}

@@ -10,6 +10,7 @@ from kombu import Exchange, Queue
 
 from jobs.settings import Settings, get_settings
 from jobs.tiers import DEFAULT_TIER, TIERS, validate_tier
+from resilience.app import init_app
 from resilience.batches import batch_guards
 from resilience.batches.signals import connect as connect_batch_signals
 from resilience.bulkhead import AdmissionGuard, BulkheadConfig, depth_backend_for
@@ -19,7 +20,7 @@ from resilience.deadline import DeadlineConfig, DeadlineGuard, DeadlineStampGuar
 from resilience.errors import ConfigurationError
 from resilience.pause import PauseConfig, PauseGuard, RedisPauseBackend
 from resilience.results import FINAL_STATE_BACKENDS
-from resilience.stores import Stores, install
+from resilience.stores import stores_for
 from resilience.task import GuardedTask
 
 
@@ -231,6 +232,18 @@ def load_beat_schedule(module: str = "jobs.schedule") -> dict[str, Any]:
     return schedule
 
 
+def resilience_config(settings: Settings) -> dict[str, Any]:
+    """The guard library's part of the settings, as the `app.conf` keys it reads
+    (`resilience.init_app`): the platform's environment handed to the library."""
+    return {
+        "resilience_redis_url": settings.effective_redis_url,
+        "resilience_database_url": settings.effective_database_url,
+        "resilience_redlock_urls": list(settings.effective_redlock_urls),
+        "resilience_locks_database_url": settings.locks_database_url,
+        "resilience_pool_mode": settings.pg_pool_mode,
+    }
+
+
 def create_app(settings: Settings | None = None) -> JobsCelery:
     """Build the platform's Celery app from `settings` (default: the environment)."""
     settings = settings or get_settings()
@@ -238,16 +251,9 @@ def create_app(settings: Settings | None = None) -> JobsCelery:
     app.settings = settings
     app.config_from_object(celery_config(settings))
     app.conf.beat_schedule = load_beat_schedule()
-    install(
-        app,
-        Stores(
-            redis_url=settings.effective_redis_url,
-            database_url=settings.effective_database_url,
-            redlock_urls=settings.effective_redlock_urls,
-            locks_database_url=settings.locks_database_url,
-            pool_mode=settings.pg_pool_mode,
-        ),
-    )
+    app.conf.update(resilience_config(settings))
+    init_app(app)
+    stores_for(app)  # built now: a bad URL stops the platform at startup, not at first use
     from jobs.observe.backlog import stamp_published_at
     from jobs.observe.tracing import tracing_enabled
 

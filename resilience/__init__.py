@@ -1,9 +1,11 @@
 """Resilience guards for Celery tasks: idempotency, locks, bulkheads, limits, retries, breakers.
 
-Usable by any Celery app: register the stores with `resilience.stores.install(app, Stores(...))`
-and give tasks the `GuardedTask` base class.
+Usable by any Celery app with one call, `resilience.init_app(app)`: the stores come from the
+app's own configuration (`app.conf.resilience_redis_url`, `resilience_database_url`, ...) and
+the guard decorators apply to every task of the app (docs/library.md).
 """
 
+from resilience.app import init_app
 from resilience.errors import ResilienceError
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, EnqueueGuard, Guard, Stage
@@ -23,4 +25,5 @@ __all__ = [
     "Stage",
     "Stop",
     "Stores",
+    "init_app",
 ]

@@ -33,26 +33,35 @@ _ATTRIBUTE = "resilience_stores"
 class Stores:
     """Where guard state lives: one Redis, one PostgreSQL, and the Redlock nodes.
 
+    `resilience.init_app(app)` builds them from the app's configuration on first use
+    (`Stores.from_conf`); `install(app, Stores(...))` gives an app explicit ones.
+
     Args:
         redis_url: shared guard state (breakers, budgets, limits, fast paths): one Redis
             (`redis://`, `rediss://`, `unix://`), a Sentinel-managed master
             (`redis+sentinel://`) or a Redis Cluster (`redis+cluster://`); see
             `redis_from_url`.
         database_url: durable state (idempotency records, fencing counters); may point at a
-            transaction-mode pooler (PgBouncer) when `locks_database_url` is set.
+            transaction-mode pooler (PgBouncer) when `locks_database_url` is set. None: the
+            guards that only use Redis (unique, breakers, limits, budgets) work; one that
+            needs PostgreSQL raises `ConfigurationError` when it first reaches for it.
         redlock_urls: independent Redis nodes for Redlock (3 or more for a real quorum).
         locks_database_url: PostgreSQL reached directly, for what needs a session of its
             own (advisory locks of singletons and beat leadership); unset: `database_url`.
+        socket_timeout_seconds: connect and read timeout of the Redis and PostgreSQL clients.
         pool_mode: the pooler's mode in front of `database_url` ("none", "session",
-            "transaction", "statement"); None: env `JOBS_PG_POOL_MODE`, else "none".
-            Transaction and statement pooling turn server-side prepared statements off.
+            "transaction", "statement"); None: "none". Transaction and statement pooling
+            turn server-side prepared statements off.
+
+    Raises:
+        ConfigurationError: a URL of the wrong kind, an unknown pool mode.
     """
 
     def __init__(
         self,
         *,
         redis_url: str,
-        database_url: str,
+        database_url: str | None = None,
         redlock_urls: Sequence[str] = (),
         locks_database_url: str | None = None,
         socket_timeout_seconds: float = 5.0,
@@ -61,35 +70,90 @@ class Stores:
         check_redis_url(redis_url, "redis_url")
         for url in redlock_urls:
             check_redis_url(url, "a Redlock URL")
-        if not database_url.startswith(("postgresql", "postgres://")):
-            raise ConfigurationError(
-                "database_url must be a PostgreSQL URL (postgresql://user@host:port/db), "
-                f"got {redact_url(database_url)!r}"
-            )
-        if locks_database_url is not None and not locks_database_url.startswith(
-                ("postgresql", "postgres://")):
-            raise ConfigurationError(
-                "locks_database_url must be a PostgreSQL URL (postgresql://user@host:port/db), "
-                f"got {redact_url(locks_database_url)!r}"
-            )
+        for name, url in (("database_url", database_url),
+                          ("locks_database_url", locks_database_url)):
+            if url is not None and not (isinstance(url, str)
+                                        and url.startswith(("postgresql", "postgres://"))):
+                raise ConfigurationError(
+                    f"{name} must be a PostgreSQL URL (postgresql://user@host:port/db), "
+                    f"got {redact_url(str(url))!r}"
+                )
         self.redis_url = redis_url
-        self.database_url = _sqlalchemy_url(database_url)
-        #: Where session-bound work runs (advisory locks: singletons, beat leadership):
-        #: PostgreSQL directly when `database_url` points at a transaction-mode pooler.
-        self.locks_database_url = _sqlalchemy_url(locks_database_url or database_url)
+        self._database_url = _sqlalchemy_url(database_url) if database_url else None
+        locks_url = locks_database_url or database_url
+        self._locks_database_url = _sqlalchemy_url(locks_url) if locks_url else None
         self.redlock_urls = tuple(redlock_urls)
         self.socket_timeout_seconds = socket_timeout_seconds
         #: The pooler's mode in front of `database_url` (lower case; "none" without one).
-        self.pool_mode = (pool_mode or os.environ.get("JOBS_PG_POOL_MODE")
-                          or "none").strip().lower()
+        self.pool_mode = (pool_mode or "none").strip().lower()
         if self.pool_mode not in ("none", "session", "transaction", "statement"):
             raise ConfigurationError(
-                "pool_mode (JOBS_PG_POOL_MODE) must be none, session, transaction or "
-                f"statement, got {self.pool_mode!r}"
+                "pool_mode must be none, session, transaction or statement, "
+                f"got {self.pool_mode!r}"
             )
         self._lock = threading.Lock()
         self._pid = -1
         self._cache: dict[str, Any] = {}
+
+    @classmethod
+    def from_conf(cls, conf: Any) -> Stores:
+        """The stores an app's configuration names (`app.conf.resilience_*`).
+
+        Keys: `resilience_redis_url` (required), `resilience_database_url`,
+        `resilience_redlock_urls` (a list or a comma-separated string),
+        `resilience_locks_database_url`, `resilience_pool_mode`,
+        `resilience_socket_timeout_seconds`. Django's `CELERY_RESILIENCE_*` settings arrive
+        here through Celery's `namespace="CELERY"`.
+
+        Raises:
+            ConfigurationError: `resilience_redis_url` is missing, or a value is invalid.
+        """
+        redis_url = conf.get("resilience_redis_url")
+        if not redis_url:
+            raise ConfigurationError(
+                "resilience.init_app(app): set app.conf.resilience_redis_url (Django: "
+                "CELERY_RESILIENCE_REDIS_URL) to the Redis that keeps guard state"
+            )
+        redlock = conf.get("resilience_redlock_urls") or ()
+        if isinstance(redlock, str):
+            redlock = [url.strip() for url in redlock.split(",") if url.strip()]
+        timeout = conf.get("resilience_socket_timeout_seconds")
+        return cls(
+            redis_url=redis_url,
+            database_url=conf.get("resilience_database_url") or None,
+            redlock_urls=tuple(redlock),
+            locks_database_url=conf.get("resilience_locks_database_url") or None,
+            socket_timeout_seconds=5.0 if timeout is None else float(timeout),
+            pool_mode=conf.get("resilience_pool_mode"),
+        )
+
+    @property
+    def database_url(self) -> str:
+        """The durable store's URL (SQLAlchemy, psycopg2 driver).
+
+        Raises:
+            ConfigurationError: no PostgreSQL configured (a Redis-only setup).
+        """
+        if self._database_url is None:
+            raise _no_database("database_url")
+        return self._database_url
+
+    @property
+    def locks_database_url(self) -> str:
+        """Where session-bound work runs (advisory locks: singletons, beat leadership):
+        PostgreSQL directly when `database_url` points at a transaction-mode pooler.
+
+        Raises:
+            ConfigurationError: no PostgreSQL configured (a Redis-only setup).
+        """
+        if self._locks_database_url is None:
+            raise _no_database("locks_database_url")
+        return self._locks_database_url
+
+    @property
+    def has_database(self) -> bool:
+        """True when a PostgreSQL is configured (the guards that need one can run)."""
+        return self._database_url is not None
 
     def _per_process(self) -> dict[str, Any]:
         if self._pid != os.getpid():
@@ -160,7 +224,7 @@ class Stores:
     def locks_pool_mode(self) -> str:
         """The pooler's mode in front of `locks_database_url`: "none" when it is its own
         (direct) URL, else `pool_mode`."""
-        return self.pool_mode if self.locks_database_url == self.database_url else "none"
+        return self.pool_mode if self._locks_database_url == self._database_url else "none"
 
     def locks_engine(self) -> Engine:
         """An engine on `locks_database_url` for session-bound work done through SQLAlchemy
@@ -169,7 +233,7 @@ class Stores:
         Advisory-lock sessions open their own connections to `locks_database_url`
         (`resilience.locks.backends.postgres.LockSessionPool`).
         """
-        if self.locks_database_url == self.database_url:
+        if self._locks_database_url == self._database_url:
             return self.engine()
         cache = self._per_process()
         engine = cache.get("locks_engine")
@@ -302,25 +366,53 @@ def _sqlalchemy_url(url: str) -> str:
     return url
 
 
+def _no_database(name: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"this guard keeps its state in PostgreSQL but no {name} is configured: set "
+        "app.conf.resilience_database_url (Django: CELERY_RESILIENCE_DATABASE_URL), or "
+        "Stores(database_url=...)"
+    )
+
+
+#: Set on an app by `from_app_conf`: its stores are built from `app.conf` on first use.
+_FROM_CONF = "resilience_stores_from_conf"
+_building = threading.Lock()
+
+
 def install(app: Celery, stores: Stores) -> Stores:
-    """Register `stores` on `app` so guards of the app's tasks find them."""
+    """Register `stores` on `app` so guards of the app's tasks find them (instead of the
+    ones `resilience.init_app` would build from `app.conf`)."""
     setattr(app, _ATTRIBUTE, stores)
     return stores
 
 
+def from_app_conf(app: Celery) -> None:
+    """Build `app`'s stores from its configuration when a guard first needs them, unless
+    `install` gave it some. Reads nothing now: Django settings may not be loaded yet."""
+    setattr(app, _FROM_CONF, True)
+
+
 def stores_for(app: Celery) -> Stores:
-    """The stores registered on `app`.
+    """The stores registered on `app`, built from `app.conf` on first use after
+    `resilience.init_app(app)`.
 
     Raises:
-        ConfigurationError: `install()` was never called for this app.
+        ConfigurationError: the app was never initialised (`resilience.init_app(app)`)
+            and no stores were installed, or its `resilience_*` configuration is invalid.
     """
     stores = getattr(app, _ATTRIBUTE, None)
-    if stores is None:
-        raise ConfigurationError(
-            f"no stores configured for Celery app {app.main!r}: call "
-            "resilience.stores.install(app, Stores(redis_url=..., database_url=...))"
-        )
-    return stores
+    if stores is not None:
+        return stores
+    if getattr(app, _FROM_CONF, False):
+        with _building:
+            stores = getattr(app, _ATTRIBUTE, None)
+            if stores is None:
+                stores = install(app, Stores.from_conf(app.conf))
+        return stores
+    raise ConfigurationError(
+        f"no stores configured for Celery app {app.main!r}: call resilience.init_app(app) "
+        "(the stores come from app.conf.resilience_*)"
+    )
 
 
 # -- native store errors -----------------------------------------------------------------

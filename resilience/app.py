@@ -1,0 +1,216 @@
+"""`init_app(app)`: bind the guard library to a Celery app the user already has.
+
+    app = Celery("shop")
+    app.conf.resilience_redis_url = "redis://localhost:6379/1"
+    app.conf.resilience_database_url = "postgresql://shop@localhost/shop"
+    resilience.init_app(app)
+
+After it, a guard decorator (`@idempotent`, `@unique`, `@circuit_breaker`, ...) applies to
+every task of the app however the task was made: `@app.task`, `@shared_task`, a custom
+`task_cls` (Celery's `DjangoTask` too), an explicit `base=`, before or after `init_app`.
+
+How: the decorators attach guards to the function (`resilience.pipeline.attach`); a task
+whose function carries guards and whose class is no `GuardedTask` gets its class swapped for
+`type(name, (GuardedTask, its class), {})`, whose `apply_async` runs the enqueue guards and
+whose `__call__` (which Celery's trace calls instead of `run` once a class defines one) runs
+the execution guards. The swap happens when a task is created (the app's `_task_from_fun`,
+and `on_bound` on the app's base task class for decorators Celery evaluates lazily), when
+the app is finalized, and at `init_app` for tasks that already exist.
+
+A guarded task of an app that was never initialised would run unguarded: a silent no-op a
+user would mistake for protection. Every app that exists when this module is imported
+(importing any guard imports it) or is finalized later gets the same hooks, and such a
+task's class becomes one whose `apply_async` and `__call__` raise `ConfigurationError`
+naming `init_app`: `.delay()` refuses in the producer, and a worker fails the message
+before the body runs. One gap remains: on an app made after the first guard import and
+never finalized, a lazy `@app.task` evaluated by `.delay()` publishes unchecked; the
+worker, which finalizes its app before consuming, still refuses the message.
+
+Nothing reads `app.conf` or opens a connection here: the stores are built from
+`app.conf.resilience_*` when a guard first needs them (`resilience.stores.stores_for`), so
+`init_app` may run while Django has not loaded its settings yet.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from celery import Task
+from celery._state import _get_active_apps, connect_on_app_finalize
+
+from resilience.errors import ConfigurationError
+from resilience.pipeline import attached
+from resilience.stores import from_app_conf
+from resilience.task import GuardedTask
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+__all__ = ["init_app", "is_initialised"]
+
+#: The app's `_AppState` (hooks installed, initialised or not).
+_STATE_ATTRIBUTE = "_resilience_state"
+#: On a class this module made: the task class it was made from.
+_ORIGINAL_ATTRIBUTE = "_resilience_original_class"
+#: GuardedTask's options a task may set (`@app.task(max_payload_bytes=...)`): a swapped
+#: class keeps the task's own values, which GuardedTask's defaults would otherwise shadow.
+_TASK_OPTIONS = ("guards", "enqueue_guards", "max_payload_bytes")
+
+_hooks_lock = threading.RLock()
+_classes: dict[tuple[type, bool], type] = {}
+
+
+class _AppState:
+    """What this module keeps per app."""
+
+    def __init__(self) -> None:
+        self.initialised = False
+
+
+def init_app(app: Celery) -> Celery:
+    """Make the guard decorators apply to every task of `app`; safe to call twice.
+
+    The stores come from `app.conf` on first use: `resilience_redis_url` (required),
+    `resilience_database_url` (for idempotency, singletons, fencing, the outbox),
+    `resilience_redlock_urls` (for `@exclusive`), `resilience_locks_database_url`,
+    `resilience_pool_mode`, `resilience_socket_timeout_seconds` (see
+    `resilience.stores.Stores.from_conf`); stores given with `resilience.stores.install`
+    are kept. Celery's routing stays the app's own: no queue is declared or imposed.
+
+    Returns:
+        `app`, so `app = resilience.init_app(Celery(...))` reads well.
+    """
+    with _hooks_lock:
+        state = _install_hooks(app)
+        if state.initialised:
+            return app
+        state.initialised = True
+        from_app_conf(app)
+        _rebase_all(app)
+    return app
+
+
+def is_initialised(app: Celery) -> bool:
+    """Whether `init_app(app)` was called."""
+    state = app.__dict__.get(_STATE_ATTRIBUTE)
+    return bool(state is not None and state.initialised)
+
+
+# -- hooks ---------------------------------------------------------------------------------
+def _install_hooks(app: Celery) -> _AppState:
+    """Hook task creation and finalization of `app`, once; nothing is read from its conf."""
+    with _hooks_lock:
+        state = app.__dict__.get(_STATE_ATTRIBUTE)
+        if state is not None:
+            return state
+        state = _AppState()
+        setattr(app, _STATE_ATTRIBUTE, state)
+
+        create = app._task_from_fun
+
+        def task_from_fun(fun: Any, *args: Any, **options: Any) -> Any:
+            return _rebase(app, create(fun, *args, **options))
+
+        # Every task Celery makes from a function passes here: `@app.task` on a finalized
+        # app, `@shared_task` (its constructor looks the method up on the app each time).
+        app._task_from_fun = task_from_fun  # type: ignore[method-assign]
+
+        # A lazy `@app.task` captured the original method when it was decorated: the tasks
+        # it makes have the app's base class, whose `on_bound` runs once each is registered.
+        base = app.Task
+
+        def on_bound(cls: Any, bound_app: Any) -> None:
+            super(hooked, cls).on_bound(bound_app)
+            task = bound_app._tasks.get(getattr(cls, "name", None))
+            if type(task) is cls:
+                _rebase(bound_app, task)
+
+        hooked = type(base.__name__, (base,), {
+            "on_bound": classmethod(on_bound),
+            "__module__": base.__module__,
+            "__qualname__": base.__qualname__,
+            "abstract": True,
+        })
+        app.Task = hooked
+        app.on_after_finalize.connect(_rebase_all, weak=False)
+        return state
+
+
+def _arm(app: Celery) -> None:
+    """Any app finalized in this process: its guarded tasks are guarded or refuse to run."""
+    _install_hooks(app)
+    _rebase_all(app)
+
+
+
+
+def _rebase_all(sender: Any = None, **_: Any) -> None:
+    app = sender
+    for task in list(app._tasks.values()):
+        _rebase(app, task)
+
+
+def _rebase(app: Any, task: Any) -> Any:
+    """Give `task` the class its guards need: guarded on an initialised app, refusing on
+    one that was never initialised. A task with no guards, or whose own class is a
+    `GuardedTask`, is left as it is."""
+    cls = type(task)
+    original = cls.__dict__.get(_ORIGINAL_ATTRIBUTE, cls)
+    if original is cls and isinstance(task, GuardedTask):
+        return task  # guarded by its own class (the platform's JobTask, base=GuardedTask)
+    try:
+        guarded = bool(attached(task.run))
+    except Exception:  # noqa: BLE001 - a task class without a usable run has no guards
+        guarded = False
+    if not guarded:
+        return task
+    wanted = _class_for(original, is_initialised(app))
+    if cls is not wanted:
+        task.__class__ = wanted
+    return task
+
+
+def _class_for(original: type, initialised: bool) -> type:
+    """The class a guarded task of class `original` takes (made once per class)."""
+    with _hooks_lock:
+        made = _classes.get((original, initialised))
+        if made is None:
+            mixin = GuardedTask if initialised else _NotInitialisedTask
+            namespace = {name: original.__dict__[name] for name in _TASK_OPTIONS
+                         if name in original.__dict__}
+            namespace.update({
+                _ORIGINAL_ATTRIBUTE: original,
+                "__module__": original.__module__,
+                "__qualname__": original.__qualname__,
+            })
+            made = _classes[(original, initialised)] = type(original.__name__,
+                                                            (mixin, original), namespace)
+        return made
+
+
+class _NotInitialisedTask(Task):
+    """A guarded task of an app `init_app` was never called for: its guards would be
+    ignored, so it refuses to be sent or run."""
+
+    def _refuse(self) -> ConfigurationError:
+        names = sorted({guard.name for guard in attached(self.run)})
+        return ConfigurationError(
+            f"{self.name} has guards ({', '.join(names)}) but its Celery app "
+            f"{self.app.main!r} was never initialised, so they would be ignored: call "
+            "resilience.init_app(app) where the app is created",
+            task=self.name,
+        )
+
+    def apply_async(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._refuse()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._refuse()
+
+
+connect_on_app_finalize(_arm)
+# Apps made before the first guard was imported (a Django project's celery.py) are hooked
+# now, so even a lazy `@app.task` evaluated before finalization meets the hooks.
+for _existing in list(_get_active_apps()):
+    _install_hooks(_existing)
