@@ -73,6 +73,22 @@ class TestDuplicateWithItsOwnId:
         assert first.get(timeout=30) == first.id
         assert runs(redis_client, key) == 1
 
+    def test_the_guards_own_check_resolves_it_too(
+            self, app: Any, tier_workers: Any, redis_client: Any,
+            monkeypatch: pytest.MonkeyPatch) -> None:
+        """Where the broker push does not take the key (RabbitMQ, a key prefix), the guard's
+        own script finds the holder: the duplicate's id resolves the same way."""
+        from resilience import publish
+
+        monkeypatch.setitem(publish._SUPPORTED, app, False)  # this process: no in-push check
+        key = uuid.uuid4().hex
+        first = tasks_unique.held.delay(key)
+        own_id = uuid.uuid4().hex
+        assert tasks_unique.held.apply_async((key,), task_id=own_id).id == first.id
+        outcome = tasks_unique.held.AsyncResult(own_id).get(timeout=10)
+        assert outcome["details"]["existing_task_id"] == first.id
+        assert first.get(timeout=30) == first.id
+
     def test_an_explicit_task_id_of_a_raising_task_raises_duplicate_job(
             self, tier_workers: Any, redis_client: Any) -> None:
         """With raise_on_duplicate the caller gets DuplicateJob, and `.get()` on its own id
