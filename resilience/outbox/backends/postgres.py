@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from kombu.utils.json import JSONEncoder
 from sqlalchemy import text
 
 from resilience.outbox.backends import NewRow, OutboxRow, OutboxState
@@ -214,8 +215,10 @@ class PostgresOutboxBackend:
         params = {
             "task_id": row.task_id,
             "task_name": row.task_name,
-            "args": json.dumps(row.args),
-            "kwargs": json.dumps(row.kwargs),
+            # kombu's encoder: arguments Celery's JSON carries (UUID, datetime, Decimal)
+            # are stored tagged, and the worker decodes the relayed message back to them.
+            "args": json.dumps(row.args, cls=JSONEncoder),
+            "kwargs": json.dumps(row.kwargs, cls=JSONEncoder),
             "options": json.dumps(row.options),
             "ordering_key": row.ordering_key,
             "due_at": row.due_at,

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from resilience.errors import ArgumentsDoNotBind, InvalidTaskArguments, NonJsonArguments
 from resilience.task import GuardedTask
+from tests.support import wait_for
 
 
 class TestArgumentTypes:
@@ -175,3 +176,16 @@ class TestKombuJsonTypes:
             kombu_types_plain.delay({1, 2}, self.WHEN, self.AMOUNT)
         with pytest.raises(NonJsonArguments):
             kombu_types_plain.delay(self.KEY, self.WHEN, float("nan"))
+
+    def test_enqueue_in_carries_them_through_the_outbox(self, app: Any, engine: Any) -> None:
+        """The outbox row keeps kombu's tagged form, so the relay publishes the values the
+        worker decodes back (before: a raw TypeError from the insert)."""
+        from resilience.outbox.relay import Relay, RelayConfig
+        from tests.resilience.pipeline.tasks_api import kombu_types_plain
+
+        with Session(engine) as session, session.begin():
+            result = kombu_types_plain.enqueue_in(session, self.KEY, self.WHEN, self.AMOUNT)
+        relay = Relay(app, RelayConfig(backoff_initial_seconds=0.05, backoff_max_seconds=0.2))
+        wait_for(lambda: (relay.relay_once(), result.ready())[1], timeout_seconds=30,
+                 message="the outbox row's job")
+        assert result.get(timeout=5) == self.expected()
