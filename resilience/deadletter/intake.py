@@ -12,10 +12,26 @@ dead-letter table never see them, and Celery drops them with one log line:
 
 `IntakeConsumer` is Celery's own consumer (select it with the `worker_consumer` setting, as
 `jobs.platform` does) with those four hooks recording the raw message and its reason in the
-dead-letter table before the message is acknowledged, and each strategy checking the body's
-shape first. Recording happens in the main process, once per bad message. If the table
-cannot be written, the message is left unacknowledged rather than dropped: it goes back to
-its queue when the worker's connection closes or the broker's visibility timeout passes.
+dead-letter table before the message is settled (acknowledged, or rejected as Celery
+would), and each strategy checking the body's shape first. Recording happens in the main
+process, once per bad message.
+
+**When the row cannot be written** (PostgreSQL down) the message is *parked*, never dropped
+and never left holding a slot: it stays unacknowledged in the consumer, which raises its
+prefetch by one while it holds it (exactly what Celery does for a countdown job, so the
+pool's slots keep taking jobs), and records it again on the consumer's timer, the oldest
+first, after 1 s, 2 s, 4 s ... at most `retry_max_seconds` apart. While anything is parked a
+new bad message joins the park without a write of its own (PostgreSQL is known down: one
+connection attempt per retry, not one per message). When the row is written the message is
+settled as it would have been at once. A message parked for `park_seconds` (half the
+broker's visibility timeout, at most 5 minutes: before Redis would restore it to another
+worker, and before RabbitMQ's consumer timeout) goes back to its queue (rejected with
+requeue) and is parked again by whichever worker takes it: a message that cannot be
+recorded comes round once per window, never in a hot loop. A worker that dies or loses its
+connection with messages parked loses nothing: unacknowledged, they return to the queue.
+A row PostgreSQL *refuses* (a NUL character in a header, say) is written again cut down to
+what any row can hold (the raw message as base64), so refusal never parks a message forever.
+Each park is counted as DEFERRED (guard "intake"), each row as DEAD-LETTERED.
 """
 
 from __future__ import annotations
@@ -23,11 +39,17 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from celery.worker.consumer import Consumer
 
 from resilience.counters import count_outcome
+from resilience.errors import ConfigurationError, StoreUnavailable
 from resilience.outcomes import Outcome
 
 logger = logging.getLogger("resilience.deadletter.intake")
@@ -113,7 +135,11 @@ def _decoded_call(message: Any) -> tuple[list[Any], dict[str, Any]] | None:
 
 
 def record(app: Any, message: Any, reason: str, exc: BaseException | None = None) -> bool:
-    """Put `message` in the dead-letter table with `reason`; False if it could not be written."""
+    """Put `message` in the dead-letter table with `reason`; False if it could not be written.
+
+    A row refused for its content (PostgreSQL's or psycopg2's refusal: a NUL in a text) is
+    written again cut down (`_bare_row`), so only an unreachable PostgreSQL returns False.
+    """
     from resilience.deadletter.place import dead_letter
     from resilience.stores import stores_for
 
@@ -121,25 +147,28 @@ def record(app: Any, message: Any, reason: str, exc: BaseException | None = None
     call = _decoded_call(message)
     task_name = str(headers.get("task") or UNKNOWN_TASK)
     queue = (message.delivery_info or {}).get("routing_key")
+    row: dict[str, Any] = {
+        "task_name": task_name,
+        "task_id": headers.get("id") if isinstance(headers.get("id"), str) else None,
+        "args": call[0] if call else [],
+        "kwargs": call[1] if call else {},
+        "reason": reason,
+        "exception": exc,
+        "raw_message": raw_message(message, runnable=call is not None),
+    }
     try:
-        entry_id = dead_letter(
-            stores_for(app).engine(),
-            task_name=task_name,
-            task_id=headers.get("id") if isinstance(headers.get("id"), str) else None,
-            args=call[0] if call else [],
-            kwargs=call[1] if call else {},
-            guard=GUARD_NAME,
-            reason=reason,
-            attempts=1,
-            tier=queue,
-            queue=queue,
-            exception=exc,
-            raw_message=raw_message(message, runnable=call is not None),
-        )
-    except Exception as error:  # noqa: BLE001 - the message is kept, not dropped
-        logger.error(
-            "intake: message not dead-lettered (%s); left unacknowledged: %s", reason, error
-        )
+        engine = stores_for(app).engine()
+        try:
+            entry_id = dead_letter(engine, guard=GUARD_NAME, attempts=1, tier=queue,
+                                   queue=queue, **row)
+        except StoreUnavailable:
+            raise
+        except Exception as refused:  # noqa: BLE001 - refused (by PostgreSQL or psycopg2)
+            logger.warning("intake: the row was refused (%s); recording it cut down", refused)
+            entry_id = dead_letter(engine, guard=GUARD_NAME, attempts=1, tier=queue,
+                                   queue=queue, **_bare_row(message, row, refused))
+    except Exception as error:  # noqa: BLE001 - the message is parked, not dropped
+        logger.error("intake: message not dead-lettered (%s): %s", reason, error)
         return False
     count_outcome(app, Outcome.DEAD_LETTERED.value, guard=GUARD_NAME, tier=queue,
                   name=task_name)
@@ -147,26 +176,88 @@ def record(app: Any, message: Any, reason: str, exc: BaseException | None = None
     return True
 
 
+def _printable(text: str, limit: int = 1000) -> str:
+    """`text` without what a PostgreSQL text column refuses (NUL), cut to `limit`."""
+    return text.replace("\x00", "\\x00")[:limit]
+
+
+def _bare_row(message: Any, row: dict[str, Any], refused: BaseException) -> dict[str, Any]:
+    """`row` cut down to what PostgreSQL always accepts: names and reason made printable,
+    no arguments, the whole raw message (as recorded JSON) in base64, not runnable."""
+    whole = json.dumps(row["raw_message"]).encode()
+    exc = row["exception"]
+    detail = "" if exc is None else f" ({type(exc).__name__}: {exc})"
+    return {
+        "task_name": _printable(row["task_name"], 200),
+        "task_id": None if row["task_id"] is None else _printable(row["task_id"], 200),
+        "args": [],
+        "kwargs": {},
+        "reason": _printable(f"{row['reason']}{detail}; recorded cut down: {refused}"),
+        "exception": None,
+        "raw_message": {"runnable": False, "content_type": _printable(
+            str(message.content_type), 200), "message_base64": base64.b64encode(whole).decode()},
+    }
+
+
+@dataclass
+class Parked:
+    """A bad message whose dead-letter row could not be written yet, held unacknowledged."""
+
+    message: Any
+    reason: str
+    exc: BaseException | None
+    #: What settles the message once its row is written (ack, or Celery's own reject).
+    settle: Callable[[], None]
+    #: When it was parked (monotonic seconds).
+    since: float
+
+
 class IntakeConsumer(Consumer):
-    """Celery's consumer with every message that cannot become a task dead-lettered."""
+    """Celery's consumer with every message that cannot become a task dead-lettered, and
+    parked (see the module doc) while the dead-letter table cannot be written."""
+
+    #: First wait before a parked message is recorded again (seconds); doubles each time.
+    retry_seconds: float = 1.0
+    #: Longest wait between two attempts to record the parked messages (seconds).
+    retry_max_seconds: float = 30.0
+    #: Longest a message stays parked before it goes back to its queue (seconds); None
+    #: takes `app.conf.resilience_intake_park_seconds`, else half the broker's visibility
+    #: timeout, at most `MAX_PARK_SECONDS`.
+    park_seconds: float | None = None
+    MAX_PARK_SECONDS = 300.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Celery's arguments.
+
+        Raises:
+            ConfigurationError: `resilience_intake_park_seconds` is not a number > 0.
+        """
+        super().__init__(*args, **kwargs)
+        #: Parked messages, oldest first.
+        self.parked: deque[Parked] = deque()
+        self._retry_entry: Any = None
+        self._retry_delay = self.retry_seconds
+        self._window = self._park_window()
+
+    # -- Celery's hooks ------------------------------------------------------------------
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
-        if record(self.app, message, f"cannot be decoded ({type(exc).__name__}: {exc})", exc):
-            super().on_decode_error(message, exc)
+        self._dead_letter(message, f"cannot be decoded ({type(exc).__name__}: {exc})", exc,
+                          partial(super().on_decode_error, message, exc))
 
     def on_unknown_message(self, body: Any, message: Any) -> None:
-        if record(self.app, message, "not a task message (no task header)"):
-            super().on_unknown_message(body, message)
+        self._dead_letter(message, "not a task message (no task header)", None,
+                          partial(super().on_unknown_message, body, message))
 
     def on_unknown_task(self, body: Any, message: Any, exc: Exception) -> None:
         headers = message.headers if isinstance(message.headers, dict) else {}
         name = headers.get("task")
-        if record(self.app, message, f"task {name!r} is not registered on this worker", exc):
-            super().on_unknown_task(body, message, exc)
+        self._dead_letter(message, f"task {name!r} is not registered on this worker", exc,
+                          partial(super().on_unknown_task, body, message, exc))
 
     def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
-        if record(self.app, message, f"invalid task message ({type(exc).__name__}: {exc})", exc):
-            super().on_invalid_task(body, message, exc)
+        self._dead_letter(message, f"invalid task message ({type(exc).__name__}: {exc})", exc,
+                          partial(super().on_invalid_task, body, message, exc))
 
     def update_strategies(self) -> None:
         super().update_strategies()
@@ -176,7 +267,7 @@ class IntakeConsumer(Consumer):
 
     def _checked(self, strategy: Any) -> Any:
         """`strategy`, refusing a body that is not a call before Celery unpacks it."""
-        app = self.app
+        connection_errors = self.connection_errors
 
         def checked(message: Any, body: Any, *args: Any, **kwargs: Any) -> Any:
             try:
@@ -189,9 +280,89 @@ class IntakeConsumer(Consumer):
             except (MalformedBody, *_DATA_ERRORS) as exc:
                 # Raised while Celery builds the request from the message's data, before
                 # anything ran; escaping here would stop the worker's main process.
-                if record(app, message, f"malformed message: {exc}", exc):
-                    message.ack()
+                self._dead_letter(message, f"malformed message: {exc}", exc,
+                                  lambda: message.ack_log_error(logger, connection_errors))
                 return None
 
         checked._intake_checked = True  # type: ignore[attr-defined]
         return checked
+
+    def on_close(self) -> None:
+        # The parked messages' delivery tags die with the channel: the broker gives the
+        # messages back (unacknowledged), so nothing is settled or lost here.
+        if self._retry_entry is not None:
+            self._retry_entry.cancel()
+            self._retry_entry = None
+        if self.parked:
+            logger.warning("intake: connection closed with %d message(s) parked; the broker "
+                           "delivers them again", len(self.parked))
+        self.parked.clear()
+        self._retry_delay = self.retry_seconds
+        super().on_close()
+
+    # -- the park ------------------------------------------------------------------------
+
+    def _dead_letter(self, message: Any, reason: str, exc: BaseException | None,
+                     settle: Callable[[], None]) -> None:
+        """Record `message` and settle it, or park it while the table cannot be written."""
+        if not self.parked and record(self.app, message, reason, exc):
+            settle()
+            return
+        self.parked.append(Parked(message, reason, exc, settle, time.monotonic()))
+        if self.qos is not None:
+            self.qos.increment_eventually()  # the held message takes no slot (as an ETA job)
+        queue = (message.delivery_info or {}).get("routing_key")
+        count_outcome(self.app, Outcome.DEFERRED.value, guard=GUARD_NAME, tier=queue,
+                      reason="dead-letter table unavailable: message parked")
+        logger.warning("intake: message parked (%d parked) until its dead-letter row can be "
+                       "written: %s", len(self.parked), reason)
+        if self._retry_entry is None:
+            self._schedule_retry()
+
+    def _schedule_retry(self) -> None:
+        self._retry_entry = self.timer.call_after(self._retry_delay, self._retry_parked)
+
+    def _park_window(self) -> float:
+        seconds = self.park_seconds
+        if seconds is None:
+            seconds = self.app.conf.get("resilience_intake_park_seconds")
+        if seconds is None:
+            options = self.app.conf.broker_transport_options or {}
+            visibility = options.get("visibility_timeout")
+            return min(self.MAX_PARK_SECONDS, visibility / 2) if visibility else (
+                self.MAX_PARK_SECONDS)
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+            raise ConfigurationError(
+                f"resilience_intake_park_seconds must be a number > 0, got {seconds!r}")
+        return float(seconds)
+
+    def _retry_parked(self) -> None:
+        """Record the parked messages, oldest first, until one fails; give back those
+        parked longer than the window; come again later while any is left."""
+        self._retry_entry = None
+        while self.parked:
+            parked = self.parked[0]
+            if not record(self.app, parked.message, parked.reason, parked.exc):
+                break
+            self.parked.popleft()
+            self._release(parked.settle)
+        now = time.monotonic()
+        for parked in [p for p in self.parked if now - p.since >= self._window]:
+            self.parked.remove(parked)
+            logger.warning("intake: message parked for %.0f s goes back to its queue: %s",
+                           now - parked.since, parked.reason)
+            self._release(lambda m=parked.message: m.reject_log_error(
+                logger, self.connection_errors, requeue=True))
+        if self.parked:
+            self._retry_delay = min(self._retry_delay * 2, self.retry_max_seconds)
+            self._schedule_retry()
+        else:
+            self._retry_delay = self.retry_seconds
+
+    def _release(self, settle: Callable[[], None]) -> None:
+        """Settle one parked message and give its prefetch place back."""
+        try:
+            settle()
+        finally:
+            if self.qos is not None:
+                self.qos.decrement_eventually()

@@ -13,6 +13,12 @@ from resilience.stores import stores_for
 
 MAX_DELIVERIES = 2
 
+#: A test worker started with this variable parks an unrecordable intake message for that
+#: many seconds before giving it back to its queue (test_intake's outage tests).
+PARK_SECONDS_VARIABLE = "TESTS_INTAKE_PARK_SECONDS"
+if os.environ.get(PARK_SECONDS_VARIABLE):
+    app.conf.resilience_intake_park_seconds = float(os.environ[PARK_SECONDS_VARIABLE])
+
 
 @app.task(tier="standard")
 @poison_guard(max_deliveries=MAX_DELIVERIES)
