@@ -19,7 +19,10 @@ its task id's outcome (REJECTED naming the holder, or `DuplicateJob` with
 `raise_on_duplicate`) and a batch counted the member SKIPPED (`job_deduplicated`), so the
 row is marked like a published one and counted `deduplicated`. Waiting for the key instead
 would run the job later than its caller asked, and a `wait` on every such row would stall
-its whole queue; the caller's `AsyncResult` says where the work went.
+its whole queue; the caller's `AsyncResult` says where the work went. That outcome is
+stored before the batch commits: a relay killed in between publishes the row again, and if
+the key is free by then the job runs after all (its result replaces REJECTED; its batch
+member stays `skipped`, a member's state is final once recorded).
 
 The race a crash leaves, spelled out:
 
