@@ -340,24 +340,26 @@ class IntakeConsumer(Consumer):
         """Record the parked messages, oldest first, until one fails; give back those
         parked longer than the window; come again later while any is left."""
         self._retry_entry = None
-        while self.parked:
-            parked = self.parked[0]
-            if not record(self.app, parked.message, parked.reason, parked.exc):
-                break
-            self.parked.popleft()
-            self._release(parked.settle)
-        now = time.monotonic()
-        for parked in [p for p in self.parked if now - p.since >= self._window]:
-            self.parked.remove(parked)
-            logger.warning("intake: message parked for %.0f s goes back to its queue: %s",
-                           now - parked.since, parked.reason)
-            self._release(lambda m=parked.message: m.reject_log_error(
-                logger, self.connection_errors, requeue=True))
-        if self.parked:
-            self._retry_delay = min(self._retry_delay * 2, self.retry_max_seconds)
-            self._schedule_retry()
-        else:
-            self._retry_delay = self.retry_seconds
+        try:
+            while self.parked:
+                parked = self.parked[0]
+                if not record(self.app, parked.message, parked.reason, parked.exc):
+                    break
+                self.parked.popleft()
+                self._release(parked.settle)
+            now = time.monotonic()
+            for parked in [p for p in self.parked if now - p.since >= self._window]:
+                self.parked.remove(parked)
+                logger.warning("intake: message parked for %.0f s goes back to its queue: %s",
+                               now - parked.since, parked.reason)
+                self._release(partial(parked.message.reject_log_error, logger,
+                                      self.connection_errors, requeue=True))
+        finally:  # a settle that raised must not leave the rest parked with no retry
+            if self.parked:
+                self._retry_delay = min(self._retry_delay * 2, self.retry_max_seconds)
+                self._schedule_retry()
+            else:
+                self._retry_delay = self.retry_seconds
 
     def _release(self, settle: Callable[[], None]) -> None:
         """Settle one parked message and give its prefetch place back."""
