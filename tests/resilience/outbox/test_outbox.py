@@ -17,7 +17,13 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from resilience.counters import read_all
-from resilience.errors import ArgumentsDoNotBind, DuplicateJob, InvalidKey, NonJsonArguments
+from resilience.errors import (
+    ArgumentsDoNotBind,
+    DuplicateJob,
+    InvalidKey,
+    NonJsonArguments,
+    StoreUnavailable,
+)
 from resilience.outbox import OUTBOX_HEADER, NewRow, Relay, RelayConfig, describe
 from resilience.outbox.backends.postgres import backend_for
 from tests.resilience.idempotency import tasks_unique
@@ -284,7 +290,7 @@ class TestUniqueRows:
         """The caller's AsyncResult resolves at once to the REJECTED outcome naming the job
         holding the key; that job runs once."""
         key = uuid.uuid4().hex
-        holder = tasks_unique.held.delay(key, pause_seconds=3.0)
+        holder = tasks_unique.held.delay(key, pause_seconds=2.0)
         with Session(engine) as session, session.begin():
             job = tasks_unique.held.enqueue_in(session, key)
         report = relay_for(app).relay_once()
@@ -302,7 +308,7 @@ class TestUniqueRows:
         """With `raise_on_duplicate` the row is marked too (not refused, which would hold up
         its queue) and `.get()` raises DuplicateJob naming the holder."""
         key = uuid.uuid4().hex
-        holder = tasks_unique.held_raising.delay(key, pause_seconds=3.0)
+        holder = tasks_unique.held_raising.delay(key, pause_seconds=2.0)
         with Session(engine) as session, session.begin():
             job = tasks_unique.held_raising.enqueue_in(session, key)
         report = relay_for(app).relay_once()
@@ -311,6 +317,34 @@ class TestUniqueRows:
             job.get(timeout=10)
         assert holder.get(timeout=30) == holder.id
         assert unique_runs(redis_client, key) == 1
+
+    def test_an_outcome_not_recorded_leaves_the_row_pending(
+        self, app: Any, engine: Any, critical_worker: Worker, run: str, redis_client: Any,
+    ) -> None:
+        """A `job_deduplicated` receiver that cannot record (its store down) makes the relay
+        postpone the row instead of marking it; the next pass records and marks it."""
+        from resilience.idempotency.unique import job_deduplicated
+
+        def refuse(**_: Any) -> None:
+            raise StoreUnavailable("batch store down (test)")
+
+        key = uuid.uuid4().hex
+        holder = tasks_unique.held.delay(key, pause_seconds=2.0)
+        with Session(engine) as session, session.begin():
+            job = tasks_unique.held.enqueue_in(session, key)
+        relay = relay_for(app)
+        job_deduplicated.connect(refuse, weak=False)
+        try:
+            report = relay.relay_once()
+        finally:
+            job_deduplicated.disconnect(refuse)
+        assert (report.published, report.deduplicated, report.postponed) == (0, 0, 1)
+        assert [row.state for row in outbox_rows(engine, [job.id])] == ["pending"]
+        time.sleep(0.2)  # past the row's backoff (0.05 s)
+        report = relay.relay_once()
+        assert (report.published, report.deduplicated, report.postponed) == (1, 1, 0)
+        assert job.get(timeout=10)["details"]["existing_task_id"] == holder.id
+        assert holder.get(timeout=30) == holder.id
 
     def test_a_row_published_again_while_its_own_job_holds_the_key_keeps_its_result(
         self, app: Any, engine: Any, critical_worker: Worker, run: str, redis_client: Any,
