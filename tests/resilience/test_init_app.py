@@ -255,11 +255,43 @@ class TestPlatform:
         assert app.conf.resilience_redis_url == stores_for(app).redis_url
 
     def test_pipeline_view_of_an_unguarded_task_says_so(self, app: Any) -> None:
-        """`jobs pipeline` on a task with no guards prints one line instead of crashing."""
+        """`jobs pipeline`'s view of a task with no guards is one line, not a crash."""
         from jobs.pipeline_view import describe_pipelines
 
-        name = next(name for name, task in app.tasks.items()
-                    if not isinstance(task, GuardedTask))
-        view = describe_pipelines(app.tasks[name])
+        view = describe_pipelines(app.tasks["tests.resilience.tasks_library.naive"])
         assert view["enqueue"] == [] and view["execution"] == []
-        assert view["unguarded"].startswith(f"{name} is not guarded")
+        assert view["unguarded"] == ("tests.resilience.tasks_library.naive is not guarded: "
+                                     "a plain Task with no guard decorators")
+
+    def test_jobs_pipeline_command(self) -> None:
+        """`jobs pipeline` on an unguarded `@shared_task` prints one line (it crashed with
+        AttributeError); on a guarded one it lists the guards."""
+        import os
+
+        def run(name: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "jobs", "pipeline", name], cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"},
+                capture_output=True, text=True, timeout=60,
+            )
+
+        naive = run("tests.resilience.tasks_library.naive")
+        assert naive.returncode == 0, naive.stderr
+        assert naive.stdout.strip().splitlines() == [
+            "tests.resilience.tasks_library.naive is not guarded: a plain Task with no guard "
+            "decorators"]
+        charge = run("tests.resilience.tasks_library.shared_charge")
+        assert charge.returncode == 0, charge.stderr
+        assert "IDEMPOTENCY" in charge.stdout
+
+    def test_shared_task_guard_runs_once_on_platform_workers(
+            self, app: Any, tier_workers: Any, redis_client: Any) -> None:
+        """`@idempotent` under `@shared_task` on the platform's own workers: three
+        `.delay()` of one key run the body once (it ran three times before)."""
+        from tests.resilience.tasks_library import shared_charge
+
+        order = int(order_id())
+        results = [shared_charge.delay(order) for _ in range(3)]
+        for result in results:
+            result.get(timeout=30)
+        assert int(redis_client.get(f"library:shared_charge:{order}") or 0) == 1
