@@ -21,8 +21,9 @@ row is marked like a published one and counted `deduplicated`. Waiting for the k
 would run the job later than its caller asked, and a `wait` on every such row would stall
 its whole queue; the caller's `AsyncResult` says where the work went. That outcome is
 stored before the batch commits: a relay killed in between publishes the row again, and if
-the key is free by then the job runs after all (its result replaces REJECTED; its batch
-member stays `skipped`, a member's state is final once recorded).
+the key is free by then the job runs after all, while its result stays REJECTED (a stored
+SUCCESS is never replaced; `DuplicateJob`'s FAILURE is) and its batch member `skipped` (a
+member's state is final once recorded). Make the task `@idempotent` where that matters.
 
 The race a crash leaves, spelled out:
 
