@@ -23,7 +23,7 @@ its whole queue; the caller's `AsyncResult` says where the work went. That outco
 stored before the batch commits: a relay killed in between publishes the row again, and if
 the key is free by then the job runs after all, while its result stays REJECTED (a stored
 SUCCESS is never replaced; `DuplicateJob`'s FAILURE is) and its batch member `skipped` (a
-member's state is final once recorded). Make the task `@idempotent` where that matters.
+member's state is final once recorded): a crash window, like the double publish below.
 
 The race a crash leaves, spelled out:
 
