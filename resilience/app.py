@@ -33,6 +33,7 @@ Nothing reads `app.conf` or opens a connection here: the stores are built from
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
     from celery import Celery
 
 __all__ = ["init_app", "is_initialised"]
+
+logger = logging.getLogger("resilience.app")
 
 #: The app's `_AppState` (hooks installed, initialised or not).
 _STATE_ATTRIBUTE = "_resilience_state"
@@ -186,7 +189,24 @@ def _class_for(original: type, initialised: bool) -> type:
             })
             made = _classes[(original, initialised)] = type(original.__name__,
                                                             (mixin, original), namespace)
+            shadowed = _own_call(original)
+            if initialised and shadowed is not None:
+                logger.warning(
+                    "%s.__call__ does not run for guarded tasks (GuardedTask.__call__ runs the "
+                    "guards and the body): move its setup to a task_prerun signal, or make it "
+                    "a GuardedTask subclass given as base= (docs/library.md)",
+                    shadowed.__qualname__)
         return made
+
+
+def _own_call(cls: type) -> type | None:
+    """The class above Celery's `Task` that defines `__call__` for `cls`, if any."""
+    for klass in cls.__mro__:
+        if klass in (Task, GuardedTask, object):
+            return None
+        if "__call__" in klass.__dict__:
+            return klass
+    return None
 
 
 class _NotInitialisedTask(Task):

@@ -218,6 +218,10 @@ class TestInitAppInProcess:
             charge(1)
         assert charge.run(3) == 3
 
+        resilience.init_app(app)  # late, after finalization: the same task is now guarded
+        assert isinstance(charge, GuardedTask)
+        assert [guard.name for guard in charge.pipelines()[0].guards] == ["idempotency"]
+
     def test_stores_come_from_app_conf_on_first_use(self, services: Services) -> None:
         """`init_app` reads nothing; the stores are built from `app.conf` when first
         needed, Django's namespaced settings included; PostgreSQL is optional."""
@@ -288,8 +292,9 @@ class TestPlatform:
             self, app: Any, tier_workers: Any, redis_client: Any) -> None:
         """`@idempotent` under `@shared_task` on the platform's own workers: three
         `.delay()` of one key run the body once (it ran three times before)."""
-        from tests.resilience.tasks_library import shared_charge
-
+        # By name on the platform's app: `shared_charge` itself resolves on the current app,
+        # which another test may have replaced.
+        shared_charge = app.tasks["tests.resilience.tasks_library.shared_charge"]
         order = int(order_id())
         results = [shared_charge.delay(order) for _ in range(3)]
         for result in results:
