@@ -191,9 +191,12 @@ class CancelGuard(Guard):
         try:
             self.record(task).restore_if_lost()
             version, marks = backend.load()
-        except StorageError:
+        except StorageError as error:
             self._restore_failed_at = self.clock()
-            raise
+            # Plain StorageError: whatever failed, the job meets `on_store_down`, never a
+            # dead letter (a refusal here says nothing about the job).
+            raise StorageError(f"the cancellation store lost its copy and the restore "
+                               f"failed: {error}") from error
         if not version:
             self._restore_failed_at = self.clock()
             raise StorageError("the cancellation store lost its copy again while restoring")

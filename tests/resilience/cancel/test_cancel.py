@@ -142,6 +142,52 @@ class TestLostCopy:
         assert cancellations.restore_if_lost() is False
         assert cancellations.backend.version() == version
 
+    def test_the_guard_keeps_its_copy_while_postgres_is_down_too(
+        self, redis_client: Any, cancellations: Any
+    ) -> None:
+        """The guard Redis is flushed while PostgreSQL is unreachable: a worker process with
+        a copy still stops the cancelled job; one without a copy follows on_store_down
+        (fail_closed here: DEFERRED); once the record answers, the guard restores the copy
+        and stops the job."""
+        from types import SimpleNamespace
+
+        from sqlalchemy import create_engine
+
+        from jobs.embedded import free_port
+        from resilience.cancel import CancelConfig, CancelGuard, Cancellations
+        from resilience.outcomes import Outcome, Stop
+        from resilience.pipeline import Call
+        from tests.resilience.cancel.tasks import cancel_order
+
+        task_id = str(uuid.uuid4())
+        cancellations.cancel_job(task_id, reason="kept")
+        unreachable = Cancellations(create_engine(
+            f"postgresql+psycopg2://postgres@127.0.0.1:{free_port()}/none",
+            connect_args={"connect_timeout": 1}), cancellations.backend)
+
+        def guard(record: Any) -> CancelGuard:
+            return CancelGuard(CancelConfig(refresh_seconds=0, on_store_down="fail_closed"),
+                               cancellations.backend, record=record)
+
+        def decide(cancel: CancelGuard) -> Outcome | None:
+            request = SimpleNamespace(id=task_id, called_directly=False, is_eager=False,
+                                      retries=0)
+            try:
+                cancel.before_run(Call(task=cancel_order, args=("run", "o", 1), kwargs={},
+                                       request=request))
+            except Stop as stop:
+                return stop.outcome
+            return None
+
+        with_copy = guard(unreachable)
+        assert decide(with_copy) is Outcome.CANCELLED
+        redis_client.flushdb()
+        assert decide(with_copy) is Outcome.CANCELLED
+        assert cancellations.backend.version() == ""
+        assert decide(guard(unreachable)) is Outcome.DEFERRED
+        assert decide(guard(cancellations)) is Outcome.CANCELLED
+        assert id_target(task_id) in cancellations.backend.load()[1]
+
     def test_a_restore_in_progress_never_brings_back_a_withdrawn_mark(
         self, engine: Any, redis_client: Any, cancellations: Any
     ) -> None:
