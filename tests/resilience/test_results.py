@@ -112,3 +112,27 @@ class TestDatabaseBackend:
         backend.store_result(task_id, 3, states.SUCCESS)
         backend.store_result(task_id, ValueError("late"), states.RETRY)
         assert stored(backend, task_id) == states.SUCCESS
+
+
+class TestSentinelBackend:
+    def test_a_late_retry_never_replaces_a_failure(self) -> None:
+        """`sentinel://` results (Celery's SentinelBackend) take the same script, on the
+        master the Sentinels name."""
+        from resilience.results import SentinelBackend
+        from tests.redis_topologies import SERVICE, SentinelProcesses
+
+        setup = SentinelProcesses().start()
+        try:
+            url = ";".join(f"sentinel://127.0.0.1:{sentinel.port}/0"
+                           for sentinel in setup.sentinels)
+            celery = Celery("results-sentinel", backend=url, set_as_current=False)
+            celery.conf.result_backend_transport_options = {"master_name": SERVICE}
+            keep_final_states(celery)
+            backend = celery.backend
+            assert isinstance(backend, SentinelBackend)
+            task_id = uuid.uuid4().hex
+            backend.store_result(task_id, ValueError("x"), states.FAILURE)
+            backend.store_result(task_id, ValueError("late"), states.RETRY)
+            assert stored(backend, task_id) == states.FAILURE
+        finally:
+            setup.stop()
