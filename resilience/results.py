@@ -97,10 +97,7 @@ class _FinalRedisStates:
                         pipe.reset()
                         return False
                     pipe.multi()
-                    if expires:
-                        pipe.setex(key, expires, value)
-                    else:
-                        pipe.set(key, value)
+                    pipe.set(key, value, ex=expires or None)
                     pipe.publish(key, value)
                     pipe.execute()
                     return True
