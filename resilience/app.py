@@ -146,12 +146,10 @@ def _arm(app: Celery) -> None:
     _rebase_all(app)
 
 
-
-
 def _rebase_all(sender: Any = None, **_: Any) -> None:
-    app = sender
-    for task in list(app._tasks.values()):
-        _rebase(app, task)
+    """`_rebase` every task of the app `sender` (also an `on_after_finalize` receiver)."""
+    for task in list(sender._tasks.values()):
+        _rebase(sender, task)
 
 
 def _rebase(app: Any, task: Any) -> Any:
