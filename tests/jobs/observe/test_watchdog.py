@@ -179,7 +179,9 @@ def _start(worker_factory: Any, name: str, broker_url: str, **env: str) -> Any:
     worker = worker_factory("standard", name=name, concurrency=2, wait=False,
                             env={"BROKER_URL": broker_url,
                                  "JOBS_WORKER_STALL_SECONDS": f"{STALL_SECONDS:g}", **env})
-    wait_for(lambda: " ready." in worker.log_tail(), timeout_seconds=90, interval=0.2,
+    # The whole log: jobs waiting for the worker may push the line out of any tail.
+    wait_for(lambda: " ready." in worker.log_path.read_text(errors="replace"),
+             timeout_seconds=90, interval=0.2,
              message=f"{worker.nodename} ready")
     return worker
 
