@@ -251,15 +251,17 @@ def test_a_message_parked_too_long_goes_back_and_is_recorded_once(
     app: Any, engine: Any, redis_client: Any, purge_queues: None, outage: PostgresOutage
 ) -> None:
     """PostgreSQL stays unreachable longer than the park window (2 s here): the parked
-    message goes back to its queue and is parked again, round after round (each park
-    counted DEFERRED), while good jobs keep running; once PostgreSQL is back it is
-    dead-lettered exactly once."""
+    message (a pickle body, which the worker refuses) goes back to its queue and is parked
+    again, round after round (each park counted DEFERRED), while good jobs keep running;
+    once PostgreSQL is back it is dead-lettered exactly once."""
     from resilience.counters import read_all
     from tests.resilience.deadletter.tasks import failure_echo
 
     outage.proxy.down()
     tag = uuid.uuid4().hex
-    _publish(app, json.dumps([[tag], {}, {}]), headers=_headers(f"no.such.task.{tag}", tag))
+    # A content type the worker refuses (pickle): Celery's on_invalid_task path.
+    _publish(app, json.dumps([[tag], {}, {}]), headers=_headers(failure_echo.name, tag),
+             content_type="application/x-python-serialize")
 
     def parks() -> int:
         return sum(value for labels, value in read_all(redis_client)
@@ -273,5 +275,7 @@ def test_a_message_parked_too_long_goes_back_and_is_recorded_once(
     wait_for(lambda: _intake_rows(engine, tag), timeout_seconds=60,
              message="the parked message dead-lettered")
     time.sleep(2.0)  # a second copy, had there been one, would be recorded by now
-    assert len(_intake_rows(engine, tag)) == 1
+    entries = _intake_rows(engine, tag)
+    assert len(entries) == 1
+    assert "ContentDisallowed" in entries[0].reason
     assert _waiting(app, QUEUE) == 0
