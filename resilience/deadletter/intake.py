@@ -31,7 +31,9 @@ recorded comes round once per window, never in a hot loop. A worker that dies or
 connection with messages parked loses nothing: unacknowledged, they return to the queue.
 A row PostgreSQL *refuses* (a NUL character in a header, say) is written again cut down to
 what any row can hold (the raw message as base64), so refusal never parks a message forever.
-Each park is counted as DEFERRED (guard "intake"), each row as DEAD-LETTERED.
+Each park is counted as DEFERRED (guard "intake"), each row as DEAD-LETTERED. On RabbitMQ
+quorum queues Celery's prefetch is static, so there a parked message keeps its slot until the
+window gives it back (Celery's countdown jobs share the limitation).
 """
 
 from __future__ import annotations
