@@ -23,7 +23,8 @@ a broker blip).
     +S/2        nothing taken since, still a backlog on a fresh read: the worker is
                 marked stalled (`jobs health live --local` fails from now), asks for a
                 warm shutdown with exit status 75, and after S/4 more exits at once
-    <  t0+2S    the worker is gone; its supervisor (Kubernetes, honcho) starts a new one
+    <  t0+2S    the worker is gone; its supervisor (Kubernetes, systemd, docker) starts
+                a new one. honcho (`jobs up`) restarts nothing: it stops every process.
 
 Reconnecting: the watchdog shuts down (`shutdown(2)`) every TCP connection of the worker's
 main process to the broker's address. A main thread blocked reading a silent socket (e.g.
