@@ -148,6 +148,7 @@ class Cancellations:
         except StorageError as error:
             return error
         return None
+
     def describe(self, *, limit: int = 100) -> list[Cancellation]:
         """Live cancellations, newest first."""
         query = (sa.select(cancellations).where(cancellations.c.expires_at > sa.func.now())
