@@ -64,7 +64,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from functools import partial
-from time import monotonic, time
+from time import time
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
@@ -129,7 +129,9 @@ class Poller(kombu_redis.MultiChannelPoller):
     """kombu's poller; a waiter's reply is read even while the channel cannot consume.
 
     Reading a waiter takes nothing (the reply only says "fetch now"), and a reply left
-    unread would keep its socket readable and spin the event loop.
+    unread would keep its socket readable and spin the event loop. In the event loop a
+    waiter's read returns quietly; in `drain_events` it raises `Empty`, so the drain goes
+    on to the fetch instead of returning with nothing delivered.
     """
 
     def on_readable(self, fileno: int) -> Any:
@@ -138,6 +140,14 @@ class Poller(kombu_redis.MultiChannelPoller):
             channel, kind = found
             return channel.handlers[kind]()
         return super().on_readable(fileno)
+
+    def handle_event(self, fileno: int, event: int) -> Any:
+        found = self._fd_to_chan.get(fileno)
+        if found is not None and _is_wait(found[1]):
+            channel, kind = found
+            channel.handlers[kind]()
+            raise kombu_redis.Empty()
+        return super().handle_event(fileno, event)
 
 
 class Channel(kombu_redis.Channel):
@@ -207,7 +217,8 @@ class Channel(kombu_redis.Channel):
         connection = self.client.connection
         self._in_poll = connection
         self._in_flight = _FETCHING
-        self._brpop_sent_at = monotonic()
+        # kombu's clock (its BRPOP health check compares against it).
+        self._brpop_sent_at = kombu_redis.monotonic()
         connection.send_command(
             "EVALSHA", FETCH.sha, 3 + len(keys), self.unacked_key, self.unacked_index_key,
             UNREADABLE_KEY, *keys, repr(time()))
@@ -273,7 +284,7 @@ class Channel(kombu_redis.Channel):
         """Block a waiter on each of `keys` that is not blocked already; drop the others."""
         for key in [key for key in self._waiters if key not in keys]:
             self._drop_waiter(key)
-        now = monotonic()
+        now = kombu_redis.monotonic()
         overdue = (timeout or 0) + (self.health_check_interval or 0)
         for key in keys:
             waiter = self._waiters.get(key) or self._new_waiter(key)
@@ -304,14 +315,11 @@ class Channel(kombu_redis.Channel):
         return waiter
 
     def _wait_read(self, key: str) -> None:
-        """A waiter answered: its list has an item (fetch now) or its wait timed out.
-
-        Raises:
-            Empty: always; a waiter delivers nothing itself.
-        """
+        """A waiter answered: its list has an item (fetch now) or its wait timed out. A
+        waiter delivers nothing itself."""
         waiter = self._waiters.get(key)
         if waiter is None:
-            raise kombu_redis.Empty()
+            return
         waiter.armed = False
         try:
             reply = self.client.parse_response(waiter.connection, "BLMOVE")
@@ -321,15 +329,9 @@ class Channel(kombu_redis.Channel):
             logger.debug("Redis wait on %r failed; reconnecting", key, exc_info=True)
             self._drop_waiter(key)
             self._fetch_due = True
-            raise kombu_redis.Empty() from None
+            return
         if reply is not None:
             self._fetch_due = True
-        raise kombu_redis.Empty()
-
-    def _poll_error(self, type: Any, **options: Any) -> Any:
-        if _is_wait(type):
-            return self._wait_read(type[1])
-        return super()._poll_error(type, **options)
 
     def _drop_waiter(self, key: str) -> None:
         waiter = self._waiters.get(key)
@@ -422,7 +424,7 @@ class Channel(kombu_redis.Channel):
         if asynchronous:
             return super()._create_client(asynchronous=True)
         client = self._shared_client
-        if client is None or client.connection_pool is not self.pool:
+        if getattr(client, "connection_pool", None) is not self.pool:
             client = self._shared_client = super()._create_client()
         return client
 

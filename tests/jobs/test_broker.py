@@ -1,7 +1,11 @@
-"""The Redis broker transport: kombu's, with one client object per channel."""
+"""The Redis broker transport: kombu's, with reliable fetch from every list and one client
+object per channel."""
 
 from __future__ import annotations
 
+import contextlib
+import queue as queue_module
+import time
 import uuid
 from typing import Any
 
@@ -165,3 +169,81 @@ class TestReliableFetch:
             assert [m.payload for m in received] == [{"n": 1}]
             assert not channel.client.hexists(channel.unacked_key, received[0].delivery_tag)
             queue(channel).delete()
+
+
+class TestFetchFromEveryList:
+    """The consumer takes from whichever list has a message, the moment it has one."""
+
+    def test_round_robin_over_queues_and_priorities_without_waiting(
+        self, app: Any, redis_broker: None
+    ) -> None:
+        """Messages on two queues, in their priority sub-lists: delivered in kombu's
+        round-robin order, one right after the other (each used to wait up to 1 s, the wait
+        watching one list only)."""
+        first, second = (_queue(f"tests-fetch-{uuid.uuid4().hex}") for _ in range(2))
+        received: list[Any] = []
+        with app.connection_for_write() as connection:
+            producer = connection.Producer(serializer="json")
+            for n in range(3):
+                producer.publish({"q": 1, "n": n}, exchange=first.exchange,
+                                 routing_key=first.routing_key, declare=[first], priority=5)
+                producer.publish({"q": 2, "n": n}, exchange=second.exchange,
+                                 routing_key=second.routing_key, declare=[second], priority=5)
+            with connection.Consumer([first, second], accept=["json"]) as consumer:
+                consumer.register_callback(lambda body, message: (received.append(body),
+                                                                  message.ack()))
+                started = time.monotonic()
+                for _ in range(6):
+                    connection.drain_events(timeout=3)
+                elapsed = time.monotonic() - started
+            for queue in (first, second):
+                queue(connection.default_channel).delete()
+        assert [(m["q"], m["n"]) for m in received] == [
+            (1, 0), (2, 0), (1, 1), (2, 1), (1, 2), (2, 2)]
+        assert elapsed < 0.5, f"6 messages took {elapsed:.2f}s"
+
+    def test_an_idle_consumer_wakes_for_a_message_on_any_list(
+        self, app: Any, redis_broker: None
+    ) -> None:
+        """Waiting with every list empty, in an event loop as Celery's worker waits: a message
+        published to the second queue's priority list is delivered at once, not when the
+        wait on the first list times out."""
+        from kombu.asynchronous import Hub
+
+        first, second = (_queue(f"tests-fetch-{uuid.uuid4().hex}") for _ in range(2))
+        received: list[tuple[Any, float]] = []
+        hub = Hub()
+        try:
+            with app.connection_for_write() as connection, \
+                    app.connection_for_write() as publisher:
+                for queue in (first, second):
+                    queue(publisher.default_channel).declare()
+                with connection.Consumer([first, second], accept=["json"]) as consumer:
+                    consumer.register_callback(
+                        lambda body, message: (received.append((body, time.monotonic())),
+                                               message.ack()))
+                    connection.register_with_event_loop(hub)
+
+                    def run_loop(seconds: float) -> None:
+                        deadline = time.monotonic() + seconds
+                        while time.monotonic() < deadline and not received:
+                            for tick in hub.on_tick:
+                                tick()
+                            for fd, _ in hub.poller.poll(0.05) or ():
+                                callback, args = hub.readers[fd]
+                                with contextlib.suppress(queue_module.Empty):
+                                    callback(*args)
+
+                    run_loop(0.3)  # settle into the wait: every list is empty
+                    assert not received
+                    publisher.Producer(serializer="json").publish(
+                        {"late": 1}, exchange=second.exchange, routing_key=second.routing_key,
+                        priority=7)
+                    published = time.monotonic()
+                    run_loop(3)
+                for queue in (first, second):
+                    queue(publisher.default_channel).delete()
+        finally:
+            hub.close()
+        assert [body for body, _ in received] == [{"late": 1}]
+        assert received[0][1] - published < 0.5

@@ -18,7 +18,7 @@ import pytest
 from tests.harness import Worker, wait_for
 
 JOBS = 20
-ROUNDS = 3
+ROUNDS = 5
 TASK = "tests.tasks.whoami_critical"
 
 
