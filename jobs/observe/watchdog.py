@@ -14,7 +14,12 @@ consumer's own: those are what may be wedged.
 **A broker nothing can reach is an outage, not a stall.** When the fresh read fails too,
 the watchdog does nothing and starts its clock again: the worker waits for the broker like
 the rest of the fleet, and resumes when it returns (a fleet must not restart itself during
-a broker blip).
+a broker blip). A broker that went silent without a reset also blocks the worker's main
+thread on a socket (publishing an event), so its event loop stops beating the heartbeat:
+when the loop has missed beats for max(2 s, S/10), a fresh read is made at once, and while
+it fails the watchdog's thread beats the heartbeat itself (every S/20, reads every S/4), so
+`jobs health live --local` holds through the outage. Once the broker answers again the
+beats stop: a loop that stays blocked then goes stale, or meets the stall check.
 
 **What it does.** Timeline of one stall (S = the stall seconds):
 
@@ -89,6 +94,8 @@ class ConsumerState:
     consuming: bool
     #: The queues it consumes now.
     queues: tuple[str, ...]
+    #: The event loop has not beaten the heartbeat for a while (blocked, e.g. on a socket).
+    loop_blocked: bool = False
 
 
 class ConsumptionWatchdog:
@@ -136,6 +143,12 @@ class ConsumptionWatchdog:
         return self._queues
 
     @property
+    def outage(self) -> bool:
+        """The last fresh read could not reach the broker (and nothing was taken since):
+        the worker waits for the broker like the rest of the fleet."""
+        return self._outage
+
+    @property
     def reconnecting(self) -> bool:
         """A reconnect was made and consumption has not come back yet."""
         return self._reconnected_at is not None
@@ -155,17 +168,21 @@ class ConsumptionWatchdog:
             return self._after_reconnect(now, progressed or not state.free_slots)
         busy = not state.free_slots or not state.queues
         if progressed or busy or not state.consuming:
+            self._outage = False
             self._restart_clock(now)
             return None
-        if now - self._idle_since < self.stall_seconds - self.read_interval_seconds:
-            return None
-        if now < self._next_read:
+        due = (self._outage or state.loop_blocked
+               or now - self._idle_since >= self.stall_seconds - self.read_interval_seconds)
+        if not due or now < self._next_read:
             return None
         self._next_read = now + self.read_interval_seconds
         waiting = self.backlog(state.queues)
         if waiting is None:
             return self._broker_unreachable(now)
-        self._outage = False
+        if self._outage:  # the broker answers again: the stall clock starts now
+            self._outage = False
+            self._restart_clock(now)
+            return None
         if waiting == 0:
             self._backlog_seen = None
             return None
@@ -218,6 +235,7 @@ class ConsumptionWatchdog:
                            "outage, not a stall; waiting for it")
         self._outage = True
         self._restart_clock(now)
+        self._next_read = now + self.read_interval_seconds
         return "outage"
 
     def _restart_clock(self, now: float) -> None:
@@ -227,11 +245,12 @@ class ConsumptionWatchdog:
 
 
 # -- the worker's side ------------------------------------------------------------------
-def consumer_state(worker: Any) -> ConsumerState:
-    """The state of `worker`'s consumer, read from Celery's worker objects."""
+def consumer_state(worker: Any, *, blocked_after_seconds: float = 5.0) -> ConsumerState:
+    """The state of `worker`'s consumer, read from Celery's worker objects; its loop counts
+    as blocked when its heartbeat file is older than `blocked_after_seconds`."""
     from celery.worker import state
 
-    from jobs.observe.heartbeat import main_thread_waits_for_broker
+    from jobs.observe.heartbeat import heartbeat_age, main_thread_waits_for_broker
 
     consumer = worker.consumer
     heartbeat = getattr(worker, "jobs_heartbeat", None)
@@ -245,6 +264,7 @@ def consumer_state(worker: Any) -> ConsumerState:
         free_slots=limit == 0 or len(state.reserved_requests) < limit,
         consuming=running and not main_thread_waits_for_broker(),
         queues=queues,
+        loop_blocked=(heartbeat_age(worker.hostname) or 0.0) > blocked_after_seconds,
     )
 
 
@@ -360,6 +380,8 @@ class WorkerWatchdog(bootsteps.StartStopStep):
 
         stall = _stall_seconds(w.app)
         timeout = min(5.0, max(0.5, stall / 4))
+        # The loop beats every second: a few missed beats make a fresh read due at once.
+        blocked_after = max(2.0, stall / 10)
 
         def count(action: str) -> None:
             tier = ",".join(w.jobs_watchdog.queues) or None
@@ -367,7 +389,7 @@ class WorkerWatchdog(bootsteps.StartStopStep):
 
         w.jobs_watchdog = ConsumptionWatchdog(
             stall_seconds=stall,
-            observe=lambda: consumer_state(w),
+            observe=lambda: consumer_state(w, blocked_after_seconds=blocked_after),
             backlog=lambda queues: fresh_backlog(w.app, queues, timeout_seconds=timeout),
             reconnect=lambda: reconnect_consumer(w),
             give_up=lambda reason: exit_stalled(w, reason, grace_seconds=max(1.0, stall / 4)),
@@ -380,8 +402,9 @@ class WorkerWatchdog(bootsteps.StartStopStep):
 
         clear_stalled(w.hostname)  # a previous incarnation's mark
         self._stopped.clear()
-        self._thread = threading.Thread(target=self._run, args=(w.jobs_watchdog,),
-                                        name="jobs-watchdog", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(w.jobs_watchdog, getattr(w, "jobs_heartbeat", None)),
+            name="jobs-watchdog", daemon=True)
         self._thread.start()
 
     def stop(self, w: Any) -> None:
@@ -389,12 +412,16 @@ class WorkerWatchdog(bootsteps.StartStopStep):
 
     terminate = stop
 
-    def _run(self, watchdog: ConsumptionWatchdog) -> None:
+    def _run(self, watchdog: ConsumptionWatchdog, heartbeat: Any) -> None:
         while not self._stopped.wait(watchdog.check_interval_seconds):
             try:
                 watchdog.check()
             except Exception:  # the watchdog must never take the worker down
                 logger.exception("consumption watchdog check failed")
+            if watchdog.outage and heartbeat is not None:
+                # Nothing reaches the broker: the main thread may be blocked on a silent
+                # socket, but a restart would not help. Liveness holds (heartbeat.py).
+                heartbeat.beat()
 
 
 def _stall_seconds(app: Any) -> float:

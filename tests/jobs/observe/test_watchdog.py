@@ -109,6 +109,25 @@ class TestStallDecision:
         decisions = consumer.run(watchdog, until=400)
         assert decisions[0][1] == RECONNECT and decisions[0][0] >= outages[-1][0] + 60
 
+    def test_a_blocked_loop_reads_at_once_and_an_outage_lasts_until_a_read_succeeds(
+        self
+    ) -> None:
+        """The loop missed its beats: a fresh read at the next check, not after 3/4 S;
+        unreachable, it is an outage (the worker's heartbeat is beaten meanwhile), read
+        again every S/4 until the broker answers."""
+        consumer = Consumer()
+        consumer.waiting = None
+        consumer.state = ConsumerState(taken=0, free_slots=True, consuming=True,
+                                       queues=("standard",), loop_blocked=True)
+        watchdog = consumer.watchdog()
+        assert consumer.run(watchdog, until=1) == [(1.0, "outage")]
+        assert watchdog.outage
+        consumer.run(watchdog, until=46)
+        assert consumer.reads == [1.0, 16.0, 31.0, 46.0]
+        consumer.waiting = 0
+        consumer.run(watchdog, until=61)
+        assert not watchdog.outage and consumer.actions == []
+
     def test_no_free_slots_or_a_consumer_reconnecting_on_its_own_is_no_stall(self) -> None:
         consumer = Consumer()
         consumer.waiting = 5
@@ -278,9 +297,11 @@ class TestStalledWorker:
     def test_a_broker_outage_is_waited_out_and_the_backlog_drains_afterwards(
         self, app: Any, broker: Any, proxy: Proxy, worker_factory: Any, redis_client: Any
     ) -> None:
-        """The proxy process is SIGSTOPped for 2 x S (nothing reaches the broker) while 10
-        jobs wait: the worker stays up and live, reconnects nothing, and drains the
-        backlog once the broker is back."""
+        """The proxy process is SIGSTOPped for 2.5 x S (nothing reaches the broker, and the
+        worker's main thread blocks on a silent socket) while 10 jobs wait: the worker
+        stays up, `live --local` holds at a 5 s max age (the watchdog beats for the
+        blocked loop), nothing is reconnected, and the backlog drains once the broker is
+        back."""
         key = "tests:watchdog:outage"
         worker = _start(worker_factory, "watchdog-outage", proxy.url)
         _publish(app, broker.url, key, range(1))
@@ -289,11 +310,11 @@ class TestStalledWorker:
         proxy.process.send_signal(signal.SIGSTOP)
         try:
             _publish(app, broker.url, key, range(1, 11))
-            until = time.monotonic() + 2 * STALL_SECONDS
+            until = time.monotonic() + 2.5 * STALL_SECONDS
             while time.monotonic() < until:
                 assert worker.alive(), worker.log_tail()
-                assert all(check.ok for check in
-                           local_liveness(worker.nodename, max_age_seconds=30))
+                checks = local_liveness(worker.nodename, max_age_seconds=5)
+                assert all(check.ok for check in checks), checks
                 time.sleep(0.2)
         finally:
             proxy.process.send_signal(signal.SIGCONT)
