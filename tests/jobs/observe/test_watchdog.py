@@ -403,7 +403,7 @@ class TestOldestAge:
             exported = _scrape(app)["jobs_queue_oldest_age_seconds"]
             assert {s.labels["tier"] for s in exported} <= {"critical", "standard", "optional"}
             assert all(s.value >= 0 for s in exported)
-        finally:
+        finally:  # the list and its binding
             with app.connection_for_write() as connection:
-                connection.default_channel.client.delete(name)
+                connection.default_channel.queue_delete(name)
 
