@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install lint bench stress clean
+.PHONY: run test install lint bench stress conformance clean
 
 # Two distributions, both editable: the library (resilience/pyproject.toml) and the platform.
 $(STAMP): pyproject.toml resilience/pyproject.toml
@@ -19,7 +19,7 @@ run: install
 	$(BIN)/jobs up
 
 lint: install
-	$(BIN)/ruff check jobs resilience tests bench deploy beat_schedule.py
+	$(BIN)/ruff check jobs resilience tests bench deploy conformance beat_schedule.py
 
 test: install lint
 	./scripts/ensure-chromium
@@ -37,6 +37,14 @@ stress: install
 	$(BIN)/python -m pytest -m soak
 	$(BIN)/python -m bench chaos --runs 50
 	$(BIN)/python -m bench scale --seconds 60
+	$(BIN)/python -m conformance
+
+# kombu's and Celery's own suites (their PyPI source releases, cached in .data/conformance),
+# stock and with the platform's transport, task class and consumer: both tallies and every
+# unexplained divergence (conformance/divergences.toml lists the intended ones). Not in
+# `make test`; part of `make stress`.
+conformance: install
+	$(BIN)/python -m conformance
 
 clean:
 	rm -rf $(VENV) .data artifacts
