@@ -7,7 +7,7 @@ the guard decorators apply to every task of the app (docs/library.md).
 
 from resilience.app import init_app
 from resilience.errors import ResilienceError
-from resilience.outcomes import Outcome, Stop
+from resilience.outcomes import GuardOutcome, Outcome, Stop, outcome_of
 from resilience.pipeline import Call, EnqueueGuard, Guard, Stage
 from resilience.stores import Stores
 from resilience.task import GuardedTask
@@ -19,6 +19,7 @@ __all__ = [
     "Call",
     "EnqueueGuard",
     "Guard",
+    "GuardOutcome",
     "GuardedTask",
     "Outcome",
     "ResilienceError",
@@ -26,4 +27,5 @@ __all__ = [
     "Stop",
     "Stores",
     "init_app",
+    "outcome_of",
 ]

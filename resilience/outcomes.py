@@ -11,6 +11,8 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
 
+from celery.exceptions import Ignore
+
 
 class Outcome(str, Enum):
     """The vocabulary of guard decisions (DESIGN.md)."""
@@ -79,9 +81,102 @@ class Stop(Exception):
         return body
 
 
+    def as_meta(self) -> dict[str, Any]:
+        """The decision as it travels in the job's result metadata and its task event."""
+        meta: dict[str, Any] = {"outcome": self.outcome.value, "guard": self.guard,
+                                "reason": self.reason}
+        if self.details:
+            meta["details"] = self.details
+        return meta
+
+
 def is_outcome_result(value: Any) -> bool:
     """True when `value` is the result of a task stopped by a guard."""
     return isinstance(value, dict) and value.get("outcome") in Outcome._value2member_map_
+
+
+# -- outcomes in results and events ----------------------------------------------------------
+#
+# A stopped job's `.get()` answers what Celery's contract promises: a REPLAYED duplicate the
+# first call's value, any other stop its outcome dict (docs/pipeline.md has the table). The
+# decision itself travels beside the value: in the result's metadata under `outcome` (the
+# result backends of resilience.results write it from the request attribute below) and, from
+# a worker, as a task event of its own (`task-replayed`, `task-shed`, ...), which Celery's
+# event state turns into a custom state, so Flower lists the job as REPLAYED or SHED rather
+# than SUCCESS.
+
+#: Key of the decision in a job's stored result metadata.
+OUTCOME_META_KEY = "outcome"
+#: Attribute of the task request (Celery's Context) the result backend reads it from.
+OUTCOME_REQUEST_ATTRIBUTE = "resilience_outcome"
+
+
+class OutcomeStored(Ignore):
+    """Raised in the worker once a stopped job's result is stored: Celery records nothing
+    more and sends no `task-succeeded`; the worker's request (`resilience.results.
+    OutcomeRequest`) sends `event` with `fields` instead, Celery's idiom for a custom state
+    (`Ignore`: "manually store the result of a task").
+
+    Args:
+        event: the task event's type, `task-<outcome>` in lower case (`task-replayed`).
+        fields: the event's fields (`outcome`, `guard`, `reason`, `result` as a repr).
+    """
+
+    def __init__(self, event: str, fields: dict[str, Any]) -> None:
+        super().__init__(f"{fields.get('outcome')} by {fields.get('guard')}: "
+                         f"{fields.get('reason')}")
+        self.event = event
+        self.fields = dict(fields)
+
+    @property
+    def outcome(self) -> str:
+        return str(self.fields.get("outcome"))
+
+    @property
+    def guard(self) -> str:
+        return str(self.fields.get("guard"))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A prefork child hands the exception to the main process, which sends the event.
+        return (type(self), (self.event, self.fields))
+
+
+def event_type_of(outcome: Outcome | str) -> str:
+    """The task event of a stopped outcome: `task-replayed`, `task-shed`, ... Celery's event
+    state makes its part after `task-` the task's state, in upper case (`REPLAYED`)."""
+    return f"task-{str(outcome).lower()}"
+
+
+@dataclass(frozen=True)
+class GuardOutcome:
+    """What a guard decided about a finished job, read back from its result."""
+
+    outcome: Outcome
+    guard: str
+    reason: str
+    details: dict[str, Any]
+
+
+def outcome_of(result: Any) -> GuardOutcome | None:
+    """The guard decision that stopped a finished job, or None when its body ran (or it has
+    not finished).
+
+    Reads the result's metadata (written by the result backends of resilience.results:
+    Redis, Sentinel); failing that, an outcome dict the job returned (every stop but
+    REPLAYED returns one). A REPLAYED value on another backend, or from an inline call
+    (`apply()`, eager), carries no metadata: None.
+
+    Args:
+        result: an `AsyncResult` (or `EagerResult`).
+    """
+    meta = result._get_task_meta()
+    found = meta.get(OUTCOME_META_KEY)
+    if not isinstance(found, dict):
+        found = meta.get("result")
+        if meta.get("status") != "SUCCESS" or not is_outcome_result(found):
+            return None
+    return GuardOutcome(outcome=Outcome(found["outcome"]), guard=str(found.get("guard")),
+                        reason=str(found.get("reason")), details=dict(found.get("details") or {}))
 
 
 # -- trace events ----------------------------------------------------------------------------

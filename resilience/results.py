@@ -27,13 +27,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from billiard.einfo import ExceptionWithTraceback
 from celery import states
 from celery.backends.database import DatabaseBackend as CeleryDatabaseBackend
 from celery.backends.redis import RedisBackend as CeleryRedisBackend
 from celery.backends.redis import SentinelBackend as CelerySentinelBackend
 from celery.exceptions import BackendStoreError
+from celery.worker.request import Request
 from kombu.utils.encoding import bytes_to_str
 
+from resilience.outcomes import OUTCOME_META_KEY, OUTCOME_REQUEST_ATTRIBUTE, OutcomeStored
 from resilience.scripts import LuaScript
 
 STORE = LuaScript.load(__file__, "results_store.lua")
@@ -51,7 +54,17 @@ def kept_against(state: str) -> tuple[str, ...]:
 
 class _FinalRedisStates:
     """`_store_result` of Celery's Redis backends with the final-state check in the store
-    (replacing Celery's GET-then-SET: one round trip instead of two)."""
+    (replacing Celery's GET-then-SET: one round trip instead of two), and a stopped job's
+    guard decision in its metadata (`outcome`, read by `resilience.outcome_of`)."""
+
+    def _get_result_meta(self, result: Any, state: str, traceback: Any, request: Any,
+                         format_date: bool = True, encode: bool = False) -> dict[str, Any]:
+        meta = super()._get_result_meta(  # type: ignore[misc]
+            result, state, traceback, request, format_date=format_date, encode=encode)
+        decision = getattr(request, OUTCOME_REQUEST_ATTRIBUTE, None)
+        if decision is not None and state in states.READY_STATES:
+            meta[OUTCOME_META_KEY] = decision
+        return meta
 
     def _store_result(self, task_id: Any, result: Any, state: str, traceback: Any = None,
                       request: Any = None, **kwargs: Any) -> Any:
@@ -146,3 +159,23 @@ def keep_final_states(app: Any) -> None:
     thread)."""
     loader = app.loader
     loader.override_backends = {**loader.override_backends, **FINAL_STATE_BACKENDS}
+
+
+class OutcomeRequest(Request):
+    """The worker's request of a guarded task: a job stopped by a guard (`OutcomeStored`,
+    raised once its result is stored) sends its own task event, `task-replayed`,
+    `task-shed`, ..., where Celery would send none for an ignored job. It is sent from the
+    worker's main process, by the same event dispatcher as `task-started`, so it follows
+    it and obeys the worker's event settings (`-E`, Flower's `enable_events`); Celery's
+    event state then shows the job as REPLAYED, SHED, ... (a custom state), never SUCCESS.
+    """
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True,
+                   return_ok: bool = False) -> Any:
+        stopped = exc_info.exception
+        if isinstance(stopped, ExceptionWithTraceback):
+            stopped = stopped.exc
+        if isinstance(stopped, OutcomeStored):
+            self.send_event(stopped.event, **stopped.fields)
+        return super().on_failure(exc_info, send_failed_event=send_failed_event,
+                                  return_ok=return_ok)

@@ -16,7 +16,9 @@ from typing import Any, ClassVar
 
 from celery import Task
 from celery._state import _task_stack
+from celery.app.task import get_actual_ignore_result
 from celery.exceptions import Retry
+from celery.utils.saferepr import saferepr
 from kombu import serialization
 from kombu.exceptions import EncodeError
 from kombu.utils.json import dumps as kombu_json
@@ -30,7 +32,14 @@ from resilience.errors import (
     PayloadTooLarge,
 )
 from resilience.keys import check_binding, signature_of
-from resilience.outcomes import Outcome, Stop, flush_decisions
+from resilience.outcomes import (
+    OUTCOME_REQUEST_ATTRIBUTE,
+    Outcome,
+    OutcomeStored,
+    Stop,
+    event_type_of,
+    flush_decisions,
+)
 from resilience.pipeline import (
     Call,
     EnqueueGuard,
@@ -174,6 +183,9 @@ class GuardedTask(Task):
     #: Largest serialized argument payload in bytes; None takes
     #: `app.conf.resilience_max_payload_bytes` (default 256 KiB).
     max_payload_bytes: int | None = None
+    #: The worker's request class: it sends a stopped job's own event (`task-replayed`,
+    #: `task-shed`, ...) so Flower shows the outcome, not SUCCESS.
+    Request = "resilience.results:OutcomeRequest"
 
     _pipelines: tuple[Pipeline, EnqueuePipeline] | None = None
 
@@ -466,13 +478,21 @@ class GuardedTask(Task):
         a chord (`JobStopped`), so a callback never runs on an outcome it would mistake
         for data.
 
+        What `.get()` answers (docs/pipeline.md): a replay the first call's value, any other
+        stop its outcome dict. From a message outside a canvas the value is stored here and
+        Celery is told to record nothing more (`OutcomeStored`), so the worker sends the
+        outcome's own event (`task-replayed`, ...) and Flower shows it instead of SUCCESS.
+
         Raises:
+            OutcomeStored: from a message, once the value and the decision are stored.
             celery.exceptions.Retry: DEFERRED from a message (republished later).
             JobDeferred: DEFERRED inline (`apply()`, caller-runs, eager): nothing is published.
             JobStopped: a chord member was stopped (not REPLAYED).
         """
+        # The message carries the fields: Celery's default log format prints no `extra`.
         logger.info(
-            "guard decision",
+            "guard decision: task=%s id=%s guard=%s outcome=%s reason=%s",
+            self.name, call.task_id, stop.guard, stop.outcome.value, stop.reason,
             extra={
                 "task_id": call.task_id,
                 "task_name": self.name,
@@ -484,25 +504,32 @@ class GuardedTask(Task):
         )
         if stop.outcome is Outcome.DEFERRED:
             self.defer(call, stop)
+        replayed = stop.outcome is Outcome.REPLAYED
+        # What `.get()` answers: a replay the first call's value (Celery's contract for an
+        # idempotent call), any other stop its outcome dict (docs/pipeline.md).
+        value = stop.result if replayed else stop.as_result()
         request = call.request
         if request is None or call.inline:
-            return stop.as_result()
-        if stop.outcome is Outcome.REPLAYED or stop.result is not None:
+            return value
+        # The result backend stores the decision beside the value (`outcome_of`).
+        setattr(request, OUTCOME_REQUEST_ATTRIBUTE, stop.as_meta())
+        if replayed or stop.result is not None:
             # A stop with a result (REPLAYED's stored one, a breaker's fallback) stands in
             # for the body's: in a canvas it is passed on as the body's would have been.
             if _in_canvas(request):
                 return stop.result
-            return stop.as_result()
-        if getattr(request, "chord", None):
+        elif getattr(request, "chord", None):
             raise JobStopped(
                 f"{stop.outcome.value} by {stop.guard}: {stop.reason}; a chord member that "
                 "did not run fails the chord instead of passing its outcome on",
                 outcome=stop.outcome.value, guard=stop.guard, details=stop.details,
             )
-        # Nothing runs after a job that did not run: the chain and links end here.
-        request.chain = None
-        request.callbacks = None
-        return stop.as_result()
+        # Stored here, then ignored by Celery: no chain or link runs after a job that did
+        # not run, and the worker sends the outcome's own event instead of task-succeeded.
+        self.backend.mark_as_done(request.id, value, request=request,
+                                  store_result=not get_actual_ignore_result(self, request))
+        raise OutcomeStored(event_type_of(stop.outcome), {
+            **stop.as_meta(), "result": saferepr(value, self.resultrepr_maxsize)})
 
     def defer(self, call: Call, stop: Stop) -> None:
         """Republish this message after `retry_after_seconds`, without spending a retry.

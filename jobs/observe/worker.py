@@ -26,6 +26,7 @@ from celery import signals
 from jobs.observe import heartbeat, watchdog
 from jobs.observe.logging import install_worker_logging
 from jobs.observe.metrics import LOCK_HOLD_SECONDS, multiprocess_dir
+from resilience.outcomes import OutcomeStored
 
 LOCK_GUARDS = ("singleton", "exclusive")
 
@@ -65,7 +66,10 @@ def _task_finished(task_id: str | None = None, task: Any = None, retval: Any = N
     if started is None:
         return
     began, kind = started
-    if isinstance(retval, dict) and retval.get("guard") in LOCK_GUARDS:
+    stopped_by = (retval.get("guard") if isinstance(retval, dict)
+                  else getattr(retval, "guard", None) if isinstance(retval, OutcomeStored)
+                  else None)
+    if stopped_by in LOCK_GUARDS:
         return  # SKIPPED by its own lock guard: it never held the lock
     if isinstance(retval, BaseException) and f"DEFERRED by {kind}" in str(retval):
         return  # DEFERRED by its own lock guard

@@ -99,7 +99,7 @@ def _outcomes(tasks: dict[str, Any]) -> Counter[str]:
     for task in tasks.values():
         result, error = str(task.get("result")), str(task.get("exception"))
         name = str(task.get("name"))
-        if name.endswith("charge_payment") and "'outcome': 'REPLAYED'" in result:
+        if name.endswith("charge_payment") and task.get("state") == "REPLAYED":
             seen["REPLAYED"] += 1
         if "DEFERRED by breaker" in error:
             seen["DEFERRED by breaker"] += 1

@@ -38,7 +38,10 @@ class TestOutcomesInFlower:
     def test_a_replayed_task_shows_its_outcome_and_reason_in_flower(
         self, app: Any, worker_factory: Any, start_server: Any, redis_client: Any
     ) -> None:
-        """GET /api/task/info/<id> of a REPLAYED call shows the outcome, guard and reason."""
+        """GET /api/task/info/<id> of a replayed duplicate shows state REPLAYED and the first
+        call's value, which its `.get()` answers; the result's metadata has the guard and
+        the reason."""
+        from resilience import Outcome, outcome_of
         from tests.jobs.observe.tasks import remember
 
         flower = start_server("flower")
@@ -47,24 +50,24 @@ class TestOutcomesInFlower:
         first = remember.delay(key=key, value=3)
         assert first.get(timeout=60) == {"key": key, "value": 3}
         second = remember.delay(key=key, value=3)
-        result = second.get(timeout=60)
-        assert result["outcome"] == "REPLAYED"
+        assert second.get(timeout=60) == {"key": key, "value": 3}
 
         def task_info() -> dict[str, Any] | None:
             status, body = flower.get(f"/api/task/info/{second.id}")
             if status != 200:
                 return None
             info = json.loads(body)
-            return info if info.get("state") == "SUCCESS" and info.get("result") else None
+            return info if info.get("state") == "REPLAYED" and info.get("result") else None
 
         info = wait_for(task_info, timeout_seconds=60, interval=0.25,
                         message="Flower to record the replayed task")
         assert info["name"] == "tests.observe.remember"
-        assert "REPLAYED" in info["result"]
-        assert "idempotency" in info["result"]
+        assert f"'key': '{key}'" in info["result"] and "'value': 3" in info["result"]
+        decision = outcome_of(second)
+        assert decision is not None and decision.outcome is Outcome.REPLAYED
+        assert decision.guard == "idempotency"
         # The reason names the original task, whose result was replayed.
-        assert first.id in result["reason"]
-        assert f"already succeeded in task {first.id}" in info["result"]
+        assert f"already succeeded in task {first.id}" in decision.reason
 
 
     @pytest.mark.timeout(240)
@@ -72,7 +75,8 @@ class TestOutcomesInFlower:
         self, app: Any, stores: Any, worker_factory: Any, start_server: Any,
         redis_client: Any,
     ) -> None:
-        """A singleton SKIPPED names the holder task; a breaker deferral shows as RETRY."""
+        """A singleton SKIPPED (its own state) names the holder task; a breaker deferral
+        shows as RETRY."""
         from celery.result import AsyncResult
 
         from resilience.circuit.backends.redis import RedisBreakerBackend
@@ -96,7 +100,7 @@ class TestOutcomesInFlower:
         skipped = second.get(timeout=60)
         assert skipped["outcome"] == "SKIPPED"
         assert skipped["details"]["holder_task_id"] == first.id
-        info = wait_for(lambda: info_of(second.id, "SUCCESS"), timeout_seconds=60,
+        info = wait_for(lambda: info_of(second.id, "SKIPPED"), timeout_seconds=60,
                         message="Flower to record the skipped run")
         assert "SKIPPED" in info["result"] and first.id in info["result"]
         assert first.get(timeout=60)["slot"] == slot

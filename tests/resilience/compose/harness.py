@@ -314,6 +314,12 @@ class Run:
                     "WHERE task_id = ANY(:ids)"), {"ids": ids})),
             }
 
+    @staticmethod
+    def _ran_elsewhere(execution_id: Any, task_id: str, rows: dict[str, list[Any]]) -> bool:
+        """Was execution `execution_id` run by a job other than `task_id`?"""
+        return any(row.id == execution_id and row.task_id != task_id
+                   for row in rows["executions"])
+
     def _classify(self, job: Job, finals: dict[str, tuple[str, Any]],
                   rows: dict[str, list[Any]]) -> Final:
         stack = job.stack
@@ -330,6 +336,11 @@ class Run:
         else:
             state, result = finals[job.task_id]
         if state == "SUCCESS":
+            if (not is_outcome_result(result) and isinstance(result, dict)
+                    and result.get("execution_id") is not None
+                    and self._ran_elsewhere(result["execution_id"], job.task_id, rows)):
+                # A replay answers the first call's value, whose execution was another job's.
+                result = {"outcome": "REPLAYED", "result": result}
             if is_outcome_result(result):
                 outcome = result["outcome"]
                 if outcome == "REPLAYED" and stack.transactional:

@@ -24,7 +24,7 @@ from resilience.idempotency import IdempotencyConfig, MemoryIdempotencyBackend, 
 from resilience.idempotency.backends import FAILED, IN_PROGRESS, SUCCEEDED
 from resilience.idempotency.guard import IdempotencyGuard
 from resilience.keys import MAX_KEY_LENGTH
-from resilience.outcomes import Outcome, Stop
+from resilience.outcomes import Outcome, Stop, outcome_of
 from resilience.pipeline import Call, Pipeline
 from tests.resilience.idempotency import tasks
 from tests.support import wait_for
@@ -311,10 +311,11 @@ class TestIdempotentExecution:
         key = uuid.uuid4().hex
         first = tasks.idem_count.delay(key, payload=7)
         assert first.get(timeout=30)["payload"] == 7
-        second = tasks.idem_count.delay(key, payload=7).get(timeout=30)
-        assert second["outcome"] == "REPLAYED"
-        assert second["result"]["ran_in"] == first.id
-        assert second["details"]["original_task_id"] == first.id
+        duplicate = tasks.idem_count.delay(key, payload=7)
+        assert duplicate.get(timeout=30)["ran_in"] == first.id  # the first call's value
+        decision = outcome_of(duplicate)
+        assert decision is not None and decision.outcome is Outcome.REPLAYED
+        assert decision.details["original_task_id"] == first.id
         assert runs(redis_client, key) == 1
 
     def test_same_message_delivered_twice_runs_once(
@@ -355,11 +356,12 @@ class TestIdempotentExecution:
         key = uuid.uuid4().hex
         first = tasks.idem_count.delay(key).get(timeout=30)
         redis_client.flushdb()
-        again = tasks.idem_count.delay(key).get(timeout=30)
-        assert again["outcome"] == "REPLAYED" and again["details"]["source"] == "database"
-        assert again["result"] == first
-        cached = tasks.idem_count.delay(key).get(timeout=30)
-        assert cached["details"]["source"] == "cache"
+        again = tasks.idem_count.delay(key)
+        assert again.get(timeout=30) == first
+        assert outcome_of(again).details["source"] == "database"  # type: ignore[union-attr]
+        cached = tasks.idem_count.delay(key)
+        assert cached.get(timeout=30) == first
+        assert outcome_of(cached).details["source"] == "cache"  # type: ignore[union-attr]
         assert runs(redis_client, key) == 0  # the flush removed the only counted run
 
     def test_retryable_failure_releases_the_claim(
@@ -405,7 +407,7 @@ class TestIdempotentExecution:
             tasks.idem_transfer.delay(key, "a", "b", 5).get(timeout=30)
         fresh = uuid.uuid4().hex
         assert tasks.idem_transfer.delay(fresh, "a", "b", 5).get(timeout=30)["amount_cents"] == 5
-        assert tasks.idem_transfer.delay(fresh, "a", "b", 5).get(timeout=30)["outcome"] == (
-            "REPLAYED"
-        )
+        replayed = tasks.idem_transfer.delay(fresh, "a", "b", 5)
+        assert replayed.get(timeout=30)["amount_cents"] == 5
+        assert outcome_of(replayed).outcome is Outcome.REPLAYED  # type: ignore[union-attr]
         assert entries(engine, fresh) == [-5, 5]

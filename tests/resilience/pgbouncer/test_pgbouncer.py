@@ -125,8 +125,7 @@ class TestIdempotencyThroughPgBouncer:
         first = tasks.charge.apply(args=(run_id, "a"))
         assert first.successful() and first.result["ran_in"] == first.id
         second = tasks.charge.apply(args=(run_id, "a"))
-        assert second.result["outcome"] == "REPLAYED"
-        assert second.result["result"]["ran_in"] == first.id
+        assert second.successful() and second.result == first.result  # replayed as it was
         assert effects(engine, run_id, "a") == [first.id]
 
     def test_failure_is_recorded_and_not_replayed(
@@ -152,7 +151,7 @@ class TestIdempotencyThroughPgBouncer:
         first = tasks.transfer.apply(args=(run_id, "t"))
         assert first.successful() and first.result["ran_in"] == first.id
         second = tasks.transfer.apply(args=(run_id, "t"))
-        assert second.result["outcome"] == "REPLAYED"
+        assert second.result == first.result
         assert effects(engine, run_id, "t") == [first.id]
 
     def test_concurrent_calls_share_the_server_pool(self, engine: Any, run_id: str) -> None:
