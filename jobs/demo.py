@@ -124,14 +124,17 @@ class Story:
             f"{len(replayed)} REPLAYED with the first result"
         )
         if replayed:
-            details = replayed[0].result.result["details"]
+            from resilience import outcome_of
+
+            decision = outcome_of(replayed[0].result)
+            details = decision.details if decision is not None else {}
             self.console.print(
                 f"  e.g. task {replayed[0].result.id} -> REPLAYED, original task "
                 f"{details.get('original_task_id')}"
             )
         self._hint(
-            "Flower: Tasks, search charge_payment. The duplicates are SUCCESS with result "
-            "{'outcome': 'REPLAYED', ... 'original_task_id': ...}; the ledger has one row "
+            "Flower: Tasks, search charge_payment. The duplicates are REPLAYED, with the "
+            "first charge's result (their .get() answers it too); the ledger has one row "
             "per order."
         )
 
@@ -259,7 +262,8 @@ class Story:
             "queue and workers"
         )
         self._hint(
-            "Flower: warm_cache results {'outcome': 'SHED', 'reason': 'deadline passed ...'}; "
+            "Flower: warm_cache jobs in state SHED, result {'outcome': 'SHED', 'reason': "
+            "'deadline passed ...'}; "
             f"{self.flower}/resilience and `jobs status`: the optional tier's shed count."
         )
 
@@ -432,13 +436,14 @@ def run_story(app: Any, *, options: DemoOptions, console: Console) -> bool:
 
 
 def _outcome(result: Any) -> str:
-    """What happened to one finished job: a guard's outcome, SUCCEEDED or FAILED."""
-    from resilience.outcomes import is_outcome_result
+    """What happened to one finished job: a guard's outcome (from the result's metadata, as
+    a replay answers the first call's value), SUCCEEDED or FAILED."""
+    from resilience import outcome_of
 
     if result.state == "FAILURE":
         return "DEAD-LETTERED" if "DEAD-LETTERED" in str(result.result) else "FAILED"
-    value = result.result
-    return value["outcome"] if is_outcome_result(value) else "SUCCEEDED"
+    decision = outcome_of(result)
+    return decision.outcome.value if decision is not None else "SUCCEEDED"
 
 
 def _latencies(sends: Iterable[Sent]) -> list[float]:
