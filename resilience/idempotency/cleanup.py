@@ -45,36 +45,38 @@ WHERE ctid = ANY(ARRAY(
   AND state <> '{IN_PROGRESS}' AND expires_at < now()
 """
 
-# The single-pass statement cleanup ran before 0012 (ids joined back through the primary
-# key); kept so `python -m bench cleanup` can compare both in one run.
+# The single-pass statement cleanup ran before 0012 (rows joined back through the primary
+# key, `(task_name, key)` since 0013); kept so `python -m bench cleanup` can compare both.
 DELETE_EXPIRED_BY_ID_SQL = f"""
 WITH batch AS MATERIALIZED (
-    SELECT id FROM {TABLE_NAME}
+    SELECT task_name, key FROM {TABLE_NAME}
     WHERE state <> '{IN_PROGRESS}' AND expires_at < now()
     ORDER BY expires_at
     LIMIT %(batch_size)s
     FOR UPDATE SKIP LOCKED
 )
 DELETE FROM {TABLE_NAME} AS r USING batch
-WHERE r.id = batch.id AND r.state <> '{IN_PROGRESS}' AND r.expires_at < now()
+WHERE (r.task_name, r.key) = (batch.task_name, batch.key)
+  AND r.state <> '{IN_PROGRESS}' AND r.expires_at < now()
 """
 
+# The reaper's batch comes from a scan of the table: no index reads `state` or the lease,
+# so that every completion can be a HOT update (see resilience.idempotency.models). It runs
+# every few minutes; one scan per run is its cost. Its rows are taken by ctid, as above.
 REAP_SQL = f"""
-WITH batch AS MATERIALIZED (
-    SELECT id FROM {TABLE_NAME}
-    WHERE state = '{IN_PROGRESS}'
-      AND lease_expires_at < now() - %(grace_seconds)s * interval '1 second'
-    ORDER BY lease_expires_at
-    LIMIT %(batch_size)s
-    FOR UPDATE SKIP LOCKED
-)
 UPDATE {TABLE_NAME} AS r
 SET state = '{FAILED}',
     error = 'abandoned: the holder''s lease ended at ' || r.lease_expires_at::text
             || ' and it never finished',
     lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
-FROM batch
-WHERE r.id = batch.id AND r.state = '{IN_PROGRESS}'
+WHERE r.ctid = ANY(ARRAY(
+        SELECT ctid FROM {TABLE_NAME}
+        WHERE state = '{IN_PROGRESS}'
+          AND lease_expires_at < now() - %(grace_seconds)s * interval '1 second'
+        ORDER BY lease_expires_at
+        LIMIT %(batch_size)s
+        FOR UPDATE SKIP LOCKED))
+  AND r.state = '{IN_PROGRESS}'
   AND r.lease_expires_at < now() - %(grace_seconds)s * interval '1 second'
 """
 

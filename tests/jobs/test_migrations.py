@@ -35,7 +35,7 @@ class TestMigrations:
     def test_one_head(self, stores: Any) -> None:
         """The revisions form one line: a new migration has one place to go."""
         heads = ScriptDirectory.from_config(alembic_config(stores.database_url)).get_heads()
-        assert heads == ["0012_idempotency_cleanup"]
+        assert heads == ["0013_idempotency_natural_key"]
 
     def test_migrated_columns_match_the_models(self, engine: Any) -> None:
         """Column types and nullability of the migrated database are those of the models."""

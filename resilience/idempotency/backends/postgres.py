@@ -1,10 +1,13 @@
 """PostgreSQL backend of the idempotency guard: each decision is one SQL statement.
 
-Round trips on the happy path: one for the claim (an `INSERT ... ON CONFLICT DO UPDATE ...
-WHERE <takeover allowed> RETURNING` in autocommit), one for the completion (a conditional
-`UPDATE`). A duplicate that missed the Redis cache pays a second statement to read the
-record. Each worker thread keeps one connection from an autocommit engine without pre-ping,
-so no statement pays for a pool checkout, a `SELECT 1`, a `BEGIN` or a `COMMIT` of its own.
+Round trips on the happy path: one for the claim, one for the completion. The claim is one
+statement that also answers a duplicate: an `INSERT ... ON CONFLICT DO UPDATE ... WHERE
+<takeover allowed> RETURNING` in autocommit, and in the same statement the row in the way
+when it did not claim ("done": replay; "running elsewhere": defer). The completion is one
+`UPDATE` by primary key that changes no indexed column, so PostgreSQL writes it as a HOT
+update (no index entry; see `resilience.idempotency.models`). Each worker thread keeps one
+connection from an autocommit engine without pre-ping, so no statement pays for a pool
+checkout, a `SELECT 1`, a `BEGIN` or a `COMMIT` of its own.
 
 Transactional mode (`begin()`) is the exception: the body's writes and the record's
 completion share one transaction on a pooled connection (`PostgresTransaction`), committed
@@ -21,8 +24,8 @@ without a pooler it is one PostgreSQL backend per worker thread, held for the th
 Race timeline the claim is written for (insert first, never check-then-act)::
 
     A: INSERT ... ON CONFLICT          -> row inserted, attempt 1, owner a
-    B: INSERT ... ON CONFLICT          -> conflict; live lease: WHERE false, nothing returned
-    B: SELECT the row in the way       -> A's live claim: DEFERRED
+    B: INSERT ... ON CONFLICT          -> conflict; live lease: WHERE false, nothing claimed;
+                                          the same statement returns A's row: DEFERRED
     A: killed; lease expires
     C: INSERT ... ON CONFLICT          -> conflict, lease expired: attempt 2, owner c
     A': (a paused A wakes up) UPDATE ... WHERE attempt = 1 AND lease_owner = 'a' -> 0 rows
@@ -69,13 +72,16 @@ _COLUMNS = (
     "EXTRACT(EPOCH FROM (expires_at - now()))::float8 AS expires_in"
 )
 
+# The claim sets `expires_at` to cover the lease and the TTL, so a completion within the
+# lease leaves it as it is (COMPLETE_SQL: `GREATEST`) and changes no indexed column.
 CLAIM_SQL = f"""
+WITH claimed AS (
 INSERT INTO {TABLE_NAME} AS r
     (task_name, key, fingerprint, state, attempt, lease_owner, lease_expires_at,
      task_id, created_at, updated_at, expires_at)
 VALUES (%(task_name)s, %(key)s, %(fingerprint)s, '{IN_PROGRESS}', 1, %(owner)s,
         now() + %(lease_seconds)s * interval '1 second', %(task_id)s, now(), now(),
-        now() + %(ttl_seconds)s * interval '1 second')
+        now() + (%(lease_seconds)s::float8 + %(ttl_seconds)s::float8) * interval '1 second')
 ON CONFLICT (task_name, key) DO UPDATE SET
     fingerprint = EXCLUDED.fingerprint,
     state = '{IN_PROGRESS}',
@@ -98,11 +104,17 @@ WHERE
              OR (r.state = '{IN_PROGRESS}'
                  AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= now()))))
 RETURNING {_COLUMNS}, true AS claimed
+)
+SELECT * FROM claimed
+UNION ALL
+SELECT {_COLUMNS}, false AS claimed FROM {TABLE_NAME}
+WHERE task_name = %(task_name)s AND key = %(key)s AND NOT EXISTS (SELECT 1 FROM claimed)
 """
 
-# When the claim returns nothing, the row in the way is read by a second statement (a new
-# snapshot, so it sees a row a concurrent claim inserted while this one waited on it). This
-# costs a round trip only for duplicates that missed the Redis cache.
+# The claim's own answer for a duplicate reads the row in the statement's snapshot. A row a
+# concurrent claim inserted while this one waited on it is not in that snapshot: then the
+# claim returns nothing and this second statement (a new snapshot) reads it. Only that race
+# pays the round trip.
 READ_SQL = f"""
 SELECT {_COLUMNS}, false AS claimed FROM {TABLE_NAME}
 WHERE task_name = %(task_name)s AND key = %(key)s
@@ -113,17 +125,22 @@ _CLAIM_MATCHES = (
     f"AND lease_owner = %(owner)s AND state = '{IN_PROGRESS}'"
 )
 
+# The record lives at least `ttl_seconds` after its completion. `expires_at` (the only
+# indexed column an update could change) moves only when the completion came after the
+# lease the claim counted in: otherwise the new row version is a HOT update.
+_KEEP_AT_LEAST_TTL = (
+    "expires_at = GREATEST(expires_at, now() + %(ttl_seconds)s * interval '1 second')"
+)
+
 COMPLETE_SQL = f"""
 UPDATE {TABLE_NAME} SET state = '{SUCCEEDED}', result = %(result)s::jsonb, error = NULL,
-    lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
-    expires_at = now() + %(ttl_seconds)s * interval '1 second'
+    lease_owner = NULL, lease_expires_at = NULL, updated_at = now(), {_KEEP_AT_LEAST_TTL}
 WHERE {_CLAIM_MATCHES}
 """
 
 FAIL_SQL = f"""
 UPDATE {TABLE_NAME} SET state = '{FAILED}', result = NULL, error = %(error)s,
-    lease_owner = NULL, lease_expires_at = NULL, updated_at = now(),
-    expires_at = now() + %(ttl_seconds)s * interval '1 second'
+    lease_owner = NULL, lease_expires_at = NULL, updated_at = now(), {_KEEP_AT_LEAST_TTL}
 WHERE {_CLAIM_MATCHES}
 """
 
@@ -159,10 +176,11 @@ WHERE task_name = %(task_name)s AND key = %(key)s AND (%(force)s OR state <> '{I
 
 COUNT_SQL = f"SELECT state, count(*) AS n FROM {TABLE_NAME} GROUP BY state"
 
-# Counts without a full scan: open claims exactly (the partial index over `in_progress` is
-# small), the table's size from the planner's statistics (rows per page at the last ANALYZE
-# times today's pages, as the planner scales it) and the finished states' shares from
-# `pg_stats` (the state column's most common values). `total` is -1 when never analyzed.
+# Counts without counting every record: open claims exactly (a scan of the table: no index
+# reads `state`, so that completions stay HOT updates), the table's size from the planner's
+# statistics (rows per page at the last ANALYZE times today's pages, as the planner scales
+# it) and the finished states' shares from `pg_stats` (the state column's most common
+# values). `total` is -1 when never analyzed.
 ESTIMATE_SQL = f"""
 SELECT
     (SELECT count(*) FROM {TABLE_NAME} WHERE state = '{IN_PROGRESS}') AS in_progress,

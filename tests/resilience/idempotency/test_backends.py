@@ -21,6 +21,7 @@ from resilience.idempotency.backends.postgres import (
     autocommit_engine,
     backend_for,
 )
+from tests.harness import wait_for
 
 TASK = "tests.store"
 
@@ -288,6 +289,154 @@ class TestPostgresBackend:
         finally:
             transaction.close()
         backend.ping()
+
+
+def table_updates(engine: Any) -> tuple[int, int]:
+    """(all, HOT) row updates PostgreSQL's statistics count for the records table so far."""
+    from sqlalchemy import text
+
+    with engine.connect() as connection:
+        row = connection.execute(
+            text("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+                 "WHERE relname = 'idempotency_records'")
+        ).one()
+    return int(row[0]), int(row[1])
+
+
+class _CountingConnection:
+    """A thread connection's driver that counts the statements sent through it."""
+
+    def __init__(self, driver: Any) -> None:
+        self.driver, self.statements = driver, 0
+
+    @property
+    def closed(self) -> int:
+        return self.driver.closed
+
+    def cursor(self) -> Any:
+        self.statements += 1
+        return self.driver.cursor()
+
+    def close(self) -> None:
+        self.driver.close()
+
+
+class TestPostgresTable:
+    def test_table_has_the_natural_key_and_room_for_hot_updates(self, engine: Any) -> None:
+        """Primary key (task_name, key), no surrogate id, one index besides it (cleanup's,
+        on expires_at), and a fillfactor below 100."""
+        from sqlalchemy import text
+
+        with engine.connect() as connection:
+            key_columns = connection.execute(text(
+                "SELECT array_agg(a.attname ORDER BY k.ord) FROM pg_index i "
+                "CROSS JOIN unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) "
+                "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
+                "WHERE i.indrelid = 'idempotency_records'::regclass AND i.indisprimary"
+            )).scalar_one()
+            indexes = connection.execute(text(
+                "SELECT indexdef FROM pg_indexes WHERE tablename = 'idempotency_records' "
+                "AND indexname <> 'pk_idempotency_records'"
+            )).scalars().all()
+            options = connection.execute(text(
+                "SELECT reloptions FROM pg_class WHERE oid = 'idempotency_records'::regclass"
+            )).scalar_one()
+            columns = connection.execute(text(
+                "SELECT column_name FROM information_schema.columns "
+                "WHERE table_name = 'idempotency_records'"
+            )).scalars().all()
+        assert key_columns == ["task_name", "key"]
+        assert "id" not in columns
+        assert len(indexes) == 1 and "(expires_at)" in indexes[0] and "WHERE" not in indexes[0]
+        assert any(option.startswith("fillfactor=") and int(option.split("=")[1]) < 100
+                   for option in options or [])
+
+    def test_completions_are_hot_updates(
+        self, postgres: PostgresIdempotencyBackend, stores: Any, engine: Any
+    ) -> None:
+        """Claims completed within their lease (autocommit and in the body's transaction)
+        are HOT updates: PostgreSQL's own statistics count every one of them as HOT."""
+        from sqlalchemy import text
+
+        transactional = PostgresIdempotencyBackend(
+            autocommit_engine(stores), transaction_engine=stores.engine
+        )
+        prefix = uuid.uuid4().hex
+        before_all, before_hot = table_updates(engine)
+        for index in range(150):
+            key = f"{prefix}:{index}"
+            first = claim(postgres, key, owner="a")
+            assert postgres.complete(held(key, first.attempt, "a"), str(index), 600)
+        for index in range(50):
+            key = f"{prefix}:tx:{index}"
+            first = claim(postgres, key, owner="a")
+            transaction = transactional.begin()
+            try:
+                assert transaction.complete(held(key, first.attempt, "a"), str(index), 600)
+                transaction.commit()
+            finally:
+                transaction.close()
+        # Backends report their counts when idle (at most once a second): ask both to now.
+        with postgres._connection().driver.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_force_next_flush()")
+        with stores.engine().connect() as connection:
+            connection.execute(text("SELECT pg_stat_force_next_flush()"))
+
+        def counted() -> tuple[int, int] | None:
+            every, hot = table_updates(engine)
+            done = (every - before_all, hot - before_hot)
+            return done if done[0] >= 200 else None
+
+        updates, hot_updates = wait_for(counted, timeout_seconds=20,
+                                        message="200 updates in pg_stat_user_tables")
+        assert hot_updates >= 200 and hot_updates >= updates - 5, (updates, hot_updates)
+
+    def test_a_duplicate_is_answered_by_the_claim_alone(
+        self, postgres: PostgresIdempotencyBackend
+    ) -> None:
+        """A claim of a finished key and of a key running elsewhere is one statement each,
+        which returns the record in the way (no second read)."""
+        done, running = uuid.uuid4().hex, uuid.uuid4().hex
+        first = claim(postgres, done, owner="a")
+        assert postgres.complete(held(done, first.attempt, "a"), '"first"', 600)
+        claim(postgres, running, owner="a")
+        connection = postgres._connection()
+        counting = connection.driver = _CountingConnection(connection.driver)
+        try:
+            replay = claim(postgres, done, owner="b")
+            deferred = claim(postgres, running, owner="b")
+        finally:
+            connection.driver = counting.driver
+        assert counting.statements == 2
+        assert replay.claim is None and replay.state == SUCCEEDED and replay.result == "first"
+        assert deferred.claim is None and deferred.live and deferred.task_id == "task-a"
+
+    def test_a_completion_keeps_the_record_at_least_its_ttl(
+        self, postgres: PostgresIdempotencyBackend, engine: Any
+    ) -> None:
+        """The claim's expiry covers lease + TTL; a completion after the lease pushes it to
+        TTL after the completion."""
+        from sqlalchemy import text
+
+        def expires_in(key: str) -> float:
+            with engine.connect() as connection:
+                return float(connection.execute(
+                    text("SELECT extract(epoch FROM expires_at - now()) "
+                         "FROM idempotency_records WHERE task_name = :t AND key = :k"),
+                    {"t": TASK, "k": key},
+                ).scalar_one())
+
+        within, late = uuid.uuid4().hex, uuid.uuid4().hex
+        first = claim(postgres, within, owner="a", lease_seconds=60)
+        assert postgres.complete(held(within, first.attempt, "a"), "1", 600)
+        assert 600 < expires_in(within) <= 660
+        first = claim(postgres, late, owner="a", lease_seconds=60)
+        with engine.begin() as connection:  # as if the body outlived the claim's expiry
+            connection.execute(
+                text("UPDATE idempotency_records SET expires_at = now() + interval '5 seconds'"
+                     " WHERE task_name = :t AND key = :k"), {"t": TASK, "k": late})
+        assert postgres.complete(held(late, first.attempt, "a"), "1", 600)
+        assert 590 < expires_in(late) <= 600
 
 
 class TestMemoryBackend:
