@@ -9,6 +9,7 @@ error is logged and dropped, because a lost increment is cheaper than a lost job
 from __future__ import annotations
 
 import logging
+import threading
 from typing import TYPE_CHECKING, Any
 
 from resilience.outcomes import counted
@@ -35,7 +36,7 @@ def parse_field(field: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in field.split("|"))
 
 
-def count(client: redis.Redis, amount: int = 1, **labels: Any) -> None:
+def count(client: redis.Redis | MemoryCounters, amount: int = 1, **labels: Any) -> None:
     """Add `amount` to the counter with `labels` (outcome, tier, guard, name)."""
     try:
         client.hincrby(COUNTERS_KEY, field_for(**labels), amount)
@@ -43,7 +44,38 @@ def count(client: redis.Redis, amount: int = 1, **labels: Any) -> None:
         logger.warning("counter not recorded (%s): %s", labels, exc)
 
 
-def read_all(client: redis.Redis) -> list[tuple[dict[str, str], int]]:
+class MemoryCounters:
+    """The counters' hash in process memory (`resilience.stores.MemoryStores`): the two
+    hash commands `count` and `read_all` send, under one lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._hashes: dict[str, dict[str, int]] = {}
+
+    def hincrby(self, key: str, field: str, amount: int = 1) -> int:
+        with self._lock:
+            fields = self._hashes.setdefault(key, {})
+            fields[field] = fields.get(field, 0) + amount
+            return fields[field]
+
+    def hgetall(self, key: str) -> dict[str, str]:
+        with self._lock:
+            return {field: str(value) for field, value in self._hashes.get(key, {}).items()}
+
+
+def counters_client(app: Any) -> redis.Redis | MemoryCounters:
+    """Where `app`'s counters live: its shared Redis, or memory with `MemoryStores`.
+
+    Raises:
+        ConfigurationError: the app has no stores (never initialised).
+    """
+    from resilience.stores import stores_for
+
+    return stores_for(app).backend("counters", lambda stores: stores.redis(),
+                                   memory=MemoryCounters)
+
+
+def read_all(client: redis.Redis | MemoryCounters) -> list[tuple[dict[str, str], int]]:
     """Every counter as (labels, value)."""
     values = client.hgetall(COUNTERS_KEY)
     return [(parse_field(field), int(value)) for field, value in values.items()]
@@ -60,13 +92,11 @@ def count_outcome(app: Any, outcome: str, *, guard: str, tier: str | None = None
     `reason` and `retry_after_seconds` go only there (a guard that raises `Stop` need not
     pass them: the Stop carries them).
     """
-    from resilience.stores import stores_for
-
     counted(outcome, guard=guard, tier=tier, name=name, reason=reason,
             retry_after_seconds=retry_after_seconds)
 
     try:
-        client = stores_for(app).redis()
+        client = counters_client(app)
     except Exception as exc:  # noqa: BLE001 - no stores configured: nothing to count into
         logger.warning("cannot count %s: %s", outcome, exc)
         return

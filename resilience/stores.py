@@ -7,6 +7,13 @@ child must never reuse its parent's sockets.
 `wrap_store_errors` turns a native redis-py, psycopg2 or SQLAlchemy error into the package's
 own: `StoreUnavailable` when the store cannot serve now, `StoreRejected` when it refused an
 operation that no retry can make succeed.
+
+Every guard asks its stores for its backend (`Stores.backend(kind, build, memory=...)`):
+real stores build the Redis or PostgreSQL one, `MemoryStores` hands out the guard's
+in-memory one (one per kind, shared by every task of the app). So one switch puts every
+guard of an app in memory, and no guard knows about tests: `resilience_stores = "memory"`
+in `app.conf`, or `use_memory_stores()` for every app of the process (the pytest plugin,
+`resilience.testing`).
 """
 
 from __future__ import annotations
@@ -16,8 +23,9 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+import weakref
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from resilience.errors import ConfigurationError, StorageError, StoreRejected, StoreUnavailable
 from resilience.redact import redact, redact_url
@@ -28,6 +36,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
 _ATTRIBUTE = "resilience_stores"
+_Backend = TypeVar("_Backend")
 
 
 class Stores:
@@ -105,9 +114,20 @@ class Stores:
         `resilience_socket_timeout_seconds`. Django's `CELERY_RESILIENCE_*` settings arrive
         here through Celery's `namespace="CELERY"`.
 
+        `resilience_stores = "memory"` gives `MemoryStores` instead (one process, no Redis
+        or PostgreSQL: unit tests); the URLs are then not read.
+
         Raises:
             ConfigurationError: `resilience_redis_url` is missing, or a value is invalid.
         """
+        kind = conf.get("resilience_stores")
+        if kind == "memory":
+            return MemoryStores()
+        if kind not in (None, "", "servers"):
+            raise ConfigurationError(
+                f"resilience_stores must be 'servers' (the default: Redis and PostgreSQL from "
+                f"the URLs) or 'memory', got {kind!r}"
+            )
         redis_url = conf.get("resilience_redis_url")
         if not redis_url:
             raise ConfigurationError(
@@ -126,6 +146,19 @@ class Stores:
             socket_timeout_seconds=5.0 if timeout is None else float(timeout),
             pool_mode=conf.get("resilience_pool_mode"),
         )
+
+    def backend(self, kind: str, build: Callable[[Stores], _Backend],
+                memory: Callable[[], _Backend] | None = None) -> _Backend:
+        """The backend a guard keeps its state in: `build(self)` here (Redis, PostgreSQL);
+        `MemoryStores` returns its one `memory()` instance of `kind` instead.
+
+        Args:
+            kind: what the backend holds ("idempotency", "circuit", ...), one name per
+                state shared by every task of the app.
+            build: makes the backend on these stores' servers.
+            memory: makes the in-memory backend (no argument); None: the guard has none.
+        """
+        return build(self)
 
     @property
     def database_url(self) -> str:
@@ -248,6 +281,91 @@ class Stores:
             )
             cache["locks_engine"] = engine
         return engine
+
+
+class MemoryStores(Stores):
+    """Guard state in this process's memory: no Redis, no PostgreSQL (unit tests, eager mode,
+    a single-process app). Each guard gets its in-memory backend (`backend`); a guard that
+    has none, or code reaching for a server (`redis()`, `engine()`), gets
+    `ConfigurationError` naming it: nothing silently goes to a real server.
+
+    State is shared by the tasks of one app within the process (a worker in a thread, as
+    `celery.contrib.pytest`'s `celery_worker` runs, shares it); a prefork child has its own.
+    `reset()` empties it (between two tests).
+    """
+
+    def __init__(self) -> None:
+        self.redis_url = "memory://"
+        self._database_url = None
+        self._locks_database_url = None
+        self.redlock_urls = ()
+        self.socket_timeout_seconds = 0.0
+        self.pool_mode = "none"
+        self._lock = threading.Lock()
+        self._pid = -1
+        self._cache = {}
+        #: kind -> (its factory, the instance handed out).
+        self._backends: dict[str, tuple[Callable[[], Any], Any]] = {}
+
+    def backend(self, kind: str, build: Callable[[Stores], _Backend],
+                memory: Callable[[], _Backend] | None = None) -> _Backend:
+        """The one in-memory backend of `kind` (made on first use).
+
+        Raises:
+            ConfigurationError: the guard has no in-memory backend.
+        """
+        if memory is None:
+            raise ConfigurationError(
+                f"{kind} has no in-memory backend: with resilience_stores='memory' (or "
+                "resilience.testing) test it against a real Redis/PostgreSQL instead"
+            )
+        with self._lock:
+            made = self._backends.get(kind)
+            if made is None:
+                made = self._backends[kind] = (memory, memory())
+        return made[1]
+
+    def reset(self) -> None:
+        """Empty every backend handed out, in place: guards keep the instances they bound
+        (a breaker, a limiter, a budget gate), so each is given a fresh one's state."""
+        with self._lock:
+            for factory, instance in self._backends.values():
+                fresh = factory()
+                if fresh is not None:
+                    instance.__dict__.clear()
+                    instance.__dict__.update(fresh.__dict__)
+
+    def _no_server(self, what: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"in-memory stores (resilience_stores='memory' or resilience.testing) have no "
+            f"{what}: a guard or view that needs one cannot run in memory"
+        )
+
+    def redis(self) -> redis.Redis:
+        """Raises `ConfigurationError`: there is no Redis."""
+        raise self._no_server("Redis")
+
+    def redlock_clients(self) -> list[redis.Redis]:
+        """Raises `ConfigurationError`: there are no Redlock nodes."""
+        raise self._no_server("Redlock nodes")
+
+    def engine(self) -> Engine:
+        """Raises `ConfigurationError`: there is no PostgreSQL."""
+        raise self._no_server("PostgreSQL")
+
+    def locks_engine(self) -> Engine:
+        """Raises `ConfigurationError`: there is no PostgreSQL."""
+        raise self._no_server("PostgreSQL")
+
+    @property
+    def database_url(self) -> str:
+        """Raises `ConfigurationError`: there is no PostgreSQL."""
+        raise self._no_server("PostgreSQL")
+
+    @property
+    def locks_database_url(self) -> str:
+        """Raises `ConfigurationError`: there is no PostgreSQL."""
+        raise self._no_server("PostgreSQL")
 
 
 #: URL schemes of the guard Redis: one server, a Sentinel-managed master, a Redis Cluster.
@@ -392,14 +510,41 @@ def from_app_conf(app: Celery) -> None:
     setattr(app, _FROM_CONF, True)
 
 
+#: Each app's `MemoryStores` under `use_memory_stores`, kept for the app's lifetime: guards
+#: bind their backends once, so an app switched on again gets the same (reset) instances.
+_memory_by_app: weakref.WeakKeyDictionary[Any, MemoryStores] = weakref.WeakKeyDictionary()
+_memory: weakref.WeakKeyDictionary[Any, MemoryStores] | None = None
+
+
+def use_memory_stores(on: bool = True) -> None:
+    """Process-wide test switch: with it on, `stores_for` gives every app its own
+    `MemoryStores`, whatever its configuration or installed stores say; off, each app
+    finds its own stores again. `memory_stores_in_use()` lists them, to `reset()` them."""
+    global _memory
+    with _building:
+        _memory = _memory_by_app if on else None
+
+
+def memory_stores_in_use() -> list[MemoryStores]:
+    """Every `MemoryStores` `use_memory_stores` has handed out to a living app."""
+    return list(_memory_by_app.values())
+
+
 def stores_for(app: Celery) -> Stores:
     """The stores registered on `app`, built from `app.conf` on first use after
-    `resilience.init_app(app)`.
+    `resilience.init_app(app)`; its `MemoryStores` while `use_memory_stores()` is on.
 
     Raises:
         ConfigurationError: the app was never initialised (`resilience.init_app(app)`)
             and no stores were installed, or its `resilience_*` configuration is invalid.
     """
+    memory = _memory
+    if memory is not None:
+        found = memory.get(app)
+        if found is None:
+            with _building:
+                found = memory.setdefault(app, MemoryStores())
+        return found
     stores = getattr(app, _ATTRIBUTE, None)
     if stores is not None:
         return stores

@@ -31,8 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from resilience.circuit.backends import BreakerBackend
-from resilience.circuit.backends.redis import RedisBreakerBackend
+from resilience.circuit.backends import BreakerBackend, backend_of_app
 from resilience.circuit.config import AdmissionConfig, BreakerConfig
 from resilience.counters import count_outcome
 from resilience.errors import DependencyUnavailable, StorageError
@@ -166,5 +165,5 @@ class BreakerAdmissionGuard(EnqueueGuard):
 
 
 def _redis_backend(task: Task) -> BreakerBackend:
-    """The default store of a fleet-wide breaker: the task's app's shared Redis."""
-    return RedisBreakerBackend.of_app(task.app)
+    """The default store of a fleet-wide breaker: the app's (`backend_of_app`)."""
+    return backend_of_app(task.app)

@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, Any
 from celery.exceptions import Retry
 
 from resilience.circuit.admission import BreakerAdmissionGuard
-from resilience.circuit.backends import BreakerBackend, Peek, Permission
-from resilience.circuit.backends.redis import RedisBreakerBackend
+from resilience.circuit.backends import BreakerBackend, Peek, Permission, backend_of_app
 from resilience.circuit.breaker import CircuitBreaker
 from resilience.circuit.config import AdmissionConfig, BreakerConfig, CountWindow, TimeWindow
 from resilience.counters import count_call
@@ -61,8 +60,8 @@ def original_error(exc: BaseException) -> BaseException:
 
 
 def _redis_backend(task: Task) -> BreakerBackend:
-    """The default store of a fleet-wide breaker: the task's app's shared Redis."""
-    return RedisBreakerBackend.of_app(task.app)
+    """The default store of a fleet-wide breaker: the app's (`backend_of_app`)."""
+    return backend_of_app(task.app)
 
 
 class BreakerGuard(Guard):

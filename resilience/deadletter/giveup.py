@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
-from typing import TYPE_CHECKING
+import threading
+from typing import TYPE_CHECKING, Any
 
 from resilience.counters import count_outcome
 from resilience.deadletter.place import dead_letter
@@ -15,6 +17,41 @@ if TYPE_CHECKING:
     from resilience.pipeline import Call
 
 logger = logging.getLogger("resilience.deadletter")
+
+
+class MemoryDeadLetters:
+    """The dead-letter place of `resilience.stores.MemoryStores`: the rows `dead_letter`
+    would write, kept in a list (`rows`) for tests to read."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        #: Each entry's fields as given to `add`, with its `id`.
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, **fields: Any) -> int:
+        # As the table keeps them: arguments as a JSON list and object.
+        fields["args"] = list(fields.get("args") or ())
+        fields["kwargs"] = dict(fields.get("kwargs") or {})
+        with self._lock:
+            entry_id = next(self._ids)
+            self.rows.append({"id": entry_id, **fields})
+        return entry_id
+
+
+class PostgresDeadLetters:
+    """The dead-letter place in the stores' PostgreSQL (`dead_letter`)."""
+
+    def __init__(self, stores: Any) -> None:
+        self.stores = stores
+
+    def add(self, **fields: Any) -> int:
+        return dead_letter(self.stores.engine(), **fields)
+
+
+def dead_letter_place(stores: Any) -> PostgresDeadLetters | MemoryDeadLetters:
+    """Where `give_up` writes: PostgreSQL, or memory on `MemoryStores`."""
+    return stores.backend("dead letters", PostgresDeadLetters, memory=MemoryDeadLetters)
 
 
 def give_up(
@@ -45,8 +82,7 @@ def give_up(
     stores = stores_for(task.app)
     entry_id: int | None = None
     try:
-        entry_id = dead_letter(
-            stores.engine(),
+        entry_id = dead_letter_place(stores).add(
             task_name=task.name,
             task_id=call.task_id,
             args=call.args,

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import redis
 
     from resilience.pipeline import Rounds
+    from resilience.stores import Stores
 
 logger = logging.getLogger("resilience.idempotency")
 
@@ -135,3 +136,31 @@ class ResultCache:
         """
         with wrap_store_errors("idempotency cache size"):
             return len(stored_keys(self.client, NAMESPACE, suffixed=True))
+
+
+class NoResultCache:
+    """The fast path of stores without Redis (`resilience.stores.MemoryStores`): every read
+    misses, nothing is kept; the records themselves answer a duplicate."""
+
+    def get(self, task_name: str, key: str) -> CachedResult | None:
+        return None
+
+    def get_later(
+        self, rounds: Rounds, task_name: str, key: str, then: Callable[[CachedResult | None], None]
+    ) -> None:
+        then(None)
+
+    def put_later(self, rounds: Rounds, task_name: str, key: str, **_: Any) -> None:
+        return None
+
+    def forget(self, task_name: str, key: str) -> None:
+        return None
+
+    def size(self) -> int:
+        return 0
+
+
+def result_cache_for(stores: Stores) -> ResultCache | NoResultCache:
+    """The fast path on `stores`: their Redis, or none in memory."""
+    return stores.backend("idempotency cache", lambda found: ResultCache(found.redis()),
+                          memory=NoResultCache)

@@ -48,7 +48,12 @@ from resilience.idempotency.backends import (
     IdempotencyBackend,
     Transaction,
 )
-from resilience.idempotency.cache import CachedResult, ResultCache
+from resilience.idempotency.cache import (
+    CachedResult,
+    NoResultCache,
+    ResultCache,
+    result_cache_for,
+)
 from resilience.idempotency.config import (
     DEFAULT_CACHE_TTL_SECONDS,
     DEFAULT_LEASE_SECONDS,
@@ -187,12 +192,17 @@ class IdempotencyGuard(Guard):
     def backend(self, task: Task) -> IdempotencyBackend:
         """The records' backend for `task`'s calls."""
         if self._backend is None:
+            from resilience.idempotency.backends.memory import MemoryIdempotencyBackend
             from resilience.idempotency.backends.postgres import backend_for
 
-            return backend_for(
-                stores_for(task.app),
-                synchronous_commit=self.config.synchronous_commit,
-                prepared=self.config.prepared_statements,
+            return stores_for(task.app).backend(
+                "idempotency",
+                lambda stores: backend_for(
+                    stores,
+                    synchronous_commit=self.config.synchronous_commit,
+                    prepared=self.config.prepared_statements,
+                ),
+                memory=MemoryIdempotencyBackend,
             )
         if callable(self._backend):
             return self._backend(task)
@@ -213,8 +223,8 @@ class IdempotencyGuard(Guard):
             return time.monotonic() < self._hot_until
         return bool(mode)
 
-    def _cache(self, call: Call) -> ResultCache:
-        return ResultCache(stores_for(call.task.app).redis())
+    def _cache(self, call: Call) -> ResultCache | NoResultCache:
+        return result_cache_for(stores_for(call.task.app))
 
     def _count(self, call: Call, outcome: str) -> None:
         count_call(call, outcome, guard=GUARD_NAME, name=self.task_name)

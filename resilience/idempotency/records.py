@@ -120,10 +120,12 @@ class IdempotencyRecords:
 
 def records_for(stores: Stores) -> IdempotencyRecords:
     """The records of `stores`: PostgreSQL, with the Redis result cache."""
+    from resilience.idempotency.backends.memory import MemoryIdempotencyBackend
     from resilience.idempotency.backends.postgres import backend_for
-    from resilience.idempotency.cache import ResultCache
+    from resilience.idempotency.cache import result_cache_for
 
-    return IdempotencyRecords(backend_for(stores), ResultCache(stores.redis()))
+    backend = stores.backend("idempotency", backend_for, memory=MemoryIdempotencyBackend)
+    return IdempotencyRecords(backend, result_cache_for(stores))
 
 
 def describe(

@@ -27,6 +27,8 @@ survives a job that was lost. Use `@idempotent` for effects that must happen onc
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -139,13 +141,62 @@ class UniqueKeys:
             return broker_redis(app)
         return stores_for(app).redis()
 
-    def release(self, client: redis.Redis, key: str, task_id: str | None) -> None:
+    @staticmethod
+    def store(app: Any) -> RedisUniqueKeys | MemoryUniqueKeys:
+        """The keys' store: on `client(app)`, or in memory with `MemoryStores`."""
+        if guarded_publish(app):
+            return RedisUniqueKeys(broker_redis(app))
+        return stores_for(app).backend(
+            "unique", lambda stores: RedisUniqueKeys(stores.redis()), memory=MemoryUniqueKeys
+        )
+
+    def release(self, store: RedisUniqueKeys | MemoryUniqueKeys, key: str,
+                task_id: str | None) -> None:
         if task_id is None:
             return
         try:
-            RELEASE(client, [key], [task_id])
+            store.release(key, task_id)
         except Exception as exc:  # noqa: BLE001 - the key expires with its TTL anyway
             logger.warning("unique key %s not released: %s", key, exc)
+
+
+class RedisUniqueKeys:
+    """Unique keys in Redis: the two scripts, one round trip each."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+
+    def acquire(self, key: str, task_id: str, ttl_ms: int) -> str | None:
+        """Take `key` for `task_id`; None when taken, else the task id holding it."""
+        return ACQUIRE(self.client, [key], [task_id, ttl_ms])
+
+    def release(self, key: str, task_id: str) -> None:
+        """Delete `key` if it still names `task_id`."""
+        RELEASE(self.client, [key], [task_id])
+
+
+class MemoryUniqueKeys:
+    """Unique keys in process memory (`resilience.stores.MemoryStores`): the scripts'
+    decisions under one lock, on the monotonic clock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._keys: dict[str, tuple[str, float]] = {}
+
+    def acquire(self, key: str, task_id: str, ttl_ms: int) -> str | None:
+        now = time.monotonic()
+        with self._lock:
+            held = self._keys.get(key)
+            if held is not None and held[1] > now:
+                return held[0]
+            self._keys[key] = (task_id, now + ttl_ms / 1000)
+            return None
+
+    def release(self, key: str, task_id: str) -> None:
+        with self._lock:
+            held = self._keys.get(key)
+            if held is not None and held[0] == task_id:
+                del self._keys[key]
 
 
 class UniqueEnqueueGuard(EnqueueGuard):
@@ -175,9 +226,9 @@ class UniqueEnqueueGuard(EnqueueGuard):
             publish.options["headers"] = headers
             publish.state[GUARD_NAME] = _InPush(key, task_id)
             return
-        client = self.keys.client(publish.task.app)
+        store = self.keys.store(publish.task.app)
         try:
-            holder = ACQUIRE(client, [key], [task_id, ttl_ms])
+            holder = store.acquire(key, task_id, ttl_ms)
         except Exception as exc:
             if self.keys.config.on_store_down is StoreDown.FAIL_CLOSED:
                 raise StoreUnavailable(
@@ -291,7 +342,7 @@ class UniqueEnqueueGuard(EnqueueGuard):
             if isinstance(error, DuplicateJob) and error.fields.get("key") == key:
                 self._duplicate(publish, key, str(error.fields["task_id"]))
         # Compare-and-delete: a no-op when the key was never taken for this task id.
-        self.keys.release(self.keys.client(publish.task.app), key, task_id)
+        self.keys.release(self.keys.store(publish.task.app), key, task_id)
 
 
 class UniqueReleaseGuard(Guard):
@@ -313,7 +364,7 @@ class UniqueReleaseGuard(Guard):
         except Exception as exc:  # noqa: BLE001 - bad arguments fail the task elsewhere
             logger.warning("unique key not computable: %s", exc)
             return
-        self.keys.release(self.keys.client(call.task.app), key, call.task_id)
+        self.keys.release(self.keys.store(call.task.app), key, call.task_id)
 
     def before_run(self, call: Call) -> None:
         if self.keys.config.mode == "until_started":
@@ -381,14 +432,14 @@ def _release_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
         releases = [g for g in execution.guards if isinstance(g, UniqueReleaseGuard)]
         if not releases:
             return
-        client = UniqueKeys.client(sender.app)
+        store = UniqueKeys.store(sender.app)
         args, kwargs = (
             list(getattr(request, "args", None) or ()),
             dict(getattr(request, "kwargs", None) or {}),
         )
         for guard in releases:
             guard.keys.release(
-                client, guard.keys.redis_key(args, kwargs), getattr(request, "id", None)
+                store, guard.keys.redis_key(args, kwargs), getattr(request, "id", None)
             )
     except Exception as exc:  # noqa: BLE001 - the key still expires with its TTL
         logger.warning("unique key of revoked job not released: %s", exc)

@@ -77,10 +77,12 @@ class _LimitGuard(Guard):
             # The task's `run` drops `self` for bind=True tasks, as call.args do.
             self.keys = KeySpec(task.run, self.keys.key)
         if self.backend is None:
+            from resilience.ratelimit.backends.memory import MemoryBackend
             from resilience.ratelimit.backends.redis import RedisBackend
             from resilience.stores import stores_for
 
-            self.backend = RedisBackend(stores_for(task.app).redis)
+            self.backend = stores_for(task.app).backend(
+                "limits", lambda stores: RedisBackend(stores.redis), memory=MemoryBackend)
 
     def describe(self, task: Task | None = None) -> dict[str, Any]:
         options = super().describe(task)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -257,6 +258,81 @@ class RedisBudgetBackend:
                 )
             )
         return states
+
+
+class MemoryBudgetBackend:
+    """Budgets in process memory (`resilience.stores.MemoryStores`): `budget.lua`'s ring of
+    slots and its decisions, step by step, under one lock on an injectable clock."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        #: dependency -> the budget hash's fields (e<i>, q<i>, r<i>), as Redis keeps them.
+        self._hashes: dict[str, dict[str, str]] = {}
+
+    def decide(
+        self, dependency: str, mode: str, budget: RetryBudget, amount: int = 1
+    ) -> BudgetDecision:
+        """One decision, as `RedisBudgetBackend.decide`."""
+        now_ms = int(self.clock() * 1000)
+        window_ms = int(budget.window_seconds * 1000)
+        slot_ms = max(1, window_ms // budget.slots)
+        epoch, slot = now_ms // slot_ms, (now_ms // slot_ms) % budget.slots
+        with self._lock:
+            fields = self._hashes.setdefault(dependency, {})
+            requests, retries = window_figures(fields, now_ms=now_ms, window_ms=window_ms,
+                                               slots=budget.slots)
+
+            def bump(field: str, by: int) -> None:
+                if fields.get(f"e{slot}") != str(epoch):
+                    fields.update({f"e{slot}": str(epoch), f"q{slot}": "0", f"r{slot}": "0"})
+                fields[f"{field}{slot}"] = str(int(fields[f"{field}{slot}"]) + by)
+
+            if mode.startswith("request+"):
+                if amount > 0:
+                    bump("q", amount)
+                    requests += amount
+                mode = mode[len("request+"):]
+            if mode == "request":
+                bump("q", amount)
+                return BudgetDecision(True, requests + amount, retries)
+            if mode == "forced" or retries + 1 <= budget.ratio * requests + budget.floor:
+                bump("r", 1)
+                return BudgetDecision(True, requests, retries + 1)
+            return BudgetDecision(False, requests, retries)
+
+    def count_later(
+        self, rounds: Rounds, dependency: str, mode: str, budget: RetryBudget, amount: int = 1
+    ) -> None:
+        """Count at once: memory has no round to join."""
+        self.decide(dependency, mode, budget, amount)
+
+    def describe(
+        self, budgets: Mapping[str, RetryBudget], *, include_stored: bool = False
+    ) -> list[BudgetState]:
+        """As `RedisBudgetBackend.describe`."""
+        now_ms = int(self.clock() * 1000)
+        with self._lock:
+            names = set(budgets) | (set(self._hashes) if include_stored else set())
+            hashes = {name: dict(self._hashes.get(name, {})) for name in names}
+        states = []
+        for dependency in sorted(names):
+            budget = budgets.get(dependency) or RetryBudget()
+            requests, retries = window_figures(
+                hashes[dependency], now_ms=now_ms,
+                window_ms=int(budget.window_seconds * 1000), slots=budget.slots)
+            states.append(BudgetState(
+                dependency=dependency, requests=requests, retries=retries,
+                retries_allowed=budget.ratio * requests + budget.floor, ratio=budget.ratio,
+                window_seconds=budget.window_seconds))
+        return states
+
+
+def budget_backend_of_app(app: Any) -> RedisBudgetBackend | MemoryBudgetBackend:
+    """The budgets of `app`'s tasks: on its shared Redis, in memory on `MemoryStores`."""
+    return stores_for(app).backend(
+        "retry budget", lambda _: RedisBudgetBackend.of_app(app), memory=MemoryBudgetBackend
+    )
 
 
 #: `RedisBudgetBackend.of_app`'s backends (apps live as long as the process).

@@ -36,7 +36,12 @@ from resilience.errors import ConfigurationError, DeadLettered
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Guard, Stage, attach
 from resilience.retry.backoff import JITTERS, backoff_for, delay_with_retry_after
-from resilience.retry.budget import RedisBudgetBackend, RetryBudget, RetryBudgetGate
+from resilience.retry.budget import (
+    RedisBudgetBackend,
+    RetryBudget,
+    RetryBudgetGate,
+    budget_backend_of_app,
+)
 from resilience.retry.classify import ClassifyHook, is_retryable, retry_after
 
 if TYPE_CHECKING:
@@ -127,7 +132,7 @@ class RetryGuard(Guard):
     def bind(self, task: Task) -> None:
         self.task = task
         if self.policy.budget is not None:
-            backend = self._backend or RedisBudgetBackend.of_app(task.app)
+            backend = self._backend or budget_backend_of_app(task.app)
             self.gate = RetryBudgetGate(
                 self.policy.dependency or task.name, self.policy.budget, backend
             )

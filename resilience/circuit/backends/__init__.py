@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from resilience.circuit.config import BreakerConfig
@@ -149,3 +149,15 @@ class BreakerBackend(Protocol):
 
     def count(self, name: str, outcome: str) -> None:
         """Add one to the fleet-wide counter of `outcome` for breaker `name`; never raises."""
+
+
+def backend_of_app(app: Any) -> BreakerBackend:
+    """The breakers of `app`'s tasks: on its shared Redis (one backend per app, so its
+    tasks share the process's local copies), in memory on `MemoryStores`."""
+    from resilience.circuit.backends.memory import MemoryBreakerBackend
+    from resilience.circuit.backends.redis import RedisBreakerBackend
+    from resilience.stores import stores_for
+
+    return stores_for(app).backend(
+        "circuit", lambda _: RedisBreakerBackend.of_app(app), memory=MemoryBreakerBackend
+    )
