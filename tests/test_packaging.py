@@ -258,7 +258,9 @@ class TestLibraryWheel:
         """Each `resilience` module imports in the library-only install (its dependencies
         are declared honestly); it is the installed copy, typed, at the declared version."""
         imports = installation.library_imports
-        assert imports["failed"] == {}
+        # Only the pytest plugin may need more: pytest, which its `[pytest]` extra brings.
+        assert {name: error for name, error in imports["failed"].items() if not (
+            name == "resilience.testing.pytest_plugin" and "'pytest'" in error)} == {}
         assert Path(imports["file"]).is_relative_to(installation.venv)
         assert imports["version"] == "0.1.0"
         files = set(imports["files"])
