@@ -366,6 +366,11 @@ class Channel(kombu_redis.Channel):
         for waiter in list(self._waiters.values()):
             if waiter.connection is connection:
                 self._forget_waiter(waiter)
+        if self._in_poll is connection:
+            # A fetch whose reply is lost left its message recorded as unacked (restored
+            # after the visibility timeout); the next connection fetches at once.
+            self._in_flight = None
+            self._fetch_due = True
         super()._on_connection_disconnect(connection)
 
     def _after_fork(self) -> None:
