@@ -128,7 +128,7 @@ class TestAppSnippet:
 
 
 class TestTestSnippets:
-    @pytest.mark.chaos  # two pytest runs with a worker thread each: ~17 s here
+    @pytest.mark.chaos  # two pytest runs with a worker thread each: 17-27 s here
     @pytest.mark.timeout(240)
     def test_the_user_tests_pass_twice_in_a_row_with_no_server_reachable(
         self, tmp_path: Path
