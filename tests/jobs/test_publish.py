@@ -3,6 +3,7 @@ changed, so the unique key and the tier's bound hold on every attempt kombu make
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
@@ -91,3 +92,30 @@ class TestGuardedPublish:
         held_keys = client.keys("resilience:unique:*")
         assert len(held_keys) == 1 and client.get(held_keys[0]) == first.id.encode()
         assert second.id == first.id  # the duplicate answers the queued job
+
+    def test_a_guarded_message_in_a_publish_batch_is_checked_in_order(
+        self, app: Any, broker: Any
+    ) -> None:
+        """kombu's producer batch: the batch so far goes first, then the guarded message is
+        pushed by the checking script (its refusal must answer now), then the rest; the
+        unique key holds and the order of publication is kept. (The guards' headers used to
+        be dropped in a batch and the message pushed unchecked.)"""
+        import redis
+        from kombu import Exchange, Queue
+
+        name = f"tests-publish-{uuid.uuid4().hex}"
+        queue = Queue(name, Exchange(name, type="direct"), routing_key=name)
+        unique = {"key": f"tests:unique:{name}", "task_id": "t-2", "ttl_ms": 60_000}
+        with app.connection_for_write(broker.url) as connection:
+            producer = connection.Producer(serializer="json")
+            queue(producer.channel).declare()
+            with producer.batch():
+                producer.publish({"n": 1}, exchange=queue.exchange, routing_key=name)
+                producer.publish({"n": 2}, exchange=queue.exchange, routing_key=name,
+                                 headers={UNIQUE_HEADER: unique})
+                producer.publish({"n": 3}, exchange=queue.exchange, routing_key=name)
+        client = redis.Redis.from_url(broker.url)
+        stored = [json.loads(item) for item in reversed(client.lrange(name, 0, -1))]
+        assert [json.loads(base64.b64decode(message["body"]))["n"] for message in stored] == [
+            1, 2, 3]
+        assert client.get(unique["key"]) == b"t-2"
