@@ -25,6 +25,7 @@ kind keeps Celery's backend. The platform sets the same mapping through `celery_
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from billiard.einfo import ExceptionWithTraceback
@@ -176,6 +177,9 @@ class OutcomeRequest(Request):
         if isinstance(stopped, ExceptionWithTraceback):
             stopped = stopped.exc
         if isinstance(stopped, OutcomeStored):
-            self.send_event(stopped.event, **stopped.fields)
+            fields = dict(stopped.fields)
+            if self.time_start:  # as task-succeeded carries it: Flower's runtime column
+                fields["runtime"] = max(0.0, time.time() - self.time_start)
+            self.send_event(stopped.event, **fields)
         return super().on_failure(exc_info, send_failed_event=send_failed_event,
                                   return_ok=return_ok)

@@ -50,6 +50,7 @@ class TestStoppedJobsInFlower:
         info = wait_for(lambda: state_of(replayed.id, "REPLAYED"), timeout_seconds=60,
                         message="Flower to record the REPLAYED state")
         assert "'value': 4" in info["result"]  # the replayed value, as Flower shows results
+        assert info["runtime"] is not None and info["runtime"] >= 0
         info = wait_for(lambda: state_of(shed.id, "SHED"), timeout_seconds=60,
                         message="Flower to record the SHED state")
         assert "deadline" in info["result"]
