@@ -18,7 +18,7 @@ import pytest
 from tests.harness import Worker, wait_for
 
 JOBS = 20
-ROUNDS = 5
+ROUNDS = 7
 TASK = "tests.tasks.whoami_critical"
 
 
@@ -71,7 +71,7 @@ def brokers(app: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict
     try:
         for label, (queues, db) in layout.items():
             url = f"{base}/{db}"
-            worker = Worker(queues, name=f"fetch-{label}", concurrency=2,
+            worker = Worker(queues, name=f"fetch-{label}", concurrency=1,
                             env={"BROKER_URL": url})
             workers[label] = (worker.start(wait=False), PrivateBroker(app, url))
         for worker, broker in workers.values():
