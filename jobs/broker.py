@@ -219,9 +219,13 @@ class Channel(kombu_redis.Channel):
         self._in_flight = _FETCHING
         # kombu's clock (its BRPOP health check compares against it).
         self._brpop_sent_at = kombu_redis.monotonic()
+        # No health check: after a long wait this connection is idle, and a check that
+        # fails would reconnect inside the send, on a socket the poller never saw. A dead
+        # connection fails the send or the read instead, or kombu's BRPOP health check
+        # drops it, and the poller registers the next one.
         connection.send_command(
             "EVALSHA", FETCH.sha, 3 + len(keys), self.unacked_key, self.unacked_index_key,
-            UNREADABLE_KEY, *keys, repr(time()))
+            UNREADABLE_KEY, *keys, repr(time()), check_health=False)
 
     def _brpop_read(self, **options: Any) -> bool:
         """Read the fetch script's reply and deliver its message (kombu's BRPOP reply when
@@ -297,7 +301,8 @@ class Channel(kombu_redis.Channel):
                                    key, now - waiter.sent_at)
                     self._drop_waiter(key)
                 continue
-            waiter.connection.send_command("BLMOVE", key, key, "RIGHT", "RIGHT", timeout or 0)
+            waiter.connection.send_command("BLMOVE", key, key, "RIGHT", "RIGHT", timeout or 0,
+                                           check_health=False)
             waiter.armed = True
             waiter.sent_at = now
 
