@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from jobs.embedded import free_port
 from resilience.errors import StorageError, StoreRejected, StoreUnavailable
-from resilience.idempotency.backends.postgres import PostgresStore, autocommit_engine
+from resilience.idempotency.backends.postgres import PostgresIdempotencyBackend, autocommit_engine
 from resilience.locks.backends.postgres import AdvisorySession
 from resilience.ratelimit import RedisBackend
 from resilience.retry.budget import RedisBudgetBackend, RetryBudget, budget_key
@@ -81,7 +81,7 @@ class TestRejected:
     def test_index_row_too_large_is_rejected_not_unavailable(self, stores: Any) -> None:
         """A key too large for the unique index (psycopg2 files SQLSTATE 54000 under
         OperationalError) is refused: retrying the claim can never succeed."""
-        store = PostgresStore(autocommit_engine(stores))
+        store = PostgresIdempotencyBackend(autocommit_engine(stores))
         key = secrets.token_hex(6000)  # incompressible: 12,000 bytes in one index row
         with pytest.raises(StoreRejected, match="54000"):
             store.claim(task_name="tests.store-errors", key=key, fingerprint="f",

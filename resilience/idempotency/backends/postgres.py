@@ -629,7 +629,3 @@ def backend_for(
         transaction_engine=stores.engine,
         synchronous_commit=synchronous_commit,
     )
-
-
-PostgresStore = PostgresIdempotencyBackend  # deprecated alias, removed in the next release
-store_for = backend_for  # deprecated alias, removed in the next release
