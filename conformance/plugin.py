@@ -83,6 +83,7 @@ class PlatformTransportFinder(importlib.abc.MetaPathFinder):
 
 
 def _install_stores(app: Any) -> None:
+    """The platform's stores on `app`, so the intake consumer's dead letters are written."""
     from resilience.stores import Stores, install
 
     install(app, Stores(redis_url=os.environ["CONFORMANCE_REDIS_URL"],
@@ -90,11 +91,7 @@ def _install_stores(app: Any) -> None:
 
 
 def _counted(cls: type, method: str, key: str) -> None:
-    """Count calls of `cls.method` in this process: proof the platform's code is what runs.
-
-    kombu's Redis module is not imported here (jobs.broker would import it): kombu's unit
-    tests patch the poller it binds at import, so it must first be imported by them.
-    """
+    """Count calls of `cls.method` in this process: proof the platform's code is what runs."""
     original = cls.__dict__[method]
     if getattr(original, "_conformance_counted", False):
         return
@@ -109,7 +106,11 @@ def _counted(cls: type, method: str, key: str) -> None:
 
 
 def install_platform() -> None:
-    """Put the platform's transport, task class and consumer in place (see module doc)."""
+    """Put the platform's transport, task class and consumer in place (see module doc).
+
+    kombu's Redis module is not imported here (jobs.broker would import it): kombu's unit
+    tests patch the poller it binds at import, so they must import it first, as stock.
+    """
     from celery._state import connect_on_app_finalize
     from celery.app import base, defaults
 
