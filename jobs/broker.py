@@ -215,17 +215,22 @@ class Channel(kombu_redis.Channel):
 
     def _send_fetch(self, keys: list[str]) -> None:
         connection = self.client.connection
+        sock = connection._sock
+        check_health = getattr(connection, "check_health", None)
+        if check_health is not None:
+            # After a long wait this connection is idle, and redis-py pings an idle
+            # connection before a command, reconnecting if the ping fails: done here, a new
+            # socket is registered with the poller (inside the send it would not be).
+            check_health()
+            if connection._sock is not sock:
+                self.connection.cycle._register(self, self.client, "BRPOP")
         self._in_poll = connection
         self._in_flight = _FETCHING
         # kombu's clock (its BRPOP health check compares against it).
         self._brpop_sent_at = kombu_redis.monotonic()
-        # No health check: after a long wait this connection is idle, and a check that
-        # fails would reconnect inside the send, on a socket the poller never saw. A dead
-        # connection fails the send or the read instead, or kombu's BRPOP health check
-        # drops it, and the poller registers the next one.
         connection.send_command(
             "EVALSHA", FETCH.sha, 3 + len(keys), self.unacked_key, self.unacked_index_key,
-            UNREADABLE_KEY, *keys, repr(time()), check_health=False)
+            UNREADABLE_KEY, *keys, repr(time()))
 
     def _brpop_read(self, **options: Any) -> bool:
         """Read the fetch script's reply and deliver its message (kombu's BRPOP reply when
@@ -301,8 +306,7 @@ class Channel(kombu_redis.Channel):
                                    key, now - waiter.sent_at)
                     self._drop_waiter(key)
                 continue
-            waiter.connection.send_command("BLMOVE", key, key, "RIGHT", "RIGHT", timeout or 0,
-                                           check_health=False)
+            waiter.connection.send_command("BLMOVE", key, key, "RIGHT", "RIGHT", timeout or 0)
             waiter.armed = True
             waiter.sent_at = now
 
