@@ -92,7 +92,10 @@ def procfile(settings: Settings) -> str:
     if settings.simulated_vendor:
         lines.append(f"vendor: exec {python_command('-m', 'jobs', 'vendor', 'serve')}")
     for tier in TIERS:
-        lines.append(f"worker_{tier}: exec {python_command('-m', 'jobs', 'worker', tier)}")
+        # honcho stops every process when one exits: a worker the watchdog ended for a
+        # stall (status 75) is started again by `jobs worker` itself instead.
+        lines.append(f"worker_{tier}: exec "
+                     f"{python_command('-m', 'jobs', 'worker', tier, '--restart-on-stall')}")
     lines.append(f"beat: exec {python_command('-m', 'jobs', 'beat')}")
     lines.append(f"outbox: exec {python_command('-m', 'jobs', 'outbox', 'relay')}")
     lines.append(f"flower: exec {python_command('-m', 'jobs', 'flower')}")
@@ -207,6 +210,9 @@ def migrate() -> None:
 def worker(
     tier: Annotated[str, typer.Argument(help="critical, standard or optional")],
     loglevel: Annotated[str, typer.Option(help="Celery log level")] = "INFO",
+    restart_on_stall: Annotated[bool, typer.Option(
+        help="start the worker again when the consumption watchdog ends it for a stall "
+             "(exit status 75); for supervisors that restart nothing (honcho)")] = False,
 ) -> None:
     """Run one tier's worker: `-Q <tier> -n <tier>@%h` with the tier's pool settings."""
     settings = settings_or_exit()
@@ -222,7 +228,38 @@ def worker(
         "--prefetch-multiplier", str(limits.prefetch_multiplier),
         "-E", "--loglevel", loglevel,
     ]
-    os.execv(sys.executable, args)
+    if not restart_on_stall:
+        os.execv(sys.executable, args)
+    raise typer.Exit(run_restarting_on_stall(args))
+
+
+def run_restarting_on_stall(args: list[str]) -> int:
+    """Run `args` until it exits with another status than the watchdog's stall exit (75),
+    forwarding SIGTERM, SIGINT and SIGQUIT to it; returns its last status."""
+    import signal
+    import subprocess
+
+    from jobs.observe.watchdog import EXIT_STALLED
+
+    child: subprocess.Popen[bytes] | None = None
+    stopping = False
+
+    def forward(signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(signum, forward)
+    while True:
+        child = subprocess.Popen(args)
+        status = child.wait()
+        if status != EXIT_STALLED or stopping:
+            return status
+        errors.print(f"[yellow]worker ended for a consumption stall (status {status}); "
+                     "starting it again[/yellow]")
+        time.sleep(1.0)
 
 
 @cli.command()
