@@ -15,9 +15,11 @@ by the guard while every lock the call holds is still owned.
 
 Behind PgBouncer in transaction mode (`Stores.pool_mode`): every statement is its own
 transaction, so each may run on another server connection. Nothing here relies on session
-state: `synchronous_commit=off` is set per statement (`SET LOCAL`, sent in the same query
-string as the write: no round trip of its own), and SQL-level prepared statements, which
-belong to one server session, are turned off (`backend_for`). The thread's connection is
+state there: `synchronous_commit=off` is set per statement (`SET LOCAL`, sent in the same
+query string as the write: no round trip of its own), and SQL-level prepared statements,
+which belong to one server session, are turned off (`backend_for`). Without a pooler the
+setting is sent once per connection instead (a `SET LOCAL` per write cost ~25 µs of parse
+and execution each). The thread's connection is
 then a client connection to PgBouncer, which multiplexes them over its server pool;
 without a pooler it is one PostgreSQL backend per worker thread, held for the thread's life.
 
@@ -241,15 +243,22 @@ class _ThreadConnection:
     def __init__(self, driver: Any) -> None:
         self.driver = driver
         self.prepared: set[str] = set()
+        #: `synchronous_commit` as a backend last set it for the session (None: the
+        #: server's default). Changed only after the statement that set it succeeded: a
+        #: failed one rolled the SET back with it.
+        self.synchronous_commit: bool | None = None
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # already broken; it is being replaced
             self.driver.close()
 
 
-#: Prepended to a write when `synchronous_commit` is off: applies to the statement's own
-#: (implicit) transaction only, so it holds behind a transaction pooler too.
+#: Prepended to a write when `synchronous_commit` is off behind a transaction pooler:
+#: applies to the statement's own (implicit) transaction only.
 ASYNCHRONOUS_COMMIT = "SET LOCAL synchronous_commit = off; "
+#: Without a pooler: prepended once, when a connection's session is not in the mode wanted.
+SESSION_ASYNCHRONOUS_COMMIT = "SET synchronous_commit = off; "
+SESSION_DEFAULT_COMMIT = "SET synchronous_commit TO DEFAULT; "
 
 PING = _Statement("resilience_idempotency_ping", "SELECT 1")
 CLAIM = _Statement("resilience_idempotency_claim", CLAIM_SQL)
@@ -332,7 +341,10 @@ class PostgresIdempotencyBackend:
         transaction_engine: the pooled engine transactional bodies write through (or a
             callable returning it, so it is only created when used); None: no `begin()`.
         synchronous_commit: False: the claim, completion, failure and release do not wait
-            for the WAL flush (`SET LOCAL synchronous_commit = off` in the same query).
+            for the WAL flush (set on the thread's session, in the same query string as the
+            first write that needs it; per statement when `transaction_pooled`).
+        transaction_pooled: a transaction or statement pooler sits in between, so no
+            session setting holds from one statement to the next.
     """
 
     def __init__(
@@ -342,11 +354,28 @@ class PostgresIdempotencyBackend:
         prepared: bool = True,
         transaction_engine: Engine | Callable[[], Engine] | None = None,
         synchronous_commit: bool = True,
+        transaction_pooled: bool = False,
     ) -> None:
         self.engine = engine
         self.prepared = prepared
         self.synchronous_commit = synchronous_commit
+        self.transaction_pooled = transaction_pooled
         self._transaction_engine = transaction_engine
+
+    def _commit_mode(self, connection: _ThreadConnection, write: bool) -> tuple[str, bool]:
+        """The prefix a statement needs for this backend's `synchronous_commit`, and whether
+        it changes the session's setting (two backends may share a thread's connection)."""
+        if not write:
+            return "", False
+        if self.transaction_pooled:
+            return ("" if self.synchronous_commit else ASYNCHRONOUS_COMMIT), False
+        if self.synchronous_commit:
+            if connection.synchronous_commit is False:
+                return SESSION_DEFAULT_COMMIT, True
+            return "", False
+        if connection.synchronous_commit is False:
+            return "", False
+        return SESSION_ASYNCHRONOUS_COMMIT, True
 
     def _connection(self) -> _ThreadConnection:
         """This thread's connection to the store, kept open between statements.
@@ -372,10 +401,10 @@ class PostgresIdempotencyBackend:
                  write: bool = False) -> Any:
         import psycopg2
 
-        prefix = ASYNCHRONOUS_COMMIT if write and not self.synchronous_commit else ""
         for attempt in (1, 2):
             with wrap_store_errors("idempotency store", action=action):
                 connection = self._connection()
+            prefix, switches = self._commit_mode(connection, write)
             try:
                 with connection.driver.cursor() as cursor:
                     # One query string per call: the result is the last statement's.
@@ -387,6 +416,8 @@ class PostgresIdempotencyBackend:
                         cursor.execute(prefix + statement.prepare_and_execute,
                                        statement.values(parameters))
                         connection.prepared.add(statement.name)
+                    if switches:
+                        connection.synchronous_commit = None if self.synchronous_commit else False
                     if cursor.description is None:
                         return cursor.rowcount
                     columns = [column.name for column in cursor.description]
@@ -591,7 +622,7 @@ def autocommit_engine(stores: Stores) -> Engine:
     trip; created per process, never shared across a fork. It only opens connections: each
     thread keeps the one it gets (`PostgresIdempotencyBackend._connection`), so there is no
     pool. Connections carry no session setting (no `options=-c ...` at connect, which
-    PgBouncer refuses): `synchronous_commit` is the backend's, per statement.
+    PgBouncer refuses): `synchronous_commit` is the backend's (`_commit_mode`).
     """
     identity = (id(stores), os.getpid())
     engine = _engines.get(identity)
@@ -628,4 +659,5 @@ def backend_for(
         prepared=prepared and not stores.transaction_pooled,
         transaction_engine=stores.engine,
         synchronous_commit=synchronous_commit,
+        transaction_pooled=stores.transaction_pooled,
     )

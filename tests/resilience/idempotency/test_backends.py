@@ -411,6 +411,36 @@ class TestPostgresTable:
         assert replay.claim is None and replay.state == SUCCEEDED and replay.result == "first"
         assert deferred.claim is None and deferred.live and deferred.task_id == "task-a"
 
+    def test_synchronous_commit_is_set_once_per_session_and_switched_back(
+        self, stores: Any
+    ) -> None:
+        """Without a pooler an asynchronous backend turns `synchronous_commit` off on the
+        thread's session once; a synchronous backend on the same connection turns it back
+        to the server's default before its own write."""
+        engine = autocommit_engine(stores)
+        asynchronous = PostgresIdempotencyBackend(engine, synchronous_commit=False)
+        synchronous = PostgresIdempotencyBackend(engine, synchronous_commit=True)
+
+        def session_setting() -> str:
+            with asynchronous._connection().driver.cursor() as cursor:
+                cursor.execute("SHOW synchronous_commit")
+                return str(cursor.fetchone()[0])
+
+        prefix = uuid.uuid4().hex
+        assert claim(asynchronous, f"{prefix}:1", owner="a").claimed
+        assert session_setting() == "off"
+        connection = asynchronous._connection()
+        counting = connection.driver = _CountingConnection(connection.driver)
+        try:
+            assert claim(asynchronous, f"{prefix}:2", owner="a").claimed
+        finally:
+            connection.driver = counting.driver
+        assert counting.statements == 1
+        assert claim(synchronous, f"{prefix}:3", owner="a").claimed
+        assert session_setting() == "on"
+        assert claim(asynchronous, f"{prefix}:4", owner="a").claimed
+        assert session_setting() == "off"
+
     def test_a_completion_keeps_the_record_at_least_its_ttl(
         self, postgres: PostgresIdempotencyBackend, engine: Any
     ) -> None:
