@@ -9,7 +9,7 @@ without the other.
     │   └── UnknownTierError        a tier name that is not configured
     ├── InvalidTaskArguments        arguments that cannot be enqueued (enqueue time)
     │   ├── ArgumentsDoNotBind      arguments do not match the task's signature
-    │   ├── NonJsonArguments        an argument is not JSON-serializable
+    │   ├── NonJsonArguments        an argument is not JSON-serializable (also kombu's EncodeError)
     │   ├── PayloadTooLarge         the serialized message exceeds the size limit
     │   └── InvalidBatch            a batch that cannot be enqueued as given (resilience.batches)
     ├── InvalidKey                  a guard key is malformed, too long or not JSON
@@ -38,6 +38,8 @@ without the other.
 from __future__ import annotations
 
 from typing import Any
+
+from kombu.exceptions import EncodeError
 
 
 class ResilienceError(Exception):
@@ -80,8 +82,12 @@ class ArgumentsDoNotBind(InvalidTaskArguments):
     """Raised when the arguments do not match the task function's signature."""
 
 
-class NonJsonArguments(InvalidTaskArguments):
-    """Raised when an argument is not JSON-serializable (JSON is the only wire format)."""
+class NonJsonArguments(InvalidTaskArguments, EncodeError):
+    """Raised when an argument is not JSON-serializable (JSON is the only wire format).
+
+    Also kombu's `EncodeError`, which Celery raises for arguments its serializer refuses,
+    so code catching Celery's error catches the platform's earlier refusal too.
+    """
 
 
 class PayloadTooLarge(InvalidTaskArguments):

@@ -66,6 +66,15 @@ class TestTyping:
         with pytest.raises(NonJsonArguments):
             untyped.delay({1, 2})
 
+    def test_non_json_arguments_is_kombus_encode_error(self) -> None:
+        """Code written for Celery catches kombu's EncodeError for unserializable arguments."""
+        from kombu.exceptions import EncodeError
+
+        from tests.resilience.pipeline.tasks_api import untyped
+
+        with pytest.raises(EncodeError):
+            untyped.delay({1, 2})
+
     def test_strict_typing_false_on_the_app_is_respected(self, services: Any) -> None:
         """An app created with `strict_typing=False` publishes what Celery would publish."""
         queue = f"task-api-loose-{uuid.uuid4().hex[:8]}"
