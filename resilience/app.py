@@ -42,6 +42,7 @@ from celery._state import _get_active_apps, connect_on_app_finalize
 
 from resilience.errors import ConfigurationError
 from resilience.pipeline import attached
+from resilience.results import keep_final_states
 from resilience.stores import from_app_conf
 from resilience.task import GuardedTask
 
@@ -80,6 +81,8 @@ def init_app(app: Celery) -> Celery:
     `resilience_pool_mode`, `resilience_socket_timeout_seconds` (see
     `resilience.stores.Stores.from_conf`); stores given with `resilience.stores.install`
     are kept. Celery's routing stays the app's own: no queue is declared or imposed.
+    The app's result backend becomes `resilience.results`'s for its scheme
+    (`keep_final_states`), so call it before `app.backend` is first used.
 
     Returns:
         `app`, so `app = resilience.init_app(Celery(...))` reads well.
@@ -89,6 +92,10 @@ def init_app(app: Celery) -> Celery:
         if state.initialised:
             return app
         state.initialised = True
+        # The result backend keeps final states final and carries the outcome metadata
+        # (`resilience.outcome_of`); it only names backend classes, so Django's settings
+        # may come later, but it must run before `app.backend` is first built.
+        keep_final_states(app)
         from_app_conf(app)
         _rebase_all(app)
     return app

@@ -249,6 +249,23 @@ class TestInitAppInProcess:
         assert Stores(redis_url="redis://127.0.0.1:6379/0").has_database is False
 
 
+    def test_init_app_keeps_final_states(self, services: Services) -> None:
+        """The result backend is the library's (final states stay final, `outcome_of`
+        reads the outcome) also when the backend URL comes from settings loaded later;
+        calling `init_app` twice changes nothing."""
+        from resilience import results
+
+        class DjangoSettings:
+            CELERY_RESULT_BACKEND = f"{services.redis_base}/3"
+
+        app = _app("results")
+        resilience.init_app(app)
+        app.config_from_object(DjangoSettings, namespace="CELERY")
+        resilience.init_app(app)
+        assert type(app.backend) is results.RedisBackend
+        assert app.loader.override_backends == results.FINAL_STATE_BACKENDS
+
+
 class TestPlatform:
     """The platform itself is built with `init_app`."""
 
