@@ -230,6 +230,11 @@ class GuardedTask(Task):
             AdmissionError: an enqueue guard refused the job (`TierFull`, `DuplicateJob`).
         """
         args, kwargs = celery_arguments(args, kwargs)
+        if self._dump_pydantic_arguments is not None and dict(
+                self._get_exec_options(), **options).get("serializer") != "pickle":
+            # Celery's own conversion (`pydantic=True`), done here so the checks below see
+            # what is sent; Task.apply_async's pass then finds no model and returns at once.
+            args, kwargs = self._dump_pydantic_arguments(args, kwargs)
         if self._beyond_max_countdown(options):
             return self._delay_in_outbox(args, kwargs, task_id, link, link_error, shadow,
                                          options)

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 from celery import signals
 from celery.exceptions import Retry
+from pydantic import BaseModel
 
 from jobs import app
 from resilience.idempotency import idempotent, unique
@@ -55,6 +56,17 @@ def recurse(self: Any, depth: int, inline: bool = False) -> dict[str, Any]:
 @app.task(tier="standard", name="tests.task_api.untyped", typing=False)
 def untyped(x: int) -> int:
     return x
+
+
+class Parcel(BaseModel):
+    """A pydantic model argument (Celery's `pydantic=True` dumps it before sending)."""
+
+    weight: int
+
+
+@app.task(tier="standard", name="tests.task_api.weighed", pydantic=True)
+def weighed(parcel: Parcel) -> int:
+    return parcel.weight
 
 
 @app.task(tier="standard", name="tests.task_api.typed")

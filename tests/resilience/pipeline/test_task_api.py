@@ -66,6 +66,14 @@ class TestTyping:
         with pytest.raises(NonJsonArguments):
             untyped.delay({1, 2})
 
+    def test_pydantic_task_sends_its_models_dumped(self) -> None:
+        """`pydantic=True`: the checks see what Celery sends, the model dumped to a dict
+        (before: the model itself, refused with NonJsonArguments)."""
+        from tests.resilience.pipeline.tasks_api import Parcel, weighed
+
+        assert weighed.delay(Parcel(weight=7)).get(timeout=30) == 7
+        assert weighed.delay(parcel=Parcel(weight=8)).get(timeout=30) == 8
+
     def test_non_json_arguments_is_kombus_encode_error(self) -> None:
         """Code written for Celery catches kombu's EncodeError for unserializable arguments."""
         from kombu.exceptions import EncodeError
