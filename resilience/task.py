@@ -458,11 +458,15 @@ class GuardedTask(Task):
         Enqueue validation refuses such a call in a producer that has the task; a message
         from elsewhere (another service, `send_task`, an old deploy) would fail with a
         TypeError on every delivery and leave nothing to inspect. It is deterministic, so it
-        is not retried.
+        is not retried. The check follows Celery's `typing`, as `validate_arguments` does:
+        a task with `typing=False` (or an app with `strict_typing=False`) gets its
+        arguments unchecked, and the body's TypeError is the result, as Celery promises.
 
         Raises:
-            DeadLettered: the arguments do not bind (the row has them as they came).
+            DeadLettered: a typed task's arguments do not bind (the row has them as they came).
         """
+        if not self.typing:
+            return
         # Partial: a parameter a guard fills in (a transactional session, a fencing token)
         # is legitimately absent from the message.
         try:
