@@ -187,6 +187,10 @@ def _class_for(original: type, initialised: bool) -> type:
             mixin = GuardedTask if initialised else _NotInitialisedTask
             namespace = {name: original.__dict__[name] for name in _TASK_OPTIONS
                          if name in original.__dict__}
+            if initialised:
+                request = _request_for(original)
+                if request is not None:
+                    namespace["Request"] = request
             namespace.update({
                 _ORIGINAL_ATTRIBUTE: original,
                 "__module__": original.__module__,
@@ -202,6 +206,29 @@ def _class_for(original: type, initialised: bool) -> type:
                     "a GuardedTask subclass given as base= (docs/library.md)",
                     shadowed.__qualname__)
         return made
+
+
+def _request_for(original: type) -> type | None:
+    """A worker request class mixing the library's and `original`'s own, if it has one.
+
+    GuardedTask's `Request` (`OutcomeRequest`: a stopped job's own task event) would
+    otherwise silently replace the user's; both subclass Celery's `Request` and call
+    `super()`, so one class derived from both keeps the behaviour of each.
+    """
+    from celery.utils.imports import symbol_by_name
+    from celery.worker.request import Request
+
+    from resilience.results import OutcomeRequest
+
+    own = symbol_by_name(original.Request)
+    if own is Request or issubclass(own, OutcomeRequest):
+        return None
+    if not (isinstance(own, type) and issubclass(own, Request)):
+        raise ConfigurationError(
+            f"{original.__qualname__}.Request must subclass celery.worker.request.Request "
+            f"to be guarded, got {own!r}")
+    return type(own.__name__, (OutcomeRequest, own), {"__module__": own.__module__,
+                                                      "__qualname__": own.__qualname__})
 
 
 def _own_call(cls: type) -> type | None:

@@ -249,6 +249,31 @@ class TestInitAppInProcess:
         assert Stores(redis_url="redis://127.0.0.1:6379/0").has_database is False
 
 
+    def test_a_task_class_keeps_its_own_request(self) -> None:
+        """A `task_cls` with its own worker `Request` keeps it, mixed with the library's
+        (before: GuardedTask's `OutcomeRequest` silently replaced it)."""
+        from celery.worker.request import Request
+
+        from resilience.results import OutcomeRequest
+
+        class ShopRequest(Request):
+            pass
+
+        class ShopTask(Task):
+            Request = ShopRequest
+
+        app = _app("request", task_cls=ShopTask)
+        resilience.init_app(app)
+
+        @app.task(name="request.charge")
+        @idempotent(key="{x}")
+        def charge(x: int) -> int:
+            return x
+
+        request = app.tasks["request.charge"].Request
+        assert issubclass(request, ShopRequest), request
+        assert issubclass(request, OutcomeRequest), request
+
     def test_init_app_keeps_final_states(self, services: Services) -> None:
         """The result backend is the library's (final states stay final, `outcome_of`
         reads the outcome) also when the backend URL comes from settings loaded later;
