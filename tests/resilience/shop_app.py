@@ -116,6 +116,8 @@ def _wait(call: dict[str, Any]) -> None:
     except Exception as exc:  # noqa: BLE001 - a timeout: the state tells why
         call["wait_error"] = type(exc).__name__
     call["state"] = result.state
+    decided = resilience.outcome_of(result)
+    call["outcome"] = None if decided is None else str(decided.outcome.value)
     if isinstance(call.get("result"), BaseException):
         call["result"] = f"{type(call['result']).__name__}: {call['result']}"
 

@@ -113,6 +113,8 @@ class TestUserAppOnRealWorkers:
         charged = produce(env, "charge", order_id(), "3")
         assert charged["effects"] == 1, charged
         assert [call["state"] for call in charged["calls"]] == ["SUCCESS"] * 3, charged
+        # init_app selected the library's result backend: the replays say so.
+        assert "REPLAYED" in [call["outcome"] for call in charged["calls"]], charged
         assert "GuardedTask" in charged["class"]
         assert ("ShopTask" in charged["class"]) is (task_cls == "custom")
 
