@@ -238,6 +238,7 @@ class Channel(kombu_redis.Channel):
         if self._in_flight != _FETCHING:
             return super()._brpop_read(**options)
         self._in_flight = None
+        fetched = None
         try:
             try:
                 reply = self.client.parse_response(self.client.connection, "EVALSHA",
@@ -246,14 +247,20 @@ class Channel(kombu_redis.Channel):
                 self.client.connection.disconnect()
                 raise
             except NoScriptError:
-                # A new, restarted or flushed server: load the script and fetch again.
-                with self.conn_or_acquire() as client:
-                    client.script_load(FETCH.text)
-                self._fetch_due = True
-                raise kombu_redis.Empty() from None
+                # A new, restarted or flushed server: fetch again at once, synchronously
+                # (the script object loads itself), so a waiting message is delivered on
+                # this tick rather than after the next wake-up.
+                reply = None
+                fetched = self._fetch(self._fetch_keys)
         finally:
             self._in_poll = None
             self._flush_brpop_reauth()
+        if fetched is not None:
+            queue, message = fetched
+            self._fetch_due = True
+            self._queue_cycle.rotate(queue)
+            self.connection._deliver(message, queue)
+            return True
         if not reply:
             raise kombu_redis.Empty()  # every list empty: the waiters take over
         self._fetch_due = True

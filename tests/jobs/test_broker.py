@@ -247,3 +247,42 @@ class TestFetchFromEveryList:
             hub.close()
         assert [body for body, _ in received] == [{"late": 1}]
         assert received[0][1] - published < 0.5
+
+
+class TestScriptLoading:
+    def test_a_flushed_script_cache_still_delivers_on_the_first_read(
+        self, app: Any, redis_broker: None
+    ) -> None:
+        """A server that never saw the fetch script (new, restarted, SCRIPT FLUSH) answers
+        the first fetch NOSCRIPT: the same read fetches again and delivers the waiting
+        message, instead of raising Empty and leaving it to a later tick."""
+        import redis
+        from kombu.asynchronous import Hub
+
+        source = _queue(f"tests-noscript-{uuid.uuid4().hex}")
+        received: list[Any] = []
+        reads_until_delivered = 0
+        hub = Hub()
+        try:
+            with app.connection_for_write() as connection, \
+                    app.connection_for_write() as publisher:
+                _publish(publisher, source, [{"n": 1}])
+                with connection.Consumer([source], accept=["json"]) as consumer:
+                    consumer.register_callback(
+                        lambda body, message: (received.append(body), message.ack()))
+                    redis.Redis.from_url(app.conf.broker_url).script_flush()
+                    connection.register_with_event_loop(hub)
+                    deadline = time.monotonic() + 3
+                    while not received and time.monotonic() < deadline:
+                        for tick in hub.on_tick:
+                            tick()
+                        for fd, _ in hub.poller.poll(0.05) or ():
+                            callback, args = hub.readers[fd]
+                            reads_until_delivered += 1
+                            with contextlib.suppress(queue_module.Empty):
+                                callback(*args)
+                source(publisher.default_channel).delete()
+        finally:
+            hub.close()
+        assert received == [{"n": 1}]
+        assert reads_until_delivered == 1
