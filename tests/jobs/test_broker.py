@@ -286,3 +286,38 @@ class TestScriptLoading:
             hub.close()
         assert received == [{"n": 1}]
         assert reads_until_delivered == 1
+
+
+class TestSilentBrokerTeardown:
+    def test_closing_an_idle_consumer_of_a_stopped_broker_is_bounded(self, tmp_path: Any) -> None:
+        """An idle consumer waits on waiter connections only (nothing pending on its consuming
+        connection): with the broker SIGSTOPped, closing the channel and the connection reads
+        nothing from it and returns at once (Celery's GH-9705 teardown concern)."""
+        import os
+        import signal
+
+        from kombu import Connection
+
+        from jobs.embedded import embedded_redis, free_port
+
+        server = embedded_redis(free_port(), tmp_path / "broker").start()
+        try:
+            source = _queue(f"tests-silent-{uuid.uuid4().hex}")
+            connection = Connection(server.url, transport="jobs.broker:Transport")
+            consumer = connection.Consumer([source], accept=["json"])
+            consumer.consume()
+            with contextlib.suppress(Exception):
+                connection.drain_events(timeout=0.5)  # idle: the waiters are armed
+            channel = consumer.channel
+            assert channel._waiters, "the idle consumer armed no waiter"
+            os.kill(server.pid, signal.SIGSTOP)
+            try:
+                started = time.monotonic()
+                channel.close()
+                connection.release()
+                elapsed = time.monotonic() - started
+            finally:
+                os.kill(server.pid, signal.SIGCONT)
+        finally:
+            server.stop()
+        assert elapsed < 1.0, f"teardown against a silent broker took {elapsed:.2f}s"
