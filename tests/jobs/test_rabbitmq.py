@@ -15,23 +15,10 @@ from typing import Any
 import pytest
 
 from tests.harness import Worker
-from tests.support import ROOT
-
-RABBITMQ_URL = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
+from tests.support import RABBITMQ_URL, ROOT, rabbitmq_reachable
 
 
-def _rabbitmq_reachable() -> bool:
-    from kombu import Connection
-
-    try:
-        with Connection(RABBITMQ_URL, connect_timeout=2) as connection:
-            connection.ensure_connection(max_retries=1)
-        return True
-    except Exception:  # noqa: BLE001 - any failure means unreachable
-        return False
-
-
-@pytest.mark.skipif(not _rabbitmq_reachable(), reason=f"no RabbitMQ at {RABBITMQ_URL}")
+@pytest.mark.skipif(not rabbitmq_reachable(), reason=f"no RabbitMQ at {RABBITMQ_URL}")
 @pytest.mark.timeout(120)
 def test_task_runs_on_its_tier_worker_over_rabbitmq(services: Any) -> None:
     """A worker on BROKER_URL=amqp:// runs a critical task sent by a producer on the same broker."""
@@ -122,7 +109,7 @@ def _delete_tier_queues() -> None:
             connection.default_channel.queue_delete(queue)
 
 
-@pytest.mark.skipif(not _rabbitmq_reachable(), reason=f"no RabbitMQ at {RABBITMQ_URL}")
+@pytest.mark.skipif(not rabbitmq_reachable(), reason=f"no RabbitMQ at {RABBITMQ_URL}")
 @pytest.mark.timeout(180)
 def test_tier_bound_is_exact_on_rabbitmq_and_a_refused_republish_is_kept(services: Any) -> None:
     """Four producer threads send 60 jobs at a tier limited to 25 on RabbitMQ: exactly 25

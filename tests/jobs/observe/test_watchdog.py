@@ -19,7 +19,7 @@ from jobs.observe.backlog import fresh_backlog, oldest_ages, published_at
 from jobs.observe.health import local_liveness, stalled_path
 from jobs.observe.watchdog import EXIT, EXIT_STALLED, RECONNECT, ConsumerState, ConsumptionWatchdog
 from resilience.counters import COUNTERS_KEY, field_for
-from tests.support import ROOT, wait_for
+from tests.support import RABBITMQ_URL, ROOT, rabbitmq_reachable, wait_for
 
 #: JOBS_WORKER_STALL_SECONDS of the chaos tests' workers.
 STALL_SECONDS = 4.0
@@ -326,18 +326,6 @@ class TestStalledWorker:
 
 
 # -- the backlog on a fresh connection ------------------------------------------------------
-RABBITMQ_URL = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
-
-
-def _rabbitmq_reachable() -> bool:
-    from kombu import Connection
-
-    try:
-        with Connection(RABBITMQ_URL, connect_timeout=2) as connection:
-            connection.ensure_connection(max_retries=1)
-        return True
-    except Exception:  # noqa: BLE001 - any failure means unreachable
-        return False
 
 
 class TestFreshBacklog:
@@ -352,7 +340,7 @@ class TestFreshBacklog:
             assert fresh_backlog(Celery(broker=url), ["standard"], timeout_seconds=0.5) is None
             assert time.monotonic() - started < 5, url
 
-    @pytest.mark.skipif(not _rabbitmq_reachable(), reason=f"no RabbitMQ at {RABBITMQ_URL}")
+    @pytest.mark.skipif(not rabbitmq_reachable(), reason=f"no RabbitMQ at {RABBITMQ_URL}")
     @pytest.mark.timeout(60)
     def test_a_rabbitmq_queue_is_counted_on_a_connection_of_its_own(self) -> None:
         from celery import Celery
