@@ -27,7 +27,7 @@ from resilience.batches.callbacks import callback_argument
 from resilience.batches.errors import InvalidBatch
 from resilience.batches.guard import BATCH_HEADER, BatchGuard
 from resilience.errors import InvalidTaskArguments
-from resilience.keys import canonical_json, check_binding
+from resilience.keys import canonical_arguments, check_binding
 
 if TYPE_CHECKING:
     from celery import Celery, Task
@@ -200,7 +200,7 @@ class Batch:
             "immutable": bool(signature.immutable),
         }
         try:
-            canonical_json(stored)
+            canonical_arguments(stored)
         except InvalidTaskArguments as exc:
             raise InvalidBatch(f"{role} cannot be stored: {exc}", task=task.name) from None
         # The callback is called with the batch's summary first (unless immutable).

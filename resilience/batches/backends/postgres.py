@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from kombu.utils.json import JSONEncoder
 from sqlalchemy import text
 
 from resilience.batches.backends import (
@@ -223,7 +224,9 @@ class PostgresBatchBackend:
 
 
 def _json(value: dict[str, Any] | None) -> str | None:
-    return None if value is None else json.dumps(value)
+    # kombu's encoder: UUID, datetime, Decimal ... are stored tagged; the callback's
+    # message carries the tags and the worker's JSON decoder turns them back.
+    return None if value is None else json.dumps(value, cls=JSONEncoder)
 
 
 def backend_for(stores: Stores) -> PostgresBatchBackend:

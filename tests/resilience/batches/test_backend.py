@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import random
 import threading
+import uuid
+from datetime import datetime, timezone
+from decimal import Decimal
 from typing import Any
 
 import pytest
 from celery import group
+from kombu.utils import json as kombu_json
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
@@ -127,6 +132,17 @@ class TestBatchStore:
         assert immutable.args == [run, 0]  # .si(): nothing added
         assert recent(_stores(app), limit=1)[0].id == result.id
         _forget(engine, summary.success_task_id, summary.complete_task_id)
+
+    def test_a_callback_carries_what_celerys_json_carries(self, app: Any, engine: Any) -> None:
+        """A callback's UUID, datetime and Decimal arguments (which Celery's JSON serializer
+        accepts) are stored tagged, and reach the worker's decoder as themselves."""
+        arguments = (uuid.uuid4(),
+                     [datetime(2026, 11, 26, 20, 0, tzinfo=timezone.utc), Decimal("12.50")])
+        result = batch(on_complete=tasks.plain.si(*arguments), app=app).apply_async()
+        summary = result.summary()
+        (row,) = _outbox(engine, [summary.complete_task_id])
+        assert tuple(kombu_json.loads(json.dumps(row.args))) == arguments
+        _forget(engine, summary.complete_task_id)
 
     def test_bad_members_and_callbacks_are_refused_before_anything_is_written(
             self, app: Any) -> None:
