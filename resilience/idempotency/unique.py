@@ -282,7 +282,9 @@ class UniqueEnqueueGuard(EnqueueGuard):
         - `raise_on_duplicate`: a FAILURE with `DuplicateJob`, so `.get()` raises it;
         - a chord member: a FAILURE the chord counts (`JobStopped`, or `DuplicateJob` with
           `raise_on_duplicate`), so the chord fails (`ChordError`) instead of waiting for
-          a member that never runs; its body never gets an outcome as a result.
+          a member that never runs; its body never gets an outcome as a result;
+        - the first link of a chain: the same FAILURE, which Celery's backend carries to
+          every later link, so the chain's `.get()` raises instead of waiting forever.
 
         Raises:
             StoreUnavailable: the outcome could not be stored (the id would stay PENDING).
@@ -292,12 +294,16 @@ class UniqueEnqueueGuard(EnqueueGuard):
         holder = str(stop.details["existing_task_id"])
         request = _request_of(publish, task_id)
         try:
-            if self.keys.config.raise_on_duplicate or request.chord:
+            # A chord member or a chain's link fails, so Celery's backend fails the chord
+            # (`on_chord_part_return`) or the rest of the chain (`_fail_chain`), whose
+            # results would otherwise stay PENDING: nothing will ever run them.
+            if self.keys.config.raise_on_duplicate or request.chord or request.chain:
                 error: ResilienceError = (
                     self._error(str(stop.details["key"]), holder)
                     if self.keys.config.raise_on_duplicate else
                     JobStopped(f"{stop.outcome.value} by {GUARD_NAME}: {stop.reason}; a "
-                               "chord member that did not run fails the chord",
+                               "chord member or chain link that did not run fails its "
+                               "chord or chain",
                                outcome=stop.outcome.value, guard=GUARD_NAME,
                                details=stop.details))
                 task.backend.mark_as_failure(task_id, error, request=request)
@@ -461,6 +467,7 @@ def _request_of(publish: Publish, task_id: str) -> Context:
         group=options.get("group_id"),
         group_index=options.get("group_index"),
         chord=options.get("chord"),
+        chain=options.get("chain"),
         root_id=options.get("root_id"),
         parent_id=options.get("parent_id"),
         headers=dict(options.get("headers") or {}),

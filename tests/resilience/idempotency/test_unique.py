@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from celery import chord, group
+from celery import chain, chord, group
 from celery.exceptions import ChordError
 
 from resilience.errors import DuplicateJob, JobStopped
@@ -119,6 +119,20 @@ class TestDuplicateWithItsOwnId:
         wait_for(lambda: result.state == "FAILURE", timeout_seconds=30,
                  message="the chord's body failed")
         assert isinstance(result.result, ChordError) and "REJECTED" in str(result.result)
+        assert runs(redis_client, key) == 1
+
+    def test_a_chain_whose_first_link_is_a_duplicate_fails_instead_of_hanging(
+            self, tier_workers: Any, redis_client: Any) -> None:
+        """A chain starting with a job whose key is held: nothing of it will run, so its
+        links fail (`JobStopped` naming REJECTED) and `.get()` raises at once instead of
+        waiting on a PENDING result forever."""
+        key = uuid.uuid4().hex
+        first = tasks_unique.held.delay(key, 1.0)
+        result = chain(tasks_unique.held.si(key), tasks_unique.collect.si([1])).apply_async()
+        with pytest.raises(JobStopped, match="REJECTED"):
+            result.get(timeout=10)
+        assert result.parent.state == "FAILURE"
+        assert first.get(timeout=30) == first.id
         assert runs(redis_client, key) == 1
 
     def test_a_group_with_two_members_of_one_key_resolves(
