@@ -1,4 +1,9 @@
-"""Database helpers: create the database if missing, apply migrations once at a time."""
+"""Database helpers: create the database if missing, apply migrations once at a time.
+
+Two Alembic histories share the database: the library's (`resilience.migrations`, its
+`resilience_*` tables, recorded in `resilience_alembic_version`) and the platform's
+(`jobs/migrations`, the demo's tables, recorded in `jobs_alembic_version`).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 
+from resilience import migrations as library_migrations
 from resilience.stores import _sqlalchemy_url
 
 logger = logging.getLogger("jobs.db")
@@ -19,6 +25,9 @@ logger = logging.getLogger("jobs.db")
 MIGRATION_LOCK_ID = 7_201_901_001
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+#: The table recording the platform's own revisions.
+VERSION_TABLE = "jobs_alembic_version"
 
 
 def ensure_database(database_url: str) -> bool:
@@ -69,9 +78,24 @@ def alembic_config(database_url: str) -> Config:
     return config
 
 
+def expected_versions(database_url: str) -> dict[str, frozenset[str]]:
+    """Each version table and the heads of its history's scripts (what a migrated database
+    records): the library's and the platform's."""
+    from alembic.script import ScriptDirectory
+
+    return {
+        library_migrations.VERSION_TABLE: frozenset({library_migrations.head()}),
+        VERSION_TABLE: frozenset(
+            ScriptDirectory.from_config(alembic_config(database_url)).get_heads()
+        ),
+    }
+
+
 def migrate(database_url: str, engine: Engine | None = None) -> None:
-    """Apply every migration head; safe when several processes call it at once."""
+    """Create the database if missing, apply the library's migrations, then the platform's;
+    safe when several processes call it at once."""
     ensure_database(database_url)
+    library_migrations.upgrade(database_url)
     owned = engine is None
     engine = engine or create_engine(_sqlalchemy_url(database_url))
     try:

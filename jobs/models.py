@@ -1,13 +1,32 @@
-"""Tables of the example jobs (SQLAlchemy 2 declarative models)."""
+"""Tables of the example jobs (SQLAlchemy 2 declarative models).
+
+They live on the platform's own metadata, apart from the library's (`resilience.schema`):
+the platform's Alembic history (`jobs/migrations`) creates these, the library's
+(`resilience.migrations`) creates its `resilience_*` tables.
+"""
 
 from __future__ import annotations
 
 from datetime import date, datetime
 
-from sqlalchemy import BigInteger, CheckConstraint, Date, DateTime, Integer, String, Text, func
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Date,
+    DateTime,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    func,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from resilience.schema import metadata
+from resilience.schema import metadata as library_metadata
+
+#: The platform's tables, named by the library's convention.
+metadata = MetaData(naming_convention=dict(library_metadata.naming_convention))
 
 
 class Base(DeclarativeBase):
@@ -40,3 +59,18 @@ class DailyReport(Base):
     entries: Mapped[int] = mapped_column(Integer)
     total_cents: Mapped[int] = mapped_column(BigInteger)
     built_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class IdempotencyDemoEntry(Base):
+    """One transfer of the idempotency demo and chaos test: deliberately WITHOUT a unique
+    constraint on the transfer key, so a double effect shows as a second row."""
+
+    __tablename__ = "idempotency_demo_entries"
+    __table_args__ = (Index("ix_idempotency_demo_entries_transfer_key", "transfer_key"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    transfer_key: Mapped[str] = mapped_column(Text)
+    account: Mapped[str] = mapped_column(Text)
+    amount_cents: Mapped[int] = mapped_column(BigInteger)
+    task_id: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

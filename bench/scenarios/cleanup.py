@@ -25,7 +25,7 @@ OLD_BATCH, OLD_PAUSE_SECONDS, OLD_MAX_BATCHES, OLD_INTERVAL_SECONDS = 1000, 0.1,
 NEW_INTERVAL_SECONDS = 60.0
 
 SEED_SQL = """
-INSERT INTO idempotency_records
+INSERT INTO resilience_idempotency_records
     (task_name, key, fingerprint, state, attempt, task_id, result, expires_at)
 SELECT %(task)s, md5(%(task)s || g), 'f', 'succeeded', 1, 't', '{"ok": true}'::jsonb,
        now() - interval '1 minute' + g * interval '1 microsecond'
@@ -48,7 +48,7 @@ def _execute(database_url: str, sql: str, parameters: dict[str, Any] | None = No
 def _seed(database_url: str, rows: int) -> None:
     _execute(database_url, SEED_SQL, {"task": f"bench.cleanup.{uuid.uuid4().hex[:8]}",
                                       "rows": rows})
-    _execute(database_url, "VACUUM ANALYZE idempotency_records")
+    _execute(database_url, "VACUUM ANALYZE resilience_idempotency_records")
 
 
 def _old_run(engine: Any) -> tuple[int, float]:
@@ -78,7 +78,7 @@ def _hot_ratio(database_url: str, completions: int) -> tuple[int, int]:
     connection.autocommit = True
     task = f"bench.hot.{uuid.uuid4().hex[:8]}"
     stats = ("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
-             "WHERE relname = 'idempotency_records'")
+             "WHERE relname = 'resilience_idempotency_records'")
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_stat_force_next_flush()")

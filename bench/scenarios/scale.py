@@ -55,7 +55,7 @@ CLEANUP_TASK = "bench.scale.cleanup"
 OWN_COMMANDS = ("config|resetstat", "info")
 
 INSERT_SQL = """
-INSERT INTO idempotency_records
+INSERT INTO resilience_idempotency_records
     (task_name, key, fingerprint, state, attempt, task_id, result, expires_at)
 SELECT %(task)s, g::text, 'f', 'succeeded', 1, 't', '{"ok": true}'::jsonb,
        now() + %(ttl)s * interval '1 second'
@@ -413,7 +413,8 @@ def _insert_loop(url: str, rate: float, batch: int, ttl: float, stop: Any,
 def _table_rows(url: str) -> tuple[int, int]:
     """(expired, total) rows of the cleanup bench's task."""
     row = _query(url, "SELECT count(*) FILTER (WHERE expires_at < now()), count(*) "
-                      "FROM idempotency_records WHERE task_name = %s", (CLEANUP_TASK,))[0]
+                      "FROM resilience_idempotency_records WHERE task_name = %s",
+                 (CLEANUP_TASK,))[0]
     return int(row[0]), int(row[1])
 
 

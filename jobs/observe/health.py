@@ -153,13 +153,12 @@ def check_broker(app: Celery) -> Check:
 
 
 @lru_cache(maxsize=4)
-def _heads(database_url: str) -> frozenset[str]:
-    """The code's migration heads (read from the scripts once per process)."""
-    from alembic.script import ScriptDirectory
+def _heads(database_url: str) -> dict[str, frozenset[str]]:
+    """Each version table and its history's heads (read from the scripts once per process):
+    the library's and the platform's."""
+    from jobs.db import expected_versions
 
-    from jobs.db import alembic_config
-
-    return frozenset(ScriptDirectory.from_config(alembic_config(database_url)).get_heads())
+    return expected_versions(database_url)
 
 
 def check_postgres(app: Celery) -> list[Check]:
@@ -173,10 +172,14 @@ def check_postgres(app: Celery) -> list[Check]:
     try:
         with stores.engine().connect() as connection:
             connection.execute(text("SELECT 1"))
-            applied = set(MigrationContext.configure(connection).get_current_heads())
+            missing = sorted(
+                head
+                for table, heads in _heads(stores.database_url).items()
+                for head in heads - set(MigrationContext.configure(
+                    connection, opts={"version_table": table}).get_current_heads())
+            )
     except Exception as exc:  # noqa: BLE001
         return [_failed("postgres", exc), Check("migrations", False, "database unreachable")]
-    missing = sorted(_heads(stores.database_url) - applied)
     return [
         Check("postgres", True, "SELECT 1"),
         Check("migrations", not missing,

@@ -206,13 +206,12 @@ def _probe_amqp(url: str, timeout_seconds: float) -> None:
 
 
 @lru_cache(maxsize=4)
-def _migration_heads(database_url: str) -> frozenset[str]:
-    """The heads of the code's migration scripts (read once per process)."""
-    from alembic.script import ScriptDirectory
+def _migration_heads(database_url: str) -> dict[str, frozenset[str]]:
+    """Each version table and its history's heads (the library's and the platform's), read
+    from the scripts once per process."""
+    from jobs.db import expected_versions
 
-    from jobs.db import alembic_config
-
-    return frozenset(ScriptDirectory.from_config(alembic_config(database_url)).get_heads())
+    return expected_versions(database_url)
 
 
 def _probe_database(url: str, timeout_seconds: float) -> tuple[str, str, str] | None:
@@ -227,17 +226,19 @@ def _probe_database(url: str, timeout_seconds: float) -> tuple[str, str, str] | 
     # connect_timeout is whole seconds and at least 2.
     dsn = re.sub(r"^postgres(?:ql)?(?:\+\w+)?://", "postgresql://", url)
     connection = psycopg2.connect(dsn, connect_timeout=max(2, math.ceil(timeout_seconds)))
+    expected = _migration_heads(url)
+    applied: set[str] = set()
     try:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT to_regclass('alembic_version') IS NOT NULL")
-            row = cursor.fetchone()
-            applied: set[str] = set()
-            if row and row[0]:
-                cursor.execute("SELECT version_num FROM alembic_version")
-                applied = {version for (version,) in cursor.fetchall()}
+            for table in expected:  # names of our own, never user input
+                cursor.execute("SELECT to_regclass(%s) IS NOT NULL", (table,))
+                row = cursor.fetchone()
+                if row and row[0]:
+                    cursor.execute(f"SELECT version_num FROM {table}")
+                    applied |= {version for (version,) in cursor.fetchall()}
     finally:
         connection.close()
-    missing = _migration_heads(url) - applied
+    missing = frozenset().union(*expected.values()) - applied
     if not missing:
         return None
     reason = ("no migration applied" if not applied

@@ -199,7 +199,7 @@ def refusal(app: Celery, entry: DeadLetter) -> tuple[Any | None, str | None]:
 
 
 _MARK = sa.text("""
-UPDATE dead_letters AS d
+UPDATE resilience_dead_letters AS d
 SET requeued_at = now(), requeued_task_id = v.task_id
 FROM (SELECT unnest(CAST(:ids AS BIGINT[])) AS id,
              unnest(CAST(:task_ids AS TEXT[])) AS task_id) AS v

@@ -1,4 +1,4 @@
-"""The `dead_letters` table, declared on the resilience metadata."""
+"""The `resilience_dead_letters` table, declared on the resilience metadata."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sqlalchemy as sa
 from resilience.schema import metadata
 
 dead_letters = sa.Table(
-    "dead_letters",
+    "resilience_dead_letters",
     metadata,
     sa.Column("id", sa.BigInteger, primary_key=True),
     sa.Column("task_name", sa.Text, nullable=False),
@@ -32,9 +32,9 @@ dead_letters = sa.Table(
     #: was given up on (else NULL): such a row may be replayed once that breaker has stayed
     #: closed long enough (`resilience.deadletter.replay`).
     sa.Column("dependency", sa.Text),
-    sa.Index("ix_dead_letters_task_name", "task_name"),
-    sa.Index("ix_dead_letters_created_at", "created_at"),
+    sa.Index("ix_resilience_dead_letters_task_name", "task_name"),
+    sa.Index("ix_resilience_dead_letters_created_at", "created_at"),
     # Automatic replay looks for pending rows of a dependency.
-    sa.Index("ix_dead_letters_pending_dependency", "dependency", "id",
+    sa.Index("ix_resilience_dead_letters_pending_dependency", "dependency", "id",
              postgresql_where=sa.text("requeued_at IS NULL AND dependency IS NOT NULL")),
 )

@@ -1,4 +1,4 @@
-"""Write, list and requeue dead letters (PostgreSQL, table `dead_letters`).
+"""Write, list and requeue dead letters (PostgreSQL, table `resilience_dead_letters`).
 
 A dead letter keeps what is needed to run the job again: the task name, its original
 arguments (JSON, as they were sent) and its queue, plus why it was given up on.

@@ -1,7 +1,7 @@
 """Automatic replay: dead letters of a dependency that was down, requeued once it recovered.
 
 A job given up on because its dependency's breaker was open, or because the dependency's
-retry budget was spent, records that dependency (`dead_letters.dependency`, written by
+retry budget was spent, records that dependency (`resilience_dead_letters.dependency`, written by
 `give_up`). Such a job was fine; its dependency was not. `AutoReplay.run_once` (the beat's
 `jobs.maintenance.replay_dead_letters`) requeues those rows when:
 

@@ -31,7 +31,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from resilience.idempotency.backends import FAILED, IN_PROGRESS, STATES, SUCCEEDED
 from resilience.schema import metadata
 
-TABLE_NAME = "idempotency_records"
+TABLE_NAME = "resilience_idempotency_records"
 
 __all__ = [
     "FAILED",
@@ -80,6 +80,6 @@ idempotency_records = Table(
     # No index reads `state` (even a partial index's predicate would make every completion
     # a non-HOT update): the reaper and the open-claims count scan the table (see
     # docs/idempotency.md, "The table").
-    Index("ix_idempotency_records_expires_at", "expires_at"),
+    Index("ix_resilience_idempotency_records_expires_at", "expires_at"),
     postgresql_with={"fillfactor": FILLFACTOR},
 )

@@ -4,7 +4,8 @@ State machine of a row:
 
     pending --relay published it--> published   (kept `keep_finished_seconds`, then purged)
        |  \\--refused (TierFull, broker down)--> pending, attempts + 1, next_attempt_at later
-       '---unknown task / non-retryable error--> dead_lettered (a `dead_letters` row names it)
+       '---unknown task / non-retryable error--> dead_lettered
+                                                   (a `resilience_dead_letters` row names it)
 
 The row is written in the producer's own transaction, so a rolled-back transaction leaves
 no row and no job. The task id is fixed at insert; the relay publishes with it.

@@ -1,4 +1,5 @@
-"""The migrations build the schema the models declare, and it takes long ids and keys."""
+"""The platform's migrations build the schema its models declare (the library's tables have
+their own history: tests/resilience/test_migrations.py), and long ids and keys fit."""
 
 from __future__ import annotations
 
@@ -11,23 +12,13 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
 
-import jobs.models
-import resilience.cancel.models
-import resilience.deadletter.models
-import resilience.idempotency.models
-import resilience.locks.models
-import resilience.outbox.models
-from jobs.db import alembic_config
-from resilience.schema import metadata
-
-#: Every module declaring tables on the metadata (imported for that).
-MODELS = (jobs.models, resilience.deadletter.models, resilience.idempotency.models,
-          resilience.locks.models, resilience.outbox.models)
+from jobs.db import VERSION_TABLE, alembic_config
+from jobs.models import metadata
 
 
 def _modelled(obj: Any, name: str | None, kind: str, reflected: bool, compare_to: Any) -> bool:
-    """Compare the tables the models declare; the database also holds tables no model
-    declares (the chaos test's demo ledger, tables test fixtures create)."""
+    """Compare the tables the platform's models declare; the database also holds the
+    library's tables and tables test fixtures create."""
     return not (kind == "table" and reflected and compare_to is None)
 
 
@@ -35,30 +26,28 @@ class TestMigrations:
     def test_one_head(self, stores: Any) -> None:
         """The revisions form one line: a new migration has one place to go."""
         heads = ScriptDirectory.from_config(alembic_config(stores.database_url)).get_heads()
-        assert heads == ["0013_idempotency_natural_key"]
+        assert heads == ["0001_platform"]
 
     def test_migrated_columns_match_the_models(self, engine: Any) -> None:
         """Column types and nullability of the migrated database are those of the models."""
         with engine.connect() as connection:
             context = MigrationContext.configure(
-                connection, opts={"compare_type": True, "include_object": _modelled}
+                connection, opts={"compare_type": True, "include_object": _modelled,
+                                  "version_table": VERSION_TABLE}
             )
             differences = compare_metadata(context, metadata)
-        # Column comments are the models' documentation only; the migrations do not set them.
-        compared = ("modify_type", "modify_nullable", "add_table", "add_column",
-                    "remove_column")
-        assert [d for d in _flatten(differences) if d[0] in compared] == []
+        assert _flatten(differences) == []
 
     @pytest.mark.parametrize(
         ("table", "column"),
         [
-            ("idempotency_records", "task_id"),
-            ("idempotency_records", "key"),
+            ("resilience_idempotency_records", "task_id"),
+            ("resilience_idempotency_records", "key"),
             ("resilience_held_locks", "key"),
             ("resilience_held_locks", "task_id"),
             ("resilience_fencing_marks", "key"),
-            ("dead_letters", "task_id"),
-            ("dead_letters", "queue"),
+            ("resilience_dead_letters", "task_id"),
+            ("resilience_dead_letters", "queue"),
             ("resilience_outbox", "task_id"),
             ("resilience_outbox", "ordering_key"),
             ("ledger_entries", "task_id"),
@@ -88,13 +77,15 @@ class TestMigrations:
 
 class TestMigrationPath:
     @pytest.mark.timeout(120)
-    def test_upgrade_downgrade_upgrade(self, services: Any) -> None:
-        """A fresh database migrates to the head, back to the three earlier heads (VARCHAR
-        again) and forward again."""
+    def test_migrate_downgrade_migrate(self, services: Any) -> None:
+        """`migrate` creates a missing database with the library's tables and the platform's,
+        each history in its own version table; the platform's downgrade leaves the
+        library's tables, and `migrate` brings the platform's back."""
         from alembic import command
         from sqlalchemy import create_engine, make_url
 
         from jobs.db import migrate
+        from resilience.migrations import VERSION_TABLE as LIBRARY_VERSION_TABLE
         from resilience.stores import _sqlalchemy_url
 
         url = make_url(_sqlalchemy_url(services.database_url))
@@ -104,20 +95,28 @@ class TestMigrationPath:
         engine = create_engine(database_url)
         try:
             migrate(database_url)
-            assert _column_type(engine, "dead_letters", "task_id") == "text"
+            assert {LIBRARY_VERSION_TABLE, VERSION_TABLE, "ledger_entries",
+                    "resilience_dead_letters"} <= _tables(engine)
+            assert "alembic_version" not in _tables(engine)
             with engine.begin() as connection:
                 config = alembic_config(database_url)
                 config.attributes["connection"] = connection
-                command.downgrade(config, "0002_locks")  # the merge only
-            assert _column_type(engine, "dead_letters", "task_id") == "character varying"
-            assert _column_type(engine, "idempotency_records", "key") == "character varying"
+                command.downgrade(config, "base")
+            assert "ledger_entries" not in _tables(engine)
+            assert "resilience_dead_letters" in _tables(engine)
             migrate(database_url)
-            assert _column_type(engine, "idempotency_records", "key") == "text"
+            assert "ledger_entries" in _tables(engine)
         finally:
             engine.dispose()
             with admin.connect() as connection:
                 connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
             admin.dispose()
+
+
+def _tables(engine: Any) -> set[str]:
+    with engine.connect() as connection:
+        return set(connection.execute(text(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")).scalars())
 
 
 def _column_type(engine: Any, table: str, column: str) -> str:

@@ -121,5 +121,6 @@ class TestStoreFailed:
                              retry_after_seconds=1.0)
         with engine.connect() as connection:
             rows = connection.execute(text(
-                "SELECT count(*) FROM dead_letters WHERE task_id = :id"), {"id": call.task_id})
+                "SELECT count(*) FROM resilience_dead_letters WHERE task_id = :id"),
+                {"id": call.task_id})
             assert rows.scalar_one() == 2

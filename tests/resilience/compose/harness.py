@@ -7,7 +7,7 @@ invariants as sentences (empty: all hold). The invariants:
 
 * **nothing lost** — every job is final, and final as one of: succeeded (the body's
   result), REPLAYED, SKIPPED, SHED, or dead-lettered (state FAILURE, error `DeadLettered`,
-  and a row in `dead_letters` with the job's task id). REPLAYED only where the stack is
+  and a row in `resilience_dead_letters` with the job's task id). REPLAYED only where the stack is
   idempotent; SKIPPED only where it has a skip-policy lock (exclusive). The one other
   accepted end is a job *without* a retry policy whose body raised a store error while
   that store was down (Celery fails a task whose error no policy handles); it must
@@ -310,7 +310,7 @@ class Run:
                     "WHERE v.run = :run ORDER BY v.id"),
                     {"run": self.id})),
                 "dead_letters": list(connection.execute(text(
-                    "SELECT task_id, guard, reason FROM dead_letters "
+                    "SELECT task_id, guard, reason FROM resilience_dead_letters "
                     "WHERE task_id = ANY(:ids)"), {"ids": ids})),
             }
 
@@ -361,7 +361,7 @@ class Run:
                 if any(row.task_id == job.task_id for row in rows["dead_letters"]):
                     return Final(state, result, "dead-lettered")
                 return Final(state, result, f"unexpected: DeadLettered without a "
-                             f"dead_letters row: {result}")
+                             f"resilience_dead_letters row: {result}")
             name = type(result).__name__
             failed = self._failed_in_outage(job, rows)
             # Celery rebuilds an error it cannot import (SQLAlchemy's) as a plain Exception;

@@ -216,7 +216,8 @@ class TestPostgresBackend:
         key = uuid.uuid4().hex
         claim(postgres, key, owner="a")
         with engine.begin() as connection:
-            connection.execute(text("DELETE FROM idempotency_records WHERE key = :k"), {"k": key})
+            connection.execute(text("DELETE FROM resilience_idempotency_records WHERE key = :k"),
+                               {"k": key})
         again = claim(postgres, key, owner="b")
         assert again.claimed and again.attempt == 1
         assert not postgres.complete(held(key, 1, "a"), '"stale"', 600)
@@ -298,7 +299,7 @@ def table_updates(engine: Any) -> tuple[int, int]:
     with engine.connect() as connection:
         row = connection.execute(
             text("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
-                 "WHERE relname = 'idempotency_records'")
+                 "WHERE relname = 'resilience_idempotency_records'")
         ).one()
     return int(row[0]), int(row[1])
 
@@ -332,18 +333,20 @@ class TestPostgresTable:
                 "SELECT array_agg(a.attname ORDER BY k.ord) FROM pg_index i "
                 "CROSS JOIN unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) "
                 "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
-                "WHERE i.indrelid = 'idempotency_records'::regclass AND i.indisprimary"
+                "WHERE i.indrelid = 'resilience_idempotency_records'::regclass AND i.indisprimary"
             )).scalar_one()
             indexes = connection.execute(text(
-                "SELECT indexdef FROM pg_indexes WHERE tablename = 'idempotency_records' "
-                "AND indexname <> 'pk_idempotency_records'"
+                "SELECT indexdef FROM pg_indexes "
+                "WHERE tablename = 'resilience_idempotency_records' "
+                "AND indexname <> 'pk_resilience_idempotency_records'"
             )).scalars().all()
             options = connection.execute(text(
-                "SELECT reloptions FROM pg_class WHERE oid = 'idempotency_records'::regclass"
+                "SELECT reloptions FROM pg_class "
+                "WHERE oid = 'resilience_idempotency_records'::regclass"
             )).scalar_one()
             columns = connection.execute(text(
                 "SELECT column_name FROM information_schema.columns "
-                "WHERE table_name = 'idempotency_records'"
+                "WHERE table_name = 'resilience_idempotency_records'"
             )).scalars().all()
         assert key_columns == ["task_name", "key"]
         assert "id" not in columns
@@ -452,7 +455,7 @@ class TestPostgresTable:
             with engine.connect() as connection:
                 return float(connection.execute(
                     text("SELECT extract(epoch FROM expires_at - now()) "
-                         "FROM idempotency_records WHERE task_name = :t AND key = :k"),
+                         "FROM resilience_idempotency_records WHERE task_name = :t AND key = :k"),
                     {"t": TASK, "k": key},
                 ).scalar_one())
 
@@ -463,7 +466,8 @@ class TestPostgresTable:
         first = claim(postgres, late, owner="a", lease_seconds=60)
         with engine.begin() as connection:  # as if the body outlived the claim's expiry
             connection.execute(
-                text("UPDATE idempotency_records SET expires_at = now() + interval '5 seconds'"
+                text("UPDATE resilience_idempotency_records "
+                     "SET expires_at = now() + interval '5 seconds'"
                      " WHERE task_name = :t AND key = :k"), {"t": TASK, "k": late})
         assert postgres.complete(held(late, first.attempt, "a"), "1", 600)
         assert 590 < expires_in(late) <= 600

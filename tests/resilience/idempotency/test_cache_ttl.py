@@ -30,7 +30,8 @@ def record_ttl_seconds(engine: Any, key: str) -> float:
         return float(
             connection.execute(
                 text(
-                    "SELECT extract(epoch FROM expires_at - now()) FROM idempotency_records"
+                    "SELECT extract(epoch FROM expires_at - now()) "
+                    "FROM resilience_idempotency_records"
                     " WHERE task_name = :t AND key = :k"
                 ),
                 {"t": tasks.idem_count.name, "k": key},

@@ -51,7 +51,7 @@ def succeeded_keys(engine: Any, prefix: str) -> int:
         return int(
             connection.execute(
                 text(
-                    "SELECT count(*) FROM idempotency_records WHERE task_name = :t "
+                    "SELECT count(*) FROM resilience_idempotency_records WHERE task_name = :t "
                     "AND key LIKE :p AND state = 'succeeded'"
                 ),
                 {"t": tasks.idem_transfer.name, "p": prefix + "%"},
@@ -64,7 +64,7 @@ def unfinished(engine: Any, prefix: str, transfers: dict[str, Any]) -> list[Any]
     with engine.connect() as connection:
         rows = connection.execute(
             text(
-                "SELECT key, state, attempt, task_id, error FROM idempotency_records "
+                "SELECT key, state, attempt, task_id, error FROM resilience_idempotency_records "
                 "WHERE task_name = :t AND key LIKE :p"
             ),
             {"t": tasks.idem_transfer.name, "p": prefix + "%"},

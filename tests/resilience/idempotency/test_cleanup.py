@@ -12,7 +12,7 @@ from resilience.idempotency.cleanup import CleanupConfig, delete_expired, reap_a
 
 INSERT = text(
     """
-    INSERT INTO idempotency_records
+    INSERT INTO resilience_idempotency_records
         (task_name, key, fingerprint, state, attempt, lease_owner, lease_expires_at, task_id,
          expires_at)
     SELECT :task, :prefix || g, 'f', :state, 1, :owner,
@@ -52,7 +52,8 @@ def counts(engine: Any, task: str) -> dict[str, int]:
     with engine.connect() as connection:
         rows = connection.execute(
             text(
-                "SELECT split_part(key, '-', 1) AS kind, count(*) FROM idempotency_records "
+                "SELECT split_part(key, '-', 1) AS kind, count(*) "
+                "FROM resilience_idempotency_records "
                 "WHERE task_name = :task GROUP BY 1"
             ),
             {"task": task},
@@ -113,7 +114,8 @@ class TestReaper:
         with engine.connect() as connection:
             rows = connection.execute(
                 text(
-                    "SELECT split_part(key, '-', 1), state, count(*) FROM idempotency_records "
+                    "SELECT split_part(key, '-', 1), state, count(*) "
+                    "FROM resilience_idempotency_records "
                     "WHERE task_name = :task GROUP BY 1, 2"
                 ),
                 {"task": task},

@@ -55,7 +55,7 @@ class TestCounts:
         seed(engine, task, "claim-", 25, "in_progress", 3600, lease=60)
         with engine.connect() as connection:
             connection.execution_options(isolation_level="AUTOCOMMIT").execute(
-                text("ANALYZE idempotency_records")
+                text("ANALYZE resilience_idempotency_records")
             )
         backend = postgres.backend_for(stores)
         monkeypatch.setattr(postgres, "EXACT_COUNT_BELOW_ROWS", 0)

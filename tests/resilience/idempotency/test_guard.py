@@ -39,7 +39,7 @@ def runs(redis_client: Any, key: str) -> int:
 def record(engine: Any, task_name: str, key: str) -> Any:
     with engine.connect() as connection:
         return connection.execute(
-            text("SELECT * FROM idempotency_records WHERE task_name = :t AND key = :k"),
+            text("SELECT * FROM resilience_idempotency_records WHERE task_name = :t AND key = :k"),
             {"t": task_name, "k": key},
         ).one_or_none()
 

@@ -228,7 +228,8 @@ class TestRelay:
         assert [row.state for row in rows] == ["dead_lettered", "dead_lettered"]
         with engine.connect() as connection:
             letters = connection.execute(
-                text("SELECT id, task_id, guard, reason, exception_type FROM dead_letters "
+                text("SELECT id, task_id, guard, reason, exception_type "
+                     "FROM resilience_dead_letters "
                      "WHERE task_id = ANY(:ids) ORDER BY id"),
                 {"ids": [unknown.task_id, unbindable.task_id]}).all()
         assert [row.dead_letter_id for row in rows] == [letter.id for letter in letters]
@@ -258,7 +259,7 @@ class TestRelay:
         assert [row.task_id for row in effects(engine, run)] == [job.id]
         with engine.connect() as connection:
             record = connection.execute(
-                text("SELECT key, state FROM idempotency_records WHERE task_name = :t "
+                text("SELECT key, state FROM resilience_idempotency_records WHERE task_name = :t "
                      "AND task_id = :id"), {"t": tasks.outbox_effect.name, "id": job.id}).one()
         [row] = outbox_rows(engine, [job.id])
         assert (record.key, record.state) == (f"outbox:{row.id}", "succeeded")

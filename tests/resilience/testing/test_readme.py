@@ -111,8 +111,9 @@ class TestAppSnippet:
             "values": [order * 100, order * 100], "charged": [order]}
         with engine.connect() as connection:  # type: ignore[attr-defined]
             state = connection.execute(
-                text("SELECT state FROM idempotency_records WHERE task_name = 'shop.charge' "
-                     "AND key = :key"), {"key": str(order)}).scalar()
+                text("SELECT state FROM resilience_idempotency_records "
+                     "WHERE task_name = 'shop.charge' AND key = :key"),
+                {"key": str(order)}).scalar()
         assert state == "succeeded"
 
     def test_the_django_settings_reach_the_stores(self) -> None:
