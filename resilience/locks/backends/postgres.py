@@ -94,7 +94,24 @@ def session_owner(application_name: str | None, backend_pid: int) -> str:
     return (application_name or "").removeprefix(SESSION_PREFIX) or f"backend {backend_pid}"
 
 
+#: TCP user timeout of lock sessions, both ends (ms): unacknowledged data, or keepalive
+#: probes unanswered, for this long end the connection.
+TCP_USER_TIMEOUT_MS = 10_000
+
 # -- SQL -------------------------------------------------------------------------------------
+#: The server side of a lock session's keepalives (user-settable, PostgreSQL 12+): after
+#: 5 s without a packet from the holder the server probes every 2 s, and ends the session,
+#: freeing its locks, 10 s after the holder's last packet (~11 s with the probe timing).
+#: Set with set_config in the session's first statement rather than as startup options,
+#: which poolers refuse. Returns the backend pid last.
+_SERVER_KEEPALIVES = f"""
+    SELECT set_config('tcp_keepalives_idle', '5', false),
+           set_config('tcp_keepalives_interval', '2', false),
+           set_config('tcp_keepalives_count', '3', false),
+           set_config('tcp_user_timeout', '{TCP_USER_TIMEOUT_MS}', false),
+           pg_backend_pid()
+"""
+
 #: Sessions holding an advisory lock, by pg_locks' (classid, objid) of its id.
 _SESSION_HOLDERS = """
     SELECT a.pid, a.application_name, extract(epoch FROM now() - a.backend_start) AS age
@@ -214,14 +231,20 @@ class AdvisorySession:
 
         with wrap_store_errors("advisory lock session"):
             self.connection = psycopg2.connect(
-                **connect_arguments(database_url),
+                # Our end: a vanished server (host crash, partition) is noticed in ~11 s,
+                # and a statement sent into a partition fails after the user timeout
+                # instead of retransmitting for ~15 minutes. The URL may override them.
+                **{"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2,
+                   "keepalives_count": 3, "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
+                   **connect_arguments(database_url)},
                 application_name=f"{SESSION_PREFIX}{label}"[:63],
                 connect_timeout=max(1, int(connect_timeout_seconds)),
-                # Detect a vanished peer (host crash, cable) within ~11 s, not hours.
-                keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
             )
         self.connection.autocommit = True
-        self.backend_pid = self.scalar("SELECT pg_backend_pid()")
+        # The server's end (the one that holds the locks), set per session in the first
+        # round trip: without it a holder cut off by a partition keeps its backend, and the
+        # lock, for the kernel's default keepalive time (two hours).
+        self.backend_pid = self.execute(_SERVER_KEEPALIVES)[0][-1]
         # Under transaction pooling, autocommit statements may land on other backends.
         if self.scalar("SELECT pg_backend_pid()") != self.backend_pid:
             self.close()

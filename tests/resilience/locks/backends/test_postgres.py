@@ -40,6 +40,18 @@ class TestAdvisorySession:
             session.verify("job:2")
         session.close()
 
+    def test_server_side_keepalives_and_user_timeout_are_set(self, stores: Any) -> None:
+        """The server's end of a lock session probes a silent holder and gives up after
+        the user timeout (tests/partition measures the lock freed within 15 s)."""
+        with AdvisorySession(stores.database_url, label="keepalive") as session:
+            settings = dict(session.execute(
+                "SELECT name, setting FROM pg_settings WHERE name IN ('tcp_keepalives_idle',"
+                " 'tcp_keepalives_interval', 'tcp_keepalives_count', 'tcp_user_timeout')"))
+            parameters = session.connection.get_dsn_parameters()
+        assert settings == {"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "2",
+                            "tcp_keepalives_count": "3", "tcp_user_timeout": "10000"}
+        assert parameters["tcp_user_timeout"] == "10000"
+
 
 class TestAdvisoryLockBackend:
     def test_lost_session_fails_check(self, stores: Any, engine: Any) -> None:
