@@ -1,7 +1,8 @@
 """SQLAlchemy metadata of the resilience package's own tables.
 
-Each guard's `models.py` declares its tables on this `metadata`; the app's Alembic
-migrations create them.
+Each guard's `models.py` declares its tables (all named `resilience_*`) on this `metadata`;
+the library's own Alembic history (`resilience.migrations`, `python -m resilience migrate`)
+creates them.
 """
 
 from __future__ import annotations

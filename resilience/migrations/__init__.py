@@ -150,6 +150,7 @@ def _config(database_url: str) -> Any:
 def _connection(database_url: str) -> Iterator[Any]:
     """A connection to `database_url`; errors leave as the library's, one line, redacted."""
     from sqlalchemy import create_engine, make_url
+    from sqlalchemy.pool import NullPool
 
     from resilience.stores import _sqlalchemy_url
 
@@ -166,18 +167,12 @@ def _connection(database_url: str) -> Iterator[Any]:
                 "(postgresql://user@host:5432/database): the resilience tables live in "
                 "PostgreSQL"
             )
-        engine = create_engine(url, poolclass=_null_pool())
+        engine = create_engine(url, poolclass=NullPool)  # one connection, closed after
         try:
             with engine.connect() as connection:
                 yield connection
         finally:
             engine.dispose()
-
-
-def _null_pool() -> Any:
-    from sqlalchemy.pool import NullPool
-
-    return NullPool
 
 
 @contextlib.contextmanager
