@@ -9,7 +9,8 @@ process, leader or standby. Chosen over a Redis lease because:
   * SIGKILL / crash of the leader: the kernel closes its socket, PostgreSQL ends the
     session and frees the lock at once; a standby polls every `leader_poll_seconds`
     (default 1 s), so takeover happens within ~1 s of the leader's death (a whole host
-    vanishing is noticed by TCP keepalives within ~11 s). A Redis lease would make the
+    vanishing, or cut off by a partition, is noticed by the server's keepalives, which
+    `AdvisorySession` sets per session, ~11 s after its last packet). A Redis lease would make the
     standby wait out the TTL, and a short TTL is fragile under load.
   * SIGTERM: beat exits, the session closes, the lock is free immediately.
   * no clocks involved, no lease to renew from a blocking scheduler loop.

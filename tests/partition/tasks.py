@@ -86,3 +86,12 @@ def _write(connection: Any, run_id: str, node: str, task_id: str | None, token: 
              "VALUES (:run_id, :node, :task_id, :token, :outcome)"),
         {"run_id": run_id, "node": node, "task_id": task_id, "token": token,
          "outcome": outcome})
+
+
+@app.task(tier=TIER, bind=True, name="tests.partition.job")
+def job(self: Any, run_id: str, index: int, seconds: float) -> int:
+    """A plain job: record its start and end (in the guard Redis) around `seconds` of work."""
+    _record(run_id, "start", self.request.id, index=index)
+    time.sleep(seconds)
+    _record(run_id, "end", self.request.id, index=index)
+    return index

@@ -200,3 +200,44 @@ class TestExclusivePartitionedFromRedlock:
         assert b_first.token > a_token
         assert later_a, "a stopped writing before b's first write: nothing was fenced"
         assert {w.outcome for w in later_a} == {"refused"}
+
+
+class TestWorkerPartitionedFromBroker:
+    @pytest.mark.parametrize("cut_seconds", [
+        8, pytest.param(45, marks=pytest.mark.soak),
+    ], ids=["short", "past-health-check"])
+    def test_jobs_in_flight_finish_or_come_back_and_none_is_lost(
+        self, healed: Partition, cut_seconds: float
+    ) -> None:
+        """Worker a, cut from the broker (not from its other stores) with jobs in flight
+        and more queued, then healed: every job ends, and only jobs a held when the cut
+        came run more than once. Soak: a cut longer than the transport's health check."""
+        run_id = uuid.uuid4().hex[:12]
+        count = 8
+        for index in range(count):
+            healed.send("tests.partition.job", node="a", run_id=run_id, index=index,
+                        seconds=2)
+        wait_for(lambda: _starts(healed, run_id, "a"), timeout_seconds=30,
+                 message="a's first job starts")
+        cut_at = healed.cut("a", "broker")
+        time.sleep(cut_seconds)
+        healed_at = healed.heal("a", "broker")
+
+        def ended() -> set[int]:
+            return {r["index"] for r in healed.runs(run_id) if r["event"] == "end"}
+
+        # A message a lost connection left unacknowledged returns after the visibility
+        # timeout (WORKER_ENV: 120 s).
+        wait_for(lambda: ended() == set(range(count)), timeout_seconds=150,
+                 message=f"every job ends (ended: {sorted(ended())})")
+        records = healed.runs(run_id)
+        starts: dict[int, list[float]] = {}
+        for record in records:
+            if record["event"] == "start":
+                starts.setdefault(record["index"], []).append(record["at"])
+        again = {index for index, times in starts.items() if len(times) > 1}
+        print(f"cut {healed_at - cut_at:.1f}s; starts per job "
+              f"{[len(starts[i]) for i in range(count)]}; all ended "
+              f"{max(r['at'] for r in records) - healed_at:.1f}s after the heal")
+        held_at_cut = {index for index, times in starts.items() if min(times) < cut_at}
+        assert again <= held_at_cut
