@@ -378,7 +378,16 @@ class IdempotencyGuard(Guard):
                 retry_after_seconds=self.config.store_down_retry_seconds,
                 details={"store_down": True},
             ) from exc
-        call.inject["session"] = taken.transaction.session
+        if _declares_session(call.task.run):
+            call.inject["session"] = taken.transaction.session
+        elif taken.transaction.session is not None:
+            self._close(taken)
+            self._release(call, taken)
+            raise ConfigurationError(
+                f"{self.task_name}: transactional=True writes through the SQLAlchemy session "
+                "it passes; declare `session=None`, or use resilience.contrib.django",
+                task=self.task_name,
+            )
 
     # -- commit (inside every lock and lease the call holds) -------------------------------
     def commit(self, call: Call, result: Any) -> None:
@@ -550,6 +559,17 @@ class IdempotencyGuard(Guard):
         except StorageError as exc:
             # The lease ends on its own; only the record's view is late.
             logger.warning("idempotency %s not recorded: %s", what, exc)
+
+
+def _declares_session(func: Callable[..., Any]) -> bool:
+    """Whether `func` takes a `session` argument (the transaction's, injected by name)."""
+    try:
+        parameter = inspect.signature(func).parameters.get("session")
+    except (TypeError, ValueError):
+        return False
+    return parameter is not None and parameter.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
+    )
 
 
 class IdempotencyKeyGuard(EnqueueGuard):
