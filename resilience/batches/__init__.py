@@ -53,9 +53,10 @@ def describe(stores: Stores, batch_id: str) -> BatchSummary:
     Raises:
         BatchNotFound: no batch has this id.  StorageError: PostgreSQL cannot be read.
     """
+    from resilience.batches.backends.memory import MemoryBatchBackend
     from resilience.batches.backends.postgres import backend_for
 
-    return backend_for(stores).summary(batch_id)
+    return stores.backend("batches", backend_for, memory=MemoryBatchBackend).summary(batch_id)
 
 
 def recent(stores: Stores, *, limit: int = 50,
@@ -65,9 +66,11 @@ def recent(stores: Stores, *, limit: int = 50,
     Raises:
         StorageError: PostgreSQL cannot be read.
     """
+    from resilience.batches.backends.memory import MemoryBatchBackend
     from resilience.batches.backends.postgres import backend_for
 
-    return backend_for(stores).recent(limit=limit, incomplete_only=incomplete_only)
+    backend = stores.backend("batches", backend_for, memory=MemoryBatchBackend)
+    return backend.recent(limit=limit, incomplete_only=incomplete_only)
 
 
 __all__ = [

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from celery.canvas import Signature
     from celery.result import AsyncResult
 
-    from resilience.batches.backends.postgres import PostgresBatchBackend
+    from resilience.batches.backends import BatchBackend
 
 
 class BatchResult:
@@ -119,9 +119,15 @@ class Batch:
                 was written.
             StorageError: PostgreSQL failed (nothing was written).
         """
-        from resilience.stores import stores_for
+        from resilience.stores import MemoryStores, stores_for
 
-        with stores_for(self.app).engine().begin() as connection:
+        stores = stores_for(self.app)
+        if isinstance(stores, MemoryStores):
+            from resilience.outbox.backends.memory import MemoryTransaction
+
+            with MemoryTransaction() as transaction:
+                return self.apply_async_in(transaction)
+        with stores.engine().begin() as connection:
             return self.apply_async_in(connection)
 
     def apply_async_in(self, session: Any) -> BatchResult:
@@ -233,11 +239,10 @@ def _kind(value: Any) -> str:
     return f"a {subtask_type}" if subtask_type else type(value).__name__
 
 
-def _backend(app: Celery) -> PostgresBatchBackend:
-    from resilience.batches.backends.postgres import backend_for
-    from resilience.stores import stores_for
+def _backend(app: Celery) -> BatchBackend:
+    from resilience.batches.backends.memory import batch_backend
 
-    return backend_for(stores_for(app))
+    return batch_backend(app)
 
 
 def _empty_summary() -> BatchSummary:

@@ -156,10 +156,9 @@ class BatchGuard(Guard):
     def backend(self, task: Task) -> BatchBackend:
         """The batch store of `task`'s app."""
         if self._backend is None:
-            from resilience.batches.backends.postgres import backend_for
-            from resilience.stores import stores_for
+            from resilience.batches.backends.memory import batch_backend
 
-            return backend_for(stores_for(task.app))
+            return batch_backend(task.app)
         if callable(self._backend):
             return self._backend(task)
         return self._backend

@@ -46,11 +46,10 @@ def _record(sender: Any, task_id: str | None, state: MemberState | None,
     if task_id is None or state is None or sender is None:
         return
     try:
-        from resilience.batches.backends.postgres import backend_for
-        from resilience.stores import stores_for
+        from resilience.batches.backends.memory import batch_backend
 
-        done = backend_for(stores_for(sender.app)).record(None, task_id=task_id, state=state,
-                                                          batch_id=batch_id)
+        done = batch_backend(sender.app).record(None, task_id=task_id, state=state,
+                                                batch_id=batch_id)
     except Exception as exc:  # noqa: BLE001 - a signal handler must not break the worker
         logger.error("batch member %s: final state %s NOT recorded: %s", task_id, state, exc)
         return
@@ -100,10 +99,9 @@ def on_job_deduplicated(sender: Any = None, task_id: str | None = None,
     batch_id = headers.get(BATCH_HEADER) if isinstance(headers, Mapping) else None
     if sender is None or task_id is None or not isinstance(batch_id, str) or not batch_id:
         return
-    from resilience.batches.backends.postgres import backend_for
-    from resilience.stores import stores_for
+    from resilience.batches.backends.memory import batch_backend
 
-    done = backend_for(stores_for(sender.app)).record(
+    done = batch_backend(sender.app).record(
         None, task_id=task_id, state=MemberState.SKIPPED, batch_id=batch_id)
     if done.recorded:
         logger.info("batch %s member %s skipped: its unique key is held by %s", batch_id,

@@ -30,6 +30,8 @@ from resilience.stores import wrap_store_errors
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine
 
+    from resilience.locks.backends.memory import MemoryFencingTokens
+
 _ADVANCE = text(
     """
     INSERT INTO resilience_fencing_marks (key, token, updated_at)
@@ -71,11 +73,17 @@ class FencingTokens:
         """Admit a write to `key` in the caller's open transaction only if `token` is newest.
 
         Call it in the same transaction as the write; the high-water mark commits or rolls
-        back with it. Equal tokens pass (one holder may write many times).
+        back with it. Equal tokens pass (one holder may write many times). Inside a task
+        whose app's stores are in memory (`resilience.testing`), the in-memory marks are
+        checked instead and `connection` is not used.
 
         Raises:
             StaleFencingToken: a newer token was already seen for `key`.
         """
+        memory = _memory_twin()
+        if memory is not None:
+            memory.guard_write(connection, key, token)
+            return
         if token is None:
             raise StaleFencingToken(f"write to {key!r} carries no fencing token", key=key)
         admitted = connection.execute(_ADVANCE, {"key": key, "token": int(token)}).first()
@@ -98,3 +106,24 @@ class FencingTokens:
             return connection.execute(
                 text("SELECT token FROM resilience_fencing_marks WHERE key = :key"), {"key": key}
             ).scalar()
+
+
+def _memory_twin() -> MemoryFencingTokens | None:
+    """The in-memory fencing marks of the running task's app when its stores are in
+    memory; None otherwise (no task running, or real stores)."""
+    from celery._state import get_current_task
+
+    from resilience.stores import MemoryStores, stores_for
+
+    task = get_current_task()
+    if task is None or getattr(task, "app", None) is None:
+        return None
+    try:
+        stores = stores_for(task.app)
+    except Exception:  # noqa: BLE001 - an app without resilience stores: the real path
+        return None
+    if not isinstance(stores, MemoryStores):
+        return None
+    from resilience.locks.backends.memory import memory_fencing
+
+    return memory_fencing(stores)

@@ -68,6 +68,8 @@ from resilience.stores import stores_for
 if TYPE_CHECKING:
     from celery import Task
 
+    from resilience.stores import Stores
+
 logger = logging.getLogger("resilience.locks")
 
 #: The parameter name through which a body receives its fencing token.
@@ -273,14 +275,20 @@ class SingletonGuard(LockGuard):
     def default_backend(self, task: Task) -> LockBackend:
         """Advisory locks on the option's database, else on the app's direct lock URL
         (`Stores.locks_database_url`); registry and holder reports on the pooled engine."""
+        from resilience.locks.backends.memory import MemoryLockBackend
         from resilience.locks.backends.postgres import AdvisoryLockBackend
 
+        def build(stores: Stores) -> LockBackend:
+            if self.options.database_url:
+                return AdvisoryLockBackend(self.options.database_url, engine=stores.engine,
+                                           pool_mode=self.options.pool_mode)
+            return AdvisoryLockBackend(
+                stores.locks_database_url, engine=stores.engine,
+                pool_mode=self.options.pool_mode or stores.locks_pool_mode)
+
         stores = stores_for(task.app)
-        if self.options.database_url:
-            return AdvisoryLockBackend(self.options.database_url, engine=stores.engine,
-                                       pool_mode=self.options.pool_mode)
-        return AdvisoryLockBackend(stores.locks_database_url, engine=stores.engine,
-                                   pool_mode=self.options.pool_mode or stores.locks_pool_mode)
+        return stores.backend("singleton", build,
+                              memory=lambda: MemoryLockBackend("singleton", stores))
 
 
 class ExclusiveGuard(LockGuard):
@@ -316,7 +324,18 @@ class ExclusiveGuard(LockGuard):
         return tuple(from_env or stores_for(app).redlock_urls)
 
     def default_backend(self, task: Task) -> LockBackend:
-        """This process's Redlock backend for the nodes (rebuilt after fork or change)."""
+        """This process's Redlock backend for the nodes (rebuilt after fork or change);
+        with in-memory stores, a lease of `ttl_seconds` in memory."""
+        from resilience.locks.backends.memory import MemoryLockBackend
+
+        stores = stores_for(task.app)
+        shared = stores.backend("exclusive", lambda real: self._redlock_backend(task, real),
+                                memory=lambda: MemoryLockBackend("exclusive", stores))
+        if isinstance(shared, MemoryLockBackend):
+            return shared.leased(self.options.ttl_seconds, fencing=self.options.fencing)
+        return shared
+
+    def _redlock_backend(self, task: Task, stores: Stores) -> LockBackend:
         urls = self.node_urls(task.app)
         built = self._built
         if built is None or built[0] != os.getpid() or built[1] != urls:
@@ -325,7 +344,6 @@ class ExclusiveGuard(LockGuard):
             from resilience.locks.fencing import FencingTokens
 
             with self._lock:
-                stores = stores_for(task.app)
                 backend = RedlockBackend(
                     Redlock.from_urls(urls, check=False, options=self.options.redlock_options),
                     registry=HeldLockRegistry(stores.engine),

@@ -36,9 +36,10 @@ def describe(stores: Stores) -> OutboxState:
     Raises:
         StoreUnavailable, StorageError: the outbox cannot be read.
     """
+    from resilience.outbox.backends.memory import MemoryOutboxBackend
     from resilience.outbox.backends.postgres import backend_for
 
-    return backend_for(stores).describe()
+    return stores.backend("outbox", backend_for, memory=MemoryOutboxBackend).describe()
 
 
 __all__ = [

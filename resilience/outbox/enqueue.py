@@ -155,7 +155,7 @@ def write(task: Task, connection: Any, args: tuple[Any, ...] | list[Any],
     Args:
         connection: the caller's SQLAlchemy Session or Connection (the row joins its
             transaction); None for a short transaction of its own.
-        backend: where the outbox lives; None: PostgreSQL of the task's app.
+        backend: where the outbox lives; None: the one of the task's app (PostgreSQL, or memory).
 
     Raises:
         NonJsonArguments, InvalidKey: see `new_row`.
@@ -163,9 +163,8 @@ def write(task: Task, connection: Any, args: tuple[Any, ...] | list[Any],
     """
     row = new_row(task, args, kwargs, options, task_id=task_id)
     if backend is None:
-        from resilience.outbox.backends.postgres import backend_for
-        from resilience.stores import stores_for
+        from resilience.outbox.backends import outbox_backend
 
-        backend = backend_for(stores_for(task.app))
+        backend = outbox_backend(task.app)
     backend.insert(connection, row)
     return task.AsyncResult(row.task_id)

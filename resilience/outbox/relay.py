@@ -153,7 +153,7 @@ class Relay:
     Args:
         app: the Celery app whose tasks the rows name (its task modules loaded).
         config: the options.
-        backend: the outbox; None: PostgreSQL of the app's stores.
+        backend: the outbox; None: the one of the app's stores (PostgreSQL, or memory).
         clock: monotonic seconds (injectable).
     """
 
@@ -163,10 +163,9 @@ class Relay:
         self.app = app
         self.config = config or RelayConfig()
         if backend is None:
-            from resilience.outbox.backends.postgres import backend_for
-            from resilience.stores import stores_for
+            from resilience.outbox.backends import outbox_backend
 
-            backend = backend_for(stores_for(app))
+            backend = outbox_backend(app)
         self.backend = backend
         self.clock = clock
         limit = app.conf.get("resilience_max_countdown_seconds")

@@ -10,10 +10,11 @@ Works with `task_always_eager` and with a worker in a thread (`celery.contrib.py
         charge.delay(42); charge.delay(42)
         assert mode.outcomes(app)["REPLAYED"] == 1
 
-pytest users take the `resilience_memory` fixture instead (`resilience.testing.pytest_plugin`,
-registered by the `[pytest]` extra's entry point). Guards that need a server by nature
-(`@singleton`, `@exclusive`, the outbox, batches) raise `ConfigurationError` in memory:
-test those against real stores.
+`@singleton` and `@exclusive` lock in memory (with fencing tokens `FencingTokens.guard_write`
+checks in memory); `apply_async_in(session, ...)` publishes when `session` commits and
+nothing on rollback; a batch fires its callbacks once, when every member is final (the
+backends' modules say how). pytest users take the `resilience_memory` fixture instead
+(`resilience.testing.pytest_plugin`, registered by the `[pytest]` extra's entry point).
 """
 
 from __future__ import annotations

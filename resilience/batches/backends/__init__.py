@@ -1,9 +1,10 @@
 """The batch store's atomic steps (`BatchBackend`) and the values they exchange.
 
-PostgreSQL is the one backend (`backends.postgres`): a batch and its members are written in
-the producer's transaction with the members' outbox rows, and a member's final state in the
-transaction of its job's own effects when the job has one; both need the database the
-outbox and the effects live in. There is no memory backend for the same reason.
+PostgreSQL is the production backend (`backends.postgres`): a batch and its members are
+written in the producer's transaction with the members' outbox rows, and a member's final
+state in the transaction of its job's own effects when the job has one; both need the
+database the outbox and the effects live in. `backends.memory` runs the same state machine
+in memory for unit tests (`resilience.testing`), beside the in-memory outbox.
 """
 
 from __future__ import annotations

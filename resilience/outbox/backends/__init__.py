@@ -2,8 +2,10 @@
 
 The relay's flow (`resilience.outbox.relay`) never sees SQL: it asks the backend for a
 batch of publishable rows (locked for it alone), and tells the batch what became of each.
-PostgreSQL is the one backend (`backends.postgres`): the rows must live in the database
-the producers write their own data to, or the insert could not share their transaction.
+PostgreSQL is the one backend for production (`backends.postgres`): the rows must live in
+the database the producers write their own data to, or the insert could not share their
+transaction. `backends.memory` keeps them in memory for unit tests and publishes them when
+the caller's transaction commits (`resilience.testing`).
 """
 
 from __future__ import annotations
@@ -127,3 +129,16 @@ class OutboxBackend(Protocol):
 
     def describe(self) -> OutboxState:
         """The outbox's live state."""
+
+
+def outbox_backend(app: Any) -> OutboxBackend:
+    """The outbox of `app`'s stores: PostgreSQL, or the in-memory one (publishing through
+    `app` when the caller's transaction commits) with `MemoryStores`."""
+    from resilience.outbox.backends.memory import MemoryOutboxBackend
+    from resilience.outbox.backends.postgres import backend_for
+    from resilience.stores import stores_for
+
+    backend = stores_for(app).backend("outbox", backend_for, memory=MemoryOutboxBackend)
+    if isinstance(backend, MemoryOutboxBackend):
+        backend.bind(app)
+    return backend

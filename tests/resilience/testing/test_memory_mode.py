@@ -138,14 +138,17 @@ class TestMemoryMode:
             assert row["args"] == ["x"]
             assert mode.outcomes(app)["DEAD-LETTERED"] == 1
 
-    def test_a_guard_without_a_memory_backend_is_a_named_error(
+    def test_a_singleton_runs_in_memory_and_a_server_is_a_named_error(
         self, shop: tuple[Celery, dict[str, Any]]
     ) -> None:
-        """`@singleton` needs PostgreSQL by nature: in memory it refuses, naming why,
-        instead of reaching for the configured server."""
-        _, tasks = shop
-        with memory_mode(), pytest.raises(ConfigurationError, match="in-memory stores"):
-            tasks["nightly"].delay("report").get()
+        """`@singleton` has an in-memory lock (test_memory_backends.py); code that reaches
+        for a server in memory is refused, naming why, instead of reaching for the
+        configured one."""
+        app, tasks = shop
+        with memory_mode():
+            assert tasks["nightly"].delay("report").get() == "report"
+            with pytest.raises(ConfigurationError, match="in-memory stores"):
+                stores_for(app).engine()
 
 
 class TestMemoryConfiguration:

@@ -1,0 +1,313 @@
+"""The outbox in memory (`resilience_stores = "memory"`, `resilience.testing`).
+
+What a unit test wants of `apply_async_in(session, ...)`: the job runs when, and only when,
+the caller's transaction commits. So a row is kept in memory, invisible, until the
+transaction it was written in commits; then the relay's own flow (`Relay.relay_once`, the
+same publish: task id, `outbox_id` header, enqueue guards) publishes what is due at once,
+so the job runs in eager mode or reaches the thread worker. A rollback drops the rows.
+
+- a SQLAlchemy `Session`: published on its `after_commit`, dropped when its outermost
+  transaction rolls back;
+- a SQLAlchemy `Connection`: published on its `commit`, dropped on its `rollback`;
+- a `MemoryTransaction` (what `Batch.apply_async` uses in memory): on its `commit()`;
+- None (a short transaction of its own): at once.
+
+Rows due later (a countdown or ETA beyond the relay's look-ahead) wait for a
+`Relay(app).relay_once()` the test calls. One process, thread-safe; `MemoryStores.reset()`
+empties it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from resilience.errors import ConfigurationError
+from resilience.outbox.backends import NewRow, OutboxRow, OutboxState
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+#: `Stores.backend` kind of the outbox.
+KIND = "outbox"
+
+
+class MemoryTransaction:
+    """A stand-in for a transaction in memory: callbacks run on `commit()`, dropped on
+    `rollback()`. Usable as a context manager (commit on success, rollback on error)."""
+
+    def __init__(self) -> None:
+        self._on_commit: list[Callable[[], None]] = []
+        self._on_rollback: list[Callable[[], None]] = []
+
+    def on_end(self, commit: Callable[[], None], rollback: Callable[[], None]) -> None:
+        """Run `commit` when this transaction commits, `rollback` when it rolls back."""
+        self._on_commit.append(commit)
+        self._on_rollback.append(rollback)
+
+    def commit(self) -> None:
+        """Run the commit callbacks, in the order they were registered."""
+        callbacks, self._on_commit, self._on_rollback = self._on_commit, [], []
+        for callback in callbacks:
+            callback()
+
+    def rollback(self) -> None:
+        """Run the rollback callbacks; nothing registered is committed."""
+        callbacks, self._on_commit, self._on_rollback = self._on_rollback, [], []
+        for callback in callbacks:
+            callback()
+
+    def __enter__(self) -> MemoryTransaction:
+        return self
+
+    def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
+        if kind is None:
+            self.commit()
+        else:
+            self.rollback()
+
+
+def on_transaction_end(connection: Any, commit: Callable[[], None],
+                       rollback: Callable[[], None]) -> None:
+    """Call `commit` when `connection`'s transaction commits and `rollback` when it rolls
+    back; `commit` at once when `connection` is None.
+
+    Raises:
+        ConfigurationError: `connection` is neither None, a SQLAlchemy Session or
+            Connection, nor a `MemoryTransaction`.
+    """
+    if connection is None:
+        commit()
+        return
+    if isinstance(connection, MemoryTransaction):
+        connection.on_end(commit, rollback)
+        return
+    from sqlalchemy import event
+    from sqlalchemy.engine import Connection
+    from sqlalchemy.orm import Session
+
+    if isinstance(connection, Session):
+        events = (("after_commit", _session_committed),
+                  ("after_soft_rollback", _session_rolled_back))
+    elif isinstance(connection, Connection):
+        events = (("commit", _committed), ("rollback", _rolled_back))
+    else:
+        raise ConfigurationError(
+            "in-memory outbox: the transaction must be a SQLAlchemy Session or Connection, "
+            f"a MemoryTransaction or None, got {type(connection).__name__}")
+    if not connection.in_transaction():
+        connection.begin()  # as the insert on a database would (autobegin)
+    with _pending_lock:
+        pending = _pending.get(connection)
+        if pending is None:
+            pending = _pending[connection] = []
+            for name, listener in events:
+                event.listen(connection, name, listener)
+        pending.append((commit, rollback))
+
+
+#: What waits for the end of each session's or connection's transaction: (commit, rollback)
+#: pairs. One listener pair per session or connection, registered on first use.
+_pending: weakref.WeakKeyDictionary[Any, list[tuple[Callable[[], None], Callable[[], None]]]] = (
+    weakref.WeakKeyDictionary())
+_pending_lock = threading.Lock()
+
+
+def _end(target: Any, committed: bool) -> None:
+    with _pending_lock:
+        waiting = _pending.get(target) or []
+        if target in _pending:
+            _pending[target] = []
+    for commit, rollback in waiting:
+        (commit if committed else rollback)()
+
+
+def _session_committed(session: Any) -> None:
+    _end(session, True)
+
+
+def _session_rolled_back(session: Any, previous: Any) -> None:
+    if not session.in_transaction():  # the outermost transaction ended
+        _end(session, False)
+
+
+def _committed(connection: Any) -> None:
+    _end(connection, True)
+
+
+def _rolled_back(connection: Any) -> None:
+    _end(connection, False)
+
+
+@dataclass
+class _Row:
+    id: int
+    row: NewRow
+    due_at: float  # on time.time()
+    state: str = "pending"  # pending, published, dead_lettered
+    attempts: int = 0
+    claimed: bool = False
+    published_at: float | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+class MemoryOutboxBackend:
+    """The outbox in this process's memory (see the module docstring).
+
+    Args:
+        clock: wall-clock seconds (injectable).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._next_id = 1
+        self._rows: dict[int, _Row] = {}
+        self._app: Any = None  # a weakref to the app whose relay publishes the rows
+
+    def bind(self, app: Celery) -> MemoryOutboxBackend:
+        """Publish through `app` (the stores' app: every call site passes it)."""
+        self._app = weakref.ref(app)
+        return self
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """Every committed row (id, task_id, task_name, state, attempts), oldest first."""
+        with self._lock:
+            return [{"id": kept.id, "task_id": kept.row.task_id,
+                     "task_name": kept.row.task_name, "state": kept.state,
+                     "attempts": kept.attempts} for kept in self._rows.values()]
+
+    # -- producer side ---------------------------------------------------------------------
+    def insert(self, connection: Any, row: NewRow) -> int:
+        """Keep `row` until `connection`'s transaction commits, then publish what is due;
+        a rollback drops it. Returns the row id."""
+        with self._lock:
+            row_id = self._next_id
+            self._next_id += 1
+        due_at = (row.due_at.timestamp() if isinstance(row.due_at, dt.datetime)
+                  else self.clock() + row.delay_seconds)
+        kept = _Row(id=row_id, row=row, due_at=due_at)
+
+        def committed() -> None:
+            with self._lock:
+                self._rows[row_id] = kept
+            self.relay()
+
+        on_transaction_end(connection, committed, lambda: None)
+        return row_id
+
+    def relay(self) -> None:
+        """Publish every due row now (the relay's flow, in this thread)."""
+        app = self._app() if self._app is not None else None
+        if app is None:
+            return
+        from resilience.outbox.relay import Relay
+
+        relay = Relay(app, backend=self)
+        while relay.relay_once().published:
+            pass
+
+    # -- relay side ------------------------------------------------------------------------
+    @contextmanager
+    def batch(self, *, limit: int, lookahead_seconds: float) -> Iterator[_MemoryBatch]:
+        """Claim up to `limit` committed rows due within `lookahead_seconds`, in id order;
+        rows another relay (an outer one, publishing eagerly) claimed are skipped."""
+        now = self.clock()
+        with self._lock:
+            chosen = [kept for kept in self._rows.values()
+                      if kept.state == "pending" and not kept.claimed
+                      and kept.due_at <= now + lookahead_seconds][:limit]
+            for kept in chosen:
+                kept.claimed = True
+        batch = _MemoryBatch(self, [
+            OutboxRow(id=kept.id, task_id=kept.row.task_id, task_name=kept.row.task_name,
+                      args=list(kept.row.args), kwargs=dict(kept.row.kwargs),
+                      options=dict(kept.row.options), ordering_key=kept.row.ordering_key,
+                      attempts=kept.attempts, due_in_seconds=kept.due_at - now)
+            for kept in chosen])
+        try:
+            yield batch
+        finally:
+            with self._lock:
+                for kept in chosen:
+                    kept.claimed = False
+
+    def _mark(self, row_id: int, **changes: Any) -> None:
+        with self._lock:
+            kept = self._rows.get(row_id)
+            if kept is not None:
+                for name, value in changes.items():
+                    setattr(kept, name, value)
+
+    def wait(self, timeout_seconds: float) -> bool:
+        """Sleep `timeout_seconds` (commits publish by themselves in memory)."""
+        time.sleep(max(0.0, timeout_seconds))
+        return False
+
+    def next_due_in_seconds(self) -> float | None:
+        now = self.clock()
+        with self._lock:
+            later = [kept.due_at - now for kept in self._rows.values()
+                     if kept.state == "pending" and kept.due_at > now]
+        return min(later) if later else None
+
+    def purge_published(self, *, older_than_seconds: float, limit: int) -> int:
+        cutoff = self.clock() - older_than_seconds
+        with self._lock:
+            old = [row_id for row_id, kept in self._rows.items()
+                   if kept.state == "published" and (kept.published_at or 0) < cutoff][:limit]
+            for row_id in old:
+                del self._rows[row_id]
+        return len(old)
+
+    def describe(self) -> OutboxState:
+        now = self.clock()
+        with self._lock:
+            pending = [kept for kept in self._rows.values() if kept.state == "pending"]
+            due = [kept for kept in pending if kept.due_at <= now]
+            later = [kept.due_at - now for kept in pending if kept.due_at > now]
+            return OutboxState(
+                pending=len(pending), due=len(due), scheduled=len(pending) - len(due),
+                lag_seconds=max((now - kept.due_at for kept in due), default=0.0),
+                published_last_minute=sum(
+                    1 for kept in self._rows.values()
+                    if kept.published_at is not None and kept.published_at > now - 60),
+                dead_lettered=sum(1 for kept in self._rows.values()
+                                  if kept.state == "dead_lettered"),
+                next_due_in_seconds=min(later) if later else None,
+            )
+
+
+class _MemoryBatch:
+    """Rows claimed by one `relay_once`; marks apply at once."""
+
+    def __init__(self, backend: MemoryOutboxBackend, rows: list[OutboxRow]) -> None:
+        self.backend = backend
+        self.rows = rows
+
+    def published(self, ids: list[int]) -> None:
+        now = self.backend.clock()
+        for row_id in ids:
+            self.backend._mark(row_id, state="published", published_at=now)
+
+    def postpone(self, row: OutboxRow, delay_seconds: float, error: str) -> None:
+        self.backend._mark(row.id, attempts=row.attempts + 1,
+                           due_at=self.backend.clock() + delay_seconds)
+
+    def dead_lettered(self, row: OutboxRow, reason: str,
+                      exception: BaseException | None) -> int | None:
+        self.backend._mark(row.id, state="dead_lettered", attempts=row.attempts + 1,
+                           errors=[reason])
+        return None
+
+
+def memory_outbox(app: Celery) -> MemoryOutboxBackend:
+    """A fresh in-memory outbox publishing through `app` (`Stores.backend`'s `memory=`)."""
+    return MemoryOutboxBackend().bind(app)
