@@ -67,6 +67,10 @@ class Stores:
         pool_mode: the pooler's mode in front of `database_url` ("none", "session",
             "transaction", "statement"); None: "none". Transaction and statement pooling
             turn server-side prepared statements off.
+        transactions: what a `transactional=True` body runs in: "sqlalchemy" (a Session
+            passed as `session`) or "django" (`transaction.atomic` on the Django database
+            `django_database`, set by `resilience.contrib.django`).
+        django_database: the Django database alias of "django" transactions.
 
     Raises:
         ConfigurationError: a URL of the wrong kind, an unknown pool mode.
@@ -81,6 +85,8 @@ class Stores:
         locks_database_url: str | None = None,
         socket_timeout_seconds: float = 5.0,
         pool_mode: str | None = None,
+        transactions: str = "sqlalchemy",
+        django_database: str = "default",
     ) -> None:
         check_redis_url(redis_url, "redis_url")
         for url in redlock_urls:
@@ -106,6 +112,12 @@ class Stores:
                 "pool_mode must be none, session, transaction or statement, "
                 f"got {self.pool_mode!r}"
             )
+        if transactions not in ("sqlalchemy", "django"):
+            raise ConfigurationError(
+                f"transactions must be 'sqlalchemy' or 'django', got {transactions!r}"
+            )
+        self.transactions = transactions
+        self.django_database = django_database
         self._lock = threading.Lock()
         self._pid = -1
         self._cache: dict[str, Any] = {}
@@ -117,7 +129,8 @@ class Stores:
         Keys: `resilience_redis_url` (required), `resilience_database_url`,
         `resilience_redlock_urls` (a list or a comma-separated string),
         `resilience_locks_database_url`, `resilience_pool_mode`,
-        `resilience_socket_timeout_seconds`. Django's `CELERY_RESILIENCE_*` settings arrive
+        `resilience_socket_timeout_seconds`, `resilience_transactions` with
+        `resilience_django_database`. Django's `CELERY_RESILIENCE_*` settings arrive
         here through Celery's `namespace="CELERY"`.
 
         `resilience_stores = "memory"` gives `MemoryStores` instead (one process, no Redis
@@ -151,6 +164,8 @@ class Stores:
             locks_database_url=conf.get("resilience_locks_database_url") or None,
             socket_timeout_seconds=5.0 if timeout is None else float(timeout),
             pool_mode=conf.get("resilience_pool_mode"),
+            transactions=conf.get("resilience_transactions") or "sqlalchemy",
+            django_database=conf.get("resilience_django_database") or "default",
         )
 
     def backend(self, kind: str, build: Callable[[Stores], _Backend],
@@ -307,6 +322,8 @@ class MemoryStores(Stores):
         self.redlock_urls = ()
         self.socket_timeout_seconds = 0.0
         self.pool_mode = "none"
+        self.transactions = "sqlalchemy"
+        self.django_database = "default"
         self._lock = threading.Lock()
         self._pid = -1
         self._cache = {}

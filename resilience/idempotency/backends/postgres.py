@@ -39,6 +39,7 @@ Every native error leaves as `StoreUnavailable`, `StoreRejected` or `StorageErro
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -56,6 +57,7 @@ from resilience.idempotency.backends import (
     Claim,
     ClaimResult,
     Record,
+    Transaction,
 )
 from resilience.idempotency.models import TABLE_NAME
 from resilience.prepared import PreparedStatement as _Statement
@@ -345,6 +347,8 @@ class PostgresIdempotencyBackend:
             first write that needs it; per statement when `transaction_pooled`).
         transaction_pooled: a transaction or statement pooler sits in between, so no
             session setting holds from one statement to the next.
+        transactions: opens the body's transaction instead of `transaction_engine` (the
+            Django one of `resilience.contrib.django`); None: a SQLAlchemy Session.
     """
 
     def __init__(
@@ -355,8 +359,10 @@ class PostgresIdempotencyBackend:
         transaction_engine: Engine | Callable[[], Engine] | None = None,
         synchronous_commit: bool = True,
         transaction_pooled: bool = False,
+        transactions: Callable[[], Transaction] | None = None,
     ) -> None:
         self.engine = engine
+        self._transactions = transactions
         self.prepared = prepared
         self.synchronous_commit = synchronous_commit
         self.transaction_pooled = transaction_pooled
@@ -521,13 +527,15 @@ class PostgresIdempotencyBackend:
         """End the claim's lease now so a retry can claim at once; False when stale."""
         return self._execute(RELEASE, claim.parameters(), "release", write=True) == 1
 
-    def begin(self) -> PostgresTransaction:
-        """Open the body's transaction on the pooled engine.
+    def begin(self) -> Transaction:
+        """Open the body's transaction on the pooled engine (or `transactions`').
 
         Raises:
             StorageError: the database cannot be reached.  ConfigurationError: no
                 `transaction_engine` was given.
         """
+        if self._transactions is not None:
+            return self._transactions()
         engine = self._transaction_engine
         if engine is None:
             raise ConfigurationError(
@@ -654,10 +662,16 @@ def backend_for(
     statements are off whatever `prepared` says when `stores` declares a transaction or
     statement pooler (`Stores.transaction_pooled`): they would not survive it.
     """
+    transactions = None
+    if getattr(stores, "transactions", "sqlalchemy") == "django":
+        from resilience.contrib.django.transaction import DjangoTransaction
+
+        transactions = functools.partial(DjangoTransaction, stores.django_database)
     return PostgresIdempotencyBackend(
         autocommit_engine(stores),
         prepared=prepared and not stores.transaction_pooled,
         transaction_engine=stores.engine,
         synchronous_commit=synchronous_commit,
         transaction_pooled=stores.transaction_pooled,
+        transactions=transactions,
     )

@@ -1,0 +1,1 @@
+"""Integrations with frameworks an app is built on (`resilience.contrib.django`)."""
