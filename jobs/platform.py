@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 from celery import Celery, signals
@@ -241,7 +242,35 @@ def resilience_config(settings: Settings) -> dict[str, Any]:
         "resilience_redlock_urls": list(settings.effective_redlock_urls),
         "resilience_locks_database_url": settings.locks_database_url,
         "resilience_pool_mode": settings.pg_pool_mode,
+        **_resilience_environment(),
     }
+
+
+#: Library settings the platform still takes from its environment (documented fallbacks):
+#: variable -> (`app.conf` key, its type).
+_RESILIENCE_ENVIRONMENT = {
+    "RESILIENCE_LOCK_SESSION_IDLE_SECONDS": ("resilience_lock_session_idle_seconds", float),
+    "RESILIENCE_BEAT_POLL_SECONDS": ("resilience_beat_poll_seconds", float),
+    "RESILIENCE_BEAT_SCHEDULE": ("resilience_beat_schedule", str),
+}
+
+
+def _resilience_environment() -> dict[str, Any]:
+    """The `app.conf` keys of the `_RESILIENCE_ENVIRONMENT` variables that are set.
+
+    Raises:
+        ConfigurationError: a number that does not parse.
+    """
+    found: dict[str, Any] = {}
+    for variable, (key, kind) in _RESILIENCE_ENVIRONMENT.items():
+        value = os.environ.get(variable, "").strip()
+        if not value:
+            continue
+        try:
+            found[key] = kind(value)
+        except ValueError:
+            raise ConfigurationError(f"{variable} must be a number, got {value!r}") from None
+    return found
 
 
 def create_app(settings: Settings | None = None) -> JobsCelery:

@@ -26,7 +26,8 @@ is down the leader sends anyway (leadership on PostgreSQL is the primary guarant
 logs it.
 
 A test or a deployment may point the scheduler at another schedule module with
-`RESILIENCE_BEAT_SCHEDULE=package.module` (its `SCHEDULE` dict replaces `beat_schedule`).
+`app.conf.resilience_beat_schedule = "package.module"` (its `SCHEDULE` dict replaces
+`beat_schedule`; the platform sets it from `RESILIENCE_BEAT_SCHEDULE`).
 """
 
 from __future__ import annotations
@@ -68,11 +69,15 @@ def entry_period_seconds(entry: ScheduleEntry) -> float:
 class LeaderElectedScheduler(PersistentScheduler):
     """A `PersistentScheduler` that only sends due tasks while it holds the leader lock."""
 
-    #: Seconds between a standby's attempts to lead (and the leader's session checks).
-    leader_poll_seconds: float = float(os.environ.get("RESILIENCE_BEAT_POLL_SECONDS", "1.0"))
+    #: Seconds between a standby's attempts to lead (and the leader's session checks):
+    #: `app.conf.resilience_beat_poll_seconds`, else this.
+    leader_poll_seconds: float = 1.0
 
     def __init__(self, app: Any, *args: Any, **kwargs: Any) -> None:
-        module = os.environ.get("RESILIENCE_BEAT_SCHEDULE")
+        poll = app.conf.get("resilience_beat_poll_seconds")
+        if poll is not None:
+            self.leader_poll_seconds = float(poll)
+        module = app.conf.get("resilience_beat_schedule")
         if module:
             app.conf.beat_schedule = dict(importlib.import_module(module).SCHEDULE)
         self.session: AdvisorySession | None = None

@@ -58,10 +58,11 @@ class SingletonConfig(LockConfig):
 
     Args:
         database_url: PostgreSQL of the advisory locks; None: the app's direct lock URL
-            (`Stores.locks_database_url`: `LOCKS_DATABASE_URL`, else `DATABASE_URL`).
+            (`Stores.locks_database_url`: `resilience_locks_database_url`, else
+            `resilience_database_url`).
         pool_mode: declared pooler mode in front of the locks' URL ("transaction" is
             refused); None: the app's (`Stores.locks_pool_mode`), or with `database_url`
-            env `JOBS_PG_POOL_MODE`.
+            none.
     """
 
     database_url: str | None = None
@@ -76,7 +77,7 @@ class ExclusiveConfig(LockConfig):
         ttl_seconds: lease length; renewed by the heartbeat while the body runs.
         heartbeat: renew the lease in the background (off: the TTL must cover the time limit).
         renew_fraction, max_extensions: heartbeat cadence and cap.
-        nodes: Redlock node URLs; None: env `REDLOCK_URLS` at first use, then the app's store.
+        nodes: Redlock node URLs; None: the app's (`resilience_redlock_urls`).
         retry_count, retry_delay_seconds, clock_drift_factor: Redlock attempts and drift.
         fencing: mint a fencing token per acquisition (PostgreSQL sequence).
     """

@@ -9,11 +9,12 @@
     def publish(report, fencing_token=None): ...
 
 * singleton — a PostgreSQL session advisory lock on a dedicated connection to the app's
-  direct lock URL (`LOCKS_DATABASE_URL`; one per lock held, used for nothing else, kept a
-  few seconds after release for the next run, then closed): freed the instant the holder
+  direct lock URL (`resilience_locks_database_url`; one per lock held, used for nothing
+  else, kept `resilience_lock_session_idle_seconds` (5) after release for the next run,
+  then closed): freed the instant the holder
   dies; lost sessions are caught by `call.checkpoint()`. Acquire and release are one round
   trip each (`backends/postgres.py`).
-* exclusive — Redlock over `REDLOCK_URLS` with a lease heartbeat and a fencing token from
+* exclusive — Redlock over `resilience_redlock_urls` with a lease heartbeat and a fencing token from
   PostgreSQL, handed to the body as `fencing_token` when it takes that parameter
   (`backends/redlock.py`).
 
@@ -286,6 +287,11 @@ class SingletonGuard(LockGuard):
                 stores.locks_database_url, engine=stores.engine,
                 pool_mode=self.options.pool_mode or stores.locks_pool_mode)
 
+        idle = task.app.conf.get("resilience_lock_session_idle_seconds")
+        if idle is not None:
+            from resilience.locks.backends.postgres import SESSION_POOL
+
+            SESSION_POOL.idle_seconds = float(idle)
         stores = stores_for(task.app)
         return stores.backend("singleton", build,
                               memory=lambda: MemoryLockBackend("singleton", stores))
@@ -317,11 +323,10 @@ class ExclusiveGuard(LockGuard):
             )
 
     def node_urls(self, app: Any) -> tuple[str, ...]:
-        """Redlock nodes: the option, else env REDLOCK_URLS now, else the app's stores."""
+        """Redlock nodes: the option, else the app's stores (`resilience_redlock_urls`)."""
         if self.options.nodes:
             return self.options.nodes
-        from_env = split_urls(os.environ.get("REDLOCK_URLS", ""))
-        return tuple(from_env or stores_for(app).redlock_urls)
+        return tuple(stores_for(app).redlock_urls)
 
     def default_backend(self, task: Task) -> LockBackend:
         """This process's Redlock backend for the nodes (rebuilt after fork or change);

@@ -12,8 +12,8 @@ statements may run on different backends, so the lock is taken on one and "check
 released on another. Lock sessions therefore go to `Stores.locks_database_url`
 (`LOCKS_DATABASE_URL`: PostgreSQL reached directly) while everything else may use the
 pooler. `AdvisorySession` refuses a pooler in front of its own URL:
-  * declared: `pool_mode="transaction"` (or env `JOBS_PG_POOL_MODE=transaction` when no
-    mode is passed; `Stores.locks_pool_mode` passes "none" for a separate direct URL);
+  * declared: `pool_mode="transaction"` (`app.conf.resilience_pool_mode`, through
+    `Stores.locks_pool_mode`, which passes "none" for a separate direct URL);
   * detected: the backend pid must stay the same across statements at open and at every
     ownership check; a change means a pooler moved us → error / lost ownership.
 A pooler with a single idle server connection can hide the pid change, so declare it.
@@ -201,7 +201,7 @@ class AdvisorySession:
     Args:
         database_url: the PostgreSQL URL (postgresql:// or postgresql+psycopg2://).
         label: shown as `application_name` (`lock:<label>`), so holders are identifiable.
-        pool_mode: the pooler's mode if there is one; None reads `JOBS_PG_POOL_MODE`.
+        pool_mode: the pooler's mode if there is one (`Stores.locks_pool_mode`); None: none.
         connect_timeout_seconds: bound on connecting.
 
     Raises:
@@ -217,7 +217,7 @@ class AdvisorySession:
         pool_mode: str | None = None,
         connect_timeout_seconds: float = 5,
     ) -> None:
-        mode = (pool_mode or os.environ.get("JOBS_PG_POOL_MODE") or "").strip().lower()
+        mode = (pool_mode or "").strip().lower()
         if mode in UNSAFE_POOL_MODES:
             raise ConfigurationError(
                 f"advisory locks need a session of their own, but the database is behind a "
@@ -366,7 +366,7 @@ class AdvisorySession:
 
 
 #: Seconds a released lock session stays open for the process's next singleton before it
-#: is closed (env `RESILIENCE_LOCK_SESSION_IDLE_SECONDS`; 0: closed at release).
+#: is closed (`app.conf.resilience_lock_session_idle_seconds`; 0: closed at release).
 DEFAULT_IDLE_SECONDS = 5.0
 
 
@@ -387,8 +387,7 @@ class LockSessionPool:
 
     def __init__(self, idle_seconds: float | None = None) -> None:
         if idle_seconds is None:
-            idle_seconds = float(os.environ.get("RESILIENCE_LOCK_SESSION_IDLE_SECONDS",
-                                                DEFAULT_IDLE_SECONDS))
+            idle_seconds = DEFAULT_IDLE_SECONDS
         #: Seconds a released session stays open; 0 closes it at release.
         self.idle_seconds = idle_seconds
         self._lock = threading.Lock()

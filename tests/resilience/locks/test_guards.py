@@ -254,10 +254,13 @@ class TestRetriesAndStoreFailure:
     ) -> None:
         """With every Redlock node down, an exclusive task is DEFERRED, never run unguarded
         (called inline, the deferral is `JobDeferred` for the caller: nothing published)."""
+        from jobs import app
         from resilience.errors import JobDeferred
+        from resilience.stores import stores_for
         from tests.resilience.locks.tasks import exclusive_run
 
-        monkeypatch.setenv("REDLOCK_URLS", ",".join(nodes.urls))
+        # Called inline: this process's stores name the nodes (app.conf, not the env).
+        monkeypatch.setattr(stores_for(app), "redlock_urls", tuple(nodes.urls))
         nodes.kill(0, 1, 2, 3, 4)
         with pytest.raises(JobDeferred, match="DEFERRED by exclusive: store unavailable"):
             exclusive_run(run_id, "store-down")

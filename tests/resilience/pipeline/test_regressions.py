@@ -142,7 +142,8 @@ class TestCommitInsideTheLock:
             from tests.resilience.locks.conftest import Nodes
 
             nodes = Nodes(3, tmp_path / "redlock")
-            monkeypatch.setenv("REDLOCK_URLS", ",".join(nodes.urls))
+            # Run inline: this process's stores name the nodes (app.conf, not the env).
+            monkeypatch.setattr(stores, "redlock_urls", tuple(nodes.urls))
 
         key = f"c-{run_id}"
         lock_key = f"{task.name}:{key}"
