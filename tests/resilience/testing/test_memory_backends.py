@@ -149,6 +149,21 @@ class TestExclusiveInMemory:
                 seen["checkpoint"])
 
 
+    def test_a_heartbeat_keeps_the_lease_past_its_ttl(self, app: Celery) -> None:
+        """The heartbeat extends the in-memory lease: a body running twice its TTL still
+        passes `checkpoint()` (without a heartbeat it fails: the takeover test above)."""
+
+        @app.task(shared=False)
+        @exclusive(key="long", ttl_seconds=0.3, renew_fraction=0.3)
+        def long_job(checkpoint: Any = None) -> str:
+            time.sleep(0.7)
+            checkpoint()
+            return "done"
+
+        with memory_mode():
+            assert long_job.delay().get() == "done"
+
+
 @pytest.fixture()
 def database() -> Iterator[Any]:
     """The caller's own database (SQLite in memory): the outbox rows are not in it."""
