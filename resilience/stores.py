@@ -130,7 +130,8 @@ class Stores:
         `resilience_redlock_urls` (a list or a comma-separated string),
         `resilience_locks_database_url`, `resilience_pool_mode`,
         `resilience_socket_timeout_seconds`, `resilience_transactions` with
-        `resilience_django_database`. Django's `CELERY_RESILIENCE_*` settings arrive
+        `resilience_django_database` (under "django" an unset database URL is that Django
+        database's, read when the stores are built). Django's `CELERY_RESILIENCE_*` settings arrive
         here through Celery's `namespace="CELERY"`.
 
         `resilience_stores = "memory"` gives `MemoryStores` instead (one process, no Redis
@@ -157,15 +158,23 @@ class Stores:
         if isinstance(redlock, str):
             redlock = [url.strip() for url in redlock.split(",") if url.strip()]
         timeout = conf.get("resilience_socket_timeout_seconds")
+        database_url = conf.get("resilience_database_url") or None
+        transactions = conf.get("resilience_transactions") or "sqlalchemy"
+        django_database = conf.get("resilience_django_database") or "default"
+        if database_url is None and transactions == "django":
+            # Read now, not at startup: Django's test runner renames the test database.
+            from resilience.contrib.django.apps import database_url as django_url
+
+            database_url = django_url(django_database, required=False)
         return cls(
             redis_url=redis_url,
-            database_url=conf.get("resilience_database_url") or None,
+            database_url=database_url,
             redlock_urls=tuple(redlock),
             locks_database_url=conf.get("resilience_locks_database_url") or None,
             socket_timeout_seconds=5.0 if timeout is None else float(timeout),
             pool_mode=conf.get("resilience_pool_mode"),
-            transactions=conf.get("resilience_transactions") or "sqlalchemy",
-            django_database=conf.get("resilience_django_database") or "default",
+            transactions=transactions,
+            django_database=django_database,
         )
 
     def backend(self, kind: str, build: Callable[[Stores], _Backend],

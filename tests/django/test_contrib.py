@@ -66,8 +66,10 @@ READY = textwrap.dedent('''
     except Exception as exc:
         print(json.dumps({{"error": type(exc).__name__, "message": str(exc)}}))
         sys.exit(0)
+    from resilience.stores import stores_for
+    stores = stores_for(app)
     print(json.dumps({{"initialised": is_initialised(app),
-                       "database_url": app.conf.get("resilience_database_url"),
+                       "database_url": stores.database_url if stores.has_database else None,
                        "transactions": app.conf.get("resilience_transactions")}}))
 ''')
 
@@ -87,14 +89,15 @@ def ready(*, databases: dict[str, Any], conf: dict[str, Any] | None = None,
 
 class TestReady:
     def test_the_current_app_is_initialised_on_the_django_database(self) -> None:
+        """The stores (built on first use) name DATABASES["default"], password included."""
         found = ready(databases=POSTGRES)
         assert found == {"initialised": True, "transactions": "django",
-                         "database_url": "postgresql://shop:s3cret@db:5432/shop"}
+                         "database_url": "postgresql+psycopg2://shop:s3cret@db:5432/shop"}
 
     def test_an_explicit_database_url_is_kept(self) -> None:
         found = ready(databases=POSTGRES,
                       conf={"resilience_database_url": "postgresql://other@elsewhere/x"})
-        assert found["database_url"] == "postgresql://other@elsewhere/x"
+        assert found["database_url"] == "postgresql+psycopg2://other@elsewhere/x"
 
     def test_a_sqlite_default_leaves_redis_only_guards(self) -> None:
         """No PostgreSQL: initialised anyway, with no library database."""

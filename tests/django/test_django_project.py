@@ -93,6 +93,33 @@ def ship(order_id: UUID) -> None:
     time.sleep(1)
 '''
 
+#: The project's own tests (`manage.py test payments`): Django's test database, a
+#: TransactionTestCase (a TestCase's outer transaction would hold the record's row lock).
+PROJECT_TESTS = '''
+from decimal import Decimal
+from uuid import uuid4
+
+from django.db import connection
+from django.test import TransactionTestCase
+
+from payments.models import Payment
+from payments.tasks import charge
+
+
+class ChargeTest(TransactionTestCase):
+    def test_a_duplicate_is_replayed_in_the_test_database(self):
+        assert connection.settings_dict["NAME"].startswith("test_")
+        order_id = uuid4()
+        first = charge.apply(args=(order_id, Decimal("5.00"))).get()
+        second = charge.apply(args=(order_id, Decimal("5.00"))).get()
+        self.assertEqual(first, second)
+        self.assertEqual(Payment.objects.filter(order_id=order_id).count(), 1)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT state FROM resilience_idempotency_records WHERE key = %s",
+                           [str(order_id)])
+            self.assertEqual(cursor.fetchall(), [("succeeded",)])
+'''
+
 #: The client process: `python client.py <scenario> <args...>` prints one JSON line.
 CLIENT = '''
 import json
@@ -306,6 +333,7 @@ def shop(services: Services, database: str, tmp_path_factory: pytest.TempPathFac
             path.write_text(body)
     (root / "payments" / "chaos_tasks.py").write_text(CHAOS_TASKS)
     (root / "client.py").write_text(CLIENT)
+    (root / "payments" / "tests.py").write_text(PROJECT_TESTS)
     run([sys.executable, "manage.py", "makemigrations", "payments"], root)
     check_output = run([sys.executable, "manage.py", "makemigrations", "--check", "--dry-run"],
                        root)
@@ -353,6 +381,15 @@ class TestDjangoProject:
             engine.dispose()
         assert {"payments_payment", "resilience_idempotency_records",
                 "resilience_alembic_version"} <= tables
+
+    def test_the_projects_own_tests_run_on_djangos_test_database(self, shop: Shop) -> None:
+        """`manage.py test`: the migration gives the test database the library's tables,
+        and the guards' records go there too (their URL is read when first used)."""
+        done = subprocess.run([sys.executable, "manage.py", "test", "payments", "--noinput"],
+                              cwd=shop.root, env=user_environment(shop.root),
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "Ran 1 test" in done.stderr
 
     def test_three_duplicates_write_one_row_and_answer_one_value(self, shop: Shop) -> None:
         """A transactional ORM body with no session parameter: three `.delay()` of one

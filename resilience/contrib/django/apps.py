@@ -30,7 +30,8 @@ class ResilienceConfig(AppConfig):
     app's own configuration `CELERY_RESILIENCE_*` (`resilience_redis_url`, ...);
     `CELERY_RESILIENCE_DJANGO_DATABASE` names the Django database (alias, default
     "default") whose PostgreSQL keeps the library's records unless
-    `CELERY_RESILIENCE_DATABASE_URL` is set.
+    `CELERY_RESILIENCE_DATABASE_URL` is set (its URL is read when the stores are first
+    built, so a test run's records go to Django's test database).
     """
 
     name = "resilience.contrib.django"
@@ -40,6 +41,8 @@ class ResilienceConfig(AppConfig):
 
     #: The Django database alias transactional bodies and the library's records use.
     database_alias = "default"
+    #: The Celery app `ready()` initialised.
+    celery_app: Celery | None = None
 
     def ready(self) -> None:
         """Find the Celery app, give it the Django database, and call `init_app`.
@@ -52,15 +55,15 @@ class ResilienceConfig(AppConfig):
 
         import resilience
 
-        app = celery_app(getattr(settings, "RESILIENCE_CELERY_APP", None))
+        app = self.celery_app = celery_app(getattr(settings, "RESILIENCE_CELERY_APP", None))
         conf = app.conf
         explicit = conf.get("resilience_django_database")
         alias = explicit or "default"
         self.database_alias = alias
         if not conf.get("resilience_database_url"):
-            url = database_url(alias, required=bool(explicit))
-            if url is not None:
-                conf.resilience_database_url = url
+            # Checked now; the URL itself is read when the stores are built
+            # (`Stores.from_conf`), after Django's test runner renamed the test database.
+            database_url(alias, required=bool(explicit))
         conf.resilience_transactions = "django"
         conf.resilience_django_database = alias
         resilience.init_app(app)
