@@ -258,9 +258,11 @@ class TestLibraryWheel:
         """Each `resilience` module imports in the library-only install (its dependencies
         are declared honestly); it is the installed copy, typed, at the declared version."""
         imports = installation.library_imports
-        # Only the pytest plugin may need more: pytest, which its `[pytest]` extra brings.
+        # Only the pytest plugin may need more: pytest, which its `[pytest]` extra brings;
+        # and the Django app: Django, which its `[django]` extra brings.
         assert {name: error for name, error in imports["failed"].items() if not (
-            name == "resilience.testing.pytest_plugin" and "'pytest'" in error)} == {}
+            (name == "resilience.testing.pytest_plugin" and "'pytest'" in error)
+            or (name.startswith("resilience.contrib.django.") and "'django'" in error))} == {}
         assert Path(imports["file"]).is_relative_to(installation.venv)
         assert imports["version"] == "0.1.0"
         files = set(imports["files"])
