@@ -35,6 +35,16 @@ MAX_KEY_LENGTH = 512
 KeyOption = str | Callable[..., Any] | None
 
 
+# Built once: `json.dumps` with options builds an encoder per call. Encoders keep no state
+# between calls, so one instance serves every thread.
+_PLAIN_ENCODER = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+_CELERY_ENCODER = JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
+
 def canonical_json(value: Any) -> str:
     """Serialize `value` to canonical JSON, refusing anything that is not plain JSON.
 
@@ -42,9 +52,7 @@ def canonical_json(value: Any) -> str:
         NonJsonArguments: `value` holds a type JSON cannot carry (set, bytes, object, NaN).
     """
     try:
-        return json.dumps(
-            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
+        return _PLAIN_ENCODER.encode(value)
     except (TypeError, ValueError) as exc:
         raise NonJsonArguments(
             f"arguments must be JSON-serializable (str, int, float, bool, None, list, dict "
@@ -66,8 +74,7 @@ def canonical_arguments(value: Any) -> str:
         NonJsonArguments: `value` holds a type the JSON serializer cannot carry.
     """
     try:
-        return json.dumps(value, cls=JSONEncoder, sort_keys=True, separators=(",", ":"),
-                          ensure_ascii=False, allow_nan=False)
+        return _CELERY_ENCODER.encode(value)
     except (TypeError, ValueError) as exc:
         raise NonJsonArguments(
             f"arguments must be what Celery's JSON serializer carries (str, int, float, bool, "
@@ -142,6 +149,32 @@ def _binding_plan(func: Callable[..., Any]) -> _Plan | None:
     return plan
 
 
+_Defaults = tuple[tuple[str, ...], int, dict[str, Any]]
+_defaults: dict[Any, _Defaults | None] = {}
+
+
+def _defaults_of(func: Callable[..., Any]) -> _Defaults | None:
+    """A plain signature's parameter names in order, how many may be positional, and the
+    defaults (see `_binding_plan`); None for other signatures."""
+    key = (getattr(func, "__func__", func), hasattr(func, "__self__"))
+    try:
+        return _defaults[key]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable callable
+        return None
+    found: _Defaults | None = None
+    plan = _binding_plan(func)
+    if plan is not None:
+        parameters = list(signature_of(func).parameters.values())
+        found = (tuple(p.name for p in parameters), plan[1],
+                 {p.name: p.default for p in parameters
+                  if p.default is not inspect.Parameter.empty})
+    if len(_defaults) < 4096:
+        _defaults[key] = found
+    return found
+
+
 def bind_arguments(
     func: Callable[..., Any], args: tuple[Any, ...] | list[Any], kwargs: Mapping[str, Any]
 ) -> dict[str, Any]:
@@ -150,6 +183,26 @@ def bind_arguments(
     Raises:
         ArgumentsDoNotBind: the arguments do not fit the signature.
     """
+    plain = _defaults_of(func)
+    if plain is not None:
+        # A plain signature (named parameters only) binds without `Signature.bind`, which
+        # costs more than the rest of a key; anything unusual takes the full path below.
+        names, positional, defaults = plain
+        count = len(args)
+        if count <= positional:
+            arguments = dict(zip(names, args, strict=False))
+            used = 0
+            for name in names[count:]:
+                if name in kwargs:
+                    arguments[name] = kwargs[name]
+                    used += 1
+                elif name in defaults:
+                    arguments[name] = defaults[name]
+                else:
+                    break  # a required argument is missing: the full path says which
+            else:
+                if used == len(kwargs):  # otherwise an unknown or a repeated name
+                    return arguments
     signature = signature_of(func)
     try:
         bound = signature.bind(*args, **kwargs)

@@ -28,7 +28,6 @@ import logging
 import os
 import socket
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -99,15 +98,27 @@ def is_retryable(exc: BaseException) -> bool:
     return classify(exc)
 
 
+_owner_prefix: tuple[int, str] = (0, "")
+
+
 def _owner_token() -> str:
     # Unique per claim: the fencing pair is (attempt, owner), so a deleted-and-recreated
-    # record (attempt back to 1) still fences out a holder from before the deletion.
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+    # record (attempt back to 1) still fences out a holder from before the deletion. The
+    # host and pid part is computed once per process (a fork gets its own).
+    global _owner_prefix
+    pid = os.getpid()
+    if _owner_prefix[0] != pid:
+        _owner_prefix = (pid, f"{socket.gethostname()}:{pid}:")
+    return _owner_prefix[1] + os.urandom(6).hex()
 
 
 #: With `cache="auto"`, how long the Redis fast path stays on for a task in a process after
 #: one of its keys was replayed (from the cache or from PostgreSQL).
 HOT_SECONDS = 60.0
+#: With `cache="auto"`, how many fresh keys in a row (claimed, no replay between them) turn
+#: the fast path off again before `HOT_SECONDS`: duplicates have stopped arriving, and each
+#: fresh job would pay the cache's two Redis round trips for nothing.
+HOT_FRESH_CALLS = 8
 
 
 @dataclass
@@ -143,8 +154,12 @@ class IdempotencyGuard(Guard):
         self.tier: str | None = None
         self.spec: KeySpec | None = None
         self.lease_seconds = config.lease_seconds or DEFAULT_LEASE_SECONDS
-        #: `cache="auto"`: monotonic time until which the fast path is on in this process.
+        #: `cache="auto"`: monotonic time until which the fast path is on in this process,
+        #: and the fresh keys claimed since the last replay.
         self._hot_until = 0.0
+        self._fresh_in_a_row = 0
+        #: The backend of the bound task, kept per process and stores (`backend`).
+        self._backend_for: tuple[int, object, IdempotencyBackend] | None = None
 
     # -- setup ---------------------------------------------------------------------------
     def bind(self, task: Task) -> None:
@@ -190,29 +205,39 @@ class IdempotencyGuard(Guard):
         return key
 
     def backend(self, task: Task) -> IdempotencyBackend:
-        """The records' backend for `task`'s calls."""
+        """The records' backend for `task`'s calls (built once per process and stores)."""
         if self._backend is None:
-            from resilience.idempotency.backends.memory import MemoryIdempotencyBackend
-            from resilience.idempotency.backends.postgres import backend_for
-
-            return stores_for(task.app).backend(
-                "idempotency",
-                lambda stores: backend_for(
-                    stores,
-                    synchronous_commit=self.config.synchronous_commit,
-                    prepared=self.config.prepared_statements,
-                ),
-                memory=MemoryIdempotencyBackend,
-            )
+            stores = stores_for(task.app)
+            kept = self._backend_for
+            if kept is not None and kept[0] == os.getpid() and kept[1] is stores:
+                return kept[2]
+            backend = self._build_backend(stores)
+            self._backend_for = (os.getpid(), stores, backend)
+            return backend
         if callable(self._backend):
             return self._backend(task)
         return self._backend
+
+    def _build_backend(self, stores: Any) -> IdempotencyBackend:
+        from resilience.idempotency.backends.memory import MemoryIdempotencyBackend
+        from resilience.idempotency.backends.postgres import backend_for
+
+        return stores.backend(
+            "idempotency",
+            lambda stores: backend_for(
+                stores,
+                synchronous_commit=self.config.synchronous_commit,
+                prepared=self.config.prepared_statements,
+            ),
+            memory=MemoryIdempotencyBackend,
+        )
 
     def cache_on(self) -> bool:
         """Whether this call reads and fills the Redis fast path.
 
         `cache=True`: always. `cache="auto"`: while one of the task's keys replayed in this
-        process in the last `HOT_SECONDS`. Duplicates are a minority of most workloads and
+        process in the last `HOT_SECONDS` and fewer than `HOT_FRESH_CALLS` fresh keys were
+        claimed since. Duplicates are a minority of most workloads and
         PostgreSQL answers one anyway (the claim, then a read of the row in the way), so
         an always-on cache costs every fresh job two Redis round trips (a read before the
         claim, a fill after the completion) to spare PostgreSQL two statements per
@@ -220,7 +245,8 @@ class IdempotencyGuard(Guard):
         """
         mode = self.config.cache
         if mode == "auto":
-            return time.monotonic() < self._hot_until
+            return (self._fresh_in_a_row < HOT_FRESH_CALLS
+                    and time.monotonic() < self._hot_until)
         return bool(mode)
 
     def _cache(self, call: Call) -> ResultCache | NoResultCache:
@@ -277,6 +303,7 @@ class IdempotencyGuard(Guard):
             return
         if found.claim is not None:
             taken.claim = found.claim
+            self._fresh_in_a_row += 1
             if self.config.transactional:
                 self._begin(call, taken)
             return
@@ -329,6 +356,7 @@ class IdempotencyGuard(Guard):
         self._count(call, Outcome.REPLAYED.value)
         if self.config.cache == "auto":
             self._hot_until = time.monotonic() + HOT_SECONDS
+            self._fresh_in_a_row = 0
         if source == "database" and self.config.cache and ttl_seconds > 0:
             # Warm the fast path so the next duplicate costs one Redis round trip.
             self._cache(call).put_later(

@@ -170,6 +170,36 @@ class TestGuardWithCache:
         time.sleep(0.3)
         assert not guard.cache_on()
 
+    def test_auto_turns_itself_off_after_fresh_keys_in_a_row(
+        self, stores: Any, redis_client: Any
+    ) -> None:
+        """Duplicates stopped: `HOT_FRESH_CALLS` fresh keys claimed with no replay between
+        them turn the fast path off before `HOT_SECONDS`; the next replay turns it on."""
+        from resilience.idempotency.guard import HOT_FRESH_CALLS
+
+        backend = MemoryIdempotencyBackend()
+        guard = IdempotencyGuard(IdempotencyConfig(key="{key}"), backend)
+        guard.bind(tasks.idem_count)
+        pipeline = Pipeline([guard])
+        run = uuid.uuid4().hex[:8]
+
+        def call(key: str) -> Call:
+            return Call(task=tasks.idem_count, args=(f"{run}-{key}",), kwargs={}, request=None)
+
+        pipeline.run(call("first"), lambda: {"ran": 1})
+        with pytest.raises(Stop):
+            pipeline.run(call("first"), lambda: pytest.fail("ran again"))
+        for index in range(HOT_FRESH_CALLS):
+            assert guard.cache_on(), f"off after {index} fresh keys"
+            pipeline.run(call(f"fresh-{index}"), lambda: {"ran": 1})
+        assert not guard.cache_on()
+        probe = call("probe")
+        guard.prefetch(probe)
+        assert not probe.reads, "a fresh key queued a cache read after the fast path went off"
+        with pytest.raises(Stop):
+            pipeline.run(call("fresh-0"), lambda: pytest.fail("ran again"))
+        assert guard.cache_on()
+
     def test_cache_option_is_checked(self) -> None:
         with pytest.raises(ConfigurationError, match="cache must be True, False or 'auto'"):
             IdempotencyConfig(key="{key}", cache="sometimes")
