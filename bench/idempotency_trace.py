@@ -1,0 +1,160 @@
+"""`python -m bench.idempotency_trace [N] [--profile VARIANT]`: the idempotency bench's tasks
+traced in-process, as a worker child traces a message (`celery.app.trace.build_tracer`).
+
+Steadier than the drain rates of `python -m bench idempotency` on a shared machine: per job,
+wall and CPU time of this process and the round trips made (Redis commands or pipelines
+sent; PostgreSQL statements of the guard's backend and of the hand-rolled task), for the
+plain, idempotent and hand-rolled no-ops and for replays of the idempotent keys. Each
+variant runs 3 times; the fastest run is printed. `--profile VARIANT` writes a cProfile of
+its last run to `artifacts/idempotency-<variant>.prof` and prints its top entries.
+What it leaves out: the worker's main process (fetching, acks, events).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import logging
+import pstats
+import time
+import uuid
+from typing import Any
+
+from bench.harness import platform
+from tests.harness import ARTIFACTS
+
+VARIANTS = ("plain", "guarded", "handrolled", "replay")
+counts = {"redis": 0, "pg": 0}
+
+
+def _count_round_trips() -> None:
+    """Count what is sent: redis-py's packed sends, the guard backend's statements and the
+    hand-rolled task's cursor executions."""
+    import redis.connection
+
+    import bench.tasks_idempotency as tasks
+    from resilience.idempotency.backends import postgres
+
+    send = redis.connection.Connection.send_packed_command
+
+    def counted_send(self: Any, *args: Any, **kwargs: Any) -> Any:
+        counts["redis"] += 1
+        return send(self, *args, **kwargs)
+
+    redis.connection.Connection.send_packed_command = counted_send
+    execute = postgres.PostgresIdempotencyBackend._execute
+
+    def counted_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        counts["pg"] += 1
+        return execute(self, *args, **kwargs)
+
+    postgres.PostgresIdempotencyBackend._execute = counted_execute
+    connect = tasks._handrolled_connection
+
+    class Cursor:
+        def __init__(self, cursor: Any) -> None:
+            self.cursor = cursor
+
+        def __enter__(self) -> Cursor:
+            self.cursor.__enter__()
+            return self
+
+        def __exit__(self, *exc: Any) -> Any:
+            return self.cursor.__exit__(*exc)
+
+        def execute(self, *args: Any) -> Any:
+            counts["pg"] += 1
+            return self.cursor.execute(*args)
+
+        def fetchone(self) -> Any:
+            return self.cursor.fetchone()
+
+    class Connection:
+        def __init__(self, connection: Any) -> None:
+            self.connection = connection
+
+        def cursor(self) -> Cursor:
+            return Cursor(self.connection.cursor())
+
+    tasks._handrolled_connection = lambda: Connection(connect())
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.idempotency_trace")
+    parser.add_argument("jobs", type=int, nargs="?", default=2000, help="jobs per run")
+    parser.add_argument("--profile", choices=VARIANTS, help="cProfile this variant")
+    options = parser.parse_args(argv)
+    n = options.jobs
+    with platform():
+        # The worker logs at INFO to a file; so does this process.
+        ARTIFACTS.mkdir(exist_ok=True)
+        logging.basicConfig(filename=ARTIFACTS / "idempotency-trace.log", level=logging.INFO)
+        from celery.app.trace import build_tracer
+
+        from bench.tasks_idempotency import (
+            HANDROLLED_DDL,
+            idem_bench_guarded,
+            idem_bench_handrolled,
+            idem_bench_plain,
+        )
+        from jobs import app
+        from resilience.stores import stores_for
+
+        with stores_for(app).engine().begin() as connection:
+            connection.exec_driver_sql(HANDROLLED_DDL)
+        _count_round_trips()
+        hostname = "trace@bench"
+        tasks = {"plain": idem_bench_plain, "guarded": idem_bench_guarded,
+                 "handrolled": idem_bench_handrolled, "replay": idem_bench_guarded}
+        tracers = {task.name: build_tracer(task.name, task, app.loader, hostname,
+                                           eager=False, app=app)
+                   for task in tasks.values()}
+
+        def run(task: Any, counter: str, jobs: int) -> None:
+            tracer = tracers[task.name]
+            for index in range(jobs):
+                task_id = uuid.uuid4().hex
+                request = {"id": task_id, "task": task.name, "hostname": hostname,
+                           "delivery_info": {"exchange": "", "routing_key": "standard",
+                                             "priority": 0, "redelivered": False},
+                           "is_eager": False, "called_directly": False,
+                           "args": (counter, index), "kwargs": {}, "ignore_result": True,
+                           "correlation_id": task_id, "retries": 0}
+                traced = tracer(task_id, (counter, index), {}, request)
+                if traced.info is not None and traced.info.state != "IGNORED":
+                    raise RuntimeError(f"{task.name}: {traced.info.state} {traced.retval!r}")
+
+        for name in ("plain", "guarded", "handrolled"):  # connections, scripts, imports
+            run(tasks[name], f"bench:trace:warm:{uuid.uuid4().hex}", 100)
+        results: dict[str, list[tuple[float, float, float, float]]] = {}
+        for attempt in range(3):
+            guarded = ""
+            for name in VARIANTS:
+                counter = guarded if name == "replay" else f"bench:trace:{uuid.uuid4().hex}"
+                guarded = counter if name == "guarded" else guarded
+                counts.update(redis=0, pg=0)
+                profile = (cProfile.Profile() if options.profile == name and attempt == 2
+                           else None)
+                wall, cpu = time.perf_counter(), time.process_time()
+                if profile is not None:
+                    profile.enable()
+                run(tasks[name], counter, n)
+                if profile is not None:
+                    profile.disable()
+                    profile.dump_stats(ARTIFACTS / f"idempotency-{name}.prof")
+                results.setdefault(name, []).append((
+                    (time.perf_counter() - wall) / n * 1e6,
+                    (time.process_time() - cpu) / n * 1e6,
+                    counts["redis"] / n, counts["pg"] / n))
+        for name, rows in results.items():
+            wall, cpu, redis_trips, pg_trips = min(rows)
+            print(f"{name:11s} wall {wall:6.0f} µs/job  cpu {cpu:6.0f} µs/job  "
+                  f"redis {redis_trips:.2f}/job  pg {pg_trips:.2f}/job  "
+                  f"(walls {', '.join(f'{row[0]:.0f}' for row in rows)})")
+        if options.profile:
+            stats = pstats.Stats(str(ARTIFACTS / f"idempotency-{options.profile}.prof"))
+            stats.sort_stats("cumulative").print_stats(40)
+
+
+if __name__ == "__main__":
+    main()
