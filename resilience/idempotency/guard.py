@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from resilience.config import configured
 from resilience.counters import count_call
 from resilience.errors import (
     ConfigurationError,
@@ -54,7 +55,6 @@ from resilience.idempotency.cache import (
     result_cache_for,
 )
 from resilience.idempotency.config import (
-    DEFAULT_CACHE_TTL_SECONDS,
     DEFAULT_LEASE_SECONDS,
     LEASE_MARGIN_SECONDS,
     IdempotencyConfig,
@@ -618,56 +618,47 @@ class IdempotencyKeyGuard(EnqueueGuard):
 
 
 def idempotent(
-    key: KeyOption = None,
+    key: KeyOption | IdempotencyConfig = None,
+    /,
     *,
-    ttl_seconds: float = 86400.0,
-    lease_seconds: float | None = None,
-    transactional: bool = False,
-    on_store_down: StoreDown | str = StoreDown.FAIL_CLOSED,
-    store_down_retry_seconds: float = 5.0,
-    poll_seconds: float = 1.0,
-    cache: bool | str = "auto",
-    cache_ttl_seconds: float = DEFAULT_CACHE_TTL_SECONDS,
-    synchronous_commit: bool = False,
-    prepared_statements: bool = True,
     backend: BackendOption = None,
+    **overrides: Any,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Make a task idempotent: one effect and one result per key within `ttl_seconds`.
 
-    Place it under `@app.task(...)`. See `IdempotencyConfig` for the options; `backend`
-    replaces PostgreSQL of the app's stores (see `IdempotencyGuard`).
+    Place it under `@app.task(...)`. `key` is the key option, or an `IdempotencyConfig`
+    (then `overrides` replace its fields); the options, their defaults and meaning are
+    those of `IdempotencyConfig`. `backend` replaces PostgreSQL of the app's stores (see
+    `IdempotencyGuard`).
 
     Raises:
-        ConfigurationError: bad options, a key template naming a missing argument, or
-            `transactional=True` on a function without a `session=None` parameter.
+        ConfigurationError: bad or unknown options, a key template naming a missing
+            argument, or `transactional=True` on a function whose `session` parameter has
+            a default other than None or is positional-only / variadic.
     """
-    config = IdempotencyConfig(
-        key=key,
-        ttl_seconds=ttl_seconds,
-        lease_seconds=lease_seconds,
-        transactional=transactional,
-        on_store_down=on_store_down,
-        store_down_retry_seconds=store_down_retry_seconds,
-        poll_seconds=poll_seconds,
-        cache=cache,
-        cache_ttl_seconds=cache_ttl_seconds,
-        synchronous_commit=synchronous_commit,
-        prepared_statements=prepared_statements,
-    )
+    if isinstance(key, IdempotencyConfig):
+        config = configured(IdempotencyConfig, key, overrides, where="idempotent")
+    else:
+        if key is not None:
+            if "key" in overrides:
+                raise ConfigurationError("idempotent: key given twice", option="key")
+            overrides["key"] = key
+        config = configured(IdempotencyConfig, None, overrides, where="idempotent")
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        KeySpec(func, key)  # a template naming a missing argument fails here
-        if transactional:
+        KeySpec(func, config.key)  # a template naming a missing argument fails here
+        if config.transactional:
+            # No `session` parameter is allowed (Django: the ORM writes are in the
+            # transaction; the SQLAlchemy case is refused at the first call).
             parameter = inspect.signature(func).parameters.get("session")
-            if (
-                parameter is None
-                or parameter.default is not None
+            if parameter is not None and (
+                parameter.default is not None
                 or parameter.kind
                 not in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
             ):
                 raise ConfigurationError(
                     f"{func.__name__}: transactional=True gives the body a SQLAlchemy session; "
-                    "declare a parameter `session: Session | None = None` for it",
+                    "declare its parameter as `session: Session | None = None`",
                     function=func.__name__,
                 )
         guard = IdempotencyGuard(config, backend)
@@ -676,6 +667,3 @@ def idempotent(
         return func
 
     return decorate
-
-
-IdempotencyKeyCheck = IdempotencyKeyGuard  # deprecated alias, removed in the next release

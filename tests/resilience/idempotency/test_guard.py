@@ -25,7 +25,7 @@ from resilience.idempotency.backends import FAILED, IN_PROGRESS, SUCCEEDED
 from resilience.idempotency.guard import IdempotencyGuard
 from resilience.keys import MAX_KEY_LENGTH
 from resilience.outcomes import Outcome, Stop, outcome_of
-from resilience.pipeline import Call, Pipeline
+from resilience.pipeline import Call, Pipeline, attached
 from tests.resilience.idempotency import tasks
 from tests.support import wait_for
 
@@ -85,13 +85,35 @@ class TestDefinitionErrors:
         with pytest.raises(ConfigurationError, match="orderid"):
             idempotent(key="{orderid}")(charge)
 
-    def test_transactional_needs_a_session_parameter(self) -> None:
-        """transactional=True on a function without `session=None` fails at definition."""
+    def test_transactional_refuses_a_session_parameter_with_a_default(self) -> None:
+        """transactional=True refuses a `session` parameter whose default is not None."""
 
-        def charge(order_id: str) -> None: ...
+        def charge(order_id: str, session: object = "x") -> None: ...
 
         with pytest.raises(ConfigurationError, match="session"):
             idempotent(transactional=True)(charge)
+
+    def test_transactional_allows_no_session_parameter(self) -> None:
+        """transactional=True accepts a function without `session` (Django's ORM writes)."""
+
+        def charge(order_id: str) -> None: ...
+
+        assert idempotent(transactional=True)(charge) is charge
+
+    def test_unknown_override_names_the_valid_options(self) -> None:
+        """An unknown keyword is a ConfigurationError listing IdempotencyConfig's fields."""
+        with pytest.raises(ConfigurationError, match="ttl_secs.*valid:.*ttl_seconds"):
+            idempotent(ttl_secs=5)
+
+    def test_config_instance_with_overrides(self) -> None:
+        """A config in the key position is the config; keyword overrides replace fields."""
+        base = IdempotencyConfig(key="{order_id}", ttl_seconds=60)
+
+        def charge(order_id: str) -> None: ...
+
+        idempotent(base, ttl_seconds=5)(charge)
+        guard = next(g for g in attached(charge) if isinstance(g, IdempotencyGuard))
+        assert (guard.config.ttl_seconds, guard.config.key) == (5, "{order_id}")
 
     def test_short_lease_without_transaction_is_refused(self) -> None:
         """A lease shorter than the hard time limit is refused unless transactional."""
