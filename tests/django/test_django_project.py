@@ -56,7 +56,7 @@ from resilience.retry import retry_policy
 @shared_task
 @idempotent(key="{order_id}", transactional=True)
 @retry_policy(max_attempts=3, base_delay_seconds=0.1, use_budget=False)
-def flaky(order_id: UUID, marker: str, session=None) -> int:
+def flaky(order_id: UUID, marker: str) -> int:
     payment = Payment.objects.create(order_id=order_id, amount=Decimal("1.00"))
     if not os.path.exists(marker):
         Path(marker).touch()  # the first attempt wrote its row, then fails retryably
@@ -66,7 +66,7 @@ def flaky(order_id: UUID, marker: str, session=None) -> int:
 
 @shared_task
 @idempotent(key="{order_id}", transactional=True, lease_seconds=2, poll_seconds=0.5)
-def crashy(order_id: UUID, pid_file: str, session=None) -> int:
+def crashy(order_id: UUID, pid_file: str) -> int:
     payment = Payment.objects.create(order_id=order_id, amount=Decimal("2.00"))
     if not os.path.exists(pid_file):
         Path(pid_file).write_text(str(os.getpid()))  # written; now wait to be killed
