@@ -6,6 +6,7 @@ import urllib.error
 import urllib.request
 
 from jobs import app
+from resilience.retry.backoff import wait_full_jitter
 from resilience.retry.budget import RetryBudget
 from resilience.retry.guard import retry_policy
 
@@ -23,8 +24,7 @@ def call_dependency(url: str) -> int:
 @app.task(tier="standard")
 @retry_policy(
     max_attempts=4,
-    base_delay_seconds=0.1,
-    cap_delay_seconds=1.0,
+    backoff=wait_full_jitter(base=0.1, cap=1.0),
     dependency=STORM_DEPENDENCY,
     budget=STORM_BUDGET,
 )

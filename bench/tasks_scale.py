@@ -36,7 +36,7 @@ from jobs.models import LedgerEntry
 from resilience.circuit import circuit_breaker
 from resilience.idempotency import idempotent
 from resilience.ratelimit import rate_limit
-from resilience.retry import RetryBudget, retry_policy
+from resilience.retry import RetryBudget, retry_policy, wait_full_jitter
 
 #: Where worker processes write their statement counts (unset: no counting).
 STATEMENTS_DIR_ENV = "BENCH_PG_STATEMENTS_DIR"
@@ -51,7 +51,7 @@ _bodies = 0
                  slow_call_seconds=1.5, window=20, minimum_calls=5, open_seconds=10,
                  half_open_probes=2)
 @rate_limit(PAYMENTS_VENDOR, "1000000/second", burst=100_000)
-@retry_policy(max_attempts=4, base_delay_seconds=0.5, cap_delay_seconds=10,
+@retry_policy(max_attempts=4, backoff=wait_full_jitter(base=0.5, cap=10),
               dependency=PAYMENTS_VENDOR, budget=RetryBudget(ratio=0.2))
 def scale_bench_payment(
     self: Any,

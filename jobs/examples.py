@@ -28,7 +28,7 @@ from resilience.circuit import circuit_breaker
 from resilience.idempotency import idempotent, unique
 from resilience.locks import FencingTokens, exclusive, singleton
 from resilience.ratelimit import rate_limit
-from resilience.retry import NonRetryable, Retryable, RetryBudget, retry_policy
+from resilience.retry import NonRetryable, Retryable, RetryBudget, retry_policy, wait_full_jitter
 from resilience.stores import stores_for
 
 #: The payment vendor: the breaker, the rate limit and the retry budget share this name.
@@ -82,7 +82,7 @@ def charge_at_vendor(order_id: str, account: str, amount_cents: int, currency: s
                  slow_call_seconds=1.5, window=20, minimum_calls=5, open_seconds=10,
                  half_open_probes=2)
 @rate_limit(PAYMENTS_VENDOR, "20/second", burst=5)
-@retry_policy(max_attempts=4, base_delay_seconds=0.5, cap_delay_seconds=10,
+@retry_policy(max_attempts=4, backoff=wait_full_jitter(base=0.5, cap=10),
               dependency=PAYMENTS_VENDOR, budget=RetryBudget(ratio=0.2))
 def charge_payment(
     self: Any,

@@ -44,6 +44,9 @@ def configured(
             option=unknown[0],
             valid=tuple(fields),
         )
-    if config is None:
-        return config_class(**overrides)
-    return dataclasses.replace(config, **overrides)  # type: ignore[type-var]
+    try:
+        if config is None:
+            return config_class(**overrides)
+        return dataclasses.replace(config, **overrides)  # type: ignore[type-var]
+    except TypeError as error:  # a required field missing
+        raise ConfigurationError(f"{where}: {error}", option=None) from error

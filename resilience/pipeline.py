@@ -65,7 +65,6 @@ class Stage(IntEnum):
     EXCLUSIVITY = 30
     BREAKER = 40
     CONCURRENCY = 50
-    LIMITS = 50  # alias of CONCURRENCY, kept for guards written before the split
     RATE = 55
     RETRY = 60
 
@@ -78,7 +77,6 @@ class EnqueueStage(IntEnum):
     UNIQUE = 20
     ADMIT = 30
     STAMP = 40
-    PUBLISH = 40  # alias of STAMP, kept for guards written before the rename
 
 
 @dataclass(frozen=True)

@@ -13,14 +13,10 @@ Every guard takes `on_store_down=` with one of two values:
 Only an unreachable store (`StoreUnavailable`) is "down". A store that answers with a
 deterministic error (`StoreRejected`: a value too long, a wrong type) is a bug the job cannot
 outrun by waiting: the guard dead-letters the job with the store's reason.
-
-Old spellings (`fail_open=True`, `on_store_error="run"`, `"defer"`, `"open"`, `"allow"`, ...)
-are accepted for one release with a `DeprecationWarning`.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from enum import Enum
 from typing import Any
@@ -38,47 +34,22 @@ class StoreDown(str, Enum):
         return self.value
 
 
-#: Old spellings, kept for one release.
-LEGACY: Mapping[Any, StoreDown] = {
-    "run": StoreDown.FAIL_OPEN, "open": StoreDown.FAIL_OPEN, "allow": StoreDown.FAIL_OPEN,
-    True: StoreDown.FAIL_OPEN,
-    "defer": StoreDown.FAIL_CLOSED, "closed": StoreDown.FAIL_CLOSED,
-    "deny": StoreDown.FAIL_CLOSED, "raise": StoreDown.FAIL_CLOSED, False: StoreDown.FAIL_CLOSED,
-}
-
-
 def store_down_policy(value: Any, *, option: str = "on_store_down") -> StoreDown:
-    """Parse a store-down policy; an old spelling works with a `DeprecationWarning`.
+    """Parse a store-down policy: "fail_open", "fail_closed" or a `StoreDown` member.
 
     Raises:
-        ConfigurationError: neither "fail_open" nor "fail_closed" (nor an old spelling).
+        ConfigurationError: any other value (the message names the two valid ones).
     """
     if isinstance(value, StoreDown):
         return value
-    try:
-        return StoreDown(value)
-    except ValueError:
-        pass
-    legacy = LEGACY.get(value) if isinstance(value, str | bool) else None
-    if legacy is None:
-        raise ConfigurationError(
-            f"{option} must be 'fail_open' or 'fail_closed', got {value!r}", option=option
-        )
-    warnings.warn(
-        f"{option}={value!r} is deprecated; write on_store_down={legacy.value!r}",
-        DeprecationWarning, stacklevel=4,
+    if isinstance(value, str):
+        try:
+            return StoreDown(value)
+        except ValueError:
+            pass
+    raise ConfigurationError(
+        f"{option} must be 'fail_open' or 'fail_closed', got {value!r}", option=option
     )
-    return legacy
-
-
-def resolve(on_store_down: Any, legacy_value: Any = None, *, legacy_option: str = "",
-            default: StoreDown) -> StoreDown:
-    """The policy from the new option, or a deprecated option given instead of it."""
-    if legacy_value is not None:
-        return store_down_policy(legacy_value, option=legacy_option)
-    if on_store_down is None:
-        return default
-    return store_down_policy(on_store_down)
 
 
 def store_failed(call: Any, error: Exception, *, guard: str, policy: StoreDown,

@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 from bench.harness import Stopwatch, platform, purge, table, workers
+from resilience.ratelimit.algorithms import GCRA, SLIDING_WINDOW, Params
 
 
 def max_in_window(times: list[float], window: float) -> int:
@@ -27,13 +28,14 @@ def max_in_window(times: list[float], window: float) -> int:
 def decision_throughput(backend: Any, algorithm: str, seconds: float, threads: int) -> float:
     """Decisions per second from `threads` callers hammering one key (mostly denials)."""
     key, done, stop = uuid.uuid4().hex, [0] * threads, threading.Event()
+    if algorithm == "gcra":
+        step, params = GCRA, Params(limit=1, period_us=100_000, interval_us=100_000, burst=1)
+    else:
+        step, params = SLIDING_WINDOW, Params(limit=10, period_us=1_000_000)
 
     def hammer(index: int) -> None:
         while not stop.is_set():
-            if algorithm == "gcra":
-                backend.gcra(key, interval_seconds=0.1, burst=1)
-            else:
-                backend.sliding_window(key, limit=10, window_seconds=1)
+            backend.run(step, key, params)
             done[index] += 1
 
     pool = [threading.Thread(target=hammer, args=(i,)) for i in range(threads)]

@@ -5,7 +5,6 @@ from resilience.bulkhead.admission import (
     BulkheadConfig,
     DiscardedResult,
     RejectionPolicy,
-    TierAdmission,
     bulkhead,
     queue_of,
 )
@@ -16,7 +15,6 @@ from resilience.bulkhead.backends.broker import (
     depth_backend_for,
 )
 
-# TierAdmission: deprecated alias of AdmissionGuard, removed in the next release.
 __all__ = [
     "Admission",
     "AdmissionGuard",
@@ -26,7 +24,6 @@ __all__ = [
     "DiscardedResult",
     "RedisBrokerDepth",
     "RejectionPolicy",
-    "TierAdmission",
     "bulkhead",
     "depth_backend_for",
     "queue_of",

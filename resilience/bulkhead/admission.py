@@ -16,18 +16,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from resilience.bulkhead.backends import Admission, DepthBackend
 from resilience.bulkhead.backends.broker import depth_backend_for, new_reservation
+from resilience.config import configured
 from resilience.counters import count_outcome
 from resilience.errors import ConfigurationError, JobDeferred, StorageError, TierFull
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import EnqueueGuard, EnqueueStage, Publish, attach
 from resilience.publish import BOUND_HEADER, HEADERS
-from resilience.store_down import StoreDown, resolve
+from resilience.store_down import StoreDown, store_down_policy
 
 if TYPE_CHECKING:
     from celery import Task
@@ -77,7 +78,6 @@ class BulkheadConfig:
         poll_seconds: policy `wait`: first poll interval (doubles up to 0.5 s).
         on_store_down: the broker cannot be asked: "fail_open" (admit, counted FAIL-OPEN;
             the default) or "fail_closed" (raise the store's error to the caller).
-        fail_open: deprecated spelling of `on_store_down` (True / False).
     """
 
     tier: str
@@ -87,14 +87,11 @@ class BulkheadConfig:
     retry_after_seconds: float = 5.0
     reservation_ttl_seconds: float = 30.0
     poll_seconds: float = 0.02
-    on_store_down: StoreDown | str | None = None
-    fail_open: bool | None = None
+    on_store_down: StoreDown | str = StoreDown.FAIL_OPEN
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", RejectionPolicy.parse(self.policy))
-        object.__setattr__(self, "on_store_down", resolve(
-            self.on_store_down, self.fail_open, legacy_option="fail_open",
-            default=StoreDown.FAIL_OPEN))
+        object.__setattr__(self, "on_store_down", store_down_policy(self.on_store_down))
         if not isinstance(self.tier, str) or not self.tier:
             raise ConfigurationError(f"a bulkhead needs a tier name, got {self.tier!r}")
         depth = self.max_queue_depth
@@ -354,37 +351,34 @@ class AdmissionGuard(EnqueueGuard):
 
 
 def bulkhead(
+    config: BulkheadConfig | None = None,
+    /,
     *,
-    max_queue_depth: int,
-    policy: RejectionPolicy | str = RejectionPolicy.ABORT,
-    tier: str | None = None,
-    wait_timeout_seconds: float = 0.0,
-    retry_after_seconds: float = 5.0,
     backend: DepthBackend | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    **overrides: Any,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: a task's own admission limit, in place of its tier's default.
 
-    `tier` labels counters and errors; None takes the task's `tier` attribute at enqueue.
+    Takes a `BulkheadConfig` and/or keyword overrides of its fields (options, defaults and
+    meaning: `BulkheadConfig`; `max_queue_depth` is required). Without a `tier` the task's
+    `tier` attribute labels counters and errors at enqueue.
 
     Raises:
-        ConfigurationError: max_queue_depth <= 0, unknown policy, negative timeout.
+        ConfigurationError: an unknown option, max_queue_depth missing or <= 0, unknown
+            policy, negative timeout.
     """
-    template = BulkheadConfig(tier=tier or "task", max_queue_depth=max_queue_depth,
-                              policy=policy, wait_timeout_seconds=wait_timeout_seconds,
-                              retry_after_seconds=retry_after_seconds)
+    own_tier = config is not None or overrides.get("tier") is not None
+    if not own_tier:
+        overrides = {**overrides, "tier": "task"}
+    template = configured(BulkheadConfig, config, overrides, where="bulkhead")
 
-    def config(task: Task) -> BulkheadConfig:
-        if tier is not None:
+    def config_for(task: Task) -> BulkheadConfig:
+        if own_tier:
             return template
-        from dataclasses import replace
-
         return replace(template, tier=str(getattr(task, "tier", None) or task.name))
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        return attach(func, AdmissionGuard(config, backend=backend, sleep=sleep))
+        return attach(func, AdmissionGuard(config_for, backend=backend, sleep=sleep))
 
     return decorate
-
-
-TierAdmission = AdmissionGuard  # deprecated alias, removed in the next release

@@ -54,7 +54,7 @@ class BreakerConfig:
             (probe workers died), so lost probe permits never wedge the breaker.
         fallback: called with the task's arguments instead of deferring while open.
         on_store_down: "fail_open" (default: run the call, warn, count FAIL-OPEN) or
-            "fail_closed" (defer); old "open" / "closed" still work, deprecated.
+            "fail_closed" (defer).
         local_state_seconds: how long a process trusts its copy of a closed breaker's
             state (admitting with no Redis operation) and holds its successes before
             sending them as one script call (`resilience.circuit.local`); a trip elsewhere

@@ -28,13 +28,14 @@ from resilience.circuit.admission import BreakerAdmissionGuard
 from resilience.circuit.backends import BreakerBackend, Peek, Permission, backend_of_app
 from resilience.circuit.breaker import CircuitBreaker
 from resilience.circuit.config import AdmissionConfig, BreakerConfig, CountWindow, TimeWindow
+from resilience.config import configured
 from resilience.counters import count_call
 from resilience.deadletter.giveup import give_up
 from resilience.errors import DeadLettered, StorageError, StoreRejected, StoreUnavailable
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Guard, Stage, attach
 from resilience.retry.classify import ClassifyHook, is_retryable
-from resilience.store_down import StoreDown, store_failed
+from resilience.store_down import store_failed
 
 if TYPE_CHECKING:
     from celery import Task
@@ -217,21 +218,12 @@ def _expires_at(request: Any) -> float | None:
 
 
 def circuit_breaker(
-    name: str,
+    name_or_config: str | BreakerConfig,
+    /,
     *,
-    failure_rate_threshold: float = 0.5,
-    slow_call_rate_threshold: float | None = None,
-    slow_call_seconds: float | None = None,
-    window: int | CountWindow | TimeWindow = 100,
-    minimum_calls: int = 10,
-    open_seconds: float = 30.0,
-    half_open_probes: int = 3,
-    probe_timeout_seconds: float = 60.0,
-    fallback: Callable[..., Any] | None = None,
-    on_store_down: StoreDown | str = StoreDown.FAIL_OPEN,
     classify_hooks: Iterable[ClassifyHook] = (),
     on_open: str = "enqueue",
-    local_state_seconds: float = 0.1,
+    **overrides: Any,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: gate the task on the fleet-wide breaker `name`.
 
@@ -239,34 +231,22 @@ def circuit_breaker(
         @circuit_breaker("payments", failure_rate_threshold=0.5, minimum_calls=20)
         def charge(order_id: int) -> None: ...
 
+    The first argument is the breaker's name or a `BreakerConfig`; `overrides` replace its
+    fields (options, defaults and meaning: `BreakerConfig`).
+
     `on_open="refuse"` also adds an enqueue guard (`resilience.circuit.admission`): while
     the breaker is open `.delay()` raises `DependencyUnavailable(retry_after=...)` and queues
     nothing; the default "enqueue" queues the job, which the worker defers.
 
-    `local_state_seconds` (default 0.1): how stale this process's copy of a closed breaker
-    may be, and how long its successes wait to be sent in aggregate (see
-    `resilience.circuit.local` and docs/failure.md); 0 = every call reads and records in
-    Redis.
-
     Raises:
-        ConfigurationError: at definition time (threshold outside (0, 1], window <= 0,
-            minimum_calls < 1, open_seconds <= 0, half_open_probes < 1, unknown policy,
-            on_open neither "enqueue" nor "refuse").
+        ConfigurationError: at definition time: an unknown option, or a value
+            `BreakerConfig` refuses; on_open neither "enqueue" nor "refuse".
     """
-    config = BreakerConfig(
-        name=name,
-        failure_rate_threshold=failure_rate_threshold,
-        slow_call_rate_threshold=slow_call_rate_threshold,
-        slow_call_seconds=slow_call_seconds,
-        window=window,  # type: ignore[arg-type] - an int is normalised to CountWindow
-        minimum_calls=minimum_calls,
-        open_seconds=open_seconds,
-        half_open_probes=half_open_probes,
-        probe_timeout_seconds=probe_timeout_seconds,
-        fallback=fallback,
-        on_store_down=on_store_down,
-        local_state_seconds=local_state_seconds,
-    )
+    if isinstance(name_or_config, BreakerConfig):
+        config = configured(BreakerConfig, name_or_config, overrides, where="circuit_breaker")
+    else:
+        config = configured(BreakerConfig, None, {"name": name_or_config, **overrides},
+                            where="circuit_breaker")
     admission = AdmissionConfig(on_open=on_open)
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:

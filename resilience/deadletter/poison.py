@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from resilience.config import configured
 from resilience.deadletter.giveup import give_up
 from resilience.errors import ConfigurationError
 from resilience.keys import redis_key
@@ -138,19 +139,19 @@ def redelivered(request: Any) -> bool:
 
 
 def poison_guard(
-    *, max_deliveries: int = 3, ttl_seconds: float = 24 * 3600
+    config: PoisonConfig | None = None, /, **overrides: Any
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: dead-letter a message after `max_deliveries` executions that never returned.
 
+    Takes a `PoisonConfig` and/or keyword overrides of its fields (options, defaults and
+    meaning: `PoisonConfig`).
+
     Raises:
-        ConfigurationError: max_deliveries < 1 or ttl_seconds <= 0.
+        ConfigurationError: an unknown option, max_deliveries < 1 or ttl_seconds <= 0.
     """
-    guard = PoisonGuard(PoisonConfig(max_deliveries=max_deliveries, ttl_seconds=ttl_seconds))
+    guard = PoisonGuard(configured(PoisonConfig, config, overrides, where="poison_guard"))
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         return attach(func, guard)
 
     return decorate
-
-
-PoisonPolicy = PoisonConfig  # deprecated alias, removed in the next release

@@ -6,23 +6,18 @@ from resilience.deadline.guard import (
     ENQUEUED_AT_HEADER,
     DeadlineConfig,
     DeadlineGuard,
-    DeadlinePolicy,
-    DeadlineStamp,
     DeadlineStampGuard,
     finite_seconds,
     header_seconds,
     headers_of,
 )
 
-# DeadlinePolicy, DeadlineStamp: deprecated aliases, removed in the next release.
 __all__ = [
     "DEADLINE_HEADER",
     "DEADLINE_OPTION",
     "ENQUEUED_AT_HEADER",
     "DeadlineConfig",
     "DeadlineGuard",
-    "DeadlinePolicy",
-    "DeadlineStamp",
     "DeadlineStampGuard",
     "finite_seconds",
     "header_seconds",

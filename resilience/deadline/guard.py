@@ -284,7 +284,3 @@ class DeadlineGuard(Guard):
 def _queue_of(call: Call) -> str | None:
     info = getattr(call.request, "delivery_info", None) or {}
     return info.get("routing_key") or getattr(call.task, "queue", None)
-
-
-DeadlinePolicy = DeadlineConfig  # deprecated alias, removed in the next release
-DeadlineStamp = DeadlineStampGuard  # deprecated alias, removed in the next release

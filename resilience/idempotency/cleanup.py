@@ -239,6 +239,3 @@ def reap_abandoned(
     reaped = _batches(engine, REAP_SQL, parameters, policy, sleep, clock, "reap").rows
     logger.info("idempotency reaper marked %d abandoned claims failed", reaped)
     return reaped
-
-
-CleanupPolicy = CleanupConfig  # deprecated alias, removed in the next release

@@ -38,6 +38,7 @@ from celery import signals, states
 from celery.app.task import Context
 from celery.utils.dispatch import Signal
 
+from resilience.config import configured
 from resilience.counters import count_outcome
 from resilience.errors import (
     ConfigurationError,
@@ -393,26 +394,19 @@ class UniqueReleaseGuard(Guard):
 
 
 def unique(
-    ttl_seconds: float = 3600.0,
-    mode: UniqueMode = "until_started",
-    raise_on_duplicate: bool = False,
-    key: KeyOption = None,
-    on_store_down: StoreDown | str = StoreDown.FAIL_OPEN,
+    config: UniqueConfig | None = None, /, **overrides: Any
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Enqueue at most one copy of a job per key while it is queued (or running).
 
-    Place it under `@app.task(...)`.
+    Place it under `@app.task(...)`. Takes a `UniqueConfig` and/or keyword overrides of its
+    fields (options, defaults and meaning: `UniqueConfig`).
 
     Raises:
-        ConfigurationError: bad options or a key template naming a missing argument.
+        ConfigurationError: bad or unknown options, or a key template naming a missing
+            argument.
     """
-    config = UniqueConfig(
-        ttl_seconds=ttl_seconds,
-        mode=mode,
-        raise_on_duplicate=raise_on_duplicate,
-        key=key,
-        on_store_down=on_store_down,
-    )
+    config = configured(UniqueConfig, config, overrides, where="unique")
+    key = config.key
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         KeySpec(func, key)

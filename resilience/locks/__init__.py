@@ -17,31 +17,25 @@
 from resilience.locks.backends import Claimant, Lease, LockBackend, Taken
 from resilience.locks.backends.postgres import AdvisoryLockBackend, AdvisorySession, advisory_id
 from resilience.locks.backends.redis import RedisLock
-from resilience.locks.backends.redlock import Redlock, RedlockBackend, RedlockConfig, RedlockOptions
+from resilience.locks.backends.redlock import Redlock, RedlockBackend, RedlockConfig
 from resilience.locks.config import (
     ExclusiveConfig,
-    ExclusiveOptions,
     SingletonConfig,
-    SingletonOptions,
 )
 from resilience.locks.fencing import FencingTokens
 from resilience.locks.guards import ExclusiveGuard, Hold, SingletonGuard, exclusive, singleton
-from resilience.locks.heartbeat import Heartbeat, HeartbeatConfig, HeartbeatOptions
+from resilience.locks.heartbeat import Heartbeat, HeartbeatConfig
 from resilience.locks.registry import describe, force_release
 
-# ExclusiveOptions, SingletonOptions, HeartbeatOptions, RedlockOptions: deprecated
-# aliases of the *Config names, removed in the next release.
 __all__ = [
     "AdvisoryLockBackend",
     "AdvisorySession",
     "Claimant",
     "ExclusiveConfig",
     "ExclusiveGuard",
-    "ExclusiveOptions",
     "FencingTokens",
     "Heartbeat",
     "HeartbeatConfig",
-    "HeartbeatOptions",
     "Hold",
     "Lease",
     "LockBackend",
@@ -49,10 +43,8 @@ __all__ = [
     "Redlock",
     "RedlockBackend",
     "RedlockConfig",
-    "RedlockOptions",
     "SingletonConfig",
     "SingletonGuard",
-    "SingletonOptions",
     "Taken",
     "advisory_id",
     "describe",

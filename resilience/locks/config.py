@@ -8,7 +8,7 @@ from resilience.errors import ConfigurationError
 from resilience.locks.backends import validate_ttl
 from resilience.locks.backends.redlock import RedlockConfig, require_node_count
 from resilience.locks.heartbeat import HeartbeatConfig
-from resilience.store_down import StoreDown, resolve
+from resilience.store_down import StoreDown, store_down_policy
 
 POLICIES = ("skip", "defer")
 
@@ -29,21 +29,17 @@ class LockConfig:
             redelivery) waits for the holder to let go before the policy applies.
         on_store_down: "fail_closed" (DEFERRED, the default) or "fail_open" (unguarded,
             counted FAIL-OPEN); see `resilience.store_down`.
-        on_store_error: deprecated spelling of `on_store_down` ("defer", "run").
     """
 
     policy: str = "skip"
     defer_seconds: float = 1.0
     same_task_wait_seconds: float = 5.0
-    on_store_down: StoreDown | str | None = None
-    on_store_error: str | None = None
+    on_store_down: StoreDown | str = StoreDown.FAIL_CLOSED
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ConfigurationError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        object.__setattr__(self, "on_store_down", resolve(
-            self.on_store_down, self.on_store_error, legacy_option="on_store_error",
-            default=StoreDown.FAIL_CLOSED))
+        object.__setattr__(self, "on_store_down", store_down_policy(self.on_store_down))
         if not self.defer_seconds > 0:
             raise ConfigurationError(f"defer_seconds must be > 0, got {self.defer_seconds}")
         if self.same_task_wait_seconds < 0:
@@ -115,8 +111,3 @@ class ExclusiveConfig(LockConfig):
         if not self.heartbeat:
             return self.ttl_seconds
         return self.ttl_seconds * (1 + self.max_extensions * self.renew_fraction)
-
-
-LockOptions = LockConfig  # deprecated alias, removed in the next release
-SingletonOptions = SingletonConfig  # deprecated alias, removed in the next release
-ExclusiveOptions = ExclusiveConfig  # deprecated alias, removed in the next release

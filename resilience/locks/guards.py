@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from resilience.config import configured
 from resilience.counters import count_call
 from resilience.errors import ConfigurationError, LockNotOwnedError, StorageError
 from resilience.holders import Holder
@@ -53,17 +54,13 @@ from resilience.keys import GuardKey, KeyOption, KeySpec
 from resilience.locks.backends import Claimant, LockBackend, Taken
 from resilience.locks.config import (
     ExclusiveConfig,
-    ExclusiveOptions,
     LockConfig,
-    LockOptions,
     SingletonConfig,
-    SingletonOptions,
-    split_urls,
 )
 from resilience.locks.heartbeat import Heartbeat
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, EnqueueGuard, EnqueueStage, Guard, Publish, Stage, attach
-from resilience.store_down import StoreDown, store_failed
+from resilience.store_down import store_failed
 from resilience.stores import stores_for
 
 if TYPE_CHECKING:
@@ -85,15 +82,12 @@ BackendOption = LockBackend | Callable[["Task"], LockBackend] | None
 __all__ = [
     "ExclusiveConfig",
     "ExclusiveGuard",
-    "ExclusiveOptions",
     "Hold",
     "LockConfig",
     "LockGuard",
     "LockKeyGuard",
-    "LockOptions",
     "SingletonConfig",
     "SingletonGuard",
-    "SingletonOptions",
     "exclusive",
     "singleton",
 ]
@@ -383,27 +377,32 @@ class LockKeyGuard(EnqueueGuard):
 
 
 # -- decorators ------------------------------------------------------------------------------------
+def _key_and_config(
+    config_class: type[Any], key: Any, overrides: dict[str, Any], where: str
+) -> tuple[KeyOption, Any]:
+    """`key` is the key option, or a config (then the key comes from `overrides` only)."""
+    config = key if isinstance(key, LockConfig) else None
+    if config is not None:
+        key = overrides.pop("key", None)
+    return key, configured(config_class, config, overrides, where=where)
+
+
 def singleton(
-    key: KeyOption = None,
-    *,
-    policy: str = "skip",
-    defer_seconds: float = 1.0,
-    same_task_wait_seconds: float = 5.0,
-    on_store_down: StoreDown | str = StoreDown.FAIL_CLOSED,
-    on_store_error: str | None = None,
-    database_url: str | None = None,
-    pool_mode: str | None = None,
+    key: KeyOption | SingletonConfig = None, /, **overrides: Any
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """At most one run per key at a time, on a PostgreSQL advisory lock (see module doc).
 
+    `key` is the key option (as keyword too), or a `SingletonConfig`; `overrides` replace
+    its fields (options, defaults and meaning: `SingletonConfig`).
+
     Raises:
-        ConfigurationError: a bad policy, delay or key template (at definition time).
+        ConfigurationError: an unknown option, a bad policy, delay or key template (at
+            definition time).
     """
-    options = SingletonConfig(
-        policy=policy, defer_seconds=defer_seconds,
-        same_task_wait_seconds=same_task_wait_seconds, on_store_down=on_store_down,
-        on_store_error=on_store_error, database_url=database_url, pool_mode=pool_mode,
-    )
+    overrides = dict(overrides)
+    if not isinstance(key, LockConfig) and "key" in overrides:
+        key = overrides.pop("key")
+    key, options = _key_and_config(SingletonConfig, key, overrides, "singleton")
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         guard = SingletonGuard(func, key, options)
@@ -414,38 +413,21 @@ def singleton(
 
 
 def exclusive(
-    key: KeyOption = None,
-    *,
-    ttl_seconds: float = 60.0,
-    policy: str = "skip",
-    defer_seconds: float = 1.0,
-    same_task_wait_seconds: float = 5.0,
-    on_store_down: StoreDown | str = StoreDown.FAIL_CLOSED,
-    on_store_error: str | None = None,
-    heartbeat: bool = True,
-    renew_fraction: float = 1 / 3,
-    max_extensions: int = 100,
-    nodes: Sequence[str] | str | None = None,
-    retry_count: int = 1,
-    retry_delay_seconds: float = 0.05,
-    clock_drift_factor: float = 0.01,
-    fencing: bool = True,
+    key: KeyOption | ExclusiveConfig = None, /, **overrides: Any
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """At most one holder per key on Redlock, with heartbeat and fencing (see module doc).
 
+    `key` is the key option (as keyword too), or an `ExclusiveConfig`; `overrides` replace
+    its fields (options, defaults and meaning: `ExclusiveConfig`).
+
     Raises:
-        ConfigurationError: TTL <= 0, fewer than 3 nodes, a bad policy or key template.
+        ConfigurationError: an unknown option, TTL <= 0, fewer than 3 nodes, a bad policy
+            or key template.
     """
-    options = ExclusiveConfig(
-        ttl_seconds=ttl_seconds, policy=policy, defer_seconds=defer_seconds,
-        same_task_wait_seconds=same_task_wait_seconds, on_store_down=on_store_down,
-        on_store_error=on_store_error, heartbeat=heartbeat, renew_fraction=renew_fraction,
-        max_extensions=max_extensions,
-        nodes=tuple(split_urls(nodes)) if isinstance(nodes, str) else
-        (tuple(nodes) if nodes is not None else None),
-        retry_count=retry_count, retry_delay_seconds=retry_delay_seconds,
-        clock_drift_factor=clock_drift_factor, fencing=fencing,
-    )
+    overrides = dict(overrides)
+    if not isinstance(key, LockConfig) and "key" in overrides:
+        key = overrides.pop("key")
+    key, options = _key_and_config(ExclusiveConfig, key, overrides, "exclusive")
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         guard = ExclusiveGuard(func, key, options)
@@ -453,6 +435,3 @@ def exclusive(
         return attach(func, guard)
 
     return decorate
-
-
-LockKeyCheck = LockKeyGuard  # deprecated alias, removed in the next release

@@ -113,6 +113,3 @@ class Heartbeat:
                 "ago (the holder was paused or renewals stalled); stopping before commit",
                 key=self.lease.name, token=self.lease.fencing_token,
             )
-
-
-HeartbeatOptions = HeartbeatConfig  # deprecated alias, removed in the next release

@@ -28,15 +28,12 @@ from resilience.ratelimit.backends.redis import RedisBackend
 from resilience.ratelimit.config import ConcurrencyLimitConfig, RateLimitConfig
 from resilience.ratelimit.guards import (
     ConcurrencyGuard,
-    ConcurrencyLimit,
-    RateLimit,
     RateLimitGuard,
     limit_concurrency,
     rate_limit,
 )
 from resilience.ratelimit.rates import Rate, parse
 
-# ConcurrencyLimit, RateLimit: deprecated aliases, removed in the next release.
 __all__ = [
     "ALGORITHMS",
     "GCRA",
@@ -44,7 +41,6 @@ __all__ = [
     "SLIDING_WINDOW",
     "Algorithm",
     "ConcurrencyGuard",
-    "ConcurrencyLimit",
     "ConcurrencyLimitConfig",
     "Decision",
     "Lease",
@@ -53,7 +49,6 @@ __all__ = [
     "MemoryBackend",
     "Params",
     "Rate",
-    "RateLimit",
     "RateLimitConfig",
     "RateLimitGuard",
     "RedisBackend",

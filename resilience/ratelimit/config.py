@@ -9,7 +9,7 @@ from resilience.errors import ConfigurationError
 from resilience.keys import KeyOption
 from resilience.ratelimit.algorithms import RATE_ALGORITHMS, Params, algorithm_named
 from resilience.ratelimit.rates import Rate, parse
-from resilience.store_down import StoreDown, resolve
+from resilience.store_down import StoreDown, store_down_policy
 
 
 def split_name(name_or_key: str, key: KeyOption) -> tuple[str, KeyOption]:
@@ -45,13 +45,7 @@ def _validate_common(config: Any) -> None:
         raise ConfigurationError("a limit needs a non-empty name")
     if not config.retry_seconds > 0:
         raise ConfigurationError(f"retry_seconds must be positive, got {config.retry_seconds!r}")
-    policy = resolve(
-        config.on_store_down,
-        config.fail_open,
-        legacy_option="fail_open",
-        default=StoreDown.FAIL_OPEN,
-    )
-    object.__setattr__(config, "on_store_down", policy)
+    object.__setattr__(config, "on_store_down", store_down_policy(config.on_store_down))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,15 +61,13 @@ class ConcurrencyLimitConfig:
         retry_seconds: typical countdown when no slot is free (jittered 0.5x-1.5x, and
             never past the earliest lease expiry).
         on_store_down: "fail_open" (default: run anyway) or "fail_closed" (defer).
-        fail_open: deprecated spelling of `on_store_down` (True / False).
     """
 
     name: str
     limit: int
     lease_seconds: float | None = None
     retry_seconds: float = 1.0
-    on_store_down: StoreDown | str | None = None
-    fail_open: bool | None = None
+    on_store_down: StoreDown | str = StoreDown.FAIL_OPEN
 
     def __post_init__(self) -> None:
         _validate_common(self)
@@ -109,9 +101,8 @@ class RateLimitConfig:
             more than `limit` in any window; O(limit) state).
         burst: GCRA only; permits that may be taken at once (default 1: evenly spaced,
             which also keeps every window of one period within the limit).
-        retry_seconds: countdown when the store failed and fail_open is False.
+        retry_seconds: countdown when the store failed and on_store_down is "fail_closed".
         on_store_down: "fail_open" (default: run anyway) or "fail_closed" (defer).
-        fail_open: deprecated spelling of `on_store_down` (True / False).
     """
 
     name: str
@@ -119,8 +110,7 @@ class RateLimitConfig:
     algorithm: str = "gcra"
     burst: int = 1
     retry_seconds: float = 1.0
-    on_store_down: StoreDown | str | None = None
-    fail_open: bool | None = None
+    on_store_down: StoreDown | str = StoreDown.FAIL_OPEN
 
     def __post_init__(self) -> None:
         _validate_common(self)

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from resilience.config import configured
 from resilience.counters import count_call
 from resilience.errors import ConfigurationError, StorageError
 from resilience.keys import KeyOption, KeySpec
@@ -24,8 +25,8 @@ from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Guard, Stage, attach
 from resilience.ratelimit.algorithms import LEASE, Algorithm, Decision, Params, algorithm_named
 from resilience.ratelimit.config import ConcurrencyLimitConfig, RateLimitConfig, split_name
-from resilience.ratelimit.rates import Rate, parse
-from resilience.store_down import StoreDown, store_failed
+from resilience.ratelimit.rates import Rate
+from resilience.store_down import store_failed
 
 if TYPE_CHECKING:
     from celery import Task
@@ -260,68 +261,66 @@ def _decorator(
     return decorate
 
 
+def _limit_config(
+    config_class: type[Any], first: Any, second: Any, second_name: str, key: KeyOption,
+    overrides: dict[str, Any], where: str,
+) -> tuple[Any, KeyOption]:
+    """The config of a limit decorator: from a config instance, or a name (template) and
+    its second positional argument; keyword overrides replace fields."""
+    if second is not None:
+        overrides[second_name] = second
+    if isinstance(first, config_class):
+        return configured(config_class, first, overrides, where=where), key
+    name, key = split_name(first, key)
+    return configured(config_class, None, {"name": name, **overrides}, where=where), key
+
+
 def limit_concurrency(
-    name_or_key: str,
-    limit: int,
+    name_or_config: str | ConcurrencyLimitConfig,
+    limit: int | None = None,
+    /,
     *,
-    lease_seconds: float | None = None,
     key: KeyOption = None,
-    retry_seconds: float = 1.0,
-    on_store_down: StoreDown | str = StoreDown.FAIL_OPEN,
-    fail_open: bool | None = None,
     backend: LimiterBackend | None = None,
     on_decision: DecisionHook | None = None,
+    **overrides: Any,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: at most `limit` executions at once across every worker.
 
     `@limit_concurrency("payments-api", 10)`; per key:
-    `@limit_concurrency("customer:{customer_id}", 2)` or `key=` a template or callable.
+    `@limit_concurrency("customer:{customer_id}", 2)` or `key=` a template or callable; or
+    `@limit_concurrency(ConcurrencyLimitConfig(...), lease_seconds=30)`. Options, defaults
+    and meaning: `ConcurrencyLimitConfig`.
 
     Raises:
-        ConfigurationError: limit <= 0, bad lease, a key template naming no argument.
+        ConfigurationError: an unknown option, limit <= 0, bad lease, a key template naming
+            no argument.
     """
-    name, key = split_name(name_or_key, key)
-    config = ConcurrencyLimitConfig(
-        name=name,
-        limit=limit,
-        lease_seconds=lease_seconds,
-        retry_seconds=retry_seconds,
-        on_store_down=on_store_down,
-        fail_open=fail_open,
-    )
+    config, key = _limit_config(ConcurrencyLimitConfig, name_or_config, limit, "limit", key,
+                                overrides, "limit_concurrency")
     return _decorator(ConcurrencyGuard, config, key, backend=backend, on_decision=on_decision)
 
 
 def rate_limit(
-    name_or_key: str,
-    rate: str | Rate,
+    name_or_config: str | RateLimitConfig,
+    rate: str | Rate | None = None,
+    /,
     *,
-    algorithm: str = "gcra",
-    burst: int = 1,
     key: KeyOption = None,
-    retry_seconds: float = 1.0,
-    on_store_down: StoreDown | str = StoreDown.FAIL_OPEN,
-    fail_open: bool | None = None,
     backend: LimiterBackend | None = None,
     on_decision: DecisionHook | None = None,
+    **overrides: Any,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: at most `rate` ("100/minute") permits across every worker.
 
+    `@rate_limit("vendor-api", "100/minute", burst=5)` or
+    `@rate_limit(RateLimitConfig(...), burst=5)`. Options, defaults and meaning:
+    `RateLimitConfig`.
+
     Raises:
-        ConfigurationError: unparsable rate, limit <= 0, unknown algorithm, bad burst.
+        ConfigurationError: an unknown option, unparsable rate, limit <= 0, unknown
+            algorithm, bad burst.
     """
-    name, key = split_name(name_or_key, key)
-    config = RateLimitConfig(
-        name=name,
-        rate=parse(rate),
-        algorithm=algorithm,
-        burst=burst,
-        retry_seconds=retry_seconds,
-        on_store_down=on_store_down,
-        fail_open=fail_open,
-    )
+    config, key = _limit_config(RateLimitConfig, name_or_config, rate, "rate", key, overrides,
+                                "rate_limit")
     return _decorator(RateLimitGuard, config, key, backend=backend, on_decision=on_decision)
-
-
-ConcurrencyLimit = ConcurrencyGuard  # deprecated alias, removed in the next release
-RateLimit = RateLimitGuard  # deprecated alias, removed in the next release

@@ -5,19 +5,33 @@
     def charge(order_id: str) -> None: ...
 """
 
+from resilience.retry.backoff import (
+    Wait,
+    wait_combine,
+    wait_decorrelated_jitter,
+    wait_exponential,
+    wait_fixed,
+    wait_full_jitter,
+    wait_random,
+)
 from resilience.retry.budget import RetryBudget
 from resilience.retry.classify import NonRetryable, Retryable, is_retryable, retry_after
-from resilience.retry.guard import RetryConfig, RetryGuard, RetryPolicy, retry_policy
+from resilience.retry.guard import RetryConfig, RetryGuard, retry_policy
 
-# RetryPolicy: deprecated alias of RetryConfig, removed in the next release.
 __all__ = [
     "NonRetryable",
     "RetryBudget",
     "RetryConfig",
     "RetryGuard",
-    "RetryPolicy",
     "Retryable",
+    "Wait",
     "is_retryable",
     "retry_after",
     "retry_policy",
+    "wait_combine",
+    "wait_decorrelated_jitter",
+    "wait_exponential",
+    "wait_fixed",
+    "wait_full_jitter",
+    "wait_random",
 ]

@@ -1,14 +1,16 @@
-"""Backoff strategies: tiny callables `strategy(attempt, previous_delay_seconds) -> seconds`.
+"""Backoff strategies: small objects `wait(attempt, previous_delay_seconds) -> seconds` that
+compose, in tenacity's `wait_*` style.
 
-In the tenacity spirit a strategy is a few lines and its randomness is injectable, so tests
-pin the random source instead of sleeping. `attempt` is the number of the attempt that just
-failed (1 for the first call); `previous_delay_seconds` is the delay chosen before it (None
-on the first failure).
+`attempt` is the number of the attempt that just failed (1 for the first call);
+`previous_delay_seconds` is the delay chosen before it (None on the first failure).
+Randomness is injectable (`random=`), so tests pin it instead of sleeping.
 
-- `full_jitter` (default): uniform(0, min(cap, base * 2 ** (attempt - 1))). Spreads a herd of
-  retries evenly; the AWS Architecture Blog's recommended default.
-- `decorrelated_jitter`: min(cap, uniform(base, previous * 3)). Grows from the delay actually
-  used, so consecutive retries of one job are less correlated with other jobs'.
+- `wait_fixed(s)`, `wait_random(a, b)`, `wait_exponential(base=, cap=)`: the building blocks;
+- `wait_full_jitter(base=, cap=)` (the default): uniform(0, min(cap, base * 2 ** (attempt - 1))),
+  the AWS Architecture Blog's recommended default; spreads a herd of retries evenly;
+- `wait_decorrelated_jitter(base=, cap=)`: min(cap, uniform(base, previous * 3)); grows from
+  the delay actually used, so one job's retries correlate less with other jobs';
+- `a + b` waits the sum: `wait_exponential(base=1, cap=30) + wait_random(0, 1)`.
 """
 
 from __future__ import annotations
@@ -19,79 +21,165 @@ from dataclasses import dataclass, field
 
 from resilience.errors import ConfigurationError
 
-#: A backoff strategy: (failed attempt number, previous delay or None) -> delay in seconds.
-Backoff = Callable[[int, "float | None"], float]
-
-JITTERS = ("full", "decorrelated")
+Random = Callable[[], float]
 
 
-def _check(base_seconds: float, cap_seconds: float) -> None:
-    if base_seconds < 0:
-        raise ConfigurationError(
-            f"base_delay_seconds must be >= 0, got {base_seconds}", base=base_seconds
-        )
-    if cap_seconds < base_seconds:
-        raise ConfigurationError(
-            f"cap_delay_seconds ({cap_seconds}) must be >= base_delay_seconds ({base_seconds})",
-            cap=cap_seconds,
-        )
+class Wait:
+    """A backoff strategy; `+` adds two of them."""
+
+    def __call__(self, attempt: int, previous_delay_seconds: float | None = None) -> float:
+        raise NotImplementedError
+
+    def __add__(self, other: Wait) -> Wait:
+        if not isinstance(other, Wait):
+            return NotImplemented
+        return wait_combine(self, other)
+
+    def __radd__(self, other: object) -> Wait:
+        # sum([...]) starts from 0.
+        if other == 0:
+            return self
+        return NotImplemented
+
+
+def _non_negative(**values: float) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ConfigurationError(f"{name} must be a number >= 0, got {value!r}", option=name)
+
+
+def _base_and_cap(base: float, cap: float) -> None:
+    _non_negative(base=base, cap=cap)
+    if cap < base:
+        raise ConfigurationError(f"cap ({cap}) must be >= base ({base})", option="cap")
+
+
+@dataclass(frozen=True)
+class wait_fixed(Wait):
+    """Always `seconds`."""
+
+    seconds: float
+
+    def __post_init__(self) -> None:
+        _non_negative(seconds=self.seconds)
+
+    def __call__(self, attempt: int, previous_delay_seconds: float | None = None) -> float:
+        return float(self.seconds)
+
+
+@dataclass(frozen=True)
+class wait_random(Wait):
+    """uniform(`low`, `high`) seconds."""
+
+    low: float = 0.0
+    high: float = 1.0
+    random: Random = field(default=random_module.random, compare=False, kw_only=True)
+
+    def __post_init__(self) -> None:
+        _non_negative(low=self.low, high=self.high)
+        if self.high < self.low:
+            raise ConfigurationError(f"high ({self.high}) must be >= low ({self.low})",
+                                     option="high")
+
+    def __call__(self, attempt: int, previous_delay_seconds: float | None = None) -> float:
+        return self.low + (self.high - self.low) * self.random()
 
 
 @dataclass(frozen=True, kw_only=True)
-class FullJitter:
-    """uniform(0, min(cap, base * 2^(attempt-1))) seconds."""
+class wait_exponential(Wait):
+    """min(`cap`, `base` * 2 ** (attempt - 1)) seconds, no randomness."""
 
-    base_seconds: float = 1.0
-    cap_seconds: float = 60.0
-    random: Callable[[], float] = field(default=random_module.random, compare=False)
+    base: float = 1.0
+    cap: float = 60.0
 
     def __post_init__(self) -> None:
-        _check(self.base_seconds, self.cap_seconds)
+        _base_and_cap(self.base, self.cap)
 
     def __call__(self, attempt: int, previous_delay_seconds: float | None = None) -> float:
-        ceiling = min(self.cap_seconds, self.base_seconds * 2 ** max(0, min(attempt - 1, 62)))
+        return min(self.cap, self.base * 2 ** max(0, min(attempt - 1, 62)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class wait_full_jitter(Wait):
+    """uniform(0, min(`cap`, `base` * 2 ** (attempt - 1))) seconds."""
+
+    base: float = 1.0
+    cap: float = 60.0
+    random: Random = field(default=random_module.random, compare=False)
+
+    def __post_init__(self) -> None:
+        _base_and_cap(self.base, self.cap)
+
+    def __call__(self, attempt: int, previous_delay_seconds: float | None = None) -> float:
+        ceiling = min(self.cap, self.base * 2 ** max(0, min(attempt - 1, 62)))
         return ceiling * self.random()
 
 
 @dataclass(frozen=True, kw_only=True)
-class DecorrelatedJitter:
-    """min(cap, uniform(base, 3 * previous)) seconds; previous starts at base."""
+class wait_decorrelated_jitter(Wait):
+    """min(`cap`, uniform(`base`, 3 * previous)) seconds; previous starts at `base`."""
 
-    base_seconds: float = 1.0
-    cap_seconds: float = 60.0
-    random: Callable[[], float] = field(default=random_module.random, compare=False)
+    base: float = 1.0
+    cap: float = 60.0
+    random: Random = field(default=random_module.random, compare=False)
 
     def __post_init__(self) -> None:
-        _check(self.base_seconds, self.cap_seconds)
+        _base_and_cap(self.base, self.cap)
 
     def __call__(self, attempt: int, previous_delay_seconds: float | None = None) -> float:
-        previous = max(self.base_seconds, previous_delay_seconds or self.base_seconds)
-        high = previous * 3
-        return min(self.cap_seconds, self.base_seconds + (high - self.base_seconds) * self.random())
+        previous = max(self.base, previous_delay_seconds or self.base)
+        return min(self.cap, self.base + (previous * 3 - self.base) * self.random())
 
 
-def backoff_for(
-    jitter: str,
-    *,
-    base_seconds: float,
-    cap_seconds: float,
-    random: Callable[[], float] | None = None,
-) -> Backoff:
-    """The strategy named `jitter` ("full" or "decorrelated").
+class wait_combine(Wait):
+    """The sum of several strategies' waits (what `a + b` builds)."""
+
+    def __init__(self, *strategies: Wait) -> None:
+        for strategy in strategies:
+            if not isinstance(strategy, Wait):
+                raise ConfigurationError(
+                    f"wait_combine takes Wait strategies, got {strategy!r}", option="backoff")
+        flat: list[Wait] = []
+        for strategy in strategies:
+            flat.extend(strategy.strategies if isinstance(strategy, wait_combine) else [strategy])
+        self.strategies = tuple(flat)
+
+    def __call__(self, attempt: int, previous_delay_seconds: float | None = None) -> float:
+        return sum(strategy(attempt, previous_delay_seconds) for strategy in self.strategies)
+
+    def __repr__(self) -> str:
+        return " + ".join(repr(strategy) for strategy in self.strategies)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, wait_combine) and self.strategies == other.strategies
+
+    def __hash__(self) -> int:
+        return hash(self.strategies)
+
+
+def check_backoff(value: object) -> Wait:
+    """`value` if it is a strategy.
 
     Raises:
-        ConfigurationError: unknown jitter, negative base, cap below base.
+        ConfigurationError: anything else; a string names the object to use instead.
     """
-    source = random or random_module.random
-    if jitter == "full":
-        return FullJitter(base_seconds=base_seconds, cap_seconds=cap_seconds, random=source)
-    if jitter == "decorrelated":
-        return DecorrelatedJitter(base_seconds=base_seconds, cap_seconds=cap_seconds, random=source)
-    raise ConfigurationError(f"jitter must be one of {JITTERS}, got {jitter!r}", jitter=jitter)
+    if isinstance(value, Wait):
+        return value
+    if isinstance(value, str):
+        raise ConfigurationError(
+            f"backoff={value!r}: strategies are objects, e.g. "
+            "backoff=wait_full_jitter(base=1, cap=60) or wait_decorrelated_jitter(...) "
+            "(resilience.retry.backoff)",
+            option="backoff",
+        )
+    raise ConfigurationError(
+        f"backoff must be a Wait strategy (resilience.retry.backoff), got {value!r}",
+        option="backoff",
+    )
 
 
 def delay_with_retry_after(
-    strategy: Backoff, attempt: int, previous_delay_seconds: float | None, retry_after: float | None
+    strategy: Wait, attempt: int, previous_delay_seconds: float | None, retry_after: float | None
 ) -> float:
     """The strategy's delay, raised to the dependency's Retry-After when it asked for more."""
     delay = strategy(attempt, previous_delay_seconds)

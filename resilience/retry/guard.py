@@ -24,18 +24,19 @@ the error and this guard decides as above, counting Celery's retries in `request
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Ignore, Reject, Retry
 
+from resilience.config import configured
 from resilience.counters import count_call
 from resilience.deadletter.giveup import give_up
 from resilience.errors import ConfigurationError, DeadLettered
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Guard, Stage, attach
-from resilience.retry.backoff import JITTERS, backoff_for, delay_with_retry_after
+from resilience.retry.backoff import Wait, check_backoff, delay_with_retry_after, wait_full_jitter
 from resilience.retry.budget import (
     RedisBudgetBackend,
     RetryBudget,
@@ -60,46 +61,31 @@ class RetryConfig:
 
     Args:
         max_attempts: executions in total, the first included (1 = never retry).
-        base_delay_seconds / cap_delay_seconds: backoff scale and ceiling.
-        jitter: "full" (default) or "decorrelated".
+        backoff: a strategy of `resilience.retry.backoff` (default
+            `wait_full_jitter(base=1, cap=60)`); strategies compose with `+`:
+            `wait_exponential(base=1, cap=30) + wait_random(0, 1)`.
         dependency: name of the budget (several tasks calling one service share it);
             None = the task's name.
         budget: the fleet-wide retry budget; None disables it (only max_attempts bounds retries).
         classify_hooks: callables `hook(exc) -> bool | None` consulted before the built-in rules.
-        random: source of [0, 1) floats for the jitter (inject in tests).
     """
 
     max_attempts: int = 3
-    base_delay_seconds: float = 1.0
-    cap_delay_seconds: float = 60.0
-    jitter: str = "full"
+    backoff: Wait = field(default_factory=wait_full_jitter)
     dependency: str | None = None
     budget: RetryBudget | None = field(default_factory=RetryBudget)
     classify_hooks: Sequence[ClassifyHook] = ()
-    random: Callable[[], float] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
             raise ConfigurationError(f"max_attempts must be an int >= 1, got {self.max_attempts!r}")
-        if self.jitter not in JITTERS:
-            raise ConfigurationError(f"jitter must be one of {JITTERS}, got {self.jitter!r}")
+        check_backoff(self.backoff)
         if self.budget is not None and not isinstance(self.budget, RetryBudget):
             raise ConfigurationError(f"budget must be a RetryBudget or None, got {self.budget!r}")
         for hook in self.classify_hooks:
             if not callable(hook):
                 raise ConfigurationError(f"classify hook {hook!r} is not callable")
         object.__setattr__(self, "classify_hooks", tuple(self.classify_hooks))
-        # Builds (and so validates) the strategy: negative delays, cap below base.
-        object.__setattr__(
-            self,
-            "_backoff",
-            backoff_for(
-                self.jitter,
-                base_seconds=self.base_delay_seconds,
-                cap_seconds=self.cap_delay_seconds,
-                random=self.random,
-            ),
-        )
 
     def is_retryable(self, exc: BaseException) -> bool:
         """The classification with this policy's hooks."""
@@ -110,7 +96,7 @@ class RetryConfig:
     ) -> float:
         """Delay after failed `attempt` with `exc`; Retry-After honoured as the minimum."""
         return delay_with_retry_after(
-            self._backoff,  # type: ignore[attr-defined]
+            self.backoff,
             attempt,
             previous_delay_seconds,
             retry_after(exc),
@@ -239,44 +225,25 @@ def _previous_delay(request: Any) -> float | None:
 
 
 def retry_policy(
-    *,
-    max_attempts: int = 3,
-    base_delay_seconds: float = 1.0,
-    cap_delay_seconds: float = 60.0,
-    jitter: str = "full",
-    dependency: str | None = None,
-    budget: RetryBudget | None = None,
-    classify_hooks: Iterable[ClassifyHook] = (),
-    random: Callable[[], float] | None = None,
-    use_budget: bool = True,
+    config: RetryConfig | None = None, /, **overrides: Any
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: classified, jittered, budgeted retries through Celery's own retry.
 
         @app.task(tier="standard")
-        @retry_policy(max_attempts=4, dependency="payments", budget=RetryBudget(ratio=0.2))
+        @retry_policy(max_attempts=4, dependency="payments", budget=RetryBudget(ratio=0.2),
+                      backoff=wait_full_jitter(base=0.5, cap=10))
         def charge(order_id: int) -> None: ...
 
-    `budget=None` takes the default `RetryBudget()`; `use_budget=False` disables it.
+    Takes a `RetryConfig` and/or keyword overrides of its fields (options, defaults and
+    meaning: `RetryConfig`); `budget=None` disables the budget.
 
     Raises:
-        ConfigurationError: at definition time for bad values (negative delays, cap below
-            base, max_attempts < 1, ratio outside 0..1, window <= 0, unknown jitter).
+        ConfigurationError: at definition time: an unknown option or a value `RetryConfig`
+            refuses (max_attempts < 1, a backoff that is not a strategy object, ...).
     """
-    policy = RetryConfig(
-        max_attempts=max_attempts,
-        base_delay_seconds=base_delay_seconds,
-        cap_delay_seconds=cap_delay_seconds,
-        jitter=jitter,
-        dependency=dependency,
-        budget=(budget or RetryBudget()) if use_budget else None,
-        classify_hooks=tuple(classify_hooks),
-        random=random,
-    )
+    policy = configured(RetryConfig, config, overrides, where="retry_policy")
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         return attach(func, RetryGuard(policy))
 
     return decorate
-
-
-RetryPolicy = RetryConfig  # deprecated alias, removed in the next release

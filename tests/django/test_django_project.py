@@ -50,12 +50,12 @@ from celery import shared_task
 
 from payments.models import Payment
 from resilience.idempotency import idempotent, unique
-from resilience.retry import retry_policy
+from resilience.retry import retry_policy, wait_full_jitter
 
 
 @shared_task
 @idempotent(key="{order_id}", transactional=True)
-@retry_policy(max_attempts=3, base_delay_seconds=0.1, use_budget=False)
+@retry_policy(max_attempts=3, backoff=wait_full_jitter(base=0.1), budget=None)
 def flaky(order_id: UUID, marker: str) -> int:
     payment = Payment.objects.create(order_id=order_id, amount=Decimal("1.00"))
     if not os.path.exists(marker):

@@ -47,25 +47,22 @@ class TestVocabulary:
             with pytest.raises(ConfigurationError, match="'fail_open' or 'fail_closed'"):
                 _configs("sometimes")[make]
 
-    @pytest.mark.parametrize(("old", "new"), [
-        ("defer", StoreDown.FAIL_CLOSED), ("run", StoreDown.FAIL_OPEN),
-        ("open", StoreDown.FAIL_OPEN), ("closed", StoreDown.FAIL_CLOSED),
-        ("allow", StoreDown.FAIL_OPEN), ("deny", StoreDown.FAIL_CLOSED),
-        ("raise", StoreDown.FAIL_CLOSED),
-    ])
-    def test_old_spellings_still_work_with_a_warning(self, old: str, new: StoreDown) -> None:
-        with pytest.warns(DeprecationWarning, match="on_store_down"):
-            assert store_down_policy(old) is new
+    @pytest.mark.parametrize("old", ["defer", "run", "open", "closed", "allow", "deny",
+                                     "raise", True, False, None])
+    def test_old_spellings_are_refused(self, old: Any) -> None:
+        """Only "fail_open" / "fail_closed" / StoreDown: an old word names the valid two."""
+        with pytest.raises(ConfigurationError, match="'fail_open' or 'fail_closed'"):
+            store_down_policy(old)
 
-    def test_old_option_names_still_work_with_a_warning(self) -> None:
+    def test_old_option_names_are_unknown(self) -> None:
+        """`on_store_error=` and `fail_open=` are no options of any config."""
         from resilience.locks.guards import SingletonConfig
         from resilience.ratelimit.guards import RateLimitConfig
 
-        with pytest.warns(DeprecationWarning):
-            assert SingletonConfig(on_store_error="run").on_store_down is StoreDown.FAIL_OPEN
-        with pytest.warns(DeprecationWarning):
-            config = RateLimitConfig(name="r", rate="1/s", fail_open=False)
-        assert config.on_store_down is StoreDown.FAIL_CLOSED
+        with pytest.raises(TypeError):
+            SingletonConfig(on_store_error="run")  # type: ignore[call-arg]
+        with pytest.raises(TypeError):
+            RateLimitConfig(name="r", rate="1/s", fail_open=False)  # type: ignore[call-arg]
 
     def test_defaults_follow_the_design(self) -> None:
         """Idempotency and exclusivity fail closed; the rest fail open (DESIGN.md)."""

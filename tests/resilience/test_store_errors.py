@@ -19,7 +19,8 @@ from jobs.embedded import free_port
 from resilience.errors import StorageError, StoreRejected, StoreUnavailable
 from resilience.idempotency.backends.postgres import PostgresIdempotencyBackend, autocommit_engine
 from resilience.locks.backends.postgres import AdvisorySession
-from resilience.ratelimit import RedisBackend
+from resilience.ratelimit import RedisBackend, parse
+from resilience.ratelimit.algorithms import GCRA, Params
 from resilience.retry.budget import RedisBudgetBackend, RetryBudget, budget_key
 from resilience.stores import translate_store_error, wrap_store_errors
 from tests.support import dead_redis
@@ -93,7 +94,7 @@ class TestUnavailable:
         """Nothing listens on the port: StoreUnavailable naming the key."""
         client = dead_redis()
         with pytest.raises(StoreUnavailable, match="tests-key"):
-            RedisBackend(client).gcra("tests-key", interval_seconds=1, burst=1)
+            RedisBackend(client).run(GCRA, "tests-key", Params.of_rate(parse("1/second")))
 
     def test_postgresql_connection_refused(self) -> None:
         engine = sa.create_engine(f"postgresql+psycopg2://postgres@127.0.0.1:{free_port()}/x")
@@ -130,7 +131,7 @@ class TestNoPasswordInMessages:
         client = redis.Redis.from_url(f"redis://:{PASSWORD}@127.0.0.1:{free_port()}/0",
                                       socket_connect_timeout=0.5)
         with pytest.raises(StoreUnavailable) as raised:
-            RedisBackend(client).gcra("k", interval_seconds=1, burst=1)
+            RedisBackend(client).run(GCRA, "k", Params.of_rate(parse("1/second")))
         assert_no_password(raised.value)
 
     def test_sqlalchemy_url_with_password(self) -> None:

@@ -378,6 +378,3 @@ class RedlockBackend:
     def _give_up(self, lease: Lease) -> None:
         with contextlib.suppress(LockError):
             self.redlock.release(lease)
-
-
-RedlockOptions = RedlockConfig  # deprecated alias, removed in the next release

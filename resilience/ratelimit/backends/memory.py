@@ -16,14 +16,13 @@ from resilience.ratelimit.algorithms import (
     Params,
     WaitingLine,
 )
-from resilience.ratelimit.backends import Shortcuts
 
 
 def _us(seconds: float) -> int:
     return round(seconds * 1_000_000)
 
 
-class MemoryBackend(Shortcuts):
+class MemoryBackend:
     """Limiter state in a dict behind one lock; each step is an algorithm's pure function.
 
     Args:

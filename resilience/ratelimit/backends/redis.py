@@ -28,7 +28,6 @@ from resilience.ratelimit.algorithms import (
     Params,
     Schema,
 )
-from resilience.ratelimit.backends import Shortcuts
 from resilience.scripts import LuaScript
 from resilience.stores import wrap_store_errors
 
@@ -62,7 +61,7 @@ _READERS: dict[Schema, tuple[Callable[[Any, str], None], Callable[[Any], Any]]] 
 }
 
 
-class RedisBackend(Shortcuts):
+class RedisBackend:
     """Limiter state in Redis.
 
     Args:

@@ -12,7 +12,7 @@ from typing import Any
 from jobs import app
 from resilience.circuit.guard import circuit_breaker
 from resilience.idempotency import idempotent
-from resilience.retry import Retryable, retry_policy
+from resilience.retry import Retryable, retry_policy, wait_full_jitter
 from resilience.stores import stores_for
 
 QUEUE = "tests-tracing"
@@ -22,7 +22,7 @@ BREAKER = "tests-tracing-dependency"
 @app.task(tier="standard", queue=QUEUE, name="tests.tracing.traced")
 @idempotent(key="{key}")
 @circuit_breaker(BREAKER, open_seconds=0.5)
-@retry_policy(max_attempts=3, base_delay_seconds=0.1, cap_delay_seconds=1.0, use_budget=False)
+@retry_policy(max_attempts=3, backoff=wait_full_jitter(base=0.1, cap=1.0), budget=None)
 def traced(key: str) -> dict[str, Any]:
     """Fails its first run with a retryable error (Retry-After 0.3 s), then succeeds."""
     runs = stores_for(app).redis().incr(f"tests:tracing:runs:{key}")

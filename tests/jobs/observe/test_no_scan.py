@@ -56,6 +56,7 @@ def fill(client: redis.Redis) -> None:
     from resilience.circuit.config import BreakerConfig
     from resilience.pause.backends.redis import RedisPauseBackend
     from resilience.ratelimit import RedisBackend
+    from resilience.ratelimit.algorithms import LEASE, Params
     from resilience.retry.budget import RedisBudgetBackend, RetryBudget
 
     with client.pipeline(transaction=False) as pipe:
@@ -68,8 +69,8 @@ def fill(client: redis.Redis) -> None:
     budgets = RedisBudgetBackend(lambda: client)
     for _ in range(4):
         budgets.decide("observe-budget-dep", "request", RetryBudget())
-    assert RedisBackend(client).acquire_lease("observe-slots", holder="a", limit=3,
-                                              lease_seconds=60).allowed
+    assert RedisBackend(client).run(LEASE, "observe-slots", Params.of_slots(3, lease_seconds=60),
+                                    "a").allowed
     RedisPauseBackend(client).pause("tier", "optional", reason="no-scan test")
 
 

@@ -100,13 +100,16 @@ class TestCollect:
                                                     redis_client: Any) -> None:
         """Live leases of a semaphore count as in use; an expired lease does not."""
         from resilience.ratelimit import RedisBackend
+        from resilience.ratelimit.algorithms import LEASE, Params
 
         backend = RedisBackend(stores.redis)
-        assert backend.acquire_lease("observe-slots", holder="a", limit=3,
-                                     lease_seconds=60).allowed
-        assert backend.acquire_lease("observe-slots", holder="b", limit=3,
-                                     lease_seconds=0.001).allowed
-        wait_for(lambda: len(backend.holders("observe-slots")) == 1, timeout_seconds=10,
+        assert backend.run(LEASE, "observe-slots", Params.of_slots(3, lease_seconds=60),
+                           "a").allowed
+        assert backend.run(LEASE, "observe-slots", Params.of_slots(3, lease_seconds=0.001),
+                           "b").allowed
+        wait_for(lambda: sum(lease.alive for lease in
+                             backend.describe(LEASE, "observe-slots")[0].holders) == 1,
+                 timeout_seconds=10,
                  message="the short lease to expire")
         rows = {row["name"]: row for row in collect(app, active=False)["limits"]["concurrency"]}
         assert rows["observe-slots"]["in_use"] == 1

@@ -50,7 +50,7 @@ from resilience.circuit import circuit_breaker
 from resilience.idempotency import idempotent
 from resilience.locks import exclusive, singleton
 from resilience.ratelimit import limit_concurrency, rate_limit
-from resilience.retry import RetryBudget, retry_policy
+from resilience.retry import RetryBudget, retry_policy, wait_full_jitter
 
 TIER = "critical"
 QUEUE = "compose"
@@ -307,8 +307,8 @@ def _decorators(stack: Stack) -> dict[str, Callable[[Callable[..., Any]], Callab
         "concurrency": limit_concurrency(name, CONCURRENCY_LIMIT,
                                          lease_seconds=TIME_LIMIT_SECONDS, retry_seconds=0.1),
         "rate": rate_limit(name, RATE, retry_seconds=0.2),
-        "retry": retry_policy(max_attempts=MAX_ATTEMPTS, base_delay_seconds=0.05,
-                              cap_delay_seconds=0.2,
+        "retry": retry_policy(max_attempts=MAX_ATTEMPTS,
+                              backoff=wait_full_jitter(base=0.05, cap=0.2),
                               budget=RetryBudget(ratio=0.5, min_per_second=5)),
     }
 

@@ -255,17 +255,6 @@ class TestSlidingWindow:
         assert backend.run(SLIDING_WINDOW, "k", params).allowed
 
 
-class TestShortcuts:
-    def test_former_calls_still_answer(self, backend: Any) -> None:
-        """The deprecated per-algorithm calls run the registered algorithms."""
-        assert backend.gcra("g", interval_seconds=60, burst=1).allowed
-        assert not backend.gcra("g", interval_seconds=60, burst=1).allowed
-        assert backend.sliding_window("w", limit=1, window_seconds=60).allowed
-        assert backend.acquire_lease("s", holder="h", limit=1, lease_seconds=60).used == 1
-        assert list(backend.holders("s")) == ["h"]
-        assert backend.release_lease("s", holder="h")
-
-
 def max_in_window(times: list[float], window: float) -> int:
     """Most events in any half-open window [t, t + window) (starts at each event suffice)."""
     ordered = sorted(times)

@@ -11,6 +11,7 @@ import urllib.request
 from typing import Any
 
 from jobs import app
+from resilience.retry.backoff import wait_decorrelated_jitter, wait_full_jitter
 from resilience.retry.budget import RetryBudget
 from resilience.retry.classify import NonRetryable, Retryable
 from resilience.retry.guard import retry_policy
@@ -26,8 +27,7 @@ def call_dependency(url: str) -> int:
 @app.task(tier="standard")
 @retry_policy(
     max_attempts=4,
-    base_delay_seconds=0.05,
-    cap_delay_seconds=0.2,
+    backoff=wait_full_jitter(base=0.05, cap=0.2),
     dependency="test-storm",
     # A window longer than the test and no floor: the bound is then a pure count property.
     budget=RetryBudget(ratio=0.2, min_per_second=0, window_seconds=600),
@@ -37,7 +37,7 @@ def failure_storm_budgeted(url: str) -> int:
 
 
 @app.task(tier="standard")
-@retry_policy(max_attempts=5, base_delay_seconds=0.3, cap_delay_seconds=0.5)
+@retry_policy(max_attempts=5, backoff=wait_full_jitter(base=0.3, cap=0.5))
 def failure_non_retryable(counter: str, status: int | None = None) -> None:
     stores_for(app).redis().incr(counter)
     if status is not None:
@@ -46,7 +46,7 @@ def failure_non_retryable(counter: str, status: int | None = None) -> None:
 
 
 @app.task(tier="standard")
-@retry_policy(max_attempts=3, base_delay_seconds=0.3, cap_delay_seconds=0.5)
+@retry_policy(max_attempts=3, backoff=wait_full_jitter(base=0.3, cap=0.5))
 def failure_retry_after(counter: str, retry_after_seconds: float) -> str:
     redis = stores_for(app).redis()
     redis.rpush(counter, repr(time.time()))
@@ -58,8 +58,7 @@ def failure_retry_after(counter: str, retry_after_seconds: float) -> str:
 @app.task(tier="standard", bind=True, max_retries=2)
 @retry_policy(
     max_attempts=3,
-    base_delay_seconds=0.3,
-    cap_delay_seconds=0.5,
+    backoff=wait_full_jitter(base=0.3, cap=0.5),
     dependency="test-self-retry",
     budget=RetryBudget(ratio=0.2, min_per_second=0, window_seconds=600),
 )
@@ -71,7 +70,7 @@ def failure_self_retry(self: Any, counter: str) -> str:
 
 
 @app.task(tier="standard", bind=True)
-@retry_policy(max_attempts=3, base_delay_seconds=0.3, cap_delay_seconds=0.5, jitter="decorrelated")
+@retry_policy(max_attempts=3, backoff=wait_decorrelated_jitter(base=0.3, cap=0.5))
 def failure_decorrelated(self: Any, counter: str) -> str:
     from resilience.retry.guard import _previous_delay
 
@@ -85,8 +84,7 @@ def failure_decorrelated(self: Any, counter: str) -> str:
 @app.task(tier="standard", autoretry_for=(Retryable,), max_retries=1, default_retry_delay=0.3)
 @retry_policy(
     max_attempts=3,
-    base_delay_seconds=0.3,
-    cap_delay_seconds=0.5,
+    backoff=wait_full_jitter(base=0.3, cap=0.5),
     dependency="test-autoretry",
     budget=RetryBudget(ratio=1.0, min_per_second=0, window_seconds=600),
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import urllib.error
 import uuid
 from email.message import Message
@@ -10,7 +11,14 @@ from typing import Any
 import pytest
 
 from resilience.errors import ConfigurationError
-from resilience.retry.backoff import DecorrelatedJitter, FullJitter, backoff_for
+from resilience.pipeline import attached
+from resilience.retry.backoff import (
+    wait_decorrelated_jitter,
+    wait_exponential,
+    wait_fixed,
+    wait_full_jitter,
+    wait_random,
+)
 from resilience.retry.budget import RedisBudgetBackend, RetryBudget, RetryBudgetGate
 from resilience.retry.classify import NonRetryable, Retryable, is_retryable, retry_after
 from resilience.retry.guard import RetryConfig, retry_policy
@@ -82,40 +90,82 @@ class TestClassify:
 class TestBackoff:
     def test_full_jitter_bounds(self) -> None:
         """Full jitter draws in [0, min(cap, base * 2^(n-1))]."""
-        top = FullJitter(base_seconds=1, cap_seconds=5, random=lambda: 0.999999)
+        top = wait_full_jitter(base=1, cap=5, random=lambda: 0.999999)
         assert top(1) == pytest.approx(1, rel=1e-3)
         assert top(3) == pytest.approx(4, rel=1e-3)
         assert top(10) == pytest.approx(5, rel=1e-3)
-        assert FullJitter(base_seconds=1, cap_seconds=5, random=lambda: 0.0)(4) == 0
+        assert wait_full_jitter(base=1, cap=5, random=lambda: 0.0)(4) == 0
 
     def test_decorrelated_grows_from_previous(self) -> None:
         """Decorrelated jitter draws in [base, 3 * previous], capped."""
-        top = DecorrelatedJitter(base_seconds=1, cap_seconds=10, random=lambda: 1.0)
+        top = wait_decorrelated_jitter(base=1, cap=10, random=lambda: 1.0)
         assert top(1, None) == 3
         assert top(2, 3) == 9
         assert top(3, 9) == 10
-        assert DecorrelatedJitter(base_seconds=1, cap_seconds=10, random=lambda: 0.0)(2, 9) == 1
+        assert wait_decorrelated_jitter(base=1, cap=10, random=lambda: 0.0)(2, 9) == 1
+
+    def test_strategies_add(self) -> None:
+        """`a + b` waits the sum: exponential plus a random spread, fixed plus fixed."""
+        wait = wait_exponential(base=1, cap=30) + wait_random(0, 1, random=lambda: 0.25)
+        assert [wait(attempt) for attempt in (1, 2, 3, 6)] == [1.25, 2.25, 4.25, 30.25]
+        assert (wait_fixed(2) + wait_fixed(3) + wait_fixed(0.5))(7) == 5.5
+        assert sum([wait_fixed(1), wait_fixed(2)])(1) == 3
+
+    def test_seeded_random_stays_within_bounds(self) -> None:
+        """A sum of an exponential and a seeded random spread stays in its bounds."""
+        source = random.Random(42)
+        wait = wait_exponential(base=0.5, cap=4) + wait_random(1, 2, random=source.random)
+        for attempt in range(1, 20):
+            low = min(4, 0.5 * 2 ** (attempt - 1)) + 1
+            assert low <= wait(attempt) <= low + 1
 
     def test_retry_after_is_a_floor(self) -> None:
         """A dependency's Retry-After wins over a shorter backoff."""
-        policy = RetryConfig(base_delay_seconds=0.1, cap_delay_seconds=1, random=lambda: 0.5)
+        policy = RetryConfig(backoff=wait_full_jitter(base=0.1, cap=1, random=lambda: 0.5))
         assert policy.delay_seconds(1, Retryable(retry_after_seconds=4)) == 4
         assert policy.delay_seconds(1, Retryable()) == pytest.approx(0.05)
 
     @pytest.mark.parametrize(
         "options",
         [
-            {"base_delay_seconds": -1},
-            {"cap_delay_seconds": 0.5, "base_delay_seconds": 1},
             {"max_attempts": 0},
-            {"jitter": "gaussian"},
+            {"backoff": "full"},
+            {"backoff": lambda attempt, previous: 1.0},
             {"budget": "lots"},
         ],
     )
     def test_bad_policy(self, options: dict[str, Any]) -> None:
-        """Negative delays, cap below base, no attempts, unknown jitter fail at definition."""
+        """No attempts, a backoff that is not a strategy object, a bad budget fail at
+        definition."""
         with pytest.raises(ConfigurationError):
             retry_policy(**options)
+
+    @pytest.mark.parametrize(
+        "make",
+        [lambda: wait_full_jitter(base=-1), lambda: wait_exponential(base=2, cap=1),
+         lambda: wait_random(2, 1), lambda: wait_fixed(-1)],
+    )
+    def test_bad_strategy(self, make: Any) -> None:
+        """Negative delays and a cap below the base fail when the strategy is built."""
+        with pytest.raises(ConfigurationError):
+            make()
+
+    def test_a_string_names_the_object_to_use(self) -> None:
+        """backoff="decorrelated" is refused with the strategy object to write instead."""
+        with pytest.raises(ConfigurationError, match="wait_decorrelated_jitter"):
+            RetryConfig(backoff="decorrelated")  # type: ignore[arg-type]
+
+    def test_unknown_override_names_the_valid_options(self) -> None:
+        """A former option (`jitter=`) is an unknown one; the message lists RetryConfig's."""
+        with pytest.raises(ConfigurationError, match="jitter.*valid:.*backoff"):
+            retry_policy(jitter="full")
+
+    def test_config_instance_with_overrides(self) -> None:
+        """A RetryConfig plus overrides: the overrides replace its fields, the rest stays."""
+        base = RetryConfig(max_attempts=5, dependency="payments")
+        decorated = retry_policy(base, max_attempts=2)(lambda: None)
+        [guard] = attached(decorated)
+        assert (guard.policy.max_attempts, guard.policy.dependency) == (2, "payments")
 
     @pytest.mark.parametrize(
         "options",
@@ -126,10 +176,6 @@ class TestBackoff:
         """A ratio outside 0..1, a window <= 0, a negative floor fail at definition."""
         with pytest.raises(ConfigurationError):
             RetryBudget(**options)
-
-    def test_unknown_jitter(self) -> None:
-        with pytest.raises(ConfigurationError):
-            backoff_for("none", base_seconds=1, cap_seconds=2)
 
 
 class TestRetryBudget:
