@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from kombu.utils.json import JSONEncoder
+from kombu.utils.json import object_hook as kombu_object_hook
 
 from resilience.errors import ArgumentsDoNotBind, ConfigurationError, InvalidKey, NonJsonArguments
 
@@ -81,6 +82,22 @@ def canonical_arguments(value: Any) -> str:
             f"None, list, dict, UUID, datetime, date, time, Decimal): {exc}",
             cause=repr(exc),
         ) from None
+
+
+def revive(value: Any) -> Any:
+    """A value stored as `canonical_arguments` wrote it, with kombu's tagged values
+    (`{"__type__": "uuid", "__value__": ...}`) turned back into `UUID`, `Decimal`, ... as
+    Celery's JSON decoder does: a replayed result equals what the first call returned."""
+    if isinstance(value, dict):
+        if value.keys() == _TAGGED:
+            return kombu_object_hook(value)
+        return {name: revive(item) for name, item in value.items()}
+    if isinstance(value, list):
+        return [revive(item) for item in value]
+    return value
+
+
+_TAGGED = {"__type__", "__value__"}
 
 
 @lru_cache(maxsize=1024)

@@ -59,7 +59,14 @@ from resilience.idempotency.config import (
     LEASE_MARGIN_SECONDS,
     IdempotencyConfig,
 )
-from resilience.keys import GuardKey, KeyOption, KeySpec, canonical_json
+from resilience.keys import (
+    GuardKey,
+    KeyOption,
+    KeySpec,
+    canonical_arguments,
+    canonical_json,
+    revive,
+)
 from resilience.outbox.enqueue import outbox_id_of
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, EnqueueGuard, EnqueueStage, Guard, Publish, Stage, attach
@@ -372,7 +379,7 @@ class IdempotencyGuard(Guard):
             Outcome.REPLAYED,
             guard=GUARD_NAME,
             reason=f"key {key.value!r} already succeeded in task {task_id}",
-            result=result,
+            result=revive(result),
             details={"key": key.value, "original_task_id": task_id, "source": source},
         )
 
@@ -425,7 +432,9 @@ class IdempotencyGuard(Guard):
         taken: _Taken = call.kept(self)
         claim, key = taken.claim, taken.key
         try:
-            result_json = canonical_json(result)
+            # What Celery's JSON result backend carries (UUID, datetime, Decimal ... tagged),
+            # so a result that the backend stores is one the record can replay.
+            result_json = canonical_arguments(result)
         except NonJsonArguments as exc:
             self._close(taken)
             message = f"UnserializableResult: {exc}"
@@ -436,8 +445,8 @@ class IdempotencyGuard(Guard):
                     "fail",
                 )
             raise UnserializableResult(
-                f"{self.task_name}: the result of an idempotent task must be JSON so it can "
-                f"be replayed; got {type(result).__name__}",
+                f"{self.task_name}: the result of an idempotent task must be what Celery's "
+                f"JSON serializer carries, so it can be replayed; got {type(result).__name__}",
                 key=key.value,
             ) from None
         if self.config.transactional:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from datetime import datetime, timezone
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -178,6 +180,28 @@ class TestGuardFlow:
         assert stopped.value.outcome is Outcome.REPLAYED and stopped.value.result == {"n": 1}
         assert stopped.value.details["source"] == "database" and ran == [1]
         assert only_record(memory, tasks.idem_count, "k").state == SUCCEEDED
+
+    @pytest.mark.parametrize("backend", ["memory", "postgres"])
+    def test_a_replay_answers_the_types_celerys_json_carries(
+        self, stores: Any, backend: str
+    ) -> None:
+        """A result with UUID, datetime and Decimal (Celery's JSON serializer carries them)
+        is recorded, and a duplicate is REPLAYED with those very values, not tagged dicts."""
+        from resilience.idempotency.backends.postgres import (
+            PostgresIdempotencyBackend,
+            autocommit_engine,
+        )
+
+        store = (MemoryIdempotencyBackend() if backend == "memory"
+                 else PostgresIdempotencyBackend(autocommit_engine(stores)))
+        pipeline, key = guarded(tasks.idem_count, store, key="{key}"), uuid.uuid4().hex
+        value = {"id": uuid.uuid4(), "amount": Decimal("12.50"),
+                 "at": [datetime(2026, 11, 26, 21, 30, tzinfo=timezone.utc)]}
+        assert run(pipeline, tasks.idem_count, lambda c: value, key) == value
+        with pytest.raises(Stop) as stopped:
+            run(pipeline, tasks.idem_count, lambda c: pytest.fail("ran"), key)
+        assert stopped.value.outcome is Outcome.REPLAYED
+        assert stopped.value.result == value
 
     def test_other_arguments_under_the_same_key_are_refused(
         self, stores: Any, memory: MemoryIdempotencyBackend
