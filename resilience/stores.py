@@ -42,6 +42,16 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
 _ATTRIBUTE = "resilience_stores"
+
+#: Client-side TCP settings of every PostgreSQL connection the stores open (libpq
+#: parameters, nothing sent to the server, so poolers accept them): a partition surfaces
+#: as a connection error within ~10 s (unacknowledged data or unanswered keepalive probes
+#: for `tcp_user_timeout` ms end the connection) instead of a call that hangs until the
+#: task's hard time limit. A guard then applies its store-down policy.
+PG_CLIENT_TCP: dict[str, int] = {
+    "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
 _Backend = TypeVar("_Backend")
 
 
@@ -272,7 +282,8 @@ class Stores:
                 pool_pre_ping=True,
                 pool_size=5,
                 max_overflow=5,
-                connect_args={"connect_timeout": int(max(1, self.socket_timeout_seconds))},
+                connect_args={"connect_timeout": int(max(1, self.socket_timeout_seconds)),
+                              **PG_CLIENT_TCP},
             )
             cache["engine"] = engine
         return engine
@@ -307,7 +318,8 @@ class Stores:
             engine = create_engine(
                 self.locks_database_url,
                 poolclass=NullPool,
-                connect_args={"connect_timeout": int(max(1, self.socket_timeout_seconds))},
+                connect_args={"connect_timeout": int(max(1, self.socket_timeout_seconds)),
+                              **PG_CLIENT_TCP},
             )
             cache["locks_engine"] = engine
         return engine

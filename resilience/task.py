@@ -543,6 +543,29 @@ class GuardedTask(Task):
         raise OutcomeStored(event_type_of(stop.outcome), {
             **stop.as_meta(), "result": saferepr(value, self.resultrepr_maxsize)}) from None
 
+    def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any,
+                   einfo: Any) -> None:
+        """A job ended by its time limit is dead-lettered with that reason, never only FAILED.
+
+        The hard limit (`TimeLimitExceeded`): the pool killed the process; Celery calls this
+        in the worker's main process and acknowledges the message (`acks_on_timeout`), so
+        nothing would run it again. The soft limit (`SoftTimeLimitExceeded`, in the body)
+        that no retry policy turned into a retry or a dead letter. A claim the call held
+        is taken over after its lease (a transactional body's writes were rolled back).
+        A message Celery requeues instead (`acks_on_timeout=False`) is left alone.
+        """
+        from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
+
+        if isinstance(exc, TimeLimitExceeded):
+            if self.acks_late and not self.acks_on_timeout:
+                return
+            reason = f"hard time limit exceeded ({exc}): the pool killed the process"
+        elif isinstance(exc, SoftTimeLimitExceeded):
+            reason = f"soft time limit exceeded ({exc})"
+        else:
+            return
+        dead_letter_time_limit(self, task_id, args, kwargs, reason, exc)
+
     def defer(self, call: Call, stop: Stop) -> None:
         """Republish this message after `retry_after_seconds`, without spending a retry.
 
@@ -574,3 +597,31 @@ class GuardedTask(Task):
 def _in_canvas(request: Any) -> bool:
     """Is this job part of a chain, group, chord or has links to call with its result?"""
     return any(getattr(request, name, None) for name in ("chain", "callbacks", "chord", "group"))
+
+
+def dead_letter_time_limit(task: Any, task_id: str, args: Any, kwargs: Any, reason: str,
+                           exc: BaseException) -> None:
+    """Record `task_id` in the dead-letter place (guard `time_limit`) and count it; a
+    store that cannot take the row is logged with the arguments (never raised: this runs
+    in Celery's failure handling)."""
+    from resilience.counters import count_outcome
+    from resilience.deadletter.giveup import dead_letter_place
+    from resilience.errors import StorageError
+    from resilience.stores import stores_for
+
+    tier = getattr(task, "tier", None)
+    try:
+        dead_letter_place(stores_for(task.app)).add(
+            task_name=task.name, task_id=task_id, args=args, kwargs=kwargs,
+            guard="time_limit", reason=reason, attempts=1, tier=tier,
+            queue=getattr(task, "queue", None), exception=exc)
+    except StorageError as error:
+        logger.error("dead letter NOT recorded for %s[%s] args=%r kwargs=%r (%s): %s",
+                     task.name, task_id, args, kwargs, reason, error)
+    except Exception:
+        logger.exception("dead letter NOT recorded for %s[%s] (%s)", task.name, task_id,
+                         reason)
+    else:
+        logger.warning("job dead-lettered: %s[%s]: %s", task.name, task_id, reason)
+    count_outcome(task.app, Outcome.DEAD_LETTERED.value, guard="time_limit", tier=tier,
+                  name=task.name, reason=reason)

@@ -13,6 +13,7 @@ from sqlalchemy import text
 
 from jobs import app
 from resilience.errors import StaleFencingToken
+from resilience.idempotency import idempotent
 from resilience.locks import FencingTokens, exclusive, singleton
 from resilience.stores import stores_for
 
@@ -36,8 +37,9 @@ def runs_key(run_id: str) -> str:
     return f"partition:{run_id}:runs"
 
 
-def _record(run_id: str, event: str, task_id: str | None, **fields: Any) -> None:
-    stores_for(app).redis().rpush(runs_key(run_id), json.dumps({
+def _record(run_id: str, event: str, task_id: str | None, **fields: Any) -> int:
+    """Append a record to `run_id`'s runs; how many there are now."""
+    return stores_for(app).redis().rpush(runs_key(run_id), json.dumps({
         "event": event, "node": os.environ.get("PARTITION_NODE", "?"), "task_id": task_id,
         "at": time.time(), **fields}))
 
@@ -95,3 +97,43 @@ def job(self: Any, run_id: str, index: int, seconds: float) -> int:
     time.sleep(seconds)
     _record(run_id, "end", self.request.id, index=index)
     return index
+
+
+@app.task(tier=TIER, bind=True, name="tests.partition.ledger")
+@idempotent(key="partition-ledger:{run_id}", transactional=True, cache=False, lease_seconds=5,
+            store_down_retry_seconds=2, poll_seconds=1)
+def ledger(self: Any, run_id: str, seconds: float, session: Any = None) -> dict[str, Any]:
+    """A transactional `@idempotent` job: `seconds` of work, then one ledger row written in
+    the body's transaction (committed with the claim's completion)."""
+    _record(run_id, "start", self.request.id)
+    time.sleep(seconds)
+    _write(session, run_id, os.environ.get("PARTITION_NODE", "?"), self.request.id, None,
+           "written")
+    _record(run_id, "end", self.request.id)
+    return {"ran_in": self.request.id}
+
+
+@app.task(tier=TIER, bind=True, name="tests.partition.overrun", time_limit=3,
+          soft_time_limit=None)
+@idempotent(key="partition-overrun:{run_id}", transactional=True, cache=False, lease_seconds=2)
+def overrun(self: Any, run_id: str, seconds: float, session: Any = None) -> dict[str, Any]:
+    """`ledger` under a 3 s hard time limit and no soft one: the first run sleeps
+    `seconds` (past the limit, it is killed), a later run of the same call does not."""
+    if _record(run_id, "start", self.request.id) == 1:
+        time.sleep(seconds)
+    _write(session, run_id, os.environ.get("PARTITION_NODE", "?"), self.request.id, None,
+           "written")
+    return {"ran_in": self.request.id}
+
+
+@app.task(tier=TIER, bind=True, name="tests.partition.soft_overrun", time_limit=6,
+          soft_time_limit=1)
+@idempotent(key="partition-soft:{run_id}", transactional=True, cache=False)
+def soft_overrun(self: Any, run_id: str, seconds: float, session: Any = None) -> dict[str, Any]:
+    """`ledger` under a 1 s soft time limit: the first run sleeps `seconds` (past the
+    limit, it raises in the body), a later run of the same call does not."""
+    if _record(run_id, "start", self.request.id) == 1:
+        time.sleep(seconds)
+    _write(session, run_id, os.environ.get("PARTITION_NODE", "?"), self.request.id, None,
+           "written")
+    return {"ran_in": self.request.id}

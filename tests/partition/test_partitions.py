@@ -23,6 +23,9 @@ pytestmark = pytest.mark.chaos
 #: lock within this many seconds of the holder's last packet.
 ORPHAN_BOUND_SECONDS = 15
 
+#: A transactional body cut from PostgreSQL is DEFERRED within this many seconds of the cut.
+DEFERRED_BOUND_SECONDS = 20
+
 #: A's advisory lock session, found by the name the guard gives it (`lock:<task id>`).
 _LOCK_SESSION = """
     SELECT a.pid FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid
@@ -241,3 +244,100 @@ class TestWorkerPartitionedFromBroker:
               f"{max(r['at'] for r in records) - healed_at:.1f}s after the heal")
         held_at_cut = {index for index, times in starts.items() if min(times) < cut_at}
         assert again <= held_at_cut
+
+
+def _ledger_rows(partition: Partition, run_id: str) -> list[str]:
+    with partition.engine().connect() as connection:
+        return [row.task_id for row in connection.execute(text(
+            "SELECT task_id FROM partition_writes WHERE run_id = :run_id ORDER BY id"),
+            {"run_id": run_id})]
+
+
+def _dead_letters(partition: Partition, task_id: str) -> list[tuple[str, str]]:
+    with partition.engine().connect() as connection:
+        return [(row.guard, row.reason) for row in connection.execute(text(
+            "SELECT guard, reason FROM resilience_dead_letters WHERE task_id = :task_id"),
+            {"task_id": task_id})]
+
+
+def _final_state(partition: Partition, task_id: str, timeout_seconds: float) -> str:
+    def ended() -> str | None:
+        state = partition.state(task_id)
+        return state if state in ("SUCCESS", "FAILURE") else None
+
+    return str(wait_for(ended, timeout_seconds=timeout_seconds, interval=0.2,
+                        message=f"task {task_id} ends"))
+
+
+class TestIdempotentJobPartitionedFromPostgres:
+    def test_the_job_is_deferred_within_seconds_and_succeeds_once_after_the_heal(
+        self, healed: Partition
+    ) -> None:
+        """Worker a runs a transactional `@idempotent` job and is cut from PostgreSQL 1-2 s
+        into its body: the body's insert on the dead connection fails within the TCP user
+        timeout (10 s; before, it hung until the hard time limit and the job was
+        acknowledged as FAILURE, its claim left in progress), the job is DEFERRED (~17 s
+        after the cut, with the claim's release tried) with its writes rolled back,
+        and after the heal a later delivery takes the claim over and commits:
+        SUCCESS, one ledger row, no dead letter."""
+        run_id = uuid.uuid4().hex[:12]
+        task = healed.send("tests.partition.ledger", node="a", run_id=run_id, seconds=2.5)
+        wait_for(lambda: _starts(healed, run_id, "a"), timeout_seconds=30,
+                 message="a's body starts")
+        time.sleep(1)
+        cut_at = healed.cut("a", "postgres")
+        try:
+            wait_for(lambda: healed.state(task) == "RETRY", timeout_seconds=25,
+                     message="the partitioned job is DEFERRED")
+            deferred_after = time.time() - cut_at
+        finally:
+            healed.heal("a", "postgres")
+        state = _final_state(healed, task, timeout_seconds=30)
+        print(f"DEFERRED {deferred_after:.1f}s after the cut; then {state}")
+        # The insert's TCP user timeout (10 s), then the claim's release tried on a fresh
+        # connection (its connect timeout, 5 s): measured ~17 s from a cut 1.5 s before it.
+        assert deferred_after < DEFERRED_BOUND_SECONDS
+        assert state == "SUCCESS"
+        assert _ledger_rows(healed, run_id) == [task]
+        assert _dead_letters(healed, task) == []
+
+
+class TestTimeLimits:
+    def test_a_job_killed_by_its_hard_time_limit_is_dead_lettered_and_can_run_again(
+        self, healed: Partition
+    ) -> None:
+        """A transactional `@idempotent` body sleeping past its 3 s hard limit is killed by
+        the pool: the job is dead-lettered (guard `time_limit`, the reason named), nothing
+        was written, and its claim is taken over after its 2 s lease: the same call sent
+        again (which does not sleep) runs and commits once."""
+        run_id = uuid.uuid4().hex[:12]
+        task = healed.send("tests.partition.overrun", node="a", run_id=run_id, seconds=10)
+        assert _final_state(healed, task, timeout_seconds=20) == "FAILURE"
+        letters = wait_for(lambda: _dead_letters(healed, task), timeout_seconds=5,
+                           message="the dead letter")
+        assert [guard for guard, _ in letters] == ["time_limit"]
+        assert "hard time limit" in letters[0][1]
+        assert _ledger_rows(healed, run_id) == []
+        again = healed.send("tests.partition.overrun", node="a", run_id=run_id, seconds=10)
+        assert _final_state(healed, again, timeout_seconds=20) == "SUCCESS"
+        assert _ledger_rows(healed, run_id) == [again]
+
+    def test_a_job_past_its_soft_time_limit_is_dead_lettered_and_can_run_again(
+        self, healed: Partition
+    ) -> None:
+        """A transactional `@idempotent` body past its 1 s soft limit (no retry policy):
+        dead-lettered with the reason, its writes rolled back, its claim recorded failed,
+        so the same call sent again (which does not sleep) runs and commits once."""
+        run_id = uuid.uuid4().hex[:12]
+        task = healed.send("tests.partition.soft_overrun", node="a", run_id=run_id,
+                           seconds=3)
+        assert _final_state(healed, task, timeout_seconds=20) == "FAILURE"
+        letters = wait_for(lambda: _dead_letters(healed, task), timeout_seconds=5,
+                           message="the dead letter")
+        assert [guard for guard, _ in letters] == ["time_limit"]
+        assert "soft time limit" in letters[0][1]
+        assert _ledger_rows(healed, run_id) == []
+        again = healed.send("tests.partition.soft_overrun", node="a", run_id=run_id,
+                            seconds=3)
+        assert _final_state(healed, again, timeout_seconds=20) == "SUCCESS"
+        assert _ledger_rows(healed, run_id) == [again]

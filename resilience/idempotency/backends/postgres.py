@@ -61,7 +61,7 @@ from resilience.idempotency.backends import (
 )
 from resilience.idempotency.models import TABLE_NAME
 from resilience.prepared import PreparedStatement as _Statement
-from resilience.stores import translate_store_error, wrap_store_errors
+from resilience.stores import PG_CLIENT_TCP, translate_store_error, wrap_store_errors
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -645,7 +645,8 @@ def autocommit_engine(stores: Stores) -> Engine:
                     stores.database_url,
                     isolation_level="AUTOCOMMIT",
                     poolclass=NullPool,
-                    connect_args={"connect_timeout": int(max(1, stores.socket_timeout_seconds))},
+                    connect_args={"connect_timeout": int(max(1, stores.socket_timeout_seconds)),
+                                  **PG_CLIENT_TCP},
                 )
                 _engines[identity] = engine
     return engine
