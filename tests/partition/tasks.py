@@ -137,3 +137,23 @@ def soft_overrun(self: Any, run_id: str, seconds: float, session: Any = None) ->
     _write(session, run_id, os.environ.get("PARTITION_NODE", "?"), self.request.id, None,
            "written")
     return {"ran_in": self.request.id}
+
+
+@app.task(tier=TIER, bind=True, name="tests.partition.hold_checked")
+@singleton(key="partition:{run_id}", policy="skip")
+def hold_checked(self: Any, run_id: str, seconds: float,
+                 checkpoint: Any = None) -> dict[str, Any]:
+    """`hold`, calling `checkpoint()` every 0.5 s: a lost lock is recorded ("lost", with
+    the error) and stops the body before its end. Only the run's first start holds for
+    `seconds` (its deferred retry, and later tries, end after one checkpoint)."""
+    first = _record(run_id, "start", self.request.id) == 1
+    deadline = time.monotonic() + (seconds if first else 0.5)
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        try:
+            checkpoint()
+        except Exception as exc:
+            _record(run_id, "lost", self.request.id, error=type(exc).__name__)
+            raise
+    _record(run_id, "end", self.request.id)
+    return {"ran": True}

@@ -341,3 +341,44 @@ class TestTimeLimits:
                             seconds=3)
         assert _final_state(healed, again, timeout_seconds=20) == "SUCCESS"
         assert _ledger_rows(healed, run_id) == [again]
+
+
+class TestSingletonHolderLearnsItsLoss:
+    def test_a_cut_off_holder_stops_at_its_next_checkpoint_within_seconds(
+        self, healed: Partition
+    ) -> None:
+        """Worker a holds a `@singleton` and calls `checkpoint()` every 0.5 s; cut from
+        PostgreSQL, its checkpoint fails (the lock session's TCP user timeout and
+        keepalives end it) and the body stops with `LockNotOwnedError` before its end:
+        the job is DEFERRED, never SUCCESS while cut off. What is measured, not promised:
+        how long the cut-off body ran after b could take the lock (no watcher tells it
+        between checkpoints, and singletons have no fencing token)."""
+        run_id = uuid.uuid4().hex[:12]
+        a_task = healed.send("tests.partition.hold_checked", node="a", run_id=run_id,
+                             seconds=30)
+        wait_for(lambda: _starts(healed, run_id, "a"), timeout_seconds=30,
+                 message="a's body starts")
+        time.sleep(1)
+        cut_at = healed.cut("a", "postgres")
+        try:
+            lost = wait_for(lambda: [r for r in healed.runs(run_id) if r["event"] == "lost"],
+                            timeout_seconds=ORPHAN_BOUND_SECONDS + 5,
+                            message="a's checkpoint reports the lost lock")
+            deadline = time.time() + 10
+            while not _starts(healed, run_id, "b") and time.time() < deadline:
+                healed.send("tests.partition.hold_checked", node="b", run_id=run_id,
+                            seconds=0.5)
+                time.sleep(0.5)
+        finally:
+            healed.heal("a", "postgres")
+        lost_after = lost[0]["at"] - cut_at
+        b_runs = _starts(healed, run_id, "b")
+        overlap = (lost[0]["at"] - min(b_runs)) if b_runs else None
+        b_first = f"{min(b_runs) - cut_at:.1f}s" if b_runs else "never"
+        print(f"a's checkpoint failed {lost_after:.1f}s after the cut ({lost[0]['error']}); "
+              f"b first ran: {b_first}; a ran on after b started: {overlap}")
+        assert lost[0]["node"] == "a" and lost[0]["error"] == "LockNotOwnedError"
+        assert lost_after <= ORPHAN_BOUND_SECONDS
+        assert not [r for r in healed.runs(run_id) if r["node"] == "a" and r["event"] == "end"
+                    and r["at"] < lost[0]["at"]]
+        assert healed.state(a_task) != "SUCCESS"
