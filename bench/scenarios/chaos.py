@@ -38,7 +38,7 @@ def run(argv: list[str]) -> dict[str, Any]:
         done = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", TEST],
             cwd=ROOT, capture_output=True, text=True, check=False,
-            env={**os.environ, "CHAOS_TRANSFERS": str(options.transfers)},
+            env={**os.environ, "CHAOS_TRANSFERS": str(options.transfers), "CHAOS_SECONDS": "45"},
         )
         seconds = time.monotonic() - started
         tally = next((json.loads(line.split(" ", 1)[1]) for line in done.stdout.splitlines()
