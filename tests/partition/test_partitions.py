@@ -23,8 +23,10 @@ pytestmark = pytest.mark.chaos
 #: lock within this many seconds of the holder's last packet.
 ORPHAN_BOUND_SECONDS = 15
 
-#: A transactional body cut from PostgreSQL is DEFERRED within this many seconds of the cut.
-DEFERRED_BOUND_SECONDS = 20
+#: A transactional body cut from PostgreSQL is DEFERRED within this many seconds of the cut:
+#: ~17 s measured on a quiet box, up to ~26 s with the suite's neighbours loading the CPU; the
+#: old code hung until the hard time limit (70 s) and was acknowledged as FAILURE.
+DEFERRED_BOUND_SECONDS = 45
 
 #: A's advisory lock session, found by the name the guard gives it (`lock:<task id>`).
 _LOCK_SESSION = """
@@ -207,7 +209,8 @@ class TestExclusivePartitionedFromRedlock:
 
 class TestWorkerPartitionedFromBroker:
     @pytest.mark.parametrize("cut_seconds", [
-        8, pytest.param(45, marks=pytest.mark.soak),
+        # 22 s: left to `make stress` with the long variant (make test's time budget).
+        pytest.param(8, marks=pytest.mark.soak), pytest.param(45, marks=pytest.mark.soak),
     ], ids=["short", "past-health-check"])
     def test_jobs_in_flight_finish_or_come_back_and_none_is_lost(
         self, healed: Partition, cut_seconds: float
@@ -287,7 +290,8 @@ class TestIdempotentJobPartitionedFromPostgres:
         time.sleep(1)
         cut_at = healed.cut("a", "postgres")
         try:
-            wait_for(lambda: healed.state(task) == "RETRY", timeout_seconds=25,
+            wait_for(lambda: healed.state(task) == "RETRY",
+                     timeout_seconds=DEFERRED_BOUND_SECONDS,
                      message="the partitioned job is DEFERRED")
             deferred_after = time.time() - cut_at
         finally:
