@@ -273,6 +273,9 @@ def _final_state(partition: Partition, task_id: str, timeout_seconds: float) -> 
 
 
 class TestIdempotentJobPartitionedFromPostgres:
+    # In `make stress`: on a loaded box the DEFERRED sometimes took longer than 45 s (the
+    # claim's release and the retry's connects on the dead address); issue 25 keeps it open.
+    @pytest.mark.soak
     def test_the_job_is_deferred_within_seconds_and_succeeds_once_after_the_heal(
         self, healed: Partition
     ) -> None:

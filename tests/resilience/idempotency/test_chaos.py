@@ -22,9 +22,9 @@ from sqlalchemy import text
 from tests.chaos import chaos_loop, restore_unacked, supervise
 from tests.resilience.idempotency import tasks
 
-#: `make test` runs 1,000 (the chaos loop kills a worker child every few hundred ms, so the
+#: `make test` runs 1,500 (the chaos loop kills a worker child every few hundred ms, so the
 #: backlog outlasts it); `python -m bench chaos` sets CHAOS_TRANSFERS=2000 (the soak).
-TRANSFERS = int(os.environ.get("CHAOS_TRANSFERS", "1000"))
+TRANSFERS = int(os.environ.get("CHAOS_TRANSFERS", "1500"))
 DUPLICATE_FRACTION = 0.35
 ACCOUNTS = 10
 #: Seconds of SIGKILLs (make test); `python -m bench chaos` sets CHAOS_SECONDS=45.
@@ -84,7 +84,7 @@ def test_transfers_have_exactly_one_effect_under_sigkill(
     redis_client: Any,
     purge_queues: None,
 ) -> None:
-    """1,000 transfers (2,000 in the soak), duplicates injected, SIGKILLs every few hundred ms:
+    """1,500 transfers (2,000 in the soak), duplicates injected, SIGKILLs every few hundred ms:
     effect once each."""
     rng = random.Random(4)
     run = uuid.uuid4().hex[:8]
