@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from tests.harness import (
     ARTIFACTS,
@@ -15,7 +17,7 @@ from tests.harness import (
 )
 
 __all__ = ["ARTIFACTS", "RABBITMQ_URL", "ROOT", "Services", "Worker", "rabbitmq_reachable",
-           "running", "suite_task_modules", "wait_for"]
+           "running", "scratch_database", "suite_task_modules", "wait_for"]
 
 #: The RabbitMQ the RabbitMQ tests use (it cannot be embedded from PyPI).
 RABBITMQ_URL = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
@@ -51,3 +53,25 @@ def rabbitmq_reachable() -> bool:
         return True
     except Exception:  # noqa: BLE001 - any failure means unreachable
         return False
+
+
+@contextmanager
+def scratch_database(database_url: str, prefix: str) -> Iterator[str]:
+    """A new, empty database named `<prefix>_<random>` on the PostgreSQL of `database_url`;
+    yields its URL (the given one's driver and password) and drops it, connections and all."""
+    import uuid
+
+    from sqlalchemy import create_engine, make_url, text
+
+    url = make_url(database_url)
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(url.set(drivername="postgresql+psycopg2", database="postgres"),
+                          isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()

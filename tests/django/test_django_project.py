@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, inspect, make_url, text
+from sqlalchemy import create_engine, inspect, make_url
 
-from tests.support import ROOT, Services
+from tests.support import ROOT, Services, scratch_database
 
 HEADING = "\n### Django\n"
 SNIPPET_BROKER = "redis://localhost:6379/0"
@@ -302,17 +302,9 @@ class Shop:
 @pytest.fixture(scope="module")
 def database(services: Services) -> Iterator[str]:
     """A fresh database on the session's PostgreSQL, dropped after the module."""
-    url = make_url(services.database_url).set(drivername="postgresql+psycopg2")
-    name = f"django_shop_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with scratch_database(services.database_url, "django_shop") as url:
+        yield make_url(url).set(drivername="postgresql+psycopg2").render_as_string(
+            hide_password=False)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import threading
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -22,7 +21,7 @@ from resilience.__main__ import ENVIRONMENT_VARIABLE
 from resilience.errors import ConfigurationError, SchemaMissing, StoreUnavailable
 from resilience.idempotency import idempotent
 from resilience.stores import _sqlalchemy_url
-from tests.support import ROOT, Services
+from tests.support import ROOT, Services, scratch_database
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,17 +37,8 @@ PASSWORD = "s3cret-pw"
 @pytest.fixture()
 def database_url(services: Services) -> Iterator[str]:
     """A new, empty database on the session's PostgreSQL, dropped after the test."""
-    url = make_url(_sqlalchemy_url(services.database_url))
-    name = f"resilience_migrations_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with scratch_database(services.database_url, "resilience_migrations") as url:
+        yield _sqlalchemy_url(url)
 
 
 def _tables(database_url: str) -> set[str]:

@@ -7,14 +7,13 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from jobs.embedded import free_port
-from tests.support import ROOT
+from tests.support import ROOT, scratch_database
 
 #: Raw driver output a user must never see in place of the one-line diagnosis.
 RAW_ERRORS = ("Traceback", "psycopg2", "OperationalError", "ConnectionError", "sqlalche.me")
@@ -64,20 +63,8 @@ def nothing_running() -> dict[str, str]:
 @pytest.fixture()
 def empty_database(services: Any) -> Iterator[str]:
     """A fresh database on the test PostgreSQL with no table in it (never migrated)."""
-    from sqlalchemy import create_engine, make_url, text
-
-    url = make_url(services.database_url)
-    name = f"jobs_unmigrated_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(url.set(drivername="postgresql+psycopg2", database="postgres"),
-                          isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with scratch_database(services.database_url, "jobs_unmigrated") as url:
+        yield url
 
 
 class TestStatusWithStoresDown:
