@@ -23,6 +23,7 @@ import os
 import re
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -52,6 +53,20 @@ PG_CLIENT_TCP: dict[str, int] = {
     "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
     "tcp_user_timeout": 10_000,
 }
+#: Server-side TCP settings set on each direct (unpooled) session of `engine()` and
+#: `locks_engine()` when it connects (the advisory-lock sessions set the same): without them
+#: the server keeps a partitioned client's backend, its open transaction and its row locks
+#: for the kernel's keepalive time (two hours), and every guard statement that needs one of
+#: those rows waits for it. With them PostgreSQL ends such a session within ~15 s.
+PG_SERVER_TCP = (
+    "SELECT set_config('tcp_keepalives_idle', '5', false), "
+    "set_config('tcp_keepalives_interval', '2', false), "
+    "set_config('tcp_keepalives_count', '3', false), "
+    "set_config('tcp_user_timeout', '10000', false)"
+)
+#: Execution option that marks a connection of `Stores.guard_engine()`: every transaction
+#: it begins gets `SET LOCAL statement_timeout` and `lock_timeout` (milliseconds).
+GUARD_BOUND_OPTION = "resilience_guard_bound_ms"
 _Backend = TypeVar("_Backend")
 
 
@@ -74,6 +89,9 @@ class Stores:
         locks_database_url: PostgreSQL reached directly, for what needs a session of its
             own (advisory locks of singletons and beat leadership); unset: `database_url`.
         socket_timeout_seconds: connect and read timeout of the Redis and PostgreSQL clients.
+        statement_timeout_seconds: longest a guard's own PostgreSQL statement runs or waits
+            for a lock (`statement_timeout`, `lock_timeout` of `guard_engine()`'s
+            transactions); a body's transaction is never bounded by it.
         pool_mode: the pooler's mode in front of `database_url` ("none", "session",
             "transaction", "statement"); None: "none". Transaction and statement pooling
             turn server-side prepared statements off.
@@ -94,6 +112,7 @@ class Stores:
         redlock_urls: Sequence[str] = (),
         locks_database_url: str | None = None,
         socket_timeout_seconds: float = 5.0,
+        statement_timeout_seconds: float = 5.0,
         pool_mode: str | None = None,
         transactions: str = "sqlalchemy",
         django_database: str = "default",
@@ -115,6 +134,10 @@ class Stores:
         self._locks_database_url = _sqlalchemy_url(locks_url) if locks_url else None
         self.redlock_urls = tuple(redlock_urls)
         self.socket_timeout_seconds = socket_timeout_seconds
+        if not statement_timeout_seconds > 0:
+            raise ConfigurationError(
+                f"statement_timeout_seconds must be > 0, got {statement_timeout_seconds!r}")
+        self.statement_timeout_seconds = statement_timeout_seconds
         #: The pooler's mode in front of `database_url` (lower case; "none" without one).
         self.pool_mode = (pool_mode or "none").strip().lower()
         if self.pool_mode not in ("none", "session", "transaction", "statement"):
@@ -139,7 +162,8 @@ class Stores:
         Keys: `resilience_redis_url` (required), `resilience_database_url`,
         `resilience_redlock_urls` (a list or a comma-separated string),
         `resilience_locks_database_url`, `resilience_pool_mode`,
-        `resilience_socket_timeout_seconds`, `resilience_transactions` with
+        `resilience_socket_timeout_seconds`, `resilience_statement_timeout_seconds`,
+        `resilience_transactions` with
         `resilience_django_database` (under "django" an unset database URL is that Django
         database's, read when the stores are built). Django's `CELERY_RESILIENCE_*` settings arrive
         here through Celery's `namespace="CELERY"`.
@@ -168,6 +192,7 @@ class Stores:
         if isinstance(redlock, str):
             redlock = [url.strip() for url in redlock.split(",") if url.strip()]
         timeout = conf.get("resilience_socket_timeout_seconds")
+        statement_timeout = conf.get("resilience_statement_timeout_seconds")
         database_url = conf.get("resilience_database_url") or None
         transactions = conf.get("resilience_transactions") or "sqlalchemy"
         django_database = conf.get("resilience_django_database") or "default"
@@ -182,6 +207,8 @@ class Stores:
             redlock_urls=tuple(redlock),
             locks_database_url=conf.get("resilience_locks_database_url") or None,
             socket_timeout_seconds=5.0 if timeout is None else float(timeout),
+            statement_timeout_seconds=(5.0 if statement_timeout is None
+                                       else float(statement_timeout)),
             pool_mode=conf.get("resilience_pool_mode"),
             transactions=transactions,
             django_database=django_database,
@@ -242,7 +269,13 @@ class Stores:
         return self._cache
 
     def redis(self) -> redis.Redis:
-        """The process's client for the shared Redis (decoded responses)."""
+        """The process's client for the shared Redis (decoded responses).
+
+        Each call waits at most `socket_timeout_seconds` (connect, then read), and once one
+        has timed out every call of the process fails at once (`StoreUnavailable`) for as
+        long again: the guards of one job (poison, pause, cancel, limits, breaker, counters)
+        meet a partitioned Redis in one timeout, not one each (`redis_from_url`'s
+        `hold_after_timeout_seconds`)."""
         cache = self._per_process()
         client = cache.get("redis")
         if client is None:
@@ -252,6 +285,7 @@ class Stores:
                 socket_timeout=self.socket_timeout_seconds,
                 socket_connect_timeout=self.socket_timeout_seconds,
                 health_check_interval=30,
+                hold_after_timeout_seconds=self.socket_timeout_seconds,
             )
             cache["redis"] = client
         return client
@@ -285,7 +319,29 @@ class Stores:
                 connect_args={"connect_timeout": int(max(1, self.socket_timeout_seconds)),
                               **PG_CLIENT_TCP},
             )
+            _bound_sessions(engine, server_tcp=self.pool_mode == "none")
             cache["engine"] = engine
+        return engine
+
+    @property
+    def guard_bound_ms(self) -> int:
+        """`statement_timeout_seconds` in milliseconds (`guard_bounds_sql`)."""
+        return max(1, int(self.statement_timeout_seconds * 1000))
+
+    def guard_engine(self) -> Engine:
+        """`engine()` (same pool) for a guard's own statements: each transaction it begins
+        first runs `SET LOCAL statement_timeout` and `lock_timeout` at
+        `statement_timeout_seconds`, so a guard statement stuck behind a row or advisory lock
+        that a vanished or stuck transaction holds ends as `StoreUnavailable` (SQLSTATE
+        57014 / 55P03) instead of waiting for it. `SET LOCAL` lasts one transaction, so a
+        transaction pooler (PgBouncer) accepts it and nothing leaks to the next user of the
+        server connection. Bodies and callers' transactions use `engine()`: user work may
+        be long."""
+        cache = self._per_process()
+        engine = cache.get("guard_engine")
+        if engine is None:
+            engine = self.engine().execution_options(**{GUARD_BOUND_OPTION: self.guard_bound_ms})
+            cache["guard_engine"] = engine
         return engine
 
     @property
@@ -321,6 +377,7 @@ class Stores:
                 connect_args={"connect_timeout": int(max(1, self.socket_timeout_seconds)),
                               **PG_CLIENT_TCP},
             )
+            _bound_sessions(engine, server_tcp=True)  # a direct URL (no pooler)
             cache["locks_engine"] = engine
         return engine
 
@@ -342,6 +399,7 @@ class MemoryStores(Stores):
         self._locks_database_url = None
         self.redlock_urls = ()
         self.socket_timeout_seconds = 0.0
+        self.statement_timeout_seconds = 0.0
         self.pool_mode = "none"
         self.transactions = "sqlalchemy"
         self.django_database = "default"
@@ -394,6 +452,10 @@ class MemoryStores(Stores):
         raise self._no_server("Redlock nodes")
 
     def engine(self) -> Engine:
+        """Raises `ConfigurationError`: there is no PostgreSQL."""
+        raise self._no_server("PostgreSQL")
+
+    def guard_engine(self) -> Engine:
         """Raises `ConfigurationError`: there is no PostgreSQL."""
         raise self._no_server("PostgreSQL")
 
@@ -455,7 +517,12 @@ def redis_from_url(url: str, **options: Any) -> Any:
       port 6379. Guard keys carry hash tags, so every script's keys share a slot.
 
     `rediss+sentinel://` and `rediss+cluster://` connect with TLS. `options` are
-    redis-py connection options (`decode_responses`, `socket_timeout`, ...).
+    redis-py connection options (`decode_responses`, `socket_timeout`, ...), and
+    `hold_after_timeout_seconds` (one server or Sentinel): once a connect or a read of the
+    client has timed out, every call of the client fails at once with redis-py's
+    `TimeoutError` for that many seconds instead of waiting out its own timeout, and the
+    first call after it tries the network again (`UnreachableHold`). Not for a Cluster,
+    whose nodes fail one by one.
 
     Raises:
         ConfigurationError: the URL is malformed (no hosts, no Sentinel service name).
@@ -464,9 +531,16 @@ def redis_from_url(url: str, **options: Any) -> Any:
 
     check_redis_url(url)
     scheme = url.split("://", 1)[0]
+    hold_seconds = options.pop("hold_after_timeout_seconds", None)
+    hold = UnreachableHold(hold_seconds, redact_url(url)) if hold_seconds else None
     if "+" not in scheme:
         import redis as redis_lib
 
+        if hold is not None:
+            base = (redis_lib.UnixDomainSocketConnection if scheme == "unix"
+                    else redis_lib.SSLConnection if scheme == "rediss"
+                    else redis_lib.Connection)
+            options["connection_class"] = _holding(base, hold)
         return redis_lib.Redis.from_url(url, **options)
     parts = urlsplit(url)
     # urlsplit cannot parse a host list for a port: take the netloc apart by hand.
@@ -517,7 +591,113 @@ def redis_from_url(url: str, **options: Any) -> Any:
     if query.get("sentinel_password"):
         sentinel_options["password"] = query["sentinel_password"]
     sentinel = Sentinel(_hosts(hostlist, 26379), sentinel_kwargs=sentinel_options, **options)
+    if hold is not None:
+        from redis.sentinel import SentinelManagedConnection, SentinelManagedSSLConnection
+
+        options["connection_class"] = _holding(
+            SentinelManagedSSLConnection if options.get("ssl") else SentinelManagedConnection,
+            hold)
     return sentinel.master_for(service, **options)
+
+
+class UnreachableHold:
+    """One client's memory of its last timeout: after a connect or read that timed out,
+    its calls fail at once for `hold_seconds` (a partitioned server answers nothing, so each
+    call would wait out the full timeout again); an answer clears it.
+
+    Args:
+        hold_seconds: how long calls fail without trying after a timeout.
+        server: the server's redacted URL, for the error message.
+    """
+
+    def __init__(self, hold_seconds: float, server: str) -> None:
+        self.hold_seconds = float(hold_seconds)
+        self.server = server
+        self._timed_out_at: float | None = None
+
+    def check(self) -> None:
+        """Raise redis-py's `TimeoutError` while the hold lasts (no network touched)."""
+        timed_out_at = self._timed_out_at
+        if timed_out_at is None:
+            return
+        ago = time.monotonic() - timed_out_at
+        if ago < self.hold_seconds:
+            from redis.exceptions import TimeoutError as RedisTimeoutError
+
+            raise RedisTimeoutError(
+                f"{self.server} timed out {ago:.1f}s ago; its calls fail at once for "
+                f"{self.hold_seconds:g}s after a timeout (resilience_socket_timeout_seconds)")
+
+    def timed_out(self) -> None:
+        self._timed_out_at = time.monotonic()
+
+    def answered(self) -> None:
+        if self._timed_out_at is not None:
+            self._timed_out_at = None
+
+
+def _holding(base: type, hold: UnreachableHold) -> type:
+    """`base` (a redis-py connection class) whose instances share `hold`."""
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    class HoldingConnection(base):  # type: ignore[misc,valid-type]
+        def connect(self, *args: Any, **kwargs: Any) -> Any:
+            hold.check()
+            try:
+                return super().connect(*args, **kwargs)
+            except RedisTimeoutError:
+                hold.timed_out()
+                raise
+
+        def send_packed_command(self, *args: Any, **kwargs: Any) -> Any:
+            hold.check()  # a pooled connection still open would wait out its own timeout
+            return super().send_packed_command(*args, **kwargs)
+
+        def read_response(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                response = super().read_response(*args, **kwargs)
+            except RedisTimeoutError:
+                hold.timed_out()
+                raise
+            hold.answered()
+            return response
+
+    HoldingConnection.__name__ = HoldingConnection.__qualname__ = f"Holding{base.__name__}"
+    return HoldingConnection
+
+
+def _bound_sessions(engine: Engine, *, server_tcp: bool) -> None:
+    """Install the session bounds on `engine`'s connections: with `server_tcp` (a direct
+    connection, no pooler in between), `PG_SERVER_TCP` once per new connection; on every
+    transaction begun by a `Stores.guard_engine()` connection, its `SET LOCAL` bounds."""
+    from sqlalchemy import event
+
+    if server_tcp:
+        @event.listens_for(engine, "connect")
+        def _server_keepalives(dbapi_connection: Any, _record: Any) -> None:
+            with dbapi_connection.cursor() as cursor:
+                cursor.execute(PG_SERVER_TCP)
+            dbapi_connection.commit()  # set_config(..., false) survives only a commit
+
+    @event.listens_for(engine, "begin")
+    def _bound_guard_transaction(connection: Any) -> None:
+        bound_ms = connection.get_execution_options().get(GUARD_BOUND_OPTION)
+        driver = connection.connection.driver_connection
+        if bound_ms is None or getattr(driver, "autocommit", False):
+            return  # SET LOCAL would outlive nothing in autocommit
+        # On the driver's cursor: the SQLAlchemy transaction is not open yet inside this
+        # event; psycopg2 opens the database transaction with this statement.
+        with driver.cursor() as cursor:
+            cursor.execute(guard_bounds_sql(bound_ms))
+
+
+def guard_bounds_sql(bound_ms: int) -> str:
+    """The statements that bound the rest of one transaction: `statement_timeout` and
+    `lock_timeout` at `bound_ms` milliseconds (`SET LOCAL`: gone at its end, so a pooler
+    accepts it). Also a prefix for one autocommit query string, whose statements share one
+    implicit transaction."""
+    return (f"SET LOCAL statement_timeout = {int(bound_ms)}; "
+            f"SET LOCAL lock_timeout = {int(bound_ms)}; ")
 
 
 def _sqlalchemy_url(url: str) -> str:

@@ -124,7 +124,7 @@ class CancelGuard(Guard):
     def record(self, task: Task) -> Cancellations:
         """The record that restores a lost copy."""
         if self._record is None:
-            return Cancellations(stores_for(task.app).engine(), self.backend(task))
+            return Cancellations(stores_for(task.app).guard_engine(), self.backend(task))
         return self._record(task) if callable(self._record) else self._record
 
     def targets(self, call: Call) -> list[str]:

@@ -46,7 +46,7 @@ class PostgresDeadLetters:
         self.stores = stores
 
     def add(self, **fields: Any) -> int:
-        return dead_letter(self.stores.engine(), **fields)
+        return dead_letter(self.stores.guard_engine(), **fields)
 
 
 def dead_letter_place(stores: Any) -> PostgresDeadLetters | MemoryDeadLetters:

@@ -159,7 +159,7 @@ def record(app: Any, message: Any, reason: str, exc: BaseException | None = None
         "raw_message": raw_message(message, runnable=call is not None),
     }
     try:
-        engine = stores_for(app).engine()
+        engine = stores_for(app).guard_engine()
         try:
             entry_id = dead_letter(engine, guard=GUARD_NAME, attempts=1, tier=queue,
                                    queue=queue, **row)

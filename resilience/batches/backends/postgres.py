@@ -230,5 +230,6 @@ def _json(value: dict[str, Any] | None) -> str | None:
 
 
 def backend_for(stores: Stores) -> PostgresBatchBackend:
-    """Batches in the PostgreSQL of `stores`."""
-    return PostgresBatchBackend(stores.engine)
+    """Batches in the PostgreSQL of `stores`; statements outside a caller's transaction
+    (a worker recording a member) are bounded (`Stores.guard_engine`)."""
+    return PostgresBatchBackend(stores.guard_engine)

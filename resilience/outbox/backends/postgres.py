@@ -344,5 +344,7 @@ class PostgresOutboxBackend:
 
 
 def backend_for(stores: Stores) -> PostgresOutboxBackend:
-    """The outbox in the PostgreSQL of `stores` (LISTEN on its direct lock URL)."""
-    return PostgresOutboxBackend(stores.engine, listen_engine=stores.locks_engine)
+    """The outbox in the PostgreSQL of `stores` (LISTEN on its direct lock URL); its own
+    statements (relay batches, purges, inserts outside a caller's transaction) are bounded
+    (`Stores.guard_engine`)."""
+    return PostgresOutboxBackend(stores.guard_engine, listen_engine=stores.locks_engine)
