@@ -8,6 +8,7 @@ A guard's DEFERRED reaches Celery as a retry: `task_retry` records it, with its 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from celery import signals
@@ -29,6 +30,7 @@ CREATE TABLE IF NOT EXISTS partition_bound_events (
     event text NOT NULL,
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+CREATE TABLE IF NOT EXISTS partition_bound_rows (run_id text PRIMARY KEY);
 """
 
 
@@ -55,6 +57,22 @@ def limited_open(self: Any, run_id: str) -> None:
 def limited_closed(self: Any, run_id: str) -> None:
     """A rate-limited job failing closed: DEFERRED (1 s) while Redis is away."""
     record(run_id, "run", self.request.id)
+
+
+@app.task(tier=TIER, bind=True, name=PREFIX + "hold_row", ignore_result=True)
+def hold_row(self: Any, run_id: str, seconds: float) -> None:
+    """Insert `run_id`'s row in a transaction kept open `seconds` (recording "holding:<the
+    backend's pid>" first): a writer of the same key waits until that transaction ends.
+    A commit that fails (the session was ended while cut off) is recorded as "lost"."""
+    try:
+        with stores_for(app).engine().begin() as connection:
+            pid = connection.execute(text("SELECT pg_backend_pid()")).scalar()
+            connection.execute(text("INSERT INTO partition_bound_rows (run_id) VALUES (:run_id)"),
+                               {"run_id": run_id})
+            record(run_id, f"holding:{pid}", self.request.id)
+            time.sleep(seconds)
+    except Exception as exc:  # noqa: BLE001 - the expected end of a cut-off transaction
+        record(run_id, f"lost:{type(exc).__name__}", self.request.id)
 
 
 @signals.task_retry.connect(weak=False)

@@ -118,3 +118,42 @@ class TestWorkerCutFromGuardRedis:
 def _spread(waits: dict[str, float], sent: dict[str, tuple[str, float]], kind: str) -> str:
     values = [waits[task] for task, (of, _) in sent.items() if of == kind]
     return f"{min(values):.1f}-{max(values):.1f}s" if len(values) > 1 else f"{values[0]:.1f}s"
+
+
+class TestWorkerCutFromPostgres:
+    @pytest.mark.soak
+    def test_the_server_ends_a_cut_off_transaction_and_a_waiting_writer_gets_through(
+        self, healed: Partition
+    ) -> None:
+        """Worker a holds a row in an open `engine()` transaction and is cut from
+        PostgreSQL: the server ends a's session (server-side keepalives and TCP user
+        timeout set when it connected) within ~15 s, so a writer of the same key, waiting
+        on a's transaction, gets through instead of waiting for the kernel's two hours."""
+        run_id = _prepared(healed)
+        healed.send(PREFIX + "hold_row", node="a", run_id=run_id, seconds=40)
+        holding = wait_for(
+            lambda: [e for e in _events(healed, run_id) if e.event.startswith("holding:")],
+            timeout_seconds=30, message="a holds the row")
+        pid = int(holding[0].event.split(":", 1)[1])
+        cut_at = healed.cut("a", "postgres")
+        try:
+            with healed.engine().begin() as connection:
+                connection.exec_driver_sql(f"SET LOCAL lock_timeout = {SERVER_BOUND_MS}")
+                connection.execute(text("INSERT INTO partition_bound_rows (run_id) "
+                                        "VALUES (:run_id) ON CONFLICT DO NOTHING"),
+                                   {"run_id": run_id})
+                through_after = time.time() - cut_at
+                with healed.engine().connect() as other:
+                    alive = other.execute(text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"),
+                        {"pid": pid}).scalar()
+        finally:
+            healed.heal("a", "postgres")
+        print(f"a's transaction ended by the server {through_after:.1f}s after the cut; "
+              f"the waiting writer got through then")
+        assert alive == 0
+        assert through_after <= 15
+
+
+#: How long the test's own writer waits for the row before failing the test (ms).
+SERVER_BOUND_MS = 30_000
