@@ -196,6 +196,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # Deliberate: longer than any hard time limit or countdown (validated in Settings).
         config["broker_transport_options"] = {
             "visibility_timeout": settings.visibility_timeout_seconds,
+            **restore_sweep(settings.visibility_timeout_seconds),
         }
         config["result_backend_transport_options"] = {
             "visibility_timeout": settings.visibility_timeout_seconds,
@@ -205,6 +206,19 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # make a publish to a full queue fail (nack) instead of vanishing.
         config["broker_transport_options"] = {"confirm_publish": True}
     return config
+
+
+def restore_sweep(visibility_timeout_seconds: float) -> dict[str, int]:
+    """kombu's Redis transport options for its sweep of expired unacknowledged messages: one
+    scan every tenth of the visibility timeout, between 1 and 10 s.
+
+    kombu scans only on every 10th tick of 10 s (`unacked_restore_throttle`), so a message
+    whose worker vanished or was cut from the broker came back up to 100 s after its
+    visibility timeout: three times the timeout itself at the shortest the platform allows.
+    A scan is a lock and one sorted-set range read per worker, cheap at every 10 s.
+    """
+    return {"unacked_restore_interval": int(min(10, max(1, visibility_timeout_seconds // 10))),
+            "unacked_restore_throttle": 1}
 
 
 def queue_arguments(settings: Settings, tier: str) -> dict[str, Any] | None:
