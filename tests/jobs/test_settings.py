@@ -49,6 +49,20 @@ class TestSettings:
         )
         assert not settings.broker_is_redis
 
+    def test_expired_unacked_messages_are_looked_for_every_tenth_of_the_timeout(self) -> None:
+        """kombu's sweep of a Redis broker's expired unacknowledged messages runs every tenth
+        of the visibility timeout, 1 to 10 s (kombu's own default: every 100 s)."""
+        from jobs.platform import celery_config
+
+        options = celery_config(load_settings(
+            visibility_timeout_seconds=3600))["broker_transport_options"]
+        assert (options["unacked_restore_interval"], options["unacked_restore_throttle"]) == (10, 1)
+        options = celery_config(load_settings(
+            visibility_timeout_seconds=33, max_countdown_seconds=2,
+            **{tier: {"soft_time_limit_seconds": 2, "hard_time_limit_seconds": 3}
+               for tier in TIERS}))["broker_transport_options"]
+        assert (options["unacked_restore_interval"], options["unacked_restore_throttle"]) == (3, 1)
+
     def test_soft_limit_must_be_below_hard_limit(self) -> None:
         with pytest.raises(SettingsError, match="JOBS_OPTIONAL.*soft_time_limit_seconds"):
             load_settings(optional={"soft_time_limit_seconds": 60, "hard_time_limit_seconds": 60})
