@@ -14,13 +14,24 @@ process, leader or standby. Chosen over a Redis lease because:
     standby wait out the TTL, and a short TTL is fragile under load.
   * SIGTERM: beat exits, the session closes, the lock is free immediately.
   * no clocks involved, no lease to renew from a blocking scheduler loop.
-The leader checks its session before every scheduling pass (`verify`); if it was lost
-(PostgreSQL restart, terminated backend) it stops sending until it leads again.
+The leader checks its session before every scheduling pass (`verify`), and a send whose
+last check is older than `CHECK_VALID_SECONDS` checks again first; if the session was lost
+(PostgreSQL restart, terminated backend, partition) it stops sending until it leads again.
 
-No periodic task is sent twice, even in the instant two processes both believe they lead
-(a leader whose session died without it noticing yet): each send first claims
+When the leader is cut off from PostgreSQL its sends stop before its successor's start:
+the cut leader's next check blocks on the dead session and fails after its TCP user
+timeout (10 s), while PostgreSQL ends the session, freeing the lock, no sooner than 10 s
+after the leader's last packet (server-side keepalives and user timeout; ~11 s measured),
+so every send of the old leader (made within `CHECK_VALID_SECONDS` of the start of a check
+that succeeded) comes at least ~8 s before the new leader's first, unless the process
+stalls between a check and its send. That alone keeps apart the slots of entries with
+periods up to ~8 s, while the beat hosts' clocks agree (slots are wall-clock periods). A
+longer entry may be due for the new leader at
+once (its own last run is older) in the period its predecessor already sent it in: so
+each send also claims
 `resilience:beat:sent:<entry>:<slot>` with SET NX in the shared Redis, where the slot is
 the entry's period index (`floor(now / run_every)`, one minute for crontab entries). The
+message carries the slot and its sender in headers (`SLOT_HEADER`, `SENDER_HEADER`). The
 first claimant sends; any other send of that entry in that slot is dropped. If that Redis
 is down the leader sends anyway (leadership on PostgreSQL is the primary guarantee) and
 logs it.
@@ -53,6 +64,13 @@ LEADER_KEY = "resilience:beat:leader"
 DEDUPE_PREFIX = "resilience:beat:sent:"
 #: The slot header a scheduled message carries (visible in the task's request).
 SLOT_HEADER = "resilience_beat_slot"
+#: The header naming the beat process that sent it (`beat:<host>:<pid>`), so a task, a log
+#: or a test can tell which leader sent which slot.
+SENDER_HEADER = "resilience_beat_sender"
+#: A send is made at most this long (s) after a check of the leader session that reached
+#: PostgreSQL, else it checks again: well under the 10 s after which PostgreSQL may end a
+#: silent leader's session, so a cut leader's slots all precede its successor's.
+CHECK_VALID_SECONDS = 2.0
 
 
 def entry_period_seconds(entry: ScheduleEntry) -> float:
@@ -83,6 +101,8 @@ class LeaderElectedScheduler(PersistentScheduler):
         self.session: AdvisorySession | None = None
         self.node = f"beat:{socket.gethostname()}:{os.getpid()}"
         self.leading_since: float | None = None
+        #: `time.monotonic()` when the last successful check of the leader session began.
+        self.checked_at: float | None = None
         super().__init__(app, *args, **kwargs)
 
     # -- leadership --------------------------------------------------------------------
@@ -94,14 +114,18 @@ class LeaderElectedScheduler(PersistentScheduler):
         """Lead if possible; confirm a held lead. True while this process may schedule."""
         try:
             if self.session is not None and self.is_leader:
+                # The check's start: PostgreSQL heard from this session no earlier.
+                started = time.monotonic()
                 self.session.verify(LEADER_KEY)
+                self.checked_at = started
                 return True
             if self.session is None:
                 stores = stores_for(self.app)
                 self.session = AdvisorySession(stores.locks_database_url, label=self.node,
                                                pool_mode=stores.locks_pool_mode)
+            started = time.monotonic()
             if self.session.try_acquire(LEADER_KEY):
-                self.leading_since = time.monotonic()
+                self.leading_since = self.checked_at = started
                 # A new leader starts from now: it must not replay the sends it missed.
                 self._heap = None
                 logger.warning("beat %s is now the leader", self.node)
@@ -115,7 +139,7 @@ class LeaderElectedScheduler(PersistentScheduler):
 
     def step_down(self) -> None:
         """Give leadership up at once (closing the session frees the lock)."""
-        self.leading_since = None
+        self.leading_since = self.checked_at = None
         if self.session is not None:
             self.session.close()
             self.session = None
@@ -128,7 +152,13 @@ class LeaderElectedScheduler(PersistentScheduler):
 
     def apply_async(self, entry: ScheduleEntry, producer: Any = None, advance: bool = True,
                     **kwargs: Any) -> Any:
-        """Send `entry` once per slot: only the first claimant of the slot sends."""
+        """Send `entry` once per slot, as the leader: a send more than `CHECK_VALID_SECONDS`
+        after the last check of the leader session checks again first (not the leader: not
+        sent), and only the first claimant of the slot sends."""
+        if not self.leadership_checked() and not self.ensure_leadership():
+            logger.warning("beat %s: not the leader (session lost), %s not sent",
+                           self.node, entry.name)
+            return None
         period = entry_period_seconds(entry)
         slot = f"{entry.name}:{math.floor(time.time() / period)}"
         if not self.claim(slot, period):
@@ -136,12 +166,18 @@ class LeaderElectedScheduler(PersistentScheduler):
                            self.node, entry.name, slot)
             return None
         original = entry.options
-        entry.options = {**original,
-                         "headers": {**(original.get("headers") or {}), SLOT_HEADER: slot}}
+        entry.options = {**original, "headers": {**(original.get("headers") or {}),
+                                                 SLOT_HEADER: slot, SENDER_HEADER: self.node}}
         try:
             return super().apply_async(entry, producer=producer, advance=advance, **kwargs)
         finally:
             entry.options = original
+
+    def leadership_checked(self) -> bool:
+        """True while the last successful check of the leader session is recent enough
+        (`CHECK_VALID_SECONDS`) for a send to rely on it."""
+        return (self.is_leader and self.checked_at is not None
+                and time.monotonic() - self.checked_at <= CHECK_VALID_SECONDS)
 
     def claim(self, slot: str, period_seconds: float) -> bool:
         """SET NX the slot's dedupe key; True when this process may send."""
