@@ -11,6 +11,13 @@ from typer.testing import CliRunner
 from jobs.admin.limits import cli, snapshot
 from resilience.counters import count
 from resilience.ratelimit import GCRA, LEASE, SLIDING_WINDOW, Params, RedisBackend
+from tests.support import wait_for
+
+
+def _lapsed(backend: RedisBackend, key: str, holder: str) -> bool:
+    """`holder`'s lease on semaphore `key` has ended on the store's (Redis server) clock."""
+    [state] = backend.describe(LEASE, key)
+    return any(lease.owner == holder and not lease.alive for lease in state.holders)
 
 
 class TestLimitsView:
@@ -19,6 +26,14 @@ class TestLimitsView:
         backend = RedisBackend(redis_client)
         backend.run(LEASE, "payments-api", Params.of_slots(2, lease_seconds=30), "task-1")
         backend.run(LEASE, "payments-api", Params.of_slots(2, lease_seconds=0.001), "gone")
+        # The snapshot can read the clock less than the lease's 1 ms later (about 0.4 ms
+        # here): wait until the lease has lapsed on Redis's clock, so it is certainly dead.
+        wait_for(
+            lambda: _lapsed(backend, "payments-api", "gone"),
+            timeout_seconds=5,
+            interval=0.001,
+            message="the 1 ms lease to lapse on Redis server time",
+        )
         backend.run(GCRA, "vendor:42", Params(limit=1, period_us=1_000_000))
         backend.run(SLIDING_WINDOW, "quota:7", Params(limit=3, period_us=60_000_000))
         count(
