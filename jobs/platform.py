@@ -155,6 +155,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # Celery's loader reads this: on these backends a late RETRY or STARTED never
         # replaces a final state (resilience.results).
         "override_backends": FINAL_STATE_BACKENDS,
+        # A worker cut from the result backend's Redis learns it in seconds (Celery's
+        # defaults: 120 s reads, connects unbounded), as the guards' own clients do.
+        "redis_socket_timeout": 5.0,
+        "redis_socket_connect_timeout": 5.0,
         "broker_connection_retry_on_startup": True,
         # JSON only: a pickle message can run arbitrary code in the worker.
         "task_serializer": "json",
