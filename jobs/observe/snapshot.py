@@ -223,9 +223,11 @@ def _probe_database(url: str, timeout_seconds: float) -> tuple[str, str, str] | 
     import psycopg2
 
     # libpq reads `postgresql://`, not SQLAlchemy's `postgresql+psycopg2://`; its
-    # connect_timeout is whole seconds and at least 2.
+    # connect_timeout is whole seconds and at least 2; a TCP user timeout of the same bound
+    # ends a query whose server was cut off after the connect (a partition).
     dsn = re.sub(r"^postgres(?:ql)?(?:\+\w+)?://", "postgresql://", url)
-    connection = psycopg2.connect(dsn, connect_timeout=max(2, math.ceil(timeout_seconds)))
+    bound = max(2, math.ceil(timeout_seconds))
+    connection = psycopg2.connect(dsn, connect_timeout=bound, tcp_user_timeout=bound * 1000)
     expected = _migration_heads(url)
     applied: set[str] = set()
     try:
