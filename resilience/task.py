@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from typing import Any, ClassVar
 
-from celery import Task
+from celery import Task, states
 from celery._state import _task_stack
 from celery.app.task import get_actual_ignore_result
 from celery.exceptions import Retry
@@ -552,12 +552,19 @@ class GuardedTask(Task):
         nothing would run it again. The soft limit (`SoftTimeLimitExceeded`, in the body)
         that no retry policy turned into a retry or a dead letter. A claim the call held
         is taken over after its lease (a transactional body's writes were rolled back).
-        A message Celery requeues instead (`acks_on_timeout=False`) is left alone.
+        A message Celery requeues instead (`acks_on_timeout=False`) is left alone, and so is
+        a hard limit that fired after the body had stored SUCCESS (`_ended_before_limit`).
         """
         from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 
         if isinstance(exc, TimeLimitExceeded):
             if self.acks_late and not self.acks_on_timeout:
+                return
+            if self._ended_before_limit(task_id):
+                logger.warning(
+                    "hard time limit of %s[%s] fired after the job had succeeded (the "
+                    "worker's main process read the pool's result late): not dead-lettered",
+                    self.name, task_id)
                 return
             reason = f"hard time limit exceeded ({exc}): the pool killed the process"
         elif isinstance(exc, SoftTimeLimitExceeded):
@@ -565,6 +572,26 @@ class GuardedTask(Task):
         else:
             return
         dead_letter_time_limit(self, task_id, args, kwargs, reason, exc)
+
+    def _ended_before_limit(self, task_id: str) -> bool:
+        """Whether the result backend already holds SUCCESS for `task_id`.
+
+        The pool's hard-limit timer runs in the worker's main process, on its event loop,
+        and is cancelled when that loop reads the job's result. A main process blocked in a
+        broker write (a worker cut from the broker: no socket timeout, so until a
+        retransmission gets through after the heal) reads it late, and on resuming fires
+        the timer first: billiard reports TimeLimitExceeded for a job whose body returned,
+        committed and stored SUCCESS long before (tests/partition/test_broker_partition.py).
+        A backend that cannot answer counts as no: the job is dead-lettered as before. (A
+        later delivery of a job that had succeeded, killed by its limit, is not
+        dead-lettered either: the job did happen.)
+        """
+        try:
+            meta = self.backend.get_task_meta(task_id, cache=False)
+        except Exception:
+            logger.debug("result of %s[%s] not read", self.name, task_id, exc_info=True)
+            return False
+        return meta.get("status") == states.SUCCESS
 
     def defer(self, call: Call, stop: Stop) -> None:
         """Republish this message after `retry_after_seconds`, without spending a retry.

@@ -77,3 +77,17 @@ def effect(self: Any, run_id: str, index: int, seconds: float) -> dict[str, Any]
         connection.execute(_INSERT, {"run_id": run_id, "index": index, "node": node,
                                      "task_id": self.request.id})
     return {"index": index, "node": node}
+
+
+@app.task(tier=TIER, bind=True, name="tests.partition.broker.hard_limited",
+          soft_time_limit=None, time_limit=3)
+@idempotent(key="broker-hard:{run_id}:{index}", transactional=True, cache=False,
+            lease_seconds=5, poll_seconds=1)
+def hard_limited(self: Any, run_id: str, index: int, seconds: float,
+                 session: Any = None) -> dict[str, Any]:
+    """`ledger` under a 3 s hard time limit and no soft one."""
+    node = _started(run_id, index, self.request.id)
+    time.sleep(seconds)
+    session.execute(_INSERT, {"run_id": run_id, "index": index, "node": node,
+                              "task_id": self.request.id})
+    return {"index": index, "node": node}

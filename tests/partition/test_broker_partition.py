@@ -230,3 +230,61 @@ class TestWorkerPartitionedFromBroker:
         assert all(replayed[task]["hostname"] == b_host for task in again)
         assert all(replayed[task]["details"]["original_task_id"] == task for task in again)
         assert runs == dict.fromkeys(tasks, 1), "a body ran twice"
+
+
+def _dead_letters(partition: Partition, task_ids: list[str]) -> list[tuple[str, str, str]]:
+    with partition.engine().connect() as connection:
+        return [(row.task_id, row.guard, row.reason) for row in connection.execute(text(
+            "SELECT task_id, guard, reason FROM resilience_dead_letters "
+            "WHERE task_id = ANY(:ids)"), {"ids": task_ids})]
+
+
+class TestStalledWorkerTimeLimits:
+    def test_a_job_that_ended_during_the_cut_is_not_dead_lettered_on_resuming(
+        self, healed: Partition
+    ) -> None:
+        """Jobs with a hard limit (3 s) and no soft one end and commit on worker a while a
+        is cut from the broker; a's main process, blocked in a broker write, reads their
+        results only once the heal lets it go on, and its hard-limit timers fire first
+        (billiard reports TimeLimitExceeded). They are not dead-lettered as killed by
+        their limit (they were, before `JobTask._ended_before_limit`): SUCCESS, one
+        ledger row each, no dead letter."""
+        from jobs import app
+
+        run_id = uuid.uuid4().hex[:12]
+        with app.connection_for_write(healed.broker_url) as connection:
+            tasks = [str(app.send_task(
+                "tests.partition.broker.hard_limited", queue="critical", connection=connection,
+                kwargs={"run_id": run_id, "index": index, "seconds": BODY_SECONDS}).id)
+                for index in range(4)]
+        wait_for(lambda: len([s for s in _starts(healed, run_id) if s["node"] == "a"])
+                 >= 2, timeout_seconds=20, message="a runs two jobs")
+        a_tasks = [s["task_id"] for s in _starts(healed, run_id) if s["node"] == "a"]
+        healed.cut("a", "broker")
+        try:
+            wait_for(lambda: _ledger(healed, run_id) == dict.fromkeys(range(4), 1),
+                     timeout_seconds=20, message="every job commits")
+            time.sleep(3)  # past a's hard limits: 3 s from the start of its bodies
+        finally:
+            healed.heal("a", "broker")
+        # a goes on at its next retransmission (~6 s after the cut): its late timers fire,
+        # then it acknowledges the two messages.
+        wait_for(lambda: not _unacked(healed, a_tasks), timeout_seconds=60,
+                 message="a acknowledges its jobs")
+        time.sleep(1)
+        letters = _dead_letters(healed, tasks)
+        assert all(healed.state(task) == "SUCCESS" for task in tasks)
+        assert _ledger(healed, run_id) == dict.fromkeys(range(4), 1)
+        assert letters == [], f"jobs that succeeded were dead-lettered: {letters}"
+
+
+def _unacked(partition: Partition, task_ids: list[str]) -> list[str]:
+    """Which of `task_ids` the broker still lists as unacknowledged."""
+    import redis
+
+    client = redis.Redis.from_url(partition.broker_url, socket_timeout=5)
+    try:
+        held = b"".join(client.hvals("unacked"))
+    finally:
+        client.close()
+    return [task for task in task_ids if task.encode() in held]
