@@ -10,6 +10,7 @@
                     redis.py (RedisLock, the Lua scripts), redlock.py (Redlock)
     fencing.py      FencingTokens: tokens from a PostgreSQL sequence, the resource-side check
     heartbeat.py    Heartbeat: renews a lease while the body runs
+    watcher.py      SessionWatcher: probes a singleton's session while the body runs
     registry.py     describe(), force_release() (`jobs locks`)
     beat.py         LeaderElectedScheduler: celery beat that only schedules while it leads
 """
@@ -26,6 +27,7 @@ from resilience.locks.fencing import FencingTokens
 from resilience.locks.guards import ExclusiveGuard, Hold, SingletonGuard, exclusive, singleton
 from resilience.locks.heartbeat import Heartbeat, HeartbeatConfig
 from resilience.locks.registry import describe, force_release
+from resilience.locks.watcher import SessionWatcher
 
 __all__ = [
     "AdvisoryLockBackend",
@@ -43,6 +45,7 @@ __all__ = [
     "Redlock",
     "RedlockBackend",
     "RedlockConfig",
+    "SessionWatcher",
     "SingletonConfig",
     "SingletonGuard",
     "Taken",

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from resilience.errors import ConfigurationError
 from resilience.locks.backends import validate_ttl
+from resilience.locks.backends.postgres import TCP_USER_TIMEOUT_MS
 from resilience.locks.backends.redlock import RedlockConfig, require_node_count
 from resilience.locks.heartbeat import HeartbeatConfig
 from resilience.store_down import StoreDown, store_down_policy
@@ -59,10 +60,42 @@ class SingletonConfig(LockConfig):
         pool_mode: declared pooler mode in front of the locks' URL ("transaction" is
             refused); None: the app's (`Stores.locks_pool_mode`), or with `database_url`
             none.
+        probe_seconds: while the body runs, probe the lock's session this often, and for
+            each `checkpoint()` (`SessionWatcher`): a holder learns of a lost session
+            within this long, and a checkpoint or a transactional commit waits at most the
+            bound below for its answer. 0 or None: no watcher; each `checkpoint()` queries
+            the session itself, waiting up to its TCP user timeout (10 s) in a partition.
+        probe_timeout_seconds: silence tolerated past a probe's due time before the hold
+            counts as lost; with `probe_seconds` it must stay below the lock session's TCP
+            user timeout (10 s), so a cut-off holder stops before PostgreSQL frees the lock.
     """
 
     database_url: str | None = None
     pool_mode: str | None = None
+    probe_seconds: float | None = 2.0
+    probe_timeout_seconds: float = 3.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.probe_seconds is not None and not self.probe_seconds >= 0:
+            raise ConfigurationError(
+                f"probe_seconds must be >= 0 (0 or None: no watcher), got {self.probe_seconds}")
+        if not self.probe_timeout_seconds > 0:
+            raise ConfigurationError(
+                f"probe_timeout_seconds must be > 0, got {self.probe_timeout_seconds}")
+        server_bound = TCP_USER_TIMEOUT_MS / 1000
+        if self.probe_seconds and self.probe_seconds + self.probe_timeout_seconds >= server_bound:
+            raise ConfigurationError(
+                f"probe_seconds + probe_timeout_seconds ({self.probe_seconds:g} + "
+                f"{self.probe_timeout_seconds:g}) must stay below {server_bound:g}s, the time "
+                "after which PostgreSQL may end a silent holder's session and give its lock "
+                "to another: a cut-off holder would still believe it holds the lock; lower "
+                "them, or set probe_seconds=0 to run without a watcher")
+
+    @property
+    def watched(self) -> bool:
+        """True when a watcher probes the held session while the body runs."""
+        return bool(self.probe_seconds)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,9 +11,12 @@
 * singleton — a PostgreSQL session advisory lock on a dedicated connection to the app's
   direct lock URL (`resilience_locks_database_url`; one per lock held, used for nothing
   else, kept `resilience_lock_session_idle_seconds` (5) after release for the next run,
-  then closed): freed the instant the holder
-  dies; lost sessions are caught by `call.checkpoint()`. Acquire and release are one round
-  trip each (`backends/postgres.py`).
+  then closed): freed the instant the holder dies. While the body runs a `SessionWatcher`
+  probes the session every `probe_seconds` (2) and for each `call.checkpoint()`; a lost
+  session, or one silent past the watcher's bound (5 s), makes `checkpoint()` and a
+  transactional commit refuse (watcher.py). Acquire and release
+  are one round trip each, the fencing token minted inside the acquisition
+  (`backends/postgres.py`).
 * exclusive — Redlock over `resilience_redlock_urls` with a lease heartbeat and a fencing token from
   PostgreSQL, handed to the body as `fencing_token` when it takes that parameter
   (`backends/redlock.py`).
@@ -44,20 +47,21 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from resilience.config import configured
 from resilience.counters import count_call
 from resilience.errors import ConfigurationError, LockNotOwnedError, StorageError
 from resilience.holders import Holder
 from resilience.keys import GuardKey, KeyOption, KeySpec
-from resilience.locks.backends import Claimant, LockBackend, Taken
+from resilience.locks.backends import Claimant, LockBackend, SessionLockBackend, Taken
 from resilience.locks.config import (
     ExclusiveConfig,
     LockConfig,
     SingletonConfig,
 )
 from resilience.locks.heartbeat import Heartbeat
+from resilience.locks.watcher import SessionWatcher
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, EnqueueGuard, EnqueueStage, Guard, Publish, Stage, attach
 from resilience.store_down import store_failed
@@ -101,11 +105,20 @@ class Hold:
     taken: Taken
     backend: LockBackend
     heartbeat: Heartbeat | None = None
+    #: Probes a session lock's session while the body runs (`@singleton`).
+    watcher: SessionWatcher | None = None
 
     def check(self) -> None:
-        """Raise LockNotOwnedError when the lock was lost (registered in `call.checks`)."""
+        """Raise LockNotOwnedError when the lock was lost (registered in `call.checks`).
+
+        A watched session is checked through its watcher (a fresh probe, waited for at
+        most until the watcher's bound); otherwise the backend checks the lock itself.
+        """
         if self.heartbeat is not None:
             self.heartbeat.check()
+        if self.watcher is not None:
+            self.watcher.check()
+            return
         self.backend.check(self.taken)
 
 
@@ -191,6 +204,16 @@ class LockGuard(Guard):
             return
         if hold.heartbeat is not None:
             hold.heartbeat.stop()
+        if hold.watcher is not None:
+            idle = hold.watcher.stop()
+            if hold.watcher.lost() or not idle:
+                # Lost, or a probe still waits on the session (a partition): give the
+                # session up without a statement rather than wait out its TCP timeout.
+                logger.warning("%s: lock %s lost while the job ran: %s", self.name,
+                               hold.key.full, hold.watcher.lost_reason or "probe unanswered")
+                count_call(call, "LOCK-LOST", guard=self.name)
+                cast(SessionLockBackend, hold.backend).abandon(hold.taken)
+                return
         try:
             hold.backend.release(hold.taken)
         except (LockNotOwnedError, StorageError) as exc:
@@ -200,15 +223,22 @@ class LockGuard(Guard):
 
     # steps -------------------------------------------------------------------------------
     def _try_acquire(self, backend: LockBackend, call: Call, key: GuardKey) -> Hold | None:
+        asked_at = time.monotonic()
         taken = backend.acquire(key.full, Claimant(task_id=call.task_id,
                                                    task_name=call.task.name))
         if taken is None:
             return None
         return Hold(key=key, taken=taken, backend=backend,
-                    heartbeat=self._heartbeat(backend, taken))
+                    heartbeat=self._heartbeat(backend, taken),
+                    watcher=self._watcher(backend, taken, asked_at))
 
     def _heartbeat(self, backend: LockBackend, taken: Taken) -> Heartbeat | None:
         """The heartbeat renewing `taken`'s lease, for guards whose locks expire."""
+        return None
+
+    def _watcher(self, backend: LockBackend, taken: Taken,
+                 asked_at: float) -> SessionWatcher | None:
+        """The watcher probing `taken`'s session, for guards whose locks live in one."""
         return None
 
     def _wait_for_predecessor(self, backend: LockBackend, call: Call,
@@ -266,6 +296,18 @@ class SingletonGuard(LockGuard):
                  backend: BackendOption = None) -> None:
         super().__init__(func, key, options, backend)
         self.options: SingletonConfig = options
+
+    def _watcher(self, backend: LockBackend, taken: Taken,
+                 asked_at: float) -> SessionWatcher | None:
+        """A started `SessionWatcher` on the held session (advisory backends only: the
+        in-memory one has no session), unless `probe_seconds` turns it off."""
+        if not self.options.watched or not isinstance(backend, SessionLockBackend):
+            return None
+        return SessionWatcher(
+            taken.key, lambda: backend.probe(taken),
+            period_seconds=self.options.probe_seconds or 0.0,
+            timeout_seconds=self.options.probe_timeout_seconds, answered_at=asked_at,
+            token=taken.token).start()
 
     def default_backend(self, task: Task) -> LockBackend:
         """Advisory locks on the option's database, else on the app's direct lock URL

@@ -7,7 +7,8 @@
                   fencing token and a registry row
 
 A backend hands the flow a `Taken` per acquisition and gets it back to check, extend and
-release it; who holds a key is always reported as a `resilience.holders.Holder`.
+release it; who holds a key is always reported as a `resilience.holders.Holder`. A
+`SessionLockBackend` (advisory locks) also lets the flow probe the held session.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from resilience.errors import ConfigurationError
 from resilience.holders import Holder
@@ -121,3 +122,19 @@ class LockBackend(Protocol):
 
     def holders(self) -> list[Holder]:
         """Every registered lock of this kind, `alive` checked against the lock itself."""
+
+
+@runtime_checkable
+class SessionLockBackend(LockBackend, Protocol):
+    """A backend whose locks live as long as a session (advisory locks): the guard watches
+    that session while the body runs (`resilience.locks.watcher`)."""
+
+    def probe(self, taken: Taken) -> None:
+        """One cheap statement on `taken`'s session.
+
+        Raises:
+            StorageError: the session is gone.  LockNotOwnedError: it moved.
+        """
+
+    def abandon(self, taken: Taken) -> None:
+        """Give up `taken`, known lost, without waiting on its session (closed aside)."""

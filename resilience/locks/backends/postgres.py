@@ -229,6 +229,9 @@ class AdvisorySession:
             )
         import psycopg2
 
+        #: One statement at a time: the watcher's probes and the holder's release may come
+        #: from two threads, and a psycopg2 connection must not run two at once.
+        self.lock = threading.Lock()
         with wrap_store_errors("advisory lock session"):
             self.connection = psycopg2.connect(
                 # Our end: a vanished server (host crash, partition) is noticed in ~11 s,
@@ -266,7 +269,8 @@ class AdvisorySession:
             StoreUnavailable: the session is gone.  StoreRejected, StorageError: the
                 statement failed.
         """
-        with wrap_store_errors("advisory lock session"), self.connection.cursor() as cursor:
+        with (self.lock, wrap_store_errors("advisory lock session"),
+              self.connection.cursor() as cursor):
             cursor.execute(sql, parameters)
             return cursor.fetchall() if cursor.description else None
 
@@ -324,6 +328,21 @@ class AdvisorySession:
         if not held:
             raise LockNotOwnedError(f"singleton lock {key!r} is not held by this session",
                                     key=key)
+
+    def probe(self) -> None:
+        """One cheap statement proving the session is alive on the backend it started on
+        (`SessionWatcher`'s probe). Not `pg_locks`: reading it takes every lock-manager
+        partition lock, and a dedicated session loses its lock only by ending.
+
+        Raises:
+            StoreUnavailable, StorageError: the session is gone.
+            LockNotOwnedError: it moved to another backend (a transaction pooler).
+        """
+        pid = self.scalar("SELECT pg_backend_pid()")
+        if pid != self.backend_pid:
+            raise LockNotOwnedError(
+                f"the lock session moved from backend {self.backend_pid} to {pid} "
+                "(reconnect or transaction pooling)", backend_pid=self.backend_pid)
 
     def release(self, key: str) -> bool:
         """Release `key`'s lock; False when it was not held (or the session is gone)."""
@@ -656,6 +675,21 @@ class AdvisoryLockBackend:
             raise LockNotOwnedError(f"singleton lock {taken.key!r} was no longer held at "
                                     "release", key=taken.key)
         give_back_session(session, self.database_url)
+
+    def probe(self, taken: Taken) -> None:
+        """One cheap statement on `taken`'s session (`AdvisorySession.probe`), run by the
+        singleton's `SessionWatcher` while the body runs."""
+        taken.handle.probe()
+
+    def abandon(self, taken: Taken) -> None:
+        """Give up a lock known lost, without a statement: the session leaves this thread
+        and is closed in the background, since a probe stuck in a partition may still hold
+        it (until the TCP user timeout). Its registry row is left to the next holder."""
+        session: AdvisorySession = taken.handle
+        session.held.discard(advisory_id(taken.key))
+        with contextlib.suppress(ValueError):
+            _in_use().remove(session)
+        threading.Thread(target=session.close, name="lock-session-close", daemon=True).start()
 
     def holder(self, key: str) -> Holder | None:
         """The session holding `key`, as PostgreSQL itself reports it (its name: the task)."""

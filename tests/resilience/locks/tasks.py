@@ -10,6 +10,7 @@ from sqlalchemy import text
 
 from jobs import app
 from resilience.errors import LockNotOwnedError, StaleFencingToken
+from resilience.idempotency import idempotent
 from resilience.locks import FencingTokens, exclusive, singleton
 from resilience.stores import stores_for
 
@@ -127,11 +128,12 @@ def fenced_write(
 
 
 @app.task(tier=TIER, bind=True, name="tests.locks.checkpointed")
-@singleton(key="{slot}", policy="skip")
+@singleton(key="{slot}", policy="skip", probe_seconds=0)
 def checkpointed(
     self: Any, run_id: str, slot: str, seconds: float = 5.0, checkpoint: Any = None
 ) -> dict[str, Any]:
-    """Run until told to stop, then check the lock before "committing"."""
+    """Run until told to stop, then check the lock before "committing". No watcher: the
+    checkpoint queries the lock session itself."""
     _start(run_id, slot, self.request.id)
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and not _stopped(run_id):
@@ -190,3 +192,60 @@ def deferring_singleton(self: Any, run_id: str, slot: str) -> dict[str, Any]:
     """A singleton that defers (instead of skipping) while another run holds its key."""
     _end(_start(run_id, slot, self.request.id))
     return {"ran": True}
+
+
+#: The probe period of `watched_ledger`'s singleton (the test bounds the loss with it).
+WATCHED_PROBE_SECONDS = 0.5
+
+
+@app.task(tier=TIER, bind=True, name="tests.locks.watched_ledger")
+@idempotent(key="{run_id}:{role}", transactional=True, cache=False, lease_seconds=3,
+            poll_seconds=0.5, store_down_retry_seconds=0.5)
+@singleton(key="{slot}", policy="skip", probe_seconds=WATCHED_PROBE_SECONDS)
+def watched_ledger(
+    self: Any, run_id: str, slot: str, role: str, seconds: float = 30.0,
+    fencing_token: int | None = None, checkpoint: Any = None, session: Any = None,
+) -> dict[str, Any]:
+    """A transactional singleton body with a fenced write, for a holder that loses its lock.
+
+    First run of `role`: record the start (with the token), call `checkpoint()` every 20 ms
+    until it raises (the time goes to Redis `locks-test:lost:<run_id>:<role>`), the test
+    says stop, or `seconds` pass; wait for `locks-test:go:<run_id>`; then write to the
+    resource fenced with the token (outcome `written` / `rejected`) and insert an `effect`
+    row in the body's transaction, which commits with the idempotency record — or not. A
+    later run of the same role (the deferral of a refused commit) writes nothing.
+    """
+    redis = stores_for(app).redis()
+    if redis.incr(f"locks-test:runs:{run_id}:{role}") > 1:
+        return {"rerun": True, "token": fencing_token}
+    _start(run_id, slot, self.request.id, fencing_token)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not _stopped(run_id):
+        try:
+            checkpoint()
+        except LockNotOwnedError:
+            redis.set(f"locks-test:lost:{run_id}:{role}", repr(time.time()), ex=600)
+            break
+        time.sleep(0.02)
+    while time.monotonic() < deadline and not redis.exists(f"locks-test:go:{run_id}"):
+        time.sleep(0.02)
+    outcome = "written"
+    try:
+        with _engine().begin() as connection:
+            FencingTokens.guard_write(connection, f"resource:{run_id}:{slot}", fencing_token)
+            _write(connection, run_id, slot, self.request.id, fencing_token, outcome)
+    except StaleFencingToken:
+        outcome = "rejected"
+        with _engine().begin() as connection:
+            _write(connection, run_id, slot, self.request.id, fencing_token, outcome)
+    _write(session, run_id, slot, self.request.id, fencing_token, "effect")
+    return {"written": outcome == "written", "token": fencing_token}
+
+
+def _write(connection: Any, run_id: str, slot: str, task_id: str | None, token: int | None,
+           outcome: str) -> None:
+    connection.execute(
+        text("INSERT INTO locks_test_writes (run_id, slot, task_id, token, outcome) "
+             "VALUES (:run_id, :slot, :task_id, :token, :outcome)"),
+        {"run_id": run_id, "slot": slot, "task_id": task_id, "token": token,
+         "outcome": outcome})

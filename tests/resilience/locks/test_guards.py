@@ -194,6 +194,46 @@ class TestSingletonFaults:
         (lost,) = writes(engine, run_id)
         assert "session is gone" in lost.outcome
 
+    def test_a_watched_holder_whose_session_ends_is_refused_everywhere(
+        self, worker_factory: Any, engine: Any, redis_client: Any, run_id: str
+    ) -> None:
+        """The holder's lock session is terminated mid-body: its `checkpoint()` raises
+        at once (the watcher sends a probe for it), within one probe period. The next run of
+        the key takes the lock with a higher fencing token and commits; the first holder's
+        fenced write is then rejected and its transactional commit refused (no effect row
+        with its token; DEFERRED), and its deferred rerun ends without writing."""
+        from tests.resilience.locks.tasks import WATCHED_PROBE_SECONDS, watched_ledger
+
+        start_workers(worker_factory, 2)
+        first = watched_ledger.delay(run_id, "watched", "first")
+        (holder,) = wait_for(lambda: runs(engine, run_id), timeout_seconds=30,
+                             message="holder started")
+        with engine.begin() as connection:
+            killed = connection.execute(
+                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                     "WHERE application_name = :name"), {"name": f"lock:{first.id}"}
+            ).scalars().all()
+        killed_at = time.time()
+        assert killed == [True]
+        lost_at = float(wait_for(lambda: redis_client.get(f"locks-test:lost:{run_id}:first"),
+                                 timeout_seconds=10, interval=0.02,
+                                 message="the holder's checkpoint raises"))
+        print(f"checkpoint raised {(lost_at - killed_at) * 1000:.0f} ms after the session "
+              f"was terminated (probe every {WATCHED_PROBE_SECONDS * 1000:.0f} ms)")
+        assert lost_at - killed_at < WATCHED_PROBE_SECONDS + 0.5  # slack: a loaded machine
+
+        second = watched_ledger.delay(run_id, "watched", "second", seconds=0).get(timeout=30)
+        assert second["written"] is True and second["token"] > holder.token
+        redis_client.set(f"locks-test:go:{run_id}", 1, ex=600)
+        assert first.get(timeout=30)["rerun"] is True
+
+        rows = writes(engine, run_id)
+        assert [(r.token, r.outcome) for r in rows if r.task_id == first.id] == [
+            (holder.token, "rejected")]
+        assert {r.outcome for r in rows if r.token == second["token"]} == {"written", "effect"}
+        assert [r for r in rows if r.outcome == "effect"] == [
+            r for r in rows if r.outcome == "effect" and r.token == second["token"]]
+
 
 @pytest.mark.chaos
 @pytest.mark.timeout(180)

@@ -1,0 +1,176 @@
+"""Session watcher: a singleton holder learns, while its body runs, that it lost its lock.
+
+A session advisory lock lives as long as its PostgreSQL session. Nothing else uses that
+session while the body runs, so without a watcher the holder learns of a lost session only
+when it next touches it. The watcher thread, the only user of the session between acquire
+and release, sends one cheap probe on it (`AdvisorySession.probe`: `SELECT pg_backend_pid()`)
+every `period_seconds`, and at once when `check()` asks for one. A failed probe (session
+ended, moved to another backend) marks the hold lost. `check()` — registered in
+`call.checks`, so `call.checkpoint()` and a transactional `@idempotent` commit run it —
+asks for a probe sent after the call and waits for its answer, so a session that ended a
+moment before a commit is caught, as the former query per checkpoint caught it.
+
+A probe sent into a partition does not fail at once (the client's TCP user timeout ends it
+after 10 s), so silence is loss too, like a lease's deadline: when no probe sent in the
+last `period_seconds + timeout_seconds` was answered, the hold is lost, and `check()` never
+waits past that. Timeline with the defaults (2 s + 3 s), A cut from PostgreSQL at c:
+
+    A: probe sent at s <= c, answered                    (the server heard A at >= s)
+    A: check() raises from s + 5 s <= c + 5 s on          (no answer to a later probe)
+    PostgreSQL: ends A's session, freeing the lock, >= 10 s after it last heard A (>= s + 10)
+    B: can take the lock only then, when A already refuses
+
+So a cut-off holder stops believing it holds the lock about 5 s before PostgreSQL can give
+it to another — on this process's monotonic clock, which also makes a holder paused longer
+than the bound (SIGSTOP, swap) learn it on resuming. The bound must stay below the lock
+session's TCP user timeout; `SingletonConfig` refuses a longer one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from resilience.errors import LockNotOwnedError
+
+logger = logging.getLogger("resilience.locks.watcher")
+
+
+class SessionWatcher:
+    """Probes a held lock's session every `period_seconds` and on demand; `check()` says
+    whether it is still held.
+
+    Args:
+        key: the lock key (named in errors and logs).
+        probe: one statement on the held session; raises when the session is gone or moved.
+        period_seconds: time between the sends of two background probes.
+        timeout_seconds: how long past the next probe's due time silence is tolerated.
+        answered_at: the monotonic time the acquisition was sent (its answer is the first).
+        token: the acquisition's fencing token, carried by the error.
+        clock: monotonic seconds (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        key: str,
+        probe: Callable[[], None],
+        *,
+        period_seconds: float,
+        timeout_seconds: float,
+        answered_at: float | None = None,
+        token: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.key = key
+        self.probe = probe
+        self.period_seconds = period_seconds
+        self.timeout_seconds = timeout_seconds
+        self.token = token
+        self.clock = clock
+        #: When the newest answered probe was sent (the server heard us after it).
+        self.answered_sent_at = clock() if answered_at is None else answered_at
+        #: Probes answered so far.
+        self.probes = 0
+        self.lost_reason: str | None = None
+        self._requested = float("-inf")  # the newest check() waiting for a fresh answer
+        self._stopped = False
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name=f"lock-watcher:{key}"[:60],
+                                        daemon=True)
+
+    @property
+    def bound_seconds(self) -> float:
+        """Silence after which the hold counts as lost: the period plus the timeout."""
+        return self.period_seconds + self.timeout_seconds
+
+    def start(self) -> SessionWatcher:
+        self._thread.start()
+        return self
+
+    def stop(self, wait_seconds: float = 1.0) -> bool:
+        """Stop probing (before release); True when no probe is still using the session.
+
+        A probe stuck in a partition keeps the session busy until the TCP user timeout;
+        the caller then gives the session up without a statement (`abandon`).
+        """
+        with self._changed:
+            self._stopped = True
+            self._changed.notify_all()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=wait_seconds)
+        return not self._thread.is_alive()
+
+    def lost(self) -> bool:
+        """True when the hold is known lost or silent past the bound (no probe sent)."""
+        with self._changed:
+            return self._lost_now() is not None
+
+    def check(self) -> None:
+        """Raise unless a probe sent after this call is answered; wait for it at most
+        until the bound passes (then the hold is lost). Once lost, always lost.
+
+        Without a running watcher (not started, stopped) only what is known is checked.
+
+        Raises:
+            LockNotOwnedError: the lock may be another holder's; do not commit.
+        """
+        with self._changed:
+            if self._lost_now() is None and self._thread.is_alive() and not self._stopped:
+                asked = self.clock()
+                self._requested = max(self._requested, asked)
+                self._changed.notify_all()
+                while self.answered_sent_at < asked and self._lost_now() is None:
+                    self._changed.wait(self.answered_sent_at + self.bound_seconds - self.clock())
+            reason = self._lost_now()
+        if reason is not None:
+            raise LockNotOwnedError(
+                f"singleton lock {self.key!r} lost: {reason}; stopping before the task "
+                "commits", key=self.key, token=self.token)
+
+    # -- inside, with `_changed` held ----------------------------------------------------------
+    def _lost_now(self) -> str | None:
+        """The reason the hold is lost, deciding silence past the bound is loss."""
+        if self.lost_reason is None:
+            silent = self.clock() - self.answered_sent_at
+            if silent > self.bound_seconds:
+                self._lose(
+                    f"no probe answered for {silent:.1f}s (bound {self.bound_seconds:g}s: "
+                    f"a probe every {self.period_seconds:g}s, answered within "
+                    f"{self.timeout_seconds:g}s); PostgreSQL may have ended its session")
+        return self.lost_reason
+
+    def _lose(self, reason: str) -> None:
+        if self.lost_reason is None:
+            self.lost_reason = reason
+            logger.warning("singleton lock %s lost while its body runs: %s", self.key, reason)
+        self._changed.notify_all()
+
+    def _run(self) -> None:
+        due = self.answered_sent_at + self.period_seconds
+        while True:
+            with self._changed:
+                while not self._stopped and self.lost_reason is None:
+                    if self._requested > self.answered_sent_at:
+                        break  # a check() waits for an answer to a probe sent after it
+                    remaining = due - self.clock()
+                    if remaining <= 0:
+                        break
+                    self._changed.wait(remaining)
+                if self._stopped or self.lost_reason is not None:
+                    return
+            sent = self.clock()
+            try:
+                self.probe()
+            except Exception as exc:  # noqa: BLE001 - recorded; check() raises it
+                with self._changed:
+                    self._lose(f"its session failed a probe: {exc}")
+                return
+            with self._changed:
+                if self.lost_reason is not None:  # declared lost meanwhile: stays lost
+                    return
+                self.answered_sent_at = sent
+                self.probes += 1
+                self._changed.notify_all()
+            due = sent + self.period_seconds
