@@ -11,10 +11,15 @@ What is asserted comes from the stores and the workers' task events, never from 
 one ledger row per job (PostgreSQL, no unique constraint), every job SUCCESS, only jobs
 `a` held at the cut delivered twice, and each of those ended REPLAYED (`task-replayed`,
 which Flower shows; the result keeps the first run's SUCCESS, a final state).
+
+While cut, `a`'s main process blocks in a broker write (no socket timeout): it reads its
+pool's results only after the heal, and its time-limit timers fire first; a job that had
+succeeded must not be reported killed by its hard limit (`TestStalledWorkerTimeLimits`).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import threading
@@ -25,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from sqlalchemy import text
 
 from jobs.tiers import TIERS
@@ -90,6 +96,10 @@ def cluster(app: Any) -> Iterator[Partition]:
 
 @pytest.fixture()
 def healed(cluster: Partition) -> Iterator[Partition]:
+    """The module's topology with both workers answering (after an earlier test's cut,
+    `a` goes on only at its connection's next retransmission), every cut healed after."""
+    for worker in cluster.workers.values():
+        worker.wait_ready(timeout_seconds=150)
     yield cluster
     cluster.topology.heal_all()
 
@@ -137,8 +147,6 @@ def _send(partition: Partition, run_id: str, index: int) -> str:
 
 
 def _starts(partition: Partition, run_id: str) -> list[dict[str, Any]]:
-    import json
-
     client = partition.redis()
     try:
         return [json.loads(item) for item in client.lrange(runs_key(run_id), 0, -1)]
@@ -152,6 +160,62 @@ def _ledger(partition: Partition, run_id: str) -> dict[int, int]:
         return {row.index: row.n for row in connection.execute(text(
             "SELECT index, count(*) AS n FROM broker_partition_ledger WHERE run_id = :run_id "
             "GROUP BY index"), {"run_id": run_id})}
+
+
+def _dead_letters(partition: Partition, task_ids: list[str]) -> list[tuple[str, str, str]]:
+    with partition.engine().connect() as connection:
+        return [(row.task_id, row.guard, row.reason) for row in connection.execute(text(
+            "SELECT task_id, guard, reason FROM resilience_dead_letters "
+            "WHERE task_id = ANY(:ids)"), {"ids": task_ids})]
+
+
+class TestStalledWorkerTimeLimits:
+    def test_a_job_that_ended_during_the_cut_is_not_dead_lettered_on_resuming(
+        self, healed: Partition
+    ) -> None:
+        """Jobs with a hard limit (3 s) and no soft one end and commit on worker a while a
+        is cut from the broker; a's main process, blocked in a broker write, reads their
+        results only once the heal lets it go on, and its hard-limit timers fire first
+        (billiard reports TimeLimitExceeded). They are not dead-lettered as killed by
+        their limit (they were, before `JobTask._ended_before_limit`): SUCCESS, one
+        ledger row each, no dead letter."""
+        from jobs import app
+
+        run_id = uuid.uuid4().hex[:12]
+        with app.connection_for_write(healed.broker_url) as connection:
+            tasks = [str(app.send_task(
+                "tests.partition.broker.hard_limited", queue="critical", connection=connection,
+                kwargs={"run_id": run_id, "index": index, "seconds": BODY_SECONDS}).id)
+                for index in range(4)]
+        wait_for(lambda: len([s for s in _starts(healed, run_id) if s["node"] == "a"])
+                 >= 2, timeout_seconds=20, message="a runs two jobs")
+        a_tasks = [s["task_id"] for s in _starts(healed, run_id) if s["node"] == "a"]
+        healed.cut("a", "broker")
+        try:
+            wait_for(lambda: _ledger(healed, run_id) == dict.fromkeys(range(4), 1),
+                     timeout_seconds=20, message="every job commits")
+            time.sleep(3)  # past a's hard limits: 3 s from the start of its bodies
+        finally:
+            healed.heal("a", "broker")
+        # a goes on at its next retransmission (~6 s after the cut): its late timers fire,
+        # then it acknowledges the two messages.
+        wait_for(lambda: not _unacked(healed, a_tasks), timeout_seconds=60,
+                 message="a acknowledges its jobs")
+        time.sleep(1)
+        letters = _dead_letters(healed, tasks)
+        assert all(healed.state(task) == "SUCCESS" for task in tasks)
+        assert _ledger(healed, run_id) == dict.fromkeys(range(4), 1)
+        assert letters == [], f"jobs that succeeded were dead-lettered: {letters}"
+
+
+def _unacked(partition: Partition, task_ids: list[str]) -> list[str]:
+    """Which of `task_ids` the broker still lists as unacknowledged."""
+    client = redis.Redis.from_url(partition.broker_url, socket_timeout=5)
+    try:
+        held = b"".join(client.hvals("unacked"))
+    finally:
+        client.close()
+    return [task for task in task_ids if task.encode() in held]
 
 
 class TestWorkerPartitionedFromBroker:
@@ -173,9 +237,8 @@ class TestWorkerPartitionedFromBroker:
         a_host, b_host = (healed.workers[node].nodename for node in ("a", "b"))
         run_id = uuid.uuid4().hex[:12]
         with TaskEvents(healed.broker_url) as events:
-            # 60 s: after an earlier test's cut, a may still wait for its retransmission.
             wait_for(lambda: {e.get("hostname") for e in events.of("worker-heartbeat")}
-                     >= {a_host, b_host}, timeout_seconds=60,
+                     >= {a_host, b_host}, timeout_seconds=10,
                      message="both workers' heartbeats reach the receiver")
             tasks = {index: _send(healed, run_id, index) for index in range(8)}
             wait_for(lambda: len([s for s in _starts(healed, run_id) if s["node"] == "a"])
@@ -230,61 +293,3 @@ class TestWorkerPartitionedFromBroker:
         assert all(replayed[task]["hostname"] == b_host for task in again)
         assert all(replayed[task]["details"]["original_task_id"] == task for task in again)
         assert runs == dict.fromkeys(tasks, 1), "a body ran twice"
-
-
-def _dead_letters(partition: Partition, task_ids: list[str]) -> list[tuple[str, str, str]]:
-    with partition.engine().connect() as connection:
-        return [(row.task_id, row.guard, row.reason) for row in connection.execute(text(
-            "SELECT task_id, guard, reason FROM resilience_dead_letters "
-            "WHERE task_id = ANY(:ids)"), {"ids": task_ids})]
-
-
-class TestStalledWorkerTimeLimits:
-    def test_a_job_that_ended_during_the_cut_is_not_dead_lettered_on_resuming(
-        self, healed: Partition
-    ) -> None:
-        """Jobs with a hard limit (3 s) and no soft one end and commit on worker a while a
-        is cut from the broker; a's main process, blocked in a broker write, reads their
-        results only once the heal lets it go on, and its hard-limit timers fire first
-        (billiard reports TimeLimitExceeded). They are not dead-lettered as killed by
-        their limit (they were, before `JobTask._ended_before_limit`): SUCCESS, one
-        ledger row each, no dead letter."""
-        from jobs import app
-
-        run_id = uuid.uuid4().hex[:12]
-        with app.connection_for_write(healed.broker_url) as connection:
-            tasks = [str(app.send_task(
-                "tests.partition.broker.hard_limited", queue="critical", connection=connection,
-                kwargs={"run_id": run_id, "index": index, "seconds": BODY_SECONDS}).id)
-                for index in range(4)]
-        wait_for(lambda: len([s for s in _starts(healed, run_id) if s["node"] == "a"])
-                 >= 2, timeout_seconds=20, message="a runs two jobs")
-        a_tasks = [s["task_id"] for s in _starts(healed, run_id) if s["node"] == "a"]
-        healed.cut("a", "broker")
-        try:
-            wait_for(lambda: _ledger(healed, run_id) == dict.fromkeys(range(4), 1),
-                     timeout_seconds=20, message="every job commits")
-            time.sleep(3)  # past a's hard limits: 3 s from the start of its bodies
-        finally:
-            healed.heal("a", "broker")
-        # a goes on at its next retransmission (~6 s after the cut): its late timers fire,
-        # then it acknowledges the two messages.
-        wait_for(lambda: not _unacked(healed, a_tasks), timeout_seconds=60,
-                 message="a acknowledges its jobs")
-        time.sleep(1)
-        letters = _dead_letters(healed, tasks)
-        assert all(healed.state(task) == "SUCCESS" for task in tasks)
-        assert _ledger(healed, run_id) == dict.fromkeys(range(4), 1)
-        assert letters == [], f"jobs that succeeded were dead-lettered: {letters}"
-
-
-def _unacked(partition: Partition, task_ids: list[str]) -> list[str]:
-    """Which of `task_ids` the broker still lists as unacknowledged."""
-    import redis
-
-    client = redis.Redis.from_url(partition.broker_url, socket_timeout=5)
-    try:
-        held = b"".join(client.hvals("unacked"))
-    finally:
-        client.close()
-    return [task for task in task_ids if task.encode() in held]
