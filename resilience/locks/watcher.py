@@ -121,7 +121,8 @@ class SessionWatcher:
                 asked = self.clock()
                 self._requested = max(self._requested, asked)
                 self._changed.notify_all()
-                while self.answered_sent_at < asked and self._lost_now() is None:
+                while (self.answered_sent_at < asked and self._lost_now() is None
+                       and not self._stopped):
                     self._changed.wait(self.answered_sent_at + self.bound_seconds - self.clock())
             reason = self._lost_now()
         if reason is not None:

@@ -3,6 +3,7 @@ PostgreSQL (the holder's backend terminated, a probe left unanswered)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -114,6 +115,27 @@ class TestSessionWatcher:
         backend.abandon(taken)
         assert time.monotonic() - abandoned < 0.1, "abandon waited on the busy session"
         assert free_within(stores.database_url, taken.key, 6) < 6
+
+    def test_a_check_waiting_for_its_probe_returns_when_the_watcher_stops(
+        self, backend: AdvisoryLockBackend
+    ) -> None:
+        """stop() (release) while a check() waits for a slow probe: the check returns on
+        what is known instead of waiting out the bound."""
+        taken = take(backend, "watcher:stopped")
+        session: AdvisorySession = taken.handle
+        watcher = SessionWatcher(taken.key, lambda: session.execute("SELECT pg_sleep(3)"),
+                                 period_seconds=2, timeout_seconds=7).start()
+        returned: list[float] = []
+        started = time.monotonic()
+        checker = threading.Thread(target=lambda: (watcher.check(),
+                                                   returned.append(time.monotonic())))
+        checker.start()
+        time.sleep(0.2)
+        assert not returned
+        assert watcher.stop(wait_seconds=0.1) is False
+        checker.join(timeout=2)
+        assert returned and returned[0] - started < 1
+        backend.abandon(taken)
 
     def test_a_healthy_session_keeps_its_hold_and_releases_normally(
         self, backend: AdvisoryLockBackend, stores: Any
