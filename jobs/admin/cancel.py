@@ -3,20 +3,52 @@
 
 The cancellation is written to PostgreSQL and to the Redis copy every worker checks before a
 job starts (`resilience.cancel`), and Celery's own `revoke` is sent too so running workers
-drop the message at once. `jobs cancellations` lists, withdraws and restores them.
+drop the message at once. A job cancelled by id that has not started has its result stored
+as CANCELLED first, so the revoke never makes it REVOKED (`resilience.cancel.results`).
+`jobs cancellations` lists, withdraws and restores them.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated
+import logging
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+if TYPE_CHECKING:
+    from celery import Celery
+
 console = Console()
 errors = Console(stderr=True)
+logger = logging.getLogger("jobs.admin.cancel")
+
+
+def cancel_job(app: Celery, task_id: str, *, reason: str) -> bool:
+    """Cancel job `task_id`: the record and mark, its CANCELLED result if no worker started
+    it, then Celery's `revoke` (running workers drop it now; the record outlives them).
+
+    Returns:
+        True when its result was stored as CANCELLED now (it had not started).
+
+    Raises:
+        StorageError: the cancellation could not be recorded.
+    """
+    from jobs.platform import cancellations
+    from resilience.cancel import store_cancelled
+    from resilience.errors import StorageError
+
+    cancellations(app).cancel_job(task_id, reason=reason)
+    try:
+        stored = store_cancelled(app, task_id, reason=reason)
+    except StorageError as error:
+        # The mark still stops the job; only its result may read REVOKED before CANCELLED.
+        logger.warning("%s", error)
+        stored = False
+    app.control.revoke(task_id)
+    return stored
 
 def cancel(
     task_id: Annotated[str | None, typer.Argument(help="the job's task id")] = None,
@@ -38,8 +70,7 @@ def cancel(
     app.loader.import_default_modules()
     store = cancellations(app)
     if task_id is not None:
-        store.cancel_job(task_id, reason=reason)
-        app.control.revoke(task_id)  # running workers drop it now; the record outlives them
+        cancel_job(app, task_id, reason=reason)
         console.print(f"cancelled job {task_id}: it will not start on any worker")
         return
     assert task is not None and key is not None

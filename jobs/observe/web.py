@@ -182,8 +182,9 @@ def cancel_action(app: Celery, form: Form) -> str:
     task_id, task, key = form.get("task_id", ""), form.get("task", ""), form.get("key", "")
     reason = form.get("reason") or f"cancelled {DEFAULT_REASON}"
     if task_id and not (task or key):
-        cancellations(app).cancel_job(task_id, reason=reason)
-        app.control.revoke(task_id)  # running workers drop it now; the record outlives them
+        from jobs.admin.cancel import cancel_job
+
+        cancel_job(app, task_id, reason=reason)  # record, mark, CANCELLED result, revoke
         return f"cancelled job {task_id}: it will not start on any worker"
     if not task_id and task and key:
         _load_tasks(app)

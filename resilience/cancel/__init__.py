@@ -5,6 +5,7 @@ from resilience.cancel.backends import CancelBackend, id_target, key_target
 from resilience.cancel.backends.memory import MemoryCancelBackend
 from resilience.cancel.backends.redis import RedisCancelBackend
 from resilience.cancel.guard import CANCEL_KEY_OPTION, CancelConfig, CancelGuard
+from resilience.cancel.results import store_cancelled
 from resilience.cancel.tombstones import DEFAULT_TTL_SECONDS, Cancellation, Cancellations
 
 __all__ = [
@@ -19,4 +20,5 @@ __all__ = [
     "RedisCancelBackend",
     "id_target",
     "key_target",
+    "store_cancelled",
 ]

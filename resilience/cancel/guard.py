@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from resilience.cancel.backends import CancelBackend, Marks, id_target, key_target
+from resilience.cancel.results import GUARD_NAME, cancelled_stop
 from resilience.cancel.tombstones import Cancellations
 from resilience.counters import count_call
 from resilience.errors import ConfigurationError, StorageError
@@ -86,7 +87,7 @@ class CancelConfig:
 class CancelGuard(Guard):
     """Stops a cancelled job before it starts; see the module doc."""
 
-    name = "cancel"
+    name = GUARD_NAME
     stage = Stage.CANCEL
 
     def __init__(self, config: CancelConfig,
@@ -233,5 +234,4 @@ class CancelGuard(Guard):
 
     def _cancelled(self, call: Call, reason: str, target: str) -> Stop:
         count_call(call, Outcome.CANCELLED.value, guard=self.name)
-        return Stop(Outcome.CANCELLED, guard=self.name, reason=f"cancelled: {reason}",
-                    details={"target": target})
+        return cancelled_stop(reason, target)

@@ -226,6 +226,31 @@ class TestLostCopy:
         assert target not in cancellations.backend.load()[1]
 
 
+class TestStoredResult:
+    def test_only_an_unstarted_job_gets_its_cancelled_result_stored(self, app: Any) -> None:
+        """`store_cancelled` (what `jobs cancel ID` runs before Celery's revoke) stores the
+        cancel guard's outcome for a job with no state yet; a started or finished job keeps
+        its state, and Celery's revoke marking afterwards cannot make the first one REVOKED."""
+        from celery.result import AsyncResult
+
+        from resilience.cancel import store_cancelled
+
+        pending, started, done = (str(uuid.uuid4()) for _ in range(3))
+        app.backend.store_result(started, {"pid": 1}, "STARTED")
+        app.backend.mark_as_done(done, 7)
+        assert store_cancelled(app, pending, reason="customer asked") is True
+        assert [store_cancelled(app, each, reason="late") for each in (started, done)] == [
+            False, False]
+        result = AsyncResult(pending, app=app)
+        assert result.get(timeout=5) == {
+            "outcome": "CANCELLED", "guard": "cancel", "reason": "cancelled: customer asked",
+            "details": {"target": id_target(pending)}}
+        app.backend.mark_as_revoked(pending, reason="revoked")  # a worker's late revoke
+        assert AsyncResult(pending, app=app).state == "SUCCESS"
+        assert AsyncResult(started, app=app).state == "STARTED"
+        assert AsyncResult(done, app=app).get(timeout=5) == 7
+
+
 @pytest.mark.usefixtures("tier_workers")
 class TestLostCopyOnWorkers:
     def test_a_cancelled_job_stays_cancelled_after_a_flush(
@@ -340,6 +365,12 @@ def _waiting_in_queue(app: Any, queue: str, run_id: str) -> set[str]:
     return ids
 
 
+def _revoked_on(app: Any, nodes: list[str], task_id: str) -> bool:
+    """Every worker of `nodes` lists `task_id` among its revoked tasks."""
+    replies = app.control.inspect(destination=nodes, timeout=1).revoked() or {}
+    return all(task_id in replies.get(node, []) for node in nodes)
+
+
 @pytest.mark.chaos
 @pytest.mark.timeout(180)
 def test_cancelled_while_every_worker_is_stopped_never_runs_after_restart(
@@ -347,10 +378,12 @@ def test_cancelled_while_every_worker_is_stopped_never_runs_after_restart(
 ) -> None:
     """Every worker consuming the critical queue is terminated (warm shutdown, SIGTERM);
     four jobs are sent and wait in the broker's list. The operator runs `jobs cancel ID` on
-    one (its Celery `revoke` reaches nobody) and `jobs cancel --task --key` on the key of two
-    others. New worker processes are started: the three cancelled jobs end CANCELLED (not
-    Celery's REVOKED: the mark stopped them) and their bodies never ran (counters absent);
-    the job queued alongside runs exactly once."""
+    one (its Celery `revoke` reaches only the other tiers' workers, which mark a job whose
+    result is not final REVOKED: its result is CANCELLED at once, before the revoke, and stays
+    so) and `jobs cancel --task --key` on the key of two others. New worker processes are
+    started: the three cancelled jobs end CANCELLED (never Celery's REVOKED: the mark stopped
+    them) and their bodies never ran (counters absent); the job queued alongside runs exactly
+    once."""
     from jobs.admin.cancel import cancel as jobs_cancel
     from tests.resilience.cancel.tasks import cancel_order
 
@@ -369,6 +402,13 @@ def test_cancelled_while_every_worker_is_stopped_never_runs_after_restart(
         jobs_cancel(by_id.id, reason="customer asked")
         jobs_cancel(None, task=cancel_order.name, key=order, reason="order withdrawn")
         assert _waiting_in_queue(app, "critical", run_id) == sent
+        # The revoke reached the other tiers' workers, which mark a job whose result is
+        # not final REVOKED: the job's result was CANCELLED before, and stays so.
+        others = [w.nodename for tier, w in tier_workers.items() if tier != "critical"]
+        wait_for(lambda: _revoked_on(app, others, by_id.id), timeout_seconds=20,
+                 message="the revoke applied by the running workers")
+        assert by_id.state == "SUCCESS"
+        assert by_id.get(timeout=5)["outcome"] == "CANCELLED"
     finally:
         critical.start()  # new processes: no revoke list, no copy of the marks
     assert critical.pid != old_pid
