@@ -317,10 +317,10 @@ class SingletonGuard(LockGuard):
 
         def build(stores: Stores) -> LockBackend:
             if self.options.database_url:
-                return AdvisoryLockBackend(self.options.database_url, engine=stores.engine,
+                return AdvisoryLockBackend(self.options.database_url, engine=stores.guard_engine,
                                            pool_mode=self.options.pool_mode)
             return AdvisoryLockBackend(
-                stores.locks_database_url, engine=stores.engine,
+                stores.locks_database_url, engine=stores.guard_engine,
                 pool_mode=self.options.pool_mode or stores.locks_pool_mode)
 
         idle = task.app.conf.get("resilience_lock_session_idle_seconds")
@@ -387,8 +387,8 @@ class ExclusiveGuard(LockGuard):
             with self._lock:
                 backend = RedlockBackend(
                     Redlock.from_urls(urls, check=False, options=self.options.redlock_options),
-                    registry=HeldLockRegistry(stores.engine),
-                    tokens=FencingTokens(stores.engine()) if self.options.fencing else None,
+                    registry=HeldLockRegistry(stores.guard_engine),
+                    tokens=FencingTokens(stores.guard_engine()) if self.options.fencing else None,
                     ttl_seconds=self.options.ttl_seconds,
                 )
                 self._built = built = (os.getpid(), urls, backend)
