@@ -11,6 +11,16 @@ restore at warm shutdown. Sidekiq Pro's super_fetch moves each job into a privat
 list instead; kombu already keeps a working set (the unacked hash) and recovers it, so the
 platform closes the window into it rather than adding a second one.
 
+**One tag per delivery.** kombu's restore puts an expired message back with the delivery
+tag of the delivery that expired, and its ack and reject act by tag alone (HDEL/ZREM). A
+worker that stalled past the visibility timeout and then acknowledged would remove the
+hold of the worker that took the message over, and that worker's death would lose it.
+`fetch.lua` therefore records a redelivered message under a fresh tag (`uuid()`, sent
+with the fetch) written into the message itself, so each delivery's ack, reject or
+requeue touches only its own hold; a first delivery keeps the publisher's tag. The cost is
+one uuid per fetch and, for a redelivered message only, a string search in the script:
+round trips are unchanged (`tests/jobs/test_late_ack.py`).
+
 The script cannot block, so fetching and waiting are apart:
 
 - *Fetch.* The script is sent on the channel's consuming connection (the one kombu's BRPOP
@@ -70,6 +80,7 @@ from typing import Any
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
+from kombu.utils.uuid import uuid
 from redis.exceptions import NoScriptError
 
 from resilience.errors import ConfigurationError
@@ -230,7 +241,7 @@ class Channel(kombu_redis.Channel):
         self._brpop_sent_at = kombu_redis.monotonic()
         connection.send_command(
             "EVALSHA", FETCH.sha, 3 + len(keys), self.unacked_key, self.unacked_index_key,
-            UNREADABLE_KEY, *keys, repr(time()))
+            UNREADABLE_KEY, *keys, repr(time()), uuid())
 
     def _brpop_read(self, **options: Any) -> bool:
         """Read the fetch script's reply and deliver its message (kombu's BRPOP reply when
@@ -283,7 +294,7 @@ class Channel(kombu_redis.Channel):
         with self.conn_or_acquire() as client:
             while True:
                 reply = FETCH(client, keys=[self.unacked_key, self.unacked_index_key,
-                                            UNREADABLE_KEY, *keys], args=[repr(time())])
+                                            UNREADABLE_KEY, *keys], args=[repr(time()), uuid()])
                 if not reply:
                     return None
                 key, item, tag = (bytes_to_str(part) for part in reply)

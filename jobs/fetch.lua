@@ -8,6 +8,13 @@
 -- KEYS[3] = the list where unreadable items are set aside,
 -- KEYS[4..] = the queue lists to take from, in priority order.
 -- ARGV[1] = now, in seconds (the client's clock, as kombu's QoS uses).
+-- ARGV[2] = a fresh delivery tag, for a redelivered message.
+--
+-- A redelivered message (kombu's restore marks it `redelivered`) is recorded under the
+-- fresh tag, written into the message too: kombu restores a message with the tag of the
+-- delivery that expired, and a late ack of that delivery (HDEL/ZREM by tag) would otherwise
+-- remove the hold of the worker that took the message over. The tag is replaced in the
+-- text, not re-encoded (see below); a message whose tag is not found keeps it.
 -- Returns {list key, message, delivery tag}; {list key, '', 'unreadable'} when the item
 -- taken was not kombu JSON (moved to KEYS[3], nothing else is taken in this call); false
 -- when every list is empty.
@@ -20,6 +27,18 @@ for i = 4, #KEYS do
       local tag = properties.delivery_tag
       local info = properties.delivery_info
       if type(tag) == 'string' and type(info) == 'table' then
+        if info.redelivered == true then
+          for _, separator in ipairs({'": "', '":"'}) do
+            local field = '"delivery_tag' .. separator .. tag .. '"'
+            local first, last = string.find(item, field, 1, true)
+            if first then
+              item = string.sub(item, 1, first - 1) .. '"delivery_tag' .. separator
+                .. ARGV[2] .. '"' .. string.sub(item, last + 1)
+              tag = ARGV[2]
+              break
+            end
+          end
+        end
         redis.call('ZADD', KEYS[2], ARGV[1], tag)
         -- Spliced, not re-encoded: cjson would turn an empty list into an object.
         redis.call('HSET', KEYS[1], tag, '[' .. item .. ',' .. cjson.encode(info.exchange or '')

@@ -321,3 +321,49 @@ class TestSilentBrokerTeardown:
         finally:
             server.stop()
         assert elapsed < 1.0, f"teardown against a silent broker took {elapsed:.2f}s"
+
+
+class TestLateAcknowledgement:
+    """A restored message is taken again under a fresh delivery tag (fetch.lua), so what the
+    delivery that expired does late touches only its own, already restored, hold."""
+
+    @pytest.mark.parametrize("late", ["ack", "reject", "requeue"])
+    def test_the_expired_delivery_leaves_the_new_hold(
+        self, app: Any, redis_broker: None, late: str
+    ) -> None:
+        """Consumer 1 takes M (tag T); its hold expires and M is restored; consumer 2 takes
+        M under a new tag T2. Consumer 1's late ack, reject or reject-with-requeue of T
+        neither removes T2's hold nor puts a second copy of M in the queue; T2's ack ends
+        M. (With the tag kept, an ack or reject of T removed the hold of consumer 2, and M
+        was lost if consumer 2 then died.)"""
+        from kombu.utils.json import loads
+
+        name = f"tests-late-ack-{uuid.uuid4().hex}"
+        queue = _queue(name)
+        with app.connection_for_write() as first, app.connection_for_write() as second:
+            channel = first.default_channel
+            client = channel.client
+            _publish(first, queue, [{"n": 1}])
+            (expired,) = _drain(first, queue, 1)
+            channel.qos.restore_by_tag(expired.delivery_tag, client)  # the visibility sweep
+            (taken,) = _drain(second, queue, 1)
+            assert taken.payload == {"n": 1}
+            assert taken.delivery_info["redelivered"] is True
+            assert taken.delivery_tag != expired.delivery_tag
+            hold = client.hget(channel.unacked_key, taken.delivery_tag)
+            assert hold is not None  # kombu's record, under the new tag in and out
+            stored, _, routing_key = loads(hold)
+            assert stored["properties"]["delivery_tag"] == taken.delivery_tag
+            assert routing_key == name
+
+            if late == "ack":
+                expired.ack()
+            else:
+                expired.reject(requeue=late == "requeue")
+            assert client.hexists(channel.unacked_key, taken.delivery_tag)
+            assert client.zscore(channel.unacked_index_key, taken.delivery_tag) is not None
+            assert client.llen(name) == 0
+            taken.ack()
+            assert not client.hexists(channel.unacked_key, taken.delivery_tag)
+            assert client.llen(name) == 0
+            queue(channel).delete()
