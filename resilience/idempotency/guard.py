@@ -24,11 +24,12 @@ live in an `IdempotencyBackend` (PostgreSQL unless given one). Per call:
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -105,18 +106,20 @@ def is_retryable(exc: BaseException) -> bool:
     return classify(exc)
 
 
-_owner_prefix: tuple[int, str] = (0, "")
+_owner_prefix: tuple[int, str, Iterator[int]] = (0, "", itertools.count())
 
 
 def _owner_token() -> str:
     # Unique per claim: the fencing pair is (attempt, owner), so a deleted-and-recreated
-    # record (attempt back to 1) still fences out a holder from before the deletion. The
-    # host and pid part is computed once per process (a fork gets its own).
+    # record (attempt back to 1) still fences out a holder from before the deletion. Host,
+    # pid and a random part (a pid is reused after a restart) once per process (a fork gets
+    # its own), then a counter: unique without a system call per claim.
     global _owner_prefix
     pid = os.getpid()
     if _owner_prefix[0] != pid:
-        _owner_prefix = (pid, f"{socket.gethostname()}:{pid}:")
-    return _owner_prefix[1] + os.urandom(6).hex()
+        _owner_prefix = (pid, f"{socket.gethostname()}:{pid}:{os.urandom(4).hex()}:",
+                         itertools.count(1))
+    return f"{_owner_prefix[1]}{next(_owner_prefix[2])}"
 
 
 #: With `cache="auto"`, how long the Redis fast path stays on for a task in a process after
@@ -128,7 +131,7 @@ HOT_SECONDS = 60.0
 HOT_FRESH_CALLS = 8
 
 
-@dataclass
+@dataclass(slots=True)
 class _Taken:
     """What the guard keeps in its slot for one call."""
 
@@ -138,6 +141,8 @@ class _Taken:
     cached: CachedResult | None = None
     #: The claim held until it is completed, failed or released.
     claim: Claim | None = None
+    #: The backend that holds the claim (looked up once per call).
+    backend: IdempotencyBackend | None = None
     #: The body's transaction (transactional mode) until committed or closed.
     transaction: Transaction | None = None
 
@@ -295,8 +300,9 @@ class IdempotencyGuard(Guard):
                     self._reused(call, key)
                 self._replay(call, key, cached.result, cached.task_id, source="cache")
 
+        backend = taken.backend = self.backend(call.task)
         try:
-            found = self.backend(call.task).claim(
+            found = backend.claim(
                 task_name=self.task_name,
                 key=key.value,
                 fingerprint=key.fingerprint,
@@ -434,7 +440,7 @@ class IdempotencyGuard(Guard):
         try:
             # What Celery's JSON result backend carries (UUID, datetime, Decimal ... tagged),
             # so a result that the backend stores is one the record can replay.
-            result_json = canonical_arguments(result)
+            result_json = "null" if result is None else canonical_arguments(result)
         except NonJsonArguments as exc:
             self._close(taken)
             message = f"UnserializableResult: {exc}"
@@ -452,8 +458,9 @@ class IdempotencyGuard(Guard):
         if self.config.transactional:
             self._commit_transaction(call, taken, result_json)
         elif claim is not None:
+            backend = taken.backend or self.backend(call.task)
             try:
-                done = self.backend(call.task).complete(claim, result_json, self.config.ttl_seconds)
+                done = backend.complete(claim, result_json, self.config.ttl_seconds)
             except StorageError as exc:
                 # The effect happened; the record stays open until its lease ends.
                 logger.error("idempotency completion of %s not recorded: %s", key.full, exc)
@@ -569,6 +576,9 @@ class IdempotencyGuard(Guard):
                 retry_after_seconds=self.config.store_down_retry_seconds,
                 details={"store_down": True},
             ) from exc
+
+    def after_run(self, call: Call, result: Any) -> None:
+        """Nothing to give back: `commit` completed the claim and closed the transaction."""
 
     def on_stop(self, call: Call, stop: Stop) -> None:
         # An inner guard stopped the call (lock held, breaker open): the body did not run.

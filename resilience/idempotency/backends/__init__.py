@@ -35,7 +35,7 @@ STATES = (IN_PROGRESS, SUCCEEDED, FAILED)
 HOLDER_KIND = "idempotency"
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Claim:
     """The claim a call holds: its key and its fencing pair (attempt, owner token)."""
 
@@ -54,7 +54,7 @@ class Claim:
         }
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ClaimResult:
     """What a claim found: the key is now the caller's (`claim`), or someone's record."""
 

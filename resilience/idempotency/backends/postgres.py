@@ -1,11 +1,12 @@
 """PostgreSQL backend of the idempotency guard: each decision is one SQL statement.
 
-Round trips on the happy path: one for the claim, one for the completion. The claim is one
-statement that also answers a duplicate: an `INSERT ... ON CONFLICT DO UPDATE ... WHERE
-<takeover allowed> RETURNING` in autocommit, and in the same statement the row in the way
-when it did not claim ("done": replay; "running elsewhere": defer). The completion is one
-`UPDATE` by primary key that changes no indexed column, so PostgreSQL writes it as a HOT
-update (no index entry; see `resilience.idempotency.models`). Each worker thread keeps one
+Round trips on the happy path: one for the claim, one for the completion. The claim is an
+`INSERT ... ON CONFLICT DO UPDATE ... WHERE <takeover allowed> RETURNING attempt` in
+autocommit; when it claims nothing (the key is someone else's) a second statement reads
+the row in the way ("done": replay; "running elsewhere": defer), so only duplicates that
+reach PostgreSQL pay for reading a row. The completion is one `UPDATE` by primary key that
+changes no indexed column, so PostgreSQL writes it as a HOT update (no index entry; see
+`resilience.idempotency.models`). Each worker thread keeps one
 connection from an autocommit engine without pre-ping, so no statement pays for a pool
 checkout, a `SELECT 1`, a `BEGIN` or a `COMMIT` of its own.
 
@@ -26,8 +27,8 @@ without a pooler it is one PostgreSQL backend per worker thread, held for the th
 Race timeline the claim is written for (insert first, never check-then-act)::
 
     A: INSERT ... ON CONFLICT          -> row inserted, attempt 1, owner a
-    B: INSERT ... ON CONFLICT          -> conflict; live lease: WHERE false, nothing claimed;
-                                          the same statement returns A's row: DEFERRED
+    B: INSERT ... ON CONFLICT          -> conflict; live lease: WHERE false, nothing claimed
+    B: SELECT (READ_SQL)               -> A's row, lease live: DEFERRED
     A: killed; lease expires
     C: INSERT ... ON CONFLICT          -> conflict, lease expired: attempt 2, owner c
     A': (a paused A wakes up) UPDATE ... WHERE attempt = 1 AND lease_owner = 'a' -> 0 rows
@@ -70,16 +71,22 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("resilience.idempotency")
 
+# What a claim that did not claim reads: the row in the way (replay, defer or refuse).
 _COLUMNS = (
     "attempt, state, fingerprint, result, error, task_id, lease_owner, "
     "EXTRACT(EPOCH FROM (lease_expires_at - now()))::float8 AS lease_remaining, "
     "EXTRACT(EPOCH FROM (expires_at - now()))::float8 AS expires_in"
 )
 
+# The claim: one plain `INSERT ... ON CONFLICT DO UPDATE ... WHERE <takeover allowed>` that
+# returns only the attempt it claimed, and nothing when the key is someone else's; then
+# READ_SQL (a second round trip, for duplicates only) reads the row in the way. Fresh
+# claims are most calls: answering a duplicate in the same statement (a CTE with a UNION
+# ALL branch reading the row, every column returned) cost each fresh claim ~15 µs of
+# server CPU and the client the parsing of nine columns (docs/idempotency.md).
 # The claim sets `expires_at` to cover the lease and the TTL, so a completion within the
 # lease leaves it as it is (COMPLETE_SQL: `GREATEST`) and changes no indexed column.
 CLAIM_SQL = f"""
-WITH claimed AS (
 INSERT INTO {TABLE_NAME} AS r
     (task_name, key, fingerprint, state, attempt, lease_owner, lease_expires_at,
      task_id, created_at, updated_at, expires_at)
@@ -107,20 +114,14 @@ WHERE
         AND (r.state = '{FAILED}'
              OR (r.state = '{IN_PROGRESS}'
                  AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= now()))))
-RETURNING {_COLUMNS}, true AS claimed
-)
-SELECT * FROM claimed
-UNION ALL
-SELECT {_COLUMNS}, false AS claimed FROM {TABLE_NAME}
-WHERE task_name = %(task_name)s AND key = %(key)s AND NOT EXISTS (SELECT 1 FROM claimed)
+RETURNING attempt
 """
 
-# The claim's own answer for a duplicate reads the row in the statement's snapshot. A row a
-# concurrent claim inserted while this one waited on it is not in that snapshot: then the
-# claim returns nothing and this second statement (a new snapshot) reads it. Only that race
-# pays the round trip.
+# The row in the way of a claim that returned nothing, read in a new snapshot: it may have
+# moved on since (completed: a replay; deleted by a purge or cleanup: the claim is tried
+# again; its lease just ended: DEFERRED for a moment, then a delivery takes it over).
 READ_SQL = f"""
-SELECT {_COLUMNS}, false AS claimed FROM {TABLE_NAME}
+SELECT {_COLUMNS} FROM {TABLE_NAME}
 WHERE task_name = %(task_name)s AND key = %(key)s
 """
 
@@ -244,6 +245,9 @@ class _ThreadConnection:
 
     def __init__(self, driver: Any) -> None:
         self.driver = driver
+        #: One cursor for every statement (a thread runs one at a time): a cursor per
+        #: statement cost more than the rest of the backend's Python around it.
+        self.cursor: Any = None
         self.prepared: set[str] = set()
         #: `synchronous_commit` as a backend last set it for the session (None: the
         #: server's default). Changed only after the statement that set it succeeded: a
@@ -383,7 +387,7 @@ class PostgresIdempotencyBackend:
             return "", False
         return SESSION_ASYNCHRONOUS_COMMIT, True
 
-    def _connection(self) -> _ThreadConnection:
+    def _connection(self, action: str = "connect") -> _ThreadConnection:
         """This thread's connection to the store, kept open between statements.
 
         A pool checkout and checkin per statement costs more CPU than the statement's round
@@ -398,36 +402,48 @@ class PostgresIdempotencyBackend:
             held = _thread_connections.connections = {}
         connection = held.get(self.engine)
         if connection is None or connection.driver.closed:
-            fairy = self.engine.raw_connection()  # autocommit and options already applied
+            with wrap_store_errors("idempotency store", action=action):
+                fairy = self.engine.raw_connection()  # autocommit and options already applied
             fairy.detach()  # ours for the thread's life: never checked back in
             connection = held[self.engine] = _ThreadConnection(fairy.dbapi_connection)
         return connection
 
     def _execute(self, statement: _Statement, parameters: dict[str, Any], action: str, *,
-                 write: bool = False) -> Any:
+                 write: bool = False, named: bool = True) -> Any:
+        """Run one statement on this thread's connection: its row count when it returns no
+        rows, else its rows (`_Row`s by column name; plain tuples when not `named`, which
+        spares the hot path a dict per row).
+
+        Raises:
+            StoreUnavailable, StoreRejected, StorageError.
+        """
         import psycopg2
 
         for attempt in (1, 2):
-            with wrap_store_errors("idempotency store", action=action):
-                connection = self._connection()
-            prefix, switches = self._commit_mode(connection, write)
+            connection = self._connection(action)
+            prefix, switches = self._commit_mode(connection, write) if write else ("", False)
             try:
-                with connection.driver.cursor() as cursor:
-                    # One query string per call: the result is the last statement's.
-                    if not self.prepared:
-                        cursor.execute(prefix + statement.sql, parameters)
-                    elif statement.name in connection.prepared:
-                        cursor.execute(prefix + statement.execute, statement.values(parameters))
-                    else:
-                        cursor.execute(prefix + statement.prepare_and_execute,
-                                       statement.values(parameters))
-                        connection.prepared.add(statement.name)
-                    if switches:
-                        connection.synchronous_commit = None if self.synchronous_commit else False
-                    if cursor.description is None:
-                        return cursor.rowcount
-                    columns = [column.name for column in cursor.description]
-                    return [_Row(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+                cursor = connection.cursor
+                if cursor is None:
+                    cursor = connection.cursor = connection.driver.cursor()
+                # One query string per call: the result is the last statement's.
+                if not self.prepared:
+                    cursor.execute(prefix + statement.sql, parameters)
+                elif statement.name in connection.prepared:
+                    cursor.execute(prefix + statement.execute, statement.values(parameters))
+                else:
+                    cursor.execute(prefix + statement.prepare_and_execute,
+                                   statement.values(parameters))
+                    connection.prepared.add(statement.name)
+                if switches:
+                    connection.synchronous_commit = None if self.synchronous_commit else False
+                description = cursor.description
+                if description is None:
+                    return cursor.rowcount
+                if not named:
+                    return cursor.fetchall()
+                columns = [column.name for column in description]
+                return [_Row(zip(columns, row, strict=True)) for row in cursor.fetchall()]
             except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
                 # No pre-ping: a connection PostgreSQL closed (restart, idle timeout) fails
                 # its first statement; drop it, and one more try uses a fresh one.
@@ -480,30 +496,40 @@ class PostgresIdempotencyBackend:
             "lease_seconds": float(lease_seconds),
             "ttl_seconds": float(ttl_seconds),
         }
-        rows = self._execute(CLAIM, parameters, "claim", write=True)
-        if not rows:
+        for _ in (1, 2):
+            claimed = self._execute(CLAIM, parameters, "claim", write=True, named=False)
+            if claimed:
+                # What the claim just wrote: nothing to read back.
+                attempt = int(claimed[0][0])
+                return ClaimResult(
+                    claim=Claim(task_name=task_name, key=key, attempt=attempt, owner=owner),
+                    attempt=attempt,
+                    state=IN_PROGRESS,
+                    fingerprint=fingerprint,
+                    result=None,
+                    error=None,
+                    task_id=task_id,
+                    lease_owner=owner,
+                    lease_remaining_seconds=float(lease_seconds),
+                    expires_in_seconds=float(lease_seconds) + float(ttl_seconds),
+                )
             rows = self._execute(READ, parameters, "claim (read)")
-        if not rows:
-            # The row was deleted between the two statements (purge, cleanup): try again.
-            rows = self._execute(CLAIM, parameters, "claim", write=True)
-        if not rows:
-            raise StorageError(f"idempotency store: claim of {task_name}:{key} found no row")
-        row = rows[0]
-        claimed = bool(row.claimed) or (row.state == IN_PROGRESS and row.lease_owner == owner)
-        return ClaimResult(
-            claim=Claim(task_name=task_name, key=key, attempt=int(row.attempt), owner=owner)
-            if claimed
-            else None,
-            attempt=int(row.attempt),
-            state=row.state,
-            fingerprint=row.fingerprint,
-            result=row.result,
-            error=row.error,
-            task_id=row.task_id,
-            lease_owner=row.lease_owner,
-            lease_remaining_seconds=row.lease_remaining,
-            expires_in_seconds=float(row.expires_in or 0.0),
-        )
+            if rows:
+                row = rows[0]
+                return ClaimResult(
+                    claim=None,
+                    attempt=int(row.attempt),
+                    state=row.state,
+                    fingerprint=row.fingerprint,
+                    result=row.result,
+                    error=row.error,
+                    task_id=row.task_id,
+                    lease_owner=row.lease_owner,
+                    lease_remaining_seconds=row.lease_remaining,
+                    expires_in_seconds=float(row.expires_in or 0.0),
+                )
+            # Deleted between the two statements (a purge, cleanup): claim again.
+        raise StorageError(f"idempotency store: claim of {task_name}:{key} found no row")
 
     def complete(self, claim: Claim, result_json: str, ttl_seconds: float) -> bool:
         """Record success with its result; False when the claim was taken over (stale)."""

@@ -3,7 +3,9 @@ the transaction's completion, and the operator's reads. PostgreSQL is a real dat
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -315,11 +317,35 @@ class _CountingConnection:
         return self.driver.closed
 
     def cursor(self) -> Any:
-        self.statements += 1
-        return self.driver.cursor()
+        counting = self
+
+        class Cursor:
+            def __init__(self, cursor: Any) -> None:
+                self.cursor = cursor
+
+            def execute(self, *args: Any) -> Any:
+                counting.statements += 1
+                return self.cursor.execute(*args)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self.cursor, name)
+
+        return Cursor(self.driver.cursor())
 
     def close(self) -> None:
         self.driver.close()
+
+
+@contextlib.contextmanager
+def _counting(backend: PostgresIdempotencyBackend) -> Iterator[_CountingConnection]:
+    """Count the statements `backend` sends on this thread's connection meanwhile."""
+    connection = backend._connection()
+    counting = connection.driver = _CountingConnection(connection.driver)
+    connection.cursor = None
+    try:
+        yield counting
+    finally:
+        connection.driver, connection.cursor = counting.driver, None
 
 
 class TestPostgresTable:
@@ -394,23 +420,25 @@ class TestPostgresTable:
                                         message="200 updates in pg_stat_user_tables")
         assert hot_updates >= 200 and hot_updates >= updates - 5, (updates, hot_updates)
 
-    def test_a_duplicate_is_answered_by_the_claim_alone(
+    def test_a_fresh_claim_is_one_statement_and_a_duplicate_two(
         self, postgres: PostgresIdempotencyBackend
     ) -> None:
-        """A claim of a finished key and of a key running elsewhere is one statement each,
-        which returns the record in the way (no second read)."""
-        done, running = uuid.uuid4().hex, uuid.uuid4().hex
+        """A fresh claim is one statement (its result says all a holder needs); a claim of
+        a finished key or of a key running elsewhere claims nothing, then reads the record
+        in the way: two statements each."""
+        fresh, done, running = uuid.uuid4().hex, uuid.uuid4().hex, uuid.uuid4().hex
         first = claim(postgres, done, owner="a")
         assert postgres.complete(held(done, first.attempt, "a"), '"first"', 600)
         claim(postgres, running, owner="a")
-        connection = postgres._connection()
-        counting = connection.driver = _CountingConnection(connection.driver)
-        try:
+        with _counting(postgres) as counting:
+            claimed = claim(postgres, fresh, owner="b")
+            fresh_statements = counting.statements
             replay = claim(postgres, done, owner="b")
             deferred = claim(postgres, running, owner="b")
-        finally:
-            connection.driver = counting.driver
-        assert counting.statements == 2
+        assert fresh_statements == 1 and counting.statements == 5
+        assert claimed.claim == held(fresh, 1, "b") and claimed.state == IN_PROGRESS
+        assert claimed.fingerprint == "f1" and claimed.task_id == "task-b"
+        assert claimed.live and claimed.expires_in_seconds == 660
         assert replay.claim is None and replay.state == SUCCEEDED and replay.result == "first"
         assert deferred.claim is None and deferred.live and deferred.task_id == "task-a"
 
@@ -432,12 +460,8 @@ class TestPostgresTable:
         prefix = uuid.uuid4().hex
         assert claim(asynchronous, f"{prefix}:1", owner="a").claimed
         assert session_setting() == "off"
-        connection = asynchronous._connection()
-        counting = connection.driver = _CountingConnection(connection.driver)
-        try:
+        with _counting(asynchronous) as counting:
             assert claim(asynchronous, f"{prefix}:2", owner="a").claimed
-        finally:
-            connection.driver = counting.driver
         assert counting.statements == 1
         assert claim(synchronous, f"{prefix}:3", owner="a").claimed
         assert session_setting() == "on"
