@@ -40,6 +40,7 @@ from resilience.errors import (
     IdempotencyKeyReused,
     NonJsonArguments,
     StorageError,
+    StoreUnavailable,
     UnserializableResult,
 )
 from resilience.idempotency.backends import (
@@ -408,10 +409,14 @@ class IdempotencyGuard(Guard):
         try:
             taken.transaction = self.backend(call.task).begin()
         except Exception as exc:
-            self._release(call, taken)
             if isinstance(exc, ConfigurationError):
+                self._release(call, taken)
                 raise
             error = translate_store_error(exc, "idempotency store: open transaction")
+            if isinstance(error, StoreUnavailable):
+                self._leave_to_lease(taken, error)
+            else:
+                self._release(call, taken)
             raise Stop(
                 Outcome.DEFERRED,
                 guard=GUARD_NAME,
@@ -557,7 +562,9 @@ class IdempotencyGuard(Guard):
         self._close(taken)
         outage = self.config.transactional and self.backend(call.task).unavailable(exc)
         if taken is not None and taken.claim is not None:
-            if outage or is_retryable(exc):
+            if outage:
+                self._leave_to_lease(taken, exc)
+            elif is_retryable(exc):
                 self._release(call, taken)
             else:
                 claim, error = taken.claim, f"{type(exc).__name__}: {exc}"
@@ -586,6 +593,25 @@ class IdempotencyGuard(Guard):
         self._close(taken)
         if taken is not None:
             self._release(call, taken)
+
+    def _leave_to_lease(self, taken: _Taken, error: BaseException) -> None:
+        """Give the claim up without telling the store, which is unreachable.
+
+        A release would wait on the dead address too (the store's connect timeout, 5 s, on
+        top of the 10 s the body's statement took to fail) and then fail; the call is
+        DEFERRED sooner without it. Nothing is lost: the record stays in progress until its
+        lease ends (`lease_expires_at`), then the claim statement takes it over for the next
+        delivery with the same arguments (CLAIM_SQL: an in-progress record whose lease has
+        ended); until then a delivery is DEFERRED as "running elsewhere", polling no later
+        than the lease's end. This run's writes were rolled back with its transaction.
+        """
+        claim, taken.claim = taken.claim, None
+        if claim is not None:
+            logger.info(
+                "idempotency claim on %s:%s left to its lease (attempt %s): the store is "
+                "unreachable (%s)", claim.task_name, claim.key, claim.attempt,
+                type(error).__name__,
+            )
 
     def _release(self, call: Call, taken: _Taken) -> None:
         claim, taken.claim = taken.claim, None

@@ -321,11 +321,18 @@ class TestTransactionalFlow:
         record = only_record(memory, tasks.idem_transfer, "t2")
         assert record.state == IN_PROGRESS and record.lease_owner is None and record.result is None
 
-    def test_database_outage_in_the_body_defers(
-        self, stores: Any, memory: MemoryIdempotencyBackend
+    def test_database_outage_in_the_body_defers_and_leaves_the_claim_to_its_lease(
+        self, stores: Any
     ) -> None:
-        """The body's store went away: DEFERRED (not failed), the claim released."""
-        pipeline = guarded(tasks.idem_transfer, memory, key="{transfer_key}", transactional=True)
+        """The body's store went away: DEFERRED (not failed), no release tried (it would
+        wait on the dead address too); the claim stays until its lease ends, a delivery
+        meanwhile is DEFERRED, and the first one after the lease takes it over and commits."""
+        now = [1_000.0]
+        memory = MemoryIdempotencyBackend(clock=lambda: now[0])
+        pipeline = guarded(tasks.idem_transfer, memory, key="{transfer_key}", transactional=True,
+                           lease_seconds=30)
+        released: list[Any] = []
+        memory.release = released.append  # type: ignore[method-assign]
 
         def outage(call: Call) -> None:
             raise StoreUnavailable("connection refused")
@@ -333,8 +340,17 @@ class TestTransactionalFlow:
         with pytest.raises(Stop) as stopped:
             run(pipeline, tasks.idem_transfer, outage, "t3", "a", "b", 5)
         assert stopped.value.outcome is Outcome.DEFERRED and stopped.value.details["store_down"]
+        assert released == []
         record = only_record(memory, tasks.idem_transfer, "t3")
-        assert record.state == IN_PROGRESS and record.lease_owner is None
+        assert record.state == IN_PROGRESS and record.lease_owner is not None
+        with pytest.raises(Stop) as meanwhile:
+            run(pipeline, tasks.idem_transfer, lambda c: 5, "t3", "a", "b", 5)
+        assert meanwhile.value.outcome is Outcome.DEFERRED
+        assert meanwhile.value.details["state"] == IN_PROGRESS
+        now[0] += 31
+        assert run(pipeline, tasks.idem_transfer, lambda c: 5, "t3", "a", "b", 5) == 5
+        record = only_record(memory, tasks.idem_transfer, "t3")
+        assert record.state == SUCCEEDED and record.attempt == 2
 
 
 class TestEnqueueErrors:
