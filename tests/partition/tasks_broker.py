@@ -65,7 +65,10 @@ def ledger(self: Any, run_id: str, index: int, seconds: float,
     return {"index": index, "node": node}
 
 
-@app.task(tier=TIER, bind=True, name="tests.partition.broker.effect")
+# Its own limits, the module workers' (FAST_ENV): every test process loads this module and
+# validates the lease against the task's hard limit, whatever the tier's default there.
+@app.task(tier=TIER, bind=True, name="tests.partition.broker.effect", soft_time_limit=2,
+          time_limit=3)
 @idempotent(key="broker-effect:{run_id}:{index}", cache=False, lease_seconds=5,
             poll_seconds=1)
 def effect(self: Any, run_id: str, index: int, seconds: float) -> dict[str, Any]:
