@@ -28,6 +28,7 @@ import itertools
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -414,7 +415,7 @@ class IdempotencyGuard(Guard):
                 raise
             error = translate_store_error(exc, "idempotency store: open transaction")
             if isinstance(error, StoreUnavailable):
-                self._leave_to_lease(taken, error)
+                self._release_later(call, taken, error)
             else:
                 self._release(call, taken)
             raise Stop(
@@ -563,7 +564,7 @@ class IdempotencyGuard(Guard):
         outage = self.config.transactional and self.backend(call.task).unavailable(exc)
         if taken is not None and taken.claim is not None:
             if outage:
-                self._leave_to_lease(taken, exc)
+                self._release_later(call, taken, exc)
             elif is_retryable(exc):
                 self._release(call, taken)
             else:
@@ -594,24 +595,41 @@ class IdempotencyGuard(Guard):
         if taken is not None:
             self._release(call, taken)
 
-    def _leave_to_lease(self, taken: _Taken, error: BaseException) -> None:
-        """Give the claim up without telling the store, which is unreachable.
+    def _release_later(self, call: Call, taken: _Taken, error: BaseException) -> None:
+        """Give the claim up while the store is unreachable: released in the background as
+        soon as the store answers again, never later than its lease.
 
-        A release would wait on the dead address too (the store's connect timeout, 5 s, on
+        Releasing here would wait on the dead address (the store's connect timeout, 5 s, on
         top of the 10 s the body's statement took to fail) and then fail; the call is
-        DEFERRED sooner without it. Nothing is lost: the record stays in progress until its
-        lease ends (`lease_expires_at`), then the claim statement takes it over for the next
-        delivery with the same arguments (CLAIM_SQL: an in-progress record whose lease has
-        ended); until then a delivery is DEFERRED as "running elsewhere", polling no later
-        than the lease's end. This run's writes were rolled back with its transaction.
+        DEFERRED at once instead, and a daemon thread retries the release every second
+        until it succeeds or the lease has ended (then the claim statement takes the record
+        over anyway: CLAIM_SQL, an in-progress record whose lease has ended). So after a
+        short partition the retry claims at once rather than waiting out the lease, and if
+        this process dies first nothing is lost either. The release is fenced by the claim's
+        (attempt, owner) pair: it never removes a later holder's claim. This run's writes
+        were rolled back with its transaction.
         """
         claim, taken.claim = taken.claim, None
-        if claim is not None:
-            logger.info(
-                "idempotency claim on %s:%s left to its lease (attempt %s): the store is "
-                "unreachable (%s)", claim.task_name, claim.key, claim.attempt,
-                type(error).__name__,
-            )
+        if claim is None:
+            return
+        logger.info(
+            "idempotency claim on %s:%s released once the store answers (attempt %s): the "
+            "store is unreachable (%s)", claim.task_name, claim.key, claim.attempt,
+            type(error).__name__,
+        )
+        backend = self.backend(call.task)
+        give_up_at = time.monotonic() + self.lease_seconds
+
+        def release_when_reachable() -> None:
+            while time.monotonic() < give_up_at:
+                try:
+                    backend.release(claim)
+                    return
+                except StorageError:
+                    time.sleep(1.0)
+
+        threading.Thread(target=release_when_reachable, daemon=True,
+                         name=f"idempotency-release:{claim.key}"[:60]).start()
 
     def _release(self, call: Call, taken: _Taken) -> None:
         claim, taken.claim = taken.claim, None
