@@ -25,7 +25,7 @@ test: install lint
 	./scripts/ensure-chromium
 	./scripts/ensure-prometheus
 	./scripts/ensure-pgbouncer
-	$(BIN)/python -m pytest
+	PYTHON=$(BIN)/python ./scripts/run-tests
 
 bench: install
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
