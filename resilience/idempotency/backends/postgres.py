@@ -253,6 +253,9 @@ class _ThreadConnection:
         #: server's default). Changed only after the statement that set it succeeded: a
         #: failed one rolled the SET back with it.
         self.synchronous_commit: bool | None = None
+        #: `EXECUTE` texts with a guard's constant parameters (task name, lease, TTL)
+        #: already written in as this connection's driver writes them (see `_execute`).
+        self.rendered: dict[tuple[Any, ...], tuple[str, tuple[str, ...]]] = {}
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # already broken; it is being replaced
@@ -278,6 +281,9 @@ PURGE = _Statement("resilience_idempotency_purge", PURGE_SQL)
 COUNT = _Statement("resilience_idempotency_count", COUNT_SQL)
 ESTIMATE = _Statement("resilience_idempotency_estimate", ESTIMATE_SQL)
 HOLDERS = _Statement("resilience_idempotency_holders", HOLDERS_SQL)
+#: The claim's and completion's parameters that one guard passes the same on every call.
+_CLAIM_FIXED = ("task_name", "lease_seconds", "ttl_seconds")
+_COMPLETE_FIXED = ("task_name", "ttl_seconds")
 
 
 class _Row(dict[str, Any]):
@@ -409,10 +415,14 @@ class PostgresIdempotencyBackend:
         return connection
 
     def _execute(self, statement: _Statement, parameters: dict[str, Any], action: str, *,
-                 write: bool = False, named: bool = True) -> Any:
+                 write: bool = False, named: bool = True, fixed: tuple[str, ...] = ()) -> Any:
         """Run one statement on this thread's connection: its row count when it returns no
         rows, else its rows (`_Row`s by column name; plain tuples when not `named`, which
         spares the hot path a dict per row).
+
+        `fixed` names parameters that are the same on every call of one guard (task name,
+        lease, TTL): a prepared `EXECUTE` gets them written in once per connection, as the
+        driver writes them (the same query text), instead of adapting them on every call.
 
         Raises:
             StoreUnavailable, StoreRejected, StorageError.
@@ -430,7 +440,11 @@ class PostgresIdempotencyBackend:
                 if not self.prepared:
                     cursor.execute(prefix + statement.sql, parameters)
                 elif statement.name in connection.prepared:
-                    cursor.execute(prefix + statement.execute, statement.values(parameters))
+                    if fixed:
+                        text, names = self._rendered(connection, statement, parameters, fixed)
+                        cursor.execute(prefix + text, [parameters[name] for name in names])
+                    else:
+                        cursor.execute(prefix + statement.execute, statement.values(parameters))
                 else:
                     cursor.execute(prefix + statement.prepare_and_execute,
                                    statement.values(parameters))
@@ -460,6 +474,37 @@ class PostgresIdempotencyBackend:
             except psycopg2.Error as exc:
                 raise wrap_database_error(exc, action) from exc
         raise AssertionError("unreachable")
+
+    @staticmethod
+    def _rendered(connection: _ThreadConnection, statement: _Statement,
+                  parameters: dict[str, Any], fixed: tuple[str, ...]
+                  ) -> tuple[str, tuple[str, ...]]:
+        """`statement`'s `EXECUTE` with the `fixed` parameters' values written in (by the
+        driver's own `mogrify`, so the server receives the query text it would otherwise),
+        and the names still passed per call. Psycopg2 adapts each parameter in Python
+        objects on every call; a guard's claim and completion pass 13, 5 of them constant."""
+        key = (statement.name, *[parameters[name] for name in fixed])
+        found = connection.rendered.get(key)
+        if found is not None:
+            return found
+        import psycopg2.extensions
+
+        encoding = psycopg2.extensions.encodings[connection.driver.encoding]
+        cursor = connection.cursor
+        written = []
+        names = []
+        for name in statement.names:
+            if name in fixed:
+                literal = cursor.mogrify("%s", (parameters[name],)).decode(encoding)
+                written.append(literal.replace("%", "%%"))  # literal text, not a placeholder
+            else:
+                written.append("%s")
+                names.append(name)
+        found = (f"EXECUTE {statement.name} ({', '.join(written)})", tuple(names))
+        if len(connection.rendered) >= 256:  # a guard's few statements each; bounded anyway
+            connection.rendered.clear()
+        connection.rendered[key] = found
+        return found
 
     def ping(self) -> None:
         """One round trip on this thread's connection (`SELECT 1`): a health check, and the
@@ -497,7 +542,8 @@ class PostgresIdempotencyBackend:
             "ttl_seconds": float(ttl_seconds),
         }
         for _ in (1, 2):
-            claimed = self._execute(CLAIM, parameters, "claim", write=True, named=False)
+            claimed = self._execute(CLAIM, parameters, "claim", write=True, named=False,
+                                    fixed=_CLAIM_FIXED)
             if claimed:
                 # What the claim just wrote: nothing to read back.
                 attempt = int(claimed[0][0])
@@ -538,7 +584,8 @@ class PostgresIdempotencyBackend:
             "result": result_json,
             "ttl_seconds": float(ttl_seconds),
         }
-        return self._execute(COMPLETE, parameters, "complete", write=True) == 1
+        return self._execute(COMPLETE, parameters, "complete", write=True,
+                             fixed=_COMPLETE_FIXED) == 1
 
     def fail(self, claim: Claim, error: str, ttl_seconds: float) -> bool:
         """Record a non-retryable failure; False when the claim was taken over."""

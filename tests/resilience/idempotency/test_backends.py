@@ -242,6 +242,40 @@ class TestPostgresBackend:
         assert claim(postgres, key, owner="b").claimed
         assert postgres.complete(held(key, 1, "b"), '"ok"', 600)
 
+    def test_constant_parameters_written_in_keep_each_guards_values(
+        self, postgres: PostgresIdempotencyBackend
+    ) -> None:
+        """The task name, lease and TTL a prepared claim and completion write into their
+        EXECUTE once per connection: several guards on one connection (names with quotes,
+        `%`, backslashes and non-ASCII) each keep their own values on every call."""
+        from sqlalchemy import text
+
+        names = ["tests.o'brien", "tests.100%_%s", "tests.back\\slash", "tests.ünï"]
+        leases = {name: 30.0 + index * 100 for index, name in enumerate(names)}
+        keys: dict[str, list[str]] = {name: [] for name in names}
+        for _ in range(3):  # the first call prepares; the later ones use the written text
+            for name in names:
+                key = uuid.uuid4().hex
+                found = postgres.claim(task_name=name, key=key, fingerprint="f", owner="o",
+                                       task_id="t", lease_seconds=leases[name],
+                                       ttl_seconds=1000 + leases[name])
+                assert found.claimed
+                assert postgres.complete(found.claim, '"ok"', 900 + leases[name])
+                keys[name].append(key)
+        with postgres.engine.connect() as connection:
+            for name in names:
+                rows = connection.execute(
+                    text("SELECT state, EXTRACT(EPOCH FROM (expires_at - now())) AS left "
+                         "FROM resilience_idempotency_records "
+                         "WHERE task_name = :n AND key = ANY(:k)"),
+                    {"n": name, "k": keys[name]},
+                ).all()
+                assert len(rows) == 3
+                for state, left in rows:
+                    assert state == SUCCEEDED
+                    # the claim's lease + TTL (the completion's is within: a HOT update)
+                    assert 1000 + 2 * leases[name] - 30 < float(left) <= 1000 + 2 * leases[name]
+
     def test_threads_each_use_their_own_connection(
         self, postgres: PostgresIdempotencyBackend
     ) -> None:
