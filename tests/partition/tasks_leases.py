@@ -3,7 +3,8 @@ concurrency limit of 1 whose slot is a lease in the guard Redis. It records its 
 end in PostgreSQL (worker a still reaches it while cut from the guard Redis) and ignores its
 result (the guard Redis also keeps results). Limits: soft 9 s, hard 10 s, lease 10 s (a
 lease shorter than the hard limit is refused at bind); fail-closed, so a worker that cannot
-reach Redis defers instead of running beside the holder."""
+reach Redis defers instead of running beside the holder. And an `@idempotent` outbox job
+(standard tier: worker b runs it) for the relay cut from PostgreSQL."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from celery import signals
 from sqlalchemy import text
 
 from jobs import app
+from resilience.idempotency import idempotent
 from resilience.ratelimit import limit_concurrency
 from resilience.stores import stores_for
 
@@ -56,6 +58,28 @@ def slot(self: Any, run_id: str, seconds: float) -> None:
         time.sleep(seconds)
     finally:
         record(run_id, "end", self.request.id)
+
+
+CREATE_EFFECTS = """
+CREATE TABLE IF NOT EXISTS partition_outbox_effects (
+    id bigserial PRIMARY KEY,
+    run_id text NOT NULL,
+    n integer NOT NULL,
+    task_id text
+);
+"""
+
+
+@app.task(tier="standard", bind=True, name=PREFIX + "outbox_effect", soft_time_limit=5,
+          time_limit=6)
+@idempotent(transactional=True, cache=False)
+def outbox_effect(self: Any, run_id: str, n: int, session: Any = None) -> int:
+    """One ledger row (no unique constraint: a double effect shows), committed with the
+    idempotency record, which the outbox keys on the row: a row published twice runs once."""
+    session.execute(text("INSERT INTO partition_outbox_effects (run_id, n, task_id) "
+                         "VALUES (:run_id, :n, :task_id)"),
+                    {"run_id": run_id, "n": n, "task_id": self.request.id})
+    return n
 
 
 @signals.task_retry.connect(weak=False)

@@ -7,16 +7,20 @@ still reaches, and ignore their results (the guard Redis also keeps results).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import uuid
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import text
 
-from tests.harness import wait_for
-from tests.partition.conftest import Partition
+from tests.harness import ROOT, wait_for
+from tests.partition.conftest import WORKER_ENV, Partition
 from tests.partition.tasks_leases import CREATE_TABLE, LEASE_SECONDS, PREFIX
 
 pytestmark = pytest.mark.chaos
@@ -98,3 +102,107 @@ class TestConcurrencySlotHolderCutFromGuardRedis:
         assert deferred[second], "b was DEFERRED while a's lease ran"
         assert found[third][1] >= found[second][2], "the third job waited for b's release"
         assert deferred[third], "the job sent after the heal was DEFERRED while b held"
+
+
+#: Outbox rows of the relay test, inserted in transactions of ten before the relays start.
+OUTBOX_ROWS = 300
+
+
+def _relay(partition: Partition, node: str, log_path: Path) -> subprocess.Popen[bytes]:
+    """`jobs outbox relay` (batches of 10) in `node`'s namespace, on the topology's stores."""
+    env = {**os.environ, **WORKER_ENV, **partition.environment(), "PARTITION_NODE": node,
+           "PYTHONPATH": str(ROOT)}
+    env.pop("PYTEST_CURRENT_TEST", None)
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            ["ip", "netns", "exec", partition.topology.nodes[node].namespace, sys.executable,
+             "-m", "jobs", "outbox", "relay", "--batch-size", "10", "--poll-seconds", "0.2"],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+class TestOutboxRelayCutFromPostgres:
+    def test_every_committed_row_is_published_and_runs_once(
+        self, healed: Partition, tmp_path: Path
+    ) -> None:
+        """Relays in namespaces a and b drain 300 committed rows; relay a is cut from
+        PostgreSQL once a fifth is published, most likely inside a batch (rows locked,
+        perhaps published, marks uncommitted). Relay b publishes every other row at once and
+        a's locked rows once PostgreSQL ends a's session; every row ends published, and each
+        job's effect (an `@idempotent` ledger row, keyed on the outbox row) exists once."""
+        from sqlalchemy.orm import Session
+
+        from tests.partition.tasks_leases import CREATE_EFFECTS, outbox_effect
+
+        engine = healed.engine()
+        with engine.begin() as connection:
+            connection.exec_driver_sql(CREATE_EFFECTS)
+            connection.exec_driver_sql("DELETE FROM resilience_outbox")
+        run_id = uuid.uuid4().hex[:12]
+        for start in range(0, OUTBOX_ROWS, 10):
+            with Session(engine) as session, session.begin():
+                for n in range(start, start + 10):
+                    outbox_effect.enqueue_in(session, run_id=run_id, n=n)
+
+        def counts() -> Any:
+            with engine.connect() as connection:
+                return connection.execute(text(
+                    "SELECT count(*) FILTER (WHERE state = 'published') AS published, "
+                    "count(*) FILTER (WHERE state = 'pending') AS pending, "
+                    "(SELECT count(*) FROM partition_outbox_effects WHERE run_id = :run_id) "
+                    "AS effects, (SELECT count(DISTINCT n) FROM partition_outbox_effects "
+                    "WHERE run_id = :run_id) AS distinct_effects FROM resilience_outbox"),
+                    {"run_id": run_id}).one()
+
+        address = healed.topology.nodes["a"].address
+        relays = [_relay(healed, node, tmp_path / f"relay-{node}.log") for node in ("a", "b")]
+        try:
+            wait_for(lambda: counts().published >= OUTBOX_ROWS // 5, timeout_seconds=60,
+                     interval=0.01, message="the relays publish a fifth of the rows")
+            cut_at = healed.cut("a", "postgres")
+            with engine.connect() as connection:
+                held = connection.execute(text(
+                    "SELECT pid, state FROM pg_stat_activity "
+                    "WHERE client_addr = CAST(:address AS inet) "
+                    "AND (state LIKE 'idle in transaction%' "
+                    "OR (state = 'active' AND query ILIKE '%resilience_outbox%'))"),
+                    {"address": address}).all()
+            at_cut = counts()
+            wait_for(lambda: counts().pending == 0, timeout_seconds=40, interval=0.1,
+                     message="every row published")
+            drained_at = time.time()
+
+            def a_session_gone() -> bool:
+                with engine.connect() as connection:
+                    return not connection.execute(
+                        text("SELECT 1 FROM pg_stat_activity WHERE pid = ANY(:pids)"),
+                        {"pids": [row.pid for row in held]}).all()
+
+            wait_for(lambda: counts().effects >= OUTBOX_ROWS, timeout_seconds=30,
+                     interval=0.1, message="every job ran")
+            wait_for(a_session_gone, timeout_seconds=30, interval=0.1,
+                     message="PostgreSQL ends a's session")
+            session_ended_at = time.time()
+        finally:
+            healed.heal("a", "postgres")
+            for process in relays:
+                process.terminate()
+            for process in relays:
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+        time.sleep(1.0)  # a late delivery of a row published twice would land here
+        final = counts()
+        print(f"\noutbox relay a cut from PostgreSQL with {at_cut.published} of {OUTBOX_ROWS} "
+              f"rows published; a's session held a transaction at the cut: "
+              f"{[row.state for row in held] or 'no'}; every row published "
+              f"{drained_at - cut_at:.2f} s after the cut, a's session gone "
+              f"{session_ended_at - cut_at:.2f} s after it; effects {final.effects} "
+              f"({final.distinct_effects} distinct)")
+        assert final.published == OUTBOX_ROWS and final.pending == 0, final
+        assert final.distinct_effects == OUTBOX_ROWS, final
+        assert final.effects == OUTBOX_ROWS, f"a job took effect twice: {final}"
+        # a's locked rows wait for PostgreSQL to end its session (TCP keepalive, ~11 s),
+        # never for the heal.
+        assert drained_at - cut_at <= 25, drained_at - cut_at
