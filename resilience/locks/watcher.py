@@ -145,7 +145,12 @@ class SessionWatcher:
     def _lose(self, reason: str) -> None:
         if self.lost_reason is None:
             self.lost_reason = reason
-            logger.warning("singleton lock %s lost while its body runs: %s", self.key, reason)
+            if self._stopped:  # a probe still in flight at release failed (abandoned session)
+                logger.debug("singleton lock %s: probe after release failed: %s", self.key,
+                             reason)
+            else:
+                logger.warning("singleton lock %s lost while its body runs: %s", self.key,
+                               reason)
         self._changed.notify_all()
 
     def _run(self) -> None:
