@@ -8,7 +8,7 @@ lies beyond the job's deadline (the `deadline` header of the deadline guard, or 
 instead (outcome SKIPPED, details `{"fallback": true}`): graceful degradation.
 
 After the body: success (slow if it took `slow_call_seconds` or more); an error classified
-retryable (see `resilience.retry.classify`) is a failure; a non-retryable error (the
+retryable (see `resilience.classify`) is a failure; a non-retryable error (the
 dependency answered: 4xx, bad input) and a guard's stop are "ignored" — no verdict, a probe
 permit is given back. The original error is looked through Celery's `Retry` and the retry
 guard's `DeadLettered`.
@@ -28,13 +28,13 @@ from resilience.circuit.admission import BreakerAdmissionGuard
 from resilience.circuit.backends import BreakerBackend, Peek, Permission, backend_of_app
 from resilience.circuit.breaker import CircuitBreaker
 from resilience.circuit.config import AdmissionConfig, BreakerConfig, CountWindow, TimeWindow
+from resilience.classify import ClassifyHook, is_retryable
 from resilience.config import configured
 from resilience.counters import count_call
 from resilience.deadletter.giveup import give_up
 from resilience.errors import DeadLettered, StorageError, StoreRejected, StoreUnavailable
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Guard, Stage, attach
-from resilience.retry.classify import ClassifyHook, is_retryable
 from resilience.store_down import store_failed
 
 if TYPE_CHECKING:

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from resilience.classify import is_retryable as classify
 from resilience.config import configured
 from resilience.counters import count_call
 from resilience.errors import (
@@ -100,10 +101,6 @@ def is_retryable(exc: BaseException) -> bool:
     if isinstance(exc, Retry):
         return True
     if isinstance(exc, IdempotencyKeyReused | UnserializableResult):
-        return False
-    try:
-        from resilience.retry.classify import is_retryable as classify
-    except ImportError:  # the retry package is optional
         return False
     return classify(exc)
 

@@ -47,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from resilience.classify import is_retryable
 from resilience.counters import count_outcome
 from resilience.errors import (
     AdmissionError,
@@ -140,10 +141,6 @@ def _retryable(exc: BaseException) -> bool:
         return True
     if isinstance(exc, InvalidTaskArguments | InvalidKey | ConfigurationError | StoreRejected):
         return False
-    try:
-        from resilience.retry.classify import is_retryable
-    except ImportError:  # the retry package is optional
-        return True
     return is_retryable(exc)
 
 

@@ -5,6 +5,7 @@
     def charge(order_id: str) -> None: ...
 """
 
+from resilience.classify import NonRetryable, Retryable, is_retryable, retry_after
 from resilience.retry.backoff import (
     Wait,
     wait_combine,
@@ -15,7 +16,6 @@ from resilience.retry.backoff import (
     wait_random,
 )
 from resilience.retry.budget import RetryBudget
-from resilience.retry.classify import NonRetryable, Retryable, is_retryable, retry_after
 from resilience.retry.guard import RetryConfig, RetryGuard, retry_policy
 
 __all__ = [

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Ignore, Reject, Retry
 
+from resilience.classify import ClassifyHook, is_retryable, retry_after
 from resilience.config import configured
 from resilience.counters import count_call
 from resilience.deadletter.giveup import give_up
@@ -43,7 +44,6 @@ from resilience.retry.budget import (
     RetryBudgetGate,
     budget_backend_of_app,
 )
-from resilience.retry.classify import ClassifyHook, is_retryable, retry_after
 
 if TYPE_CHECKING:
     from celery import Task

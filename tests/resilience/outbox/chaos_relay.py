@@ -29,7 +29,7 @@ def warm_up(app: Any) -> None:
 
     for module in ("jobs.broker", "kombu.transport.redis", "psycopg2.extras",
                    "resilience.deadletter.place", "resilience.outbox.backends.postgres",
-                   "resilience.retry.classify"):
+                   "resilience.classify"):
         importlib.import_module(module)
     _ = app.amqp, app.backend, app.amqp.router
     for task in app.tasks.values():

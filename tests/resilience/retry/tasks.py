@@ -11,9 +11,9 @@ import urllib.request
 from typing import Any
 
 from jobs import app
+from resilience.classify import NonRetryable, Retryable
 from resilience.retry.backoff import wait_decorrelated_jitter, wait_full_jitter
 from resilience.retry.budget import RetryBudget
-from resilience.retry.classify import NonRetryable, Retryable
 from resilience.retry.guard import retry_policy
 from resilience.stores import stores_for
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from resilience.classify import NonRetryable, Retryable, is_retryable, retry_after
 from resilience.errors import ConfigurationError
 from resilience.pipeline import attached
 from resilience.retry.backoff import (
@@ -20,7 +21,6 @@ from resilience.retry.backoff import (
     wait_random,
 )
 from resilience.retry.budget import RedisBudgetBackend, RetryBudget, RetryBudgetGate
-from resilience.retry.classify import NonRetryable, Retryable, is_retryable, retry_after
 from resilience.retry.guard import RetryConfig, retry_policy
 from tests.resilience.retry.dependency import DependencyServer
 from tests.support import wait_for

@@ -1,5 +1,8 @@
 """Error classification: may this error be retried, and did it say when?
 
+Core: the retry guard, the breaker (which counts only retryable errors as failures), the
+idempotency guard and the outbox relay all classify errors the same way.
+
 An error is classified, first match wins, by:
 
 1. user hooks (`classify_hooks`): callables `hook(exc) -> bool | None`; `None` abstains;
