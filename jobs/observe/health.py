@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from resilience.redact import redact
+from resilience.stores import stores_for
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -52,6 +54,25 @@ READY_CHECK_INTERVAL_SECONDS = 10.0
 #: Default `--max-age` of `jobs health ready --local`: a few missed checks (a check may
 #: wait on a store's timeouts) before the file counts as stale.
 DEFAULT_READY_MAX_AGE_SECONDS = 45.0
+
+
+def heartbeat_dir() -> Path:
+    """The directory of every worker's heartbeat file on this host."""
+    return Path(tempfile.gettempdir()) / "jobs-heartbeat"
+
+
+def heartbeat_path(node: str) -> Path:
+    """The heartbeat file of worker `node` (e.g. `critical@host`)."""
+    return heartbeat_dir() / node.replace(os.sep, "_")
+
+
+def heartbeat_age(node: str) -> float | None:
+    """Seconds since worker `node` last beat on this host, or None without a heartbeat file."""
+    try:
+        modified = heartbeat_path(node).stat().st_mtime
+    except FileNotFoundError:
+        return None
+    return max(0.0, time.time() - modified)
 
 
 @dataclass(frozen=True)
@@ -81,8 +102,6 @@ def liveness(app: Celery, node: str, *, timeout_seconds: float = 5.0) -> list[Ch
 def local_liveness(node: str, *, max_age_seconds: float) -> list[Check]:
     """Did worker `node`, on this host, beat within `max_age_seconds`? (heartbeat.py) And
     is it not marked stalled by its consumption watchdog? (watchdog.py)"""
-    from jobs.observe.heartbeat import heartbeat_age, heartbeat_path
-
     name = f"heartbeat {node}"
     age = heartbeat_age(node)
     if age is None:
@@ -102,8 +121,6 @@ def local_liveness(node: str, *, max_age_seconds: float) -> list[Check]:
 def stalled_path(node: str) -> Path:
     """The mark the consumption watchdog leaves while worker `node` is stalled and not
     recovering, next to its heartbeat file."""
-    from jobs.observe.heartbeat import heartbeat_path
-
     path = heartbeat_path(node)
     return path.with_name(f"{path.name}.stalled")
 
@@ -125,8 +142,6 @@ def clear_stalled(node: str) -> None:
 
 def check_redis(app: Celery) -> Check:
     """The shared guard-state Redis answers PING."""
-    from resilience.stores import stores_for
-
     try:
         client = stores_for(app).redis()
     except Exception as exc:  # noqa: BLE001
@@ -156,6 +171,7 @@ def check_broker(app: Celery) -> Check:
 def _heads(database_url: str) -> dict[str, frozenset[str]]:
     """Each version table and its history's heads (read from the scripts once per process):
     the library's and the platform's."""
+    # lazy: jobs.db loads alembic and SQLAlchemy, which the local probes never need
     from jobs.db import expected_versions
 
     return expected_versions(database_url)
@@ -165,8 +181,6 @@ def check_postgres(app: Celery) -> list[Check]:
     """PostgreSQL answers, and the applied migrations are every head of the code's scripts."""
     from alembic.runtime.migration import MigrationContext
     from sqlalchemy import text
-
-    from resilience.stores import stores_for
 
     stores = stores_for(app)
     try:
@@ -195,8 +209,6 @@ def readiness(app: Celery) -> list[Check]:
 # -- cached readiness ---------------------------------------------------------------------
 def readiness_path(node: str) -> Path:
     """The readiness file of worker `node`, next to its heartbeat file."""
-    from jobs.observe.heartbeat import heartbeat_path
-
     path = heartbeat_path(node)
     return path.with_name(f"{path.name}.ready")
 

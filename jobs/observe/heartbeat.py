@@ -33,7 +33,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -41,6 +40,13 @@ from typing import Any
 
 from celery import bootsteps
 from kombu.utils.functional import retry_over_time
+
+from jobs.observe.health import (
+    ReadinessRecorder,
+    heartbeat_path,
+    readiness_path,
+    worker_readiness,
+)
 
 logger = logging.getLogger("jobs.observe.heartbeat")
 
@@ -50,25 +56,6 @@ BEAT_INTERVAL_SECONDS = 1.0
 DEFAULT_MAX_AGE_SECONDS = 30.0
 #: A worker starting removes other heartbeat files older than this (killed workers').
 ABANDONED_AFTER_SECONDS = 24 * 3600.0
-
-
-def heartbeat_dir() -> Path:
-    """The directory of every worker's heartbeat file on this host."""
-    return Path(tempfile.gettempdir()) / "jobs-heartbeat"
-
-
-def heartbeat_path(node: str) -> Path:
-    """The heartbeat file of worker `node` (e.g. `critical@host`)."""
-    return heartbeat_dir() / node.replace(os.sep, "_")
-
-
-def heartbeat_age(node: str) -> float | None:
-    """Seconds since worker `node` last beat on this host, or None without a heartbeat file."""
-    try:
-        modified = heartbeat_path(node).stat().st_mtime
-    except FileNotFoundError:
-        return None
-    return max(0.0, time.time() - modified)
 
 
 class Heartbeat:
@@ -160,8 +147,6 @@ class WorkerHeartbeat(bootsteps.StartStopStep):
         self.timer_entry: Any = None
 
     def create(self, w: Any) -> Heartbeat:
-        from jobs.observe.health import ReadinessRecorder, readiness_path, worker_readiness
-
         heartbeat = w.jobs_heartbeat = Heartbeat(w.hostname)
 
         def broker_connected() -> bool:

@@ -62,6 +62,13 @@ from typing import Any
 
 from celery import bootsteps, signals
 
+from jobs.observe.backlog import fresh_backlog
+from jobs.observe.health import clear_stalled, heartbeat_age, mark_stalled
+from jobs.observe.heartbeat import main_thread_waits_for_broker
+from jobs.observe.metrics import WATCHDOG
+from jobs.settings import get_settings
+from resilience.counters import count_outcome
+
 logger = logging.getLogger("jobs.observe.watchdog")
 
 #: Exit status of a worker that stalled and did not recover (EX_TEMPFAIL: start it again).
@@ -250,7 +257,6 @@ def consumer_state(worker: Any, *, blocked_after_seconds: float = 5.0) -> Consum
     as blocked when its heartbeat file is older than `blocked_after_seconds`."""
     from celery.worker import state
 
-    from jobs.observe.heartbeat import heartbeat_age, main_thread_waits_for_broker
 
     consumer = worker.consumer
     heartbeat = getattr(worker, "jobs_heartbeat", None)
@@ -336,7 +342,6 @@ def exit_stalled(worker: Any, reason: str, *, grace_seconds: float) -> None:
     status `EXIT_STALLED`, and exit at once if it has not stopped after `grace_seconds`."""
     from celery.worker import state
 
-    from jobs.observe.health import mark_stalled
 
     mark_stalled(worker.hostname, reason)
     state.should_stop = EXIT_STALLED  # the event loop raises WorkerShutdown(75)
@@ -374,9 +379,6 @@ class WorkerWatchdog(bootsteps.StartStopStep):
         return _stall_seconds(w.app) > 0
 
     def create(self, w: Any) -> ConsumptionWatchdog:
-        from jobs.observe.backlog import fresh_backlog
-        from jobs.observe.metrics import WATCHDOG
-        from resilience.counters import count_outcome
 
         stall = _stall_seconds(w.app)
         timeout = min(5.0, max(0.5, stall / 4))
@@ -398,7 +400,6 @@ class WorkerWatchdog(bootsteps.StartStopStep):
         return w.jobs_watchdog
 
     def start(self, w: Any) -> None:
-        from jobs.observe.health import clear_stalled
 
         clear_stalled(w.hostname)  # a previous incarnation's mark
         self._stopped.clear()
@@ -425,7 +426,6 @@ class WorkerWatchdog(bootsteps.StartStopStep):
 
 
 def _stall_seconds(app: Any) -> float:
-    from jobs.settings import get_settings
 
     settings = getattr(app, "settings", None) or get_settings()
     return float(settings.worker_stall_seconds)
