@@ -70,6 +70,6 @@ class LuaScript:
 
         Raises:
             redis.exceptions.RedisError: as the client raises it (callers wrap it with
-                `resilience.stores.wrap_store_errors`).
+                `resilience.connections.wrap_store_errors`).
         """
         return self.for_client(client)(keys=keys, args=args)

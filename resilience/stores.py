@@ -1,12 +1,11 @@
 """Connections to the shared stores (Redis, PostgreSQL), one set per process.
 
 Guards reach the stores through the `Stores` registered on the Celery app, so `resilience`
-works with any app. Clients are created lazily and re-created after a fork: a prefork
-child must never reuse its parent's sockets.
+works with any app. Clients are created lazily and dropped in a forked child
+(`resilience.connections.on_fork`): a prefork child must never reuse its parent's sockets.
 
-`wrap_store_errors` turns a native redis-py, psycopg2 or SQLAlchemy error into the package's
-own: `StoreUnavailable` when the store cannot serve now, `StoreRejected` when it refused an
-operation that no retry can make succeed.
+Native store errors become the package's own at the connection layer
+(`resilience.connections`).
 
 Every guard asks its stores for its backend (`Stores.backend(kind, build, memory=...)`):
 real stores build the Redis or PostgreSQL one, `MemoryStores` hands out the guard's
@@ -18,24 +17,17 @@ in `app.conf`, or `use_memory_stores()` for every app of the process (the pytest
 
 from __future__ import annotations
 
-import contextlib
-import os
-import re
-import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from resilience.connections import on_fork
 from resilience.errors import (
     ConfigurationError,
-    SchemaMissing,
-    StorageError,
-    StoreRejected,
-    StoreUnavailable,
 )
-from resilience.redact import redact, redact_url
+from resilience.redact import redact_url
 
 if TYPE_CHECKING:
     import redis
@@ -152,8 +144,8 @@ class Stores:
         self.transactions = transactions
         self.django_database = django_database
         self._lock = threading.Lock()
-        self._pid = -1
         self._cache: dict[str, Any] = {}
+        on_fork(self._forget)
 
     @classmethod
     def from_conf(cls, conf: Any) -> Stores:
@@ -255,17 +247,15 @@ class Stores:
         """True when a PostgreSQL is configured (the guards that need one can run)."""
         return self._database_url is not None
 
+    def _forget(self) -> None:
+        """In a forked child: drop the parent's clients and engines."""
+        for name in ("engine", "locks_engine"):
+            engine = self._cache.get(name)
+            if engine is not None:
+                engine.dispose(close=False)  # never touch the parent's connections
+        self._cache = {}
+
     def _per_process(self) -> dict[str, Any]:
-        if self._pid != os.getpid():
-            with self._lock:
-                if self._pid != os.getpid():
-                    for name in ("engine", "locks_engine"):
-                        engine = self._cache.get(name)
-                        if engine is not None:
-                            # close=False: never touch the parent's connections from the child.
-                            engine.dispose(close=False)
-                    self._cache = {}
-                    self._pid = os.getpid()
         return self._cache
 
     def redis(self) -> redis.Redis:
@@ -404,7 +394,6 @@ class MemoryStores(Stores):
         self.transactions = "sqlalchemy"
         self.django_database = "default"
         self._lock = threading.Lock()
-        self._pid = -1
         self._cache = {}
         #: kind -> (its factory, the instance handed out).
         self._backends: dict[str, tuple[Callable[[], Any], Any]] = {}
@@ -782,255 +771,6 @@ def stores_for(app: Celery) -> Stores:
         f"no stores configured for Celery app {app.main!r}: call resilience.init_app(app) "
         "(the stores come from app.conf.resilience_*)"
     )
-
-
-# -- native store errors -----------------------------------------------------------------
-#: SQLSTATE classes of a server that cannot serve now: connection exception (08), object in
-#: use / lock not available (55), transaction rollback: serialization failure, deadlock
-#: (40), insufficient resources (53), operator intervention: shutdown, cancel (57),
-#: system error (58), invalid statement name: a pooler lost a prepared statement (26).
-_PG_UNAVAILABLE_CLASSES = ("08", "26", "40", "53", "55", "57", "58")
-#: SQLSTATE classes of a statement the server will refuse again: data exception (22),
-#: integrity constraint (23), syntax or access rule (42), feature not supported (0A),
-#: program limit exceeded (54: an index row too large, too many columns).
-_PG_REJECTED_CLASSES = ("0A", "22", "23", "42", "54")
-#: Redis error codes of a server that cannot serve now. redis-py has classes for most, but
-#: not for BUSY, MISCONF, NOREPLICAS, nor for any code inside a Lua script's error before
-#: Redis 7 ("Error running script (call to f_...): @user_script:9: READONLY ...").
-_REDIS_UNAVAILABLE_CODES = frozenset(
-    ("BUSY", "CLUSTERDOWN", "LOADING", "MASTERDOWN", "MISCONF", "NOREPLICAS", "OOM",
-     "READONLY", "TRYAGAIN", "ASK", "MOVED")
-)
-_SCRIPT_ERROR_CODE = re.compile(r"@user_script:\d+: ([A-Z]+) ")
-#: Longest native message quoted in an error message (`cause` keeps twice as much).
-_DETAIL_LENGTH = 500
-
-
-#: What redis-py's cluster client raises, outside `RedisError`, for a request no server can
-#: serve as written: a transaction or a pipelined command across slots (a program error, as
-#: the CROSSSLOT reply is).
-_CLUSTER_MISUSE = ("must map to the same key slot", "is blocked when running redis in cluster")
-
-
-def _redis_verdict(exc: BaseException) -> type[StorageError] | None:
-    errors = sys.modules.get("redis.exceptions")
-    if errors is None:
-        return None
-    if isinstance(exc, errors.RedisClusterException):
-        # Not a RedisError: a slot no master serves, no node reachable to learn the
-        # layout from ("Redis Cluster cannot be connected"), ... is a store down;
-        # a request that mixes slots is refused whatever the cluster's health.
-        if isinstance(exc, errors.CrossSlotTransactionError | errors.InvalidPipelineStack) or (
-                any(text in str(exc) for text in _CLUSTER_MISUSE)):
-            return StoreRejected
-        return StoreUnavailable
-    if not isinstance(exc, errors.RedisError):
-        return None
-    # A Sentinel that names no master (`MasterNotFoundError`) is a ConnectionError.
-    if isinstance(exc, errors.ConnectionError | errors.TimeoutError | errors.InvalidResponse):
-        return StoreUnavailable
-    if isinstance(
-        exc, errors.ReadOnlyError | errors.TryAgainError | errors.ClusterError
-        | errors.AskError | errors.OutOfMemoryError
-    ):
-        # ClusterError: CLUSTERDOWN / MASTERDOWN replies, and the cluster client giving up
-        # after too many redirections ("TTL exhausted") while slots move.
-        return StoreUnavailable
-    if isinstance(exc, errors.ResponseError):
-        # redis-py keeps the code of replies it has no class for: "BUSY Redis is busy ..."
-        message = str(exc)
-        code = message.split(" ", 1)[0]
-        if code == "Error":
-            inner = _SCRIPT_ERROR_CODE.search(message)
-            code = inner.group(1) if inner else code
-        if code in _REDIS_UNAVAILABLE_CODES:
-            return StoreUnavailable
-        return StoreRejected
-    if isinstance(exc, errors.DataError):
-        return StoreRejected  # an argument redis-py cannot send (wrong type)
-    return StorageError
-
-
-def _psycopg2_verdict(exc: BaseException) -> type[StorageError] | None:
-    psycopg2 = sys.modules.get("psycopg2")
-    if psycopg2 is None or not isinstance(exc, psycopg2.Error):
-        return None
-    code = getattr(exc, "pgcode", None) or ""
-    if code[:2] in _PG_UNAVAILABLE_CLASSES:
-        return StoreUnavailable
-    if code[:2] in _PG_REJECTED_CLASSES:
-        return StoreRejected
-    # No server code (the connection failed or broke): the psycopg2 class decides.
-    if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError):
-        return StoreUnavailable
-    if isinstance(
-        exc, psycopg2.DataError | psycopg2.IntegrityError | psycopg2.ProgrammingError
-        | psycopg2.NotSupportedError
-    ):
-        return StoreRejected
-    return StorageError
-
-
-def _sqlalchemy_verdict(exc: BaseException) -> type[StorageError] | None:
-    errors = sys.modules.get("sqlalchemy.exc")
-    if errors is None or not isinstance(exc, errors.SQLAlchemyError):
-        return None
-    if isinstance(exc, errors.DBAPIError):
-        if exc.connection_invalidated:
-            return StoreUnavailable
-        native = _psycopg2_verdict(exc.orig) if exc.orig is not None else None
-        if native is not None and native is not StorageError:
-            return native
-    if isinstance(
-        exc, errors.OperationalError | errors.InterfaceError | errors.DisconnectionError
-        | errors.TimeoutError
-    ):
-        return StoreUnavailable
-    if isinstance(
-        exc, errors.DataError | errors.IntegrityError | errors.ProgrammingError
-        | errors.NotSupportedError
-    ):
-        return StoreRejected
-    return StorageError
-
-
-def _verdict(exc: BaseException) -> tuple[type[StorageError], str] | None:
-    """The error class and store name a native error maps to; None for a non-store error."""
-    for verdict, store in ((_redis_verdict, "Redis"), (_psycopg2_verdict, "PostgreSQL"),
-                           (_sqlalchemy_verdict, "PostgreSQL")):
-        cls = verdict(exc)
-        if cls is not None:
-            return cls, store
-    if isinstance(exc, OSError):  # a socket error a client let through
-        return StoreUnavailable, "store"
-    return None
-
-
-def _native_message(exc: BaseException) -> str:
-    # SQLAlchemy's own text appends the statement and its parameters: quote the driver's.
-    orig = getattr(exc, "orig", None)
-    text = " ".join(str(orig if orig is not None else exc).split())
-    if len(text) > _DETAIL_LENGTH:
-        text = text[:_DETAIL_LENGTH] + "..."
-    return redact(text)
-
-
-def translate_store_error(
-    exc: BaseException, what: str, **fields: Any
-) -> StorageError | SchemaMissing:
-    """The package's error for a native store error `exc`, raised under `what`.
-
-    `StoreUnavailable` when the store cannot serve now (connection refused or reset,
-    timeouts, Redis loading, read-only, failover, PostgreSQL deadlock, serialization
-    failure, shutdown); `StoreRejected` when it refused an operation that will fail again
-    (Redis WRONGTYPE and other error replies, a value too long, a constraint, an index row
-    too large); `SchemaMissing` (a `ConfigurationError`: no retry mends it) when a
-    `resilience_*` table does not exist; `StorageError` for anything else. A
-    `StorageError` or `SchemaMissing` is returned unchanged.
-    Messages and the `cause` field are redacted: no password of a URL or DSN survives.
-
-    Args:
-        exc: the error caught.
-        what: the operation, as the message should name it ("rate limit").
-        fields: structured fields of the error (`key=...`), also quoted in the message.
-    """
-    if isinstance(exc, StorageError | SchemaMissing):
-        return exc
-    missing = schema_missing(exc)
-    if missing is not None:
-        return missing
-    cls, store = _verdict(exc) or (StorageError, "store")
-    if cls is StoreUnavailable:
-        verdict = f"{store} unavailable"
-    elif cls is StoreRejected:
-        verdict = f"{store} refused the operation"
-    else:
-        verdict = f"{store} error"
-    context = ", ".join(f"{name}={_shorten(value)}" for name, value in fields.items())
-    driver = getattr(exc, "orig", None) or exc
-    code = getattr(driver, "pgcode", None)
-    native = type(driver).__name__ + (f" [{code}]" if isinstance(code, str) else "")
-    return cls(
-        f"{what}{f' ({context})' if context else ''}: {verdict}: {native}: "
-        f"{_native_message(exc)}",
-        **fields,
-        cause=redact(repr(exc))[:_DETAIL_LENGTH * 2],
-    )
-
-
-#: PostgreSQL's undefined_table, and the relation its message names.
-_UNDEFINED_TABLE = "42P01"
-_MISSING_RELATION = re.compile(r'relation "(?:[^"]*\.)?(resilience_[^"]*)" does not exist')
-
-#: What to run when the library's tables are missing.
-MIGRATE_HINT = "run `python -m resilience migrate` (Django: `python manage.py migrate`)"
-
-
-def schema_missing(exc: BaseException) -> SchemaMissing | None:
-    """`SchemaMissing` when `exc` (psycopg2's or SQLAlchemy's) says a `resilience_*` table
-    does not exist (undefined_table, 42P01); else None."""
-    driver = getattr(exc, "orig", None) or exc
-    if getattr(driver, "pgcode", None) != _UNDEFINED_TABLE:
-        return None
-    match = _MISSING_RELATION.search(str(driver))
-    if match is None:
-        return None  # a table of the application's own, not the library's
-    database = _database_of(driver)
-    return SchemaMissing(
-        f"the resilience tables are missing from the database {database} "
-        f"(relation {match.group(1)!r} does not exist): {MIGRATE_HINT}",
-        table=match.group(1),
-        database=database,
-    )
-
-
-def _database_of(driver: Any) -> str:
-    """`host:port/name` of the connection a psycopg2 error came from (never a password)."""
-    try:
-        parameters = driver.cursor.connection.get_dsn_parameters()
-    except Exception:  # noqa: BLE001 - no cursor or a closed connection: say so
-        return "(unknown)"
-    host = parameters.get("host") or "localhost"
-    port = parameters.get("port")
-    return f"{host}{f':{port}' if port else ''}/{parameters.get('dbname', '')}"
-
-
-def _shorten(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 120 else text[:117] + "..."
-
-
-class _StoreErrorTranslation(contextlib.ContextDecorator):
-    """`wrap_store_errors`'s context manager (a class: cheaper per call than a generator)."""
-
-    def __init__(self, what: str, fields: dict[str, Any]) -> None:
-        self.what = what
-        self.fields = fields
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: Any, exc: BaseException | None, traceback: Any) -> bool:
-        if exc is None or isinstance(exc, StorageError) or _verdict(exc) is None:
-            return False
-        raise translate_store_error(exc, self.what, **self.fields) from exc
-
-
-def wrap_store_errors(what: str, **fields: Any) -> _StoreErrorTranslation:
-    """Context manager and decorator: native store errors leave as `StorageError`s.
-
-    Redis, psycopg2, SQLAlchemy and socket errors raised inside become `StoreUnavailable`,
-    `StoreRejected` or `StorageError` (see `translate_store_error`), with the native error
-    as `__cause__`; any other exception passes through untouched.
-
-        with wrap_store_errors("rate limit", key=key):
-            script(keys=[...], args=[...])
-
-    Args:
-        what: the operation, as the message should name it.
-        fields: structured fields of the error (`key=...`), also quoted in the message.
-    """
-    return _StoreErrorTranslation(what, fields)
 
 
 def read_hashes(client: Any, keys: Sequence[str]) -> tuple[int, list[dict[str, str]]]:

@@ -35,8 +35,9 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from resilience.bulkhead.backends.broker import RedisBrokerDepth, depth_backend_for
+
+from resilience.connections import translate_store_error
 from resilience.deadline.guard import finite_seconds
-from resilience.stores import translate_store_error
 
 if TYPE_CHECKING:
     from celery import Celery

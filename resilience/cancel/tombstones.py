@@ -31,8 +31,8 @@ from sqlalchemy.dialects.postgresql import insert
 
 from resilience.cancel.backends import CancelBackend, id_target, key_target
 from resilience.cancel.models import cancellations
+from resilience.connections import wrap_store_errors
 from resilience.errors import ConfigurationError, StorageError
-from resilience.stores import wrap_store_errors
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine

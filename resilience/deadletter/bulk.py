@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from resilience.connections import translate_store_error, wrap_store_errors
 from resilience.deadletter.models import dead_letters
 from resilience.deadletter.place import DeadLetter, _entry, runnable
 from resilience.errors import (
@@ -45,7 +46,6 @@ from resilience.errors import (
     ResilienceError,
     StoreRejected,
 )
-from resilience.stores import translate_store_error, wrap_store_errors
 
 if TYPE_CHECKING:
     from celery import Celery

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from resilience.connections import translate_store_error, wrap_store_errors
 from resilience.deadletter.models import dead_letters
 from resilience.errors import ResilienceError
-from resilience.stores import translate_store_error, wrap_store_errors
 
 if TYPE_CHECKING:
     from celery import Celery

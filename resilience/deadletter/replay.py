@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from resilience.connections import wrap_store_errors
 from resilience.deadletter.bulk import (
     STOPPED_BY_ADMIT,
     RequeueReport,
@@ -40,7 +41,6 @@ from resilience.deadletter.place import DeadLetter
 from resilience.errors import ConfigurationError
 from resilience.ratelimit.algorithms import GCRA, Params
 from resilience.ratelimit.rates import parse
-from resilience.stores import wrap_store_errors
 
 if TYPE_CHECKING:
     from celery import Celery

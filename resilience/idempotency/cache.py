@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from resilience.batch import for_client
+from resilience.connections import wrap_store_errors
 from resilience.keys import redis_key, stored_keys
-from resilience.stores import wrap_store_errors
 
 if TYPE_CHECKING:
     import redis

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from resilience.classify import is_retryable as classify
 from resilience.config import configured
+from resilience.connections import translate_store_error
 from resilience.counters import count_call
 from resilience.errors import (
     ConfigurationError,
@@ -75,7 +76,7 @@ from resilience.outbox.enqueue import outbox_id_of
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, EnqueueGuard, EnqueueStage, Guard, Publish, Stage, attach
 from resilience.store_down import StoreDown, store_failed
-from resilience.stores import stores_for, translate_store_error
+from resilience.stores import stores_for
 
 if TYPE_CHECKING:
     from celery import Task

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import text
 
+from resilience.connections import wrap_store_errors
 from resilience.errors import StaleFencingToken
-from resilience.stores import wrap_store_errors
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine

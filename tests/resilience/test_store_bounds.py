@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from resilience.connections import wrap_store_errors
 from resilience.errors import StoreUnavailable
-from resilience.stores import Stores, wrap_store_errors
+from resilience.stores import Stores
 
 
 @pytest.fixture()

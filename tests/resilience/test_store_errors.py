@@ -16,13 +16,13 @@ import redis
 import sqlalchemy as sa
 
 from jobs.embedded import free_port
+from resilience.connections import translate_store_error, wrap_store_errors
 from resilience.errors import StorageError, StoreRejected, StoreUnavailable
 from resilience.idempotency.backends.postgres import PostgresIdempotencyBackend, autocommit_engine
 from resilience.locks.backends.postgres import AdvisorySession
 from resilience.ratelimit import RedisBackend, parse
 from resilience.ratelimit.algorithms import GCRA, Params
 from resilience.retry.budget import RedisBudgetBackend, RetryBudget, budget_key
-from resilience.stores import translate_store_error, wrap_store_errors
 from tests.support import dead_redis
 
 PASSWORD = "pw-" + secrets.token_hex(8)

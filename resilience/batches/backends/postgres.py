@@ -30,7 +30,7 @@ from resilience.batches.backends import (
 from resilience.batches.callbacks import COMPLETE, SUCCESS, callback_row, due_callbacks
 from resilience.batches.errors import BatchNotFound
 from resilience.batches.models import BATCHES_TABLE, MEMBERS_TABLE
-from resilience.stores import wrap_store_errors
+from resilience.connections import wrap_store_errors
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine

@@ -32,10 +32,11 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from resilience.bulkhead.backends import Admission
+
+from resilience.connections import translate_store_error
 from resilience.errors import QueueFull, StorageError
 from resilience.keys import redis_key
 from resilience.scripts import LuaScript
-from resilience.stores import translate_store_error
 
 if TYPE_CHECKING:
     import redis

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from resilience.cancel.backends import Marks
-from resilience.stores import wrap_store_errors
+from resilience.connections import wrap_store_errors
 
 if TYPE_CHECKING:
     import redis

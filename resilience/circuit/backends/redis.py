@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 from resilience.batch import for_client
 from resilience.circuit.backends import BreakerState, Peek, Permission, Verdict
 from resilience.circuit.config import BreakerConfig, CountWindow
+from resilience.connections import translate_store_error, wrap_store_errors
 from resilience.counters import count
 from resilience.keys import redis_key, stored_keys
 from resilience.scripts import LuaScript
-from resilience.stores import read_hashes, stores_for, translate_store_error, wrap_store_errors
+from resilience.stores import read_hashes, stores_for
 
 if TYPE_CHECKING:
     import redis

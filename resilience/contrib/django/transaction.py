@@ -6,9 +6,9 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from resilience.connections import translate_store_error
 from resilience.idempotency.backends import Claim
 from resilience.idempotency.backends.postgres import COMPLETE_SQL
-from resilience.stores import translate_store_error
 
 logger = logging.getLogger("resilience.contrib.django")
 

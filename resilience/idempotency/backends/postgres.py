@@ -34,7 +34,7 @@ Race timeline the claim is written for (insert first, never check-then-act)::
     A': (a paused A wakes up) UPDATE ... WHERE attempt = 1 AND lease_owner = 'a' -> 0 rows
 
 Every native error leaves as `StoreUnavailable`, `StoreRejected` or `StorageError`
-(`resilience.stores.translate_store_error`).
+(`resilience.connections.translate_store_error`).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from resilience.connections import translate_store_error, wrap_store_errors
 from resilience.errors import ConfigurationError, StorageError, StoreUnavailable
 from resilience.holders import Holder
 from resilience.idempotency.backends import (
@@ -62,7 +63,7 @@ from resilience.idempotency.backends import (
 )
 from resilience.idempotency.models import TABLE_NAME
 from resilience.prepared import PreparedStatement as _Statement
-from resilience.stores import PG_CLIENT_TCP, translate_store_error, wrap_store_errors
+from resilience.stores import PG_CLIENT_TCP
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -217,7 +218,7 @@ ORDER BY updated_at LIMIT %(limit)s
 
 def wrap_database_error(exc: BaseException, action: str) -> StorageError:
     """Turn a SQLAlchemy/psycopg2 error into the guard's own error, keeping the cause
-    (`resilience.stores.translate_store_error`: StoreUnavailable, StoreRejected, ...)."""
+    (`resilience.connections.translate_store_error`: StoreUnavailable, StoreRejected, ...)."""
     return translate_store_error(exc, f"idempotency store: {action}")
 
 

@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from resilience.connections import wrap_store_errors
 from resilience.errors import (
     ConfigurationError,
     LockNotOwnedError,
@@ -49,7 +50,6 @@ from resilience.errors import (
 from resilience.holders import Holder
 from resilience.locks.backends import Claimant, Taken
 from resilience.prepared import PreparedStatement
-from resilience.stores import wrap_store_errors
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine

@@ -21,11 +21,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from resilience.connections import wrap_store_errors
 from resilience.errors import LockError, LockNotOwnedError
 from resilience.keys import redis_key
 from resilience.locks.backends import Lease, validate_ttl
 from resilience.scripts import LuaScript
-from resilience.stores import wrap_store_errors
 
 if TYPE_CHECKING:
     import redis

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 from kombu.utils.json import JSONEncoder
 from sqlalchemy import text
 
+from resilience.connections import wrap_store_errors
 from resilience.outbox.backends import NewRow, OutboxRow, OutboxState
 from resilience.outbox.models import TABLE_NAME
-from resilience.stores import wrap_store_errors
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine

@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from resilience.batch import mget
+from resilience.connections import wrap_store_errors
 from resilience.keys import redis_key, stored_keys
 from resilience.pause.backends import Paused
-from resilience.stores import wrap_store_errors
 
 if TYPE_CHECKING:
     import redis

@@ -18,6 +18,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from resilience.batch import is_cluster
+from resilience.connections import wrap_store_errors
 from resilience.errors import ConfigurationError
 from resilience.keys import redis_key, stored_keys
 from resilience.ratelimit.algorithms import (
@@ -29,7 +30,6 @@ from resilience.ratelimit.algorithms import (
     Schema,
 )
 from resilience.scripts import LuaScript
-from resilience.stores import wrap_store_errors
 
 if TYPE_CHECKING:
     import redis
