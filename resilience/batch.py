@@ -23,17 +23,26 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import redis
     from redis.commands.core import Script
 
-    from resilience.pipeline import Rounds
-
 logger = logging.getLogger("resilience.batch")
+
+
+class Round(Protocol):
+    """Work a backend queued for a call, sent at once by `execute()` (which never raises)."""
+
+    def execute(self) -> None: ...
+
+
+#: A call's rounds (`Call.reads`, `Call.writes`), keyed by the backend that owns each (one
+#: per Redis client, say).
+Rounds = dict[Hashable, Round]
 
 #: A callback receives the command's reply, or the exception it raised.
 Then = Callable[[Any], None]

@@ -26,7 +26,8 @@ The rules that make guards compose:
    when the task's pipeline is built.
 5. Enqueue guards follow the same shape: `before_publish` takes (a unique key, an admission
    reservation); when a later guard refuses or the publish raises, every guard already
-   entered gets `give_back`, innermost first; after a publish, `after_publish`.
+   entered gets `give_back`, innermost first; after a publish, `after_publish`. The route
+   (stage ROUTE: the broker or the outbox) ends the path; a republish goes straight to it.
 6. Inline execution (`task.apply()`, `caller_runs`, eager mode) never republishes: a deferral
    there becomes `JobDeferred` for the caller (see `resilience.task`).
 
@@ -37,15 +38,20 @@ effective pipelines.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from resilience.errors import ConfigurationError
+from resilience.batch import Rounds
+from resilience.counters import count_outcome
+from resilience.deadletter.giveup import give_up
+from resilience.errors import ConfigurationError, DeadLettered
+from resilience.headers import Headers
 from resilience.keys import bind_arguments
-from resilience.outcomes import Stop
+from resilience.outcomes import Outcome, Stop
+from resilience.stores import Stores, stores_for
 
 if TYPE_CHECKING:
     from celery import Task
@@ -77,6 +83,7 @@ class EnqueueStage(IntEnum):
     UNIQUE = 20
     ADMIT = 30
     STAMP = 40
+    ROUTE = 50
 
 
 @dataclass(frozen=True)
@@ -113,17 +120,9 @@ ENQUEUE_STAGES: dict[EnqueueStage, StageRule] = {
     EnqueueStage.UNIQUE: StageRule("@unique: the same key within its TTL is the same job"),
     EnqueueStage.ADMIT: StageRule("tier bulkhead: abort, discard, caller_runs or wait"),
     EnqueueStage.STAMP: StageRule("headers every new message carries (deadline)"),
+    EnqueueStage.ROUTE: StageRule("send: the broker, or the outbox (the caller's transaction, "
+                                  "a long delay, a republish the broker refused)"),
 }
-
-
-class Round(Protocol):
-    """Work a backend queued for a call, sent at once by `execute()` (which never raises)."""
-
-    def execute(self) -> None: ...
-
-
-#: A call's rounds, keyed by the backend that owns each (one per Redis client, say).
-Rounds = dict[Hashable, Round]
 
 
 def _execute(rounds: Rounds) -> None:
@@ -134,7 +133,8 @@ def _execute(rounds: Rounds) -> None:
 
 @dataclass
 class Call:
-    """One execution of a task body, as the guards see it."""
+    """One execution of a task body, as the guards see it, with the services they use
+    (`stores`, `headers`, `count`, `dead_letter`), so no guard looks them up itself."""
 
     task: Task
     args: tuple[Any, ...]
@@ -166,6 +166,50 @@ class Call:
     @property
     def task_id(self) -> str | None:
         return getattr(self.request, "id", None)
+
+    @cached_property
+    def stores(self) -> Stores:
+        """The task's app's stores (Redis, PostgreSQL), looked up once per call.
+
+        Raises:
+            ConfigurationError: the app was never initialised (`resilience.init_app`).
+        """
+        return stores_for(self.task.app)
+
+    @cached_property
+    def headers(self) -> Headers:
+        """Typed readers of the message headers (deadline, enqueued_at, outbox id, ...)."""
+        return Headers(self.request)
+
+    @property
+    def attempt(self) -> int:
+        """This execution's attempt number, 1 for the first delivery."""
+        return int(getattr(self.request, "retries", 0) or 0) + 1
+
+    def count(self, outcome: Outcome | str, *, guard: str, name: str | None = None,
+              tier: str | None = None, reason: str | None = None,
+              retry_after_seconds: float | None = None) -> None:
+        """Count a guard's decision fleet-wide (and as a span event); never raises.
+
+        `tier` defaults to the task's, `name` to the task name.
+        """
+        task = self.task
+        count_outcome(task.app, getattr(outcome, "value", outcome), guard=guard,
+                      tier=tier or getattr(task, "tier", None),
+                      name=task.name if name is None else name, reason=reason,
+                      retry_after_seconds=retry_after_seconds)
+
+    def dead_letter(self, *, guard: str, reason: str, attempts: int | None = None,
+                    exception: BaseException | None = None, name: str | None = None,
+                    dependency: str | None = None) -> DeadLettered:
+        """Record the call in the dead-letter place, count it, return the error to raise.
+
+        `attempts` defaults to this attempt's number; `dependency` names a dependency that
+        was down (automatic replay waits for its breaker), None when the job is at fault.
+        """
+        return give_up(self, guard=guard, reason=reason,
+                       attempts=self.attempt if attempts is None else attempts,
+                       exception=exception, name=name, dependency=dependency)
 
     def keep(self, guard: object, value: Any) -> None:
         """Put what `guard` took for this call in its slot."""
@@ -203,8 +247,17 @@ class Publish:
     task: Task
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+    #: `apply_async`'s options (Celery's `producer`, `link`, `shadow`... included).
     options: dict[str, Any]
+    #: The id the job is sent with; None until the caller or a guard (`@unique`) fixes it.
+    task_id: str | None = None
+    #: What each guard took, by a key of its own, for its `give_back` / `after_publish`.
     state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def republish(self) -> bool:
+        """A message admitted once (Celery's retry, a guard's deferral: `retries` is set)."""
+        return self.options.get("retries") is not None
 
 
 def _described(guard: Any, task: Task | None) -> dict[str, Any]:
@@ -359,19 +412,32 @@ class Pipeline:
 
 
 class EnqueuePipeline:
-    """Runs enqueue guards in stage order before a publish, giving back on refusal."""
+    """Runs the enqueue stages in order, then the route; gives back on refusal.
 
-    def __init__(self, guards: Iterable[EnqueueGuard]) -> None:
+    Args:
+        guards: the task's enqueue guards (`ENQUEUE_STAGES`).
+        validate: the VALIDATE stage's first step, the arguments' own check (the task's).
+    """
+
+    def __init__(self, guards: Iterable[EnqueueGuard],
+                 validate: Callable[[Publish], None] | None = None) -> None:
         self.guards: Sequence[EnqueueGuard] = _ordered(guards, ENQUEUE_STAGES)
+        self.validate = validate
 
-    def run(self, publish: Publish, send: Callable[[Publish], Any]) -> Any:
-        """Run the guards, then `send`; a refusal or a failed send gives back, then re-raises."""
+    def run(self, publish: Publish, route: Callable[[Publish], Any],
+            through: int = EnqueueStage.ROUTE) -> Any:
+        """Pass the stages up to `through` (0: none, for a message admitted once), then
+        `route` (stage ROUTE); a refusal or a failed route gives back, then re-raises."""
         entered: list[EnqueueGuard] = []
         try:
+            if self.validate is not None and through >= EnqueueStage.VALIDATE:
+                self.validate(publish)
             for guard in self.guards:
+                if guard.stage > through:
+                    break
                 guard.before_publish(publish)
                 entered.append(guard)
-            result = send(publish)
+            result = route(publish)
         except BaseException as exc:
             _unwind_replacing(entered, lambda guard, error: guard.give_back(publish, error), exc)
             raise

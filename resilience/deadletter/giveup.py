@@ -5,16 +5,13 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from resilience.counters import count_outcome
 from resilience.deadletter.place import dead_letter
 from resilience.errors import DeadLettered, StorageError
 from resilience.outcomes import Outcome
 from resilience.stores import stores_for
-
-if TYPE_CHECKING:
-    from resilience.pipeline import Call
 
 logger = logging.getLogger("resilience.deadletter")
 
@@ -55,7 +52,7 @@ def dead_letter_place(stores: Any) -> PostgresDeadLetters | MemoryDeadLetters:
 
 
 def give_up(
-    call: Call,
+    call: Any,
     *,
     guard: str,
     reason: str,
