@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from resilience.circuit.backends import BreakerState, Peek, Permission, Verdict
+from resilience.circuit.backends.base import BreakerState, Peek, Permission, Verdict
 from resilience.circuit.config import CountWindow
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from resilience.batch import for_client
-from resilience.circuit.backends import BreakerState, Peek, Permission, Verdict
+from resilience.circuit.backends.base import BreakerState, Peek, Permission, Verdict
 from resilience.circuit.config import BreakerConfig, CountWindow
 from resilience.connections import translate_store_error, wrap_store_errors
 from resilience.counters import count
