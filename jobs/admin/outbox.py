@@ -13,7 +13,9 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+
+from jobs.admin.status import table
+from resilience.outbox.view import VIEW
 
 cli = typer.Typer(help="Transactional enqueue: the relay and its backlog.", no_args_is_help=True)
 console = Console()
@@ -68,17 +70,4 @@ def status_command(
     if as_json:
         typer.echo(json.dumps(state))
         return
-    console.print(outbox_table(state))
-
-
-def outbox_table(state: dict[str, Any], title: str = "outbox") -> Table:
-    """The outbox state as one table row (also a section of `jobs status`)."""
-    view = Table(title=title, title_justify="left")
-    for column in ("pending", "due", "scheduled", "lag", "published/min", "dead-lettered"):
-        view.add_column(column, justify="right")
-    lag = f"{state['lag_seconds']:.1f}s"
-    if state["lag_seconds"] >= 60:
-        lag = f"[bold red]{lag}[/bold red]"
-    view.add_row(str(state["pending"]), str(state["due"]), str(state["scheduled"]), lag,
-                 str(state["published_last_minute"]), str(state["dead_lettered"]))
-    return view
+    console.print(table(VIEW, state))

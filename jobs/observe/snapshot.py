@@ -34,29 +34,34 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any
 
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from jobs.settings import Settings
+from jobs.tiers import TIERS
+from resilience.admission import RedisBrokerDepth, depth_backend_for
+from resilience.batches import view as batches_view
+from resilience.cancel import view as cancel_view
+from resilience.circuit import view as circuit_view
+from resilience.counters import read_all
+from resilience.idempotency import view as idempotency_view
+from resilience.locks import view as locks_view
+from resilience.outbox import view as outbox_view
+from resilience.pause import view as pause_view
+from resilience.ratelimit import view as ratelimit_view
 from resilience.redact import redact, redact_url
+from resilience.retry import view as retry_view
+from resilience.stores import redis_from_url
+from resilience.views import Column, Family, Source, View, marked, number
 
 if TYPE_CHECKING:
     import redis
     from celery import Celery
 
-    from jobs.settings import Settings
-
 logger = logging.getLogger("jobs.observe.snapshot")
-
-#: Section names in the order views show them.
-SECTIONS = (
-    "tiers", "paused", "cancellations", "breakers", "budgets", "limits", "locks",
-    "idempotency", "outbox", "batches", "beat_leader",
-)
-
-#: Newest live cancellations the snapshot lists.
-CANCELLATIONS_SHOWN = 50
-#: Newest batches the snapshot lists (`jobs batches list` shows more).
-BATCHES_SHOWN = 10
 
 #: Counter outcomes summed per tier in the tiers section.
 TIER_OUTCOMES = {
@@ -68,26 +73,6 @@ TIER_OUTCOMES = {
     "skipped": "SKIPPED",
     "retried": "RETRY",
     "dead_lettered": "DEAD-LETTERED",
-}
-
-SCAN_COUNT = 1000
-
-
-#: The store each store-reading part of the snapshot needs (tiers, locks and beat_leader
-#: are derived from these parts).
-SECTION_STORES = {
-    "counters": "redis",
-    "queue_depth": "broker",
-    "active": "broker",
-    "held_locks": "database",
-    "paused": "redis",
-    "cancellations": "database",
-    "batches": "database",
-    "breakers": "redis",
-    "budgets": "redis",
-    "limits": "redis",
-    "idempotency": "database",
-    "outbox": "database",
 }
 
 #: What a store that cannot be reached tells the operator to do.
@@ -172,8 +157,6 @@ class StoreStatus:
 def url_variable(field: str, default: str) -> str:
     """The environment variable settings `field` is read from (`JOBS_REDIS_URL` when that
     one is set, `REDIS_URL` ...); `default` when none of its names is set."""
-    from jobs.settings import Settings
-
     alias = Settings.model_fields[field].validation_alias
     names = [name for name in getattr(alias, "choices", ()) if isinstance(name, str)
              and name.isupper()]
@@ -184,11 +167,6 @@ def url_variable(field: str, default: str) -> str:
 def _probe_redis(url: str, timeout_seconds: float) -> None:
     """PING with a client of our own: short timeouts and no retries (redis-py's default
     retries with backoff are what made a down Redis cost seconds)."""
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    from resilience.stores import redis_from_url
-
     client = redis_from_url(url, socket_connect_timeout=timeout_seconds,
                             socket_timeout=timeout_seconds, retry=Retry(NoBackoff(), 0))
     try:
@@ -209,6 +187,7 @@ def _probe_amqp(url: str, timeout_seconds: float) -> None:
 def _migration_heads(database_url: str) -> dict[str, frozenset[str]]:
     """Each version table and its history's heads (the library's and the platform's), read
     from the scripts once per process."""
+    # lazy: jobs.db loads alembic and SQLAlchemy, which `jobs status` needs only here
     from jobs.db import expected_versions
 
     return expected_versions(database_url)
@@ -342,54 +321,9 @@ def _store_keys(stores: dict[str, StoreStatus] | None) -> dict[str, Any]:
                             if not status.ok}}
 
 
-def unreachable_snapshot(stores: dict[str, StoreStatus]) -> dict[str, Any]:
-    """The snapshot when no store can serve: the same keys, every section saying why.
-
-    Built without the Celery app (nothing could be read), so it costs nothing.
-    """
-    started = time.perf_counter()
-    derived = {"tiers": "broker", "locks": "database", "beat_leader": "database"}
-    errors = {name: stores[SECTION_STORES.get(name) or derived[name]].summary
-              for name in ("counters", "queue_depth", "active", "held_locks", *SECTIONS)}
-    snapshot: dict[str, Any] = {
-        "taken_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        **_store_keys(stores),
-        **{name: unavailable(errors[name]) for name in SECTIONS},
-        "counters": unavailable(errors["counters"]),
-        "workers": None,
-        "errors": errors,
-    }
-    snapshot["collect_seconds"] = round(time.perf_counter() - started, 3)
-    return snapshot
-
-
-# -- what the app configures ----------------------------------------------------------------
-def configured_guards(app: Celery) -> list[tuple[Any, Any]]:
-    """(task, guard) for every execution guard of every registered platform task."""
-    found = []
-    for name, task in sorted(app.tasks.items()):
-        if name.startswith("celery.") or not hasattr(task, "pipelines"):
-            continue
-        try:
-            execution, _ = task.pipelines()
-        except Exception as exc:  # noqa: BLE001 - a broken task must not hide the view
-            logger.warning("guards of %s unreadable: %s", name, redact(str(exc)))
-            continue
-        found.extend((task, guard) for guard in execution.guards)
-    return found
-
-
-def _guards_of(app: Celery, kind: str) -> list[tuple[Any, Any]]:
-    return [(task, guard) for task, guard in configured_guards(app)
-            if getattr(guard, "name", None) == kind]
-
-
-# -- sections ----------------------------------------------------------------------------
+# -- the platform's own sections --------------------------------------------------------
 def queue_depths(app: Celery, tiers: Iterable[str]) -> dict[str, int]:
     """Messages waiting per tier queue: one pipelined LLEN on Redis, passive declares on AMQP."""
-    from resilience.bulkhead import depth_backend_for
-    from resilience.bulkhead.backends.broker import RedisBrokerDepth
-
     tiers = list(tiers)
     backend = depth_backend_for(app)
     if isinstance(backend, RedisBrokerDepth):
@@ -406,8 +340,6 @@ def queue_depths(app: Celery, tiers: Iterable[str]) -> dict[str, int]:
 
 def active_tasks(app: Celery, timeout_seconds: float) -> dict[str, Any]:
     """Tasks running now per tier, from `inspect().active()`; no reply counts as none."""
-    from jobs.tiers import TIERS
-
     replies = app.control.inspect(timeout=timeout_seconds).active() or {}
     per_tier = dict.fromkeys(TIERS, 0)
     for node, tasks in replies.items():
@@ -420,39 +352,29 @@ def active_tasks(app: Celery, timeout_seconds: float) -> dict[str, Any]:
 
 def outcome_counters(client: redis.Redis) -> list[dict[str, Any]]:
     """Every fleet-wide decision counter as {outcome, tier, guard, name, value}."""
-    from resilience.counters import read_all
-
     return [{**labels, "value": value} for labels, value in sorted(
         read_all(client), key=lambda item: sorted(item[0].items()))]
 
 
 def tiers_section(app: Celery, counters: Any, depths: Any, active: Any) -> dict[str, Any]:
     """Per tier: depth against its limit (FULL at or over it), active, and refusals by kind."""
-    from jobs.tiers import TIERS
-
-    settings = app.settings
     tiers: dict[str, Any] = {}
     for tier in TIERS:
-        limits = settings.tier(tier)
+        limits = app.settings.tier(tier)
+        read = isinstance(depths, dict) and "unavailable" not in depths
         row: dict[str, Any] = {
             "max_queue_depth": limits.max_queue_depth,
             "rejection_policy": limits.rejection_policy,
             "concurrency": limits.concurrency,
+            "depth": depths[tier] if read else None,
+            "full": depths[tier] >= limits.max_queue_depth if read else None,
+            "active": (active["per_tier"].get(tier, 0)
+                       if isinstance(active, dict) and "per_tier" in active else None),
         }
-        if isinstance(depths, dict) and "unavailable" not in depths:
-            row["depth"] = depths[tier]
-            row["full"] = depths[tier] >= limits.max_queue_depth
-        else:
-            row["depth"] = None
-            row["full"] = None
-        row["active"] = (active["per_tier"].get(tier, 0)
-                         if isinstance(active, dict) and "per_tier" in active else None)
         for column, outcome in TIER_OUTCOMES.items():
-            if isinstance(counters, list):
-                row[column] = sum(c["value"] for c in counters
-                                  if c.get("tier") == tier and c.get("outcome") == outcome)
-            else:
-                row[column] = None
+            row[column] = (sum(c["value"] for c in counters if c.get("tier") == tier
+                               and c.get("outcome") == outcome)
+                           if isinstance(counters, list) else None)
         if isinstance(counters, list):
             by_guard: dict[str, dict[str, int]] = {}
             for c in counters:
@@ -464,223 +386,65 @@ def tiers_section(app: Celery, counters: Any, depths: Any, active: Any) -> dict[
     return tiers
 
 
-def _rounded(value: float | None, digits: int) -> float | None:
-    return None if value is None else round(value, digits)
+def _tier_depth(row: dict[str, Any]) -> str:
+    return marked(f"{number(row['depth'])} FULL", "bold red", True) if row["full"] else number(
+        row["depth"])
 
 
-def declared_switches(app: Celery) -> list[tuple[str, str]]:
-    """The pause switches a job of `app` can hit: one per tier, one per registered task."""
-    from jobs.tiers import TIERS
+TIERS_VIEW = View(
+    name="tiers", title="tiers", store="",
+    read=lambda source: tiers_section(source.app, source.counters, source.cache["queue_depth"],
+                                      source.cache["active"]),
+    rows=lambda section: [{"tier": tier, **row} for tier, row in section.items()],
+    columns=(Column(header="tier", key="tier"), Column(header="depth", text=_tier_depth,
+                                                       justify="right"),
+             Column(header="max", key="max_queue_depth", justify="right"),
+             Column(header="active", key="active", justify="right"),
+             *(Column(header=column.replace("_", "-"), key=column, justify="right")
+               for column in TIER_OUTCOMES)),
+    metrics=(
+        Family(name="jobs_queue_depth", help="Messages waiting in the tier queue",
+               labels=("tier",), samples=lambda section, _: (
+                   ([tier], row["depth"]) for tier, row in section.items()
+                   if row["depth"] is not None)),
+        Family(name="jobs_queue_max_depth", help="The tier's bulkhead limit", labels=("tier",),
+               samples=lambda section, _: (([tier], row["max_queue_depth"])
+                                           for tier, row in section.items())),
+    ),
+)
 
-    tasks = [name for name, task in app.tasks.items()
-             if not name.startswith("celery.") and hasattr(task, "pipelines")]
-    return [("tier", tier) for tier in TIERS] + [("task", name) for name in sorted(tasks)]
-
-
-def paused_section(app: Celery) -> list[dict[str, Any]]:
-    """Declared pause switches that are on (one MGET over `declared_switches`), as `jobs
-    paused` lists them: what is paused, why, and since when."""
-    from jobs.platform import pause_backend
-
-    now = time.time()
-    switches = sorted(pause_backend(app).paused(declared_switches(app)),
-                      key=lambda switch: (switch.scope, switch.name))
-    return [
-        {"scope": switch.scope, "name": switch.name, "reason": switch.reason,
-         "since": dt.datetime.fromtimestamp(switch.since_epoch_seconds, dt.UTC)
-         .isoformat(timespec="seconds"),
-         "paused_seconds": round(max(0.0, now - switch.since_epoch_seconds), 1)}
-        for switch in switches
-    ]
-
-
-def cancellations_section(app: Celery) -> list[dict[str, Any]]:
-    """Live cancellations, newest first (`Cancellations.describe`: one statement), at most
-    `CANCELLATIONS_SHOWN` (`jobs cancellations list` shows them all)."""
-    from jobs.platform import cancellations
-
-    return [
-        {"target": entry.target, "task_name": entry.task_name, "task_id": entry.task_id,
-         "key": entry.key, "reason": entry.reason,
-         "created_at": entry.created_at.isoformat(timespec="seconds"),
-         "expires_at": entry.expires_at.isoformat(timespec="seconds")}
-        for entry in cancellations(app).describe(limit=CANCELLATIONS_SHOWN)
-    ]
+#: Every section, in the order views show them: the registry the status screen, metrics,
+#: page and JSON API render. A guard adds its view here and nowhere else.
+VIEWS: tuple[View, ...] = (
+    TIERS_VIEW, pause_view.VIEW, cancel_view.VIEW, circuit_view.VIEW, retry_view.VIEW,
+    ratelimit_view.VIEW, locks_view.LOCKS, idempotency_view.VIEW, outbox_view.VIEW,
+    batches_view.VIEW, locks_view.BEAT_LEADER_VIEW,
+)
+#: Section names in the order views show them.
+SECTIONS = tuple(view.name for view in VIEWS)
 
 
-def batches_section(app: Celery) -> list[dict[str, Any]]:
-    """The newest batches, newest first: members per final state and whether they are
-    complete (`resilience.batches.recent`: one statement)."""
-    from resilience.batches import recent
-    from resilience.stores import stores_for
+def unreachable_snapshot(stores: dict[str, StoreStatus]) -> dict[str, Any]:
+    """The snapshot when no store can serve: the same keys, every section saying why.
 
-    return [
-        {"id": summary.id, "description": summary.description, "total": summary.total,
-         "pending": summary.pending,
-         "tallies": {state: count for state, count in summary.tallies.items() if count},
-         "created_at": summary.created_at.isoformat(timespec="seconds"),
-         "completed_at": (summary.completed_at.isoformat(timespec="seconds")
-                          if summary.completed_at else None)}
-        for summary in recent(stores_for(app), limit=BATCHES_SHOWN)
-    ]
-
-
-def breakers_section(app: Celery, client: redis.Redis) -> list[dict[str, Any]]:
-    """Every breaker configured on a registered task: state and failure rate.
-
-    Read by the circuit package (`RedisBreakerBackend.describe` of the declared names: one
-    pipeline, no SCAN; `jobs breakers list` also shows undeclared ones).
+    Built without the Celery app (nothing could be read), so it costs nothing.
     """
-    from resilience.circuit.backends.redis import RedisBreakerBackend
-
-    configs = {guard.config.name: guard.config for _, guard in _guards_of(app, "breaker")}
-    states = RedisBreakerBackend(lambda: client).describe(configs)
-    return [
-        {
-            "name": state.name,
-            "state": state.state,
-            "open": state.open,
-            "calls": state.calls,
-            "failures": state.failures,
-            "slow_calls": state.slow_calls,
-            "failure_rate": round(state.failure_rate, 4),
-            "failure_rate_threshold": getattr(
-                configs.get(state.name), "failure_rate_threshold", None
-            ),
-            "times_opened": state.times_opened,
-            "seconds_in_state": _rounded(state.seconds_in_state, 1),
-            "retry_in_seconds": _rounded(state.retry_in_seconds, 1),
-        }
-        for state in states
-    ]
+    started = time.perf_counter()
+    errors = {name: stores[store].summary for name, store in (
+        ("counters", "redis"), ("queue_depth", "broker"), ("active", "broker"),
+        *((view.name, view.store or "broker") for view in VIEWS))}
+    snapshot: dict[str, Any] = {
+        "taken_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        **_store_keys(stores),
+        **{name: unavailable(errors[name]) for name in SECTIONS},
+        "counters": unavailable(errors["counters"]),
+        "workers": None,
+        "errors": errors,
+    }
+    snapshot["collect_seconds"] = round(time.perf_counter() - started, 3)
+    return snapshot
 
 
-def budgets_section(app: Celery, client: redis.Redis) -> list[dict[str, Any]]:
-    """Retry budgets: requests and retries in the window, and the share of the budget used.
-
-    Read by the retry package (`RedisBudgetBackend.describe` of the budgets the registered
-    tasks configure: one pipeline, no SCAN).
-    """
-    from resilience.retry.budget import RedisBudgetBackend
-
-    configs: dict[str, Any] = {}
-    for task, guard in _guards_of(app, "retry"):
-        budget = getattr(getattr(guard, "policy", None), "budget", None)
-        if budget is not None:
-            configs[guard.policy.dependency or task.name] = budget
-    states = RedisBudgetBackend(lambda: client).describe(configs)
-    return [
-        {
-            "dependency": state.dependency,
-            "requests": state.requests,
-            "retries": state.retries,
-            "retries_allowed": round(state.retries_allowed, 2),
-            "used": round(state.used, 4),
-            "ratio": state.ratio,
-            "window_seconds": state.window_seconds,
-            "configured": state.dependency in configs,
-        }
-        for state in states
-    ]
-
-
-def limits_section(app: Celery, client: redis.Redis, counters: Any) -> dict[str, Any]:
-    """Rate and concurrency limits: configuration, slots in use, and deferrals so far.
-
-    Slots in use are read for the declared names only (no SCAN): a concurrency limit keyed
-    per argument has one semaphore per key, which only a SCAN could enumerate, so its
-    `in_use` is None here (`jobs limits` lists every key).
-    """
-    deferred: dict[tuple[str, str], int] = {}
-    if isinstance(counters, list):
-        for c in counters:
-            if c.get("guard") in ("concurrency", "rate-limit"):
-                key = (c["guard"], c.get("name") or "")
-                deferred[key] = deferred.get(key, 0) + (
-                    c["value"] if c["outcome"] == "DEFERRED" else 0)
-    from resilience.ratelimit import LEASE, RedisBackend
-
-    backend = RedisBackend(client)
-    concurrency, rates, seen = [], [], set()
-    for task, guard in configured_guards(app):
-        config = getattr(guard, "config", None)
-        kind = getattr(guard, "name", None)
-        if kind not in ("concurrency", "rate-limit") or (kind, config.name) in seen:
-            continue
-        seen.add((kind, config.name))
-        if kind == "concurrency":
-            keyed = getattr(guard, "keys", None) is not None
-            # One pipeline (server TIME + the lease set), decoded by the limiter's backend:
-            # live leases are in use, a lapsed one is free again.
-            used = (None if keyed else
-                    sum(state.used for state in backend.describe(LEASE, key=config.name)))
-            concurrency.append({"name": config.name, "limit": config.limit, "in_use": used,
-                                "keyed": keyed,
-                                "deferred": deferred.get((kind, config.name), 0),
-                                "task": task.name})
-        else:
-            rates.append({"name": config.name, "rate": str(getattr(config, "rate", "")),
-                          "algorithm": getattr(config, "algorithm", ""),
-                          "deferred": deferred.get((kind, config.name), 0),
-                          "task": task.name})
-    return {"concurrency": concurrency, "rate": rates}
-
-
-def held_locks(app: Celery) -> list[dict[str, Any]]:
-    """Every lock held now (and the beat leader): `resilience.locks.describe`.
-
-    Each registry row is checked against the real lock (the advisory lock in `pg_locks`, the
-    owner on the Redlock nodes): a row a dead holder left behind is marked `stale`.
-    """
-    from resilience.locks import describe
-    from resilience.stores import stores_for
-
-    stores = stores_for(app)
-    return [
-        {"key": holder.key, "kind": holder.kind, "holder": holder.owner or "-",
-         "held_seconds": round(holder.held_seconds or 0.0, 1), "token": holder.token,
-         "stale": not holder.alive}
-        for holder in describe(stores, stores.redlock_urls)
-    ]
-
-
-def locks_section(held: Any) -> dict[str, Any]:
-    """Locks held now (singleton and exclusive), oldest first; the beat leader apart."""
-    if not isinstance(held, list):
-        return held
-    locks = [lock for lock in held if lock["kind"] != "beat-leader"]
-    return {"count": sum(1 for lock in locks if not lock["stale"]), "held": locks}
-
-
-def idempotency_section(app: Celery) -> dict[str, Any]:
-    """Idempotency records by state and the oldest open claims' holders
-    (`resilience.idempotency.describe`: two statements; the cache is not scanned)."""
-    from resilience.idempotency import describe
-    from resilience.stores import stores_for
-
-    return describe(stores_for(app), holders_limit=20, cache_size=False).as_dict()
-
-
-def outbox_section(app: Celery) -> dict[str, Any]:
-    """Outbox rows pending (due, scheduled), the relay's lag, published in the last minute
-    (`resilience.outbox.describe`: one statement)."""
-    from resilience.outbox import describe
-    from resilience.stores import stores_for
-
-    return describe(stores_for(app)).as_dict()
-
-
-def beat_leader_section(held: Any) -> dict[str, Any]:
-    """The beat process holding the leader lock (None when no beat leads)."""
-    if not isinstance(held, list):
-        return held
-    for lock in held:
-        if lock["kind"] == "beat-leader":
-            return {"leader": lock["holder"], "leading_seconds": lock["held_seconds"]}
-    return {"leader": None}
-
-
-# -- the whole ---------------------------------------------------------------------------
 def collect(app: Celery, *, inspect_timeout_seconds: float = 1.0, active: bool = True,
             stores: dict[str, StoreStatus] | None = None) -> dict[str, Any]:
     """The platform's resilience state; a section that cannot be read says why.
@@ -692,42 +456,29 @@ def collect(app: Celery, *, inspect_timeout_seconds: float = 1.0, active: bool =
         stores: a `probe_stores` result: sections on a store that cannot serve are not
             read (no waiting on timeouts) and say why; None reads every section.
     """
-    from jobs.tiers import TIERS
-    from resilience.stores import stores_for
-
     started = time.perf_counter()
     errors: dict[str, str] = {}
+    source = Source(app=app, tiers=TIERS)
 
-    def client() -> redis.Redis:
-        return stores_for(app).redis()
-
-    def section(name: str, read: Callable[[], Any]) -> Any:
-        store = (stores or {}).get(SECTION_STORES.get(name, ""))
-        if store is not None and not store.ok:
-            errors[name] = store.summary
+    def section(name: str, store: str, read: Callable[[], Any]) -> Any:
+        status = (stores or {}).get(store)
+        if status is not None and not status.ok:
+            errors[name] = status.summary
             return unavailable(errors[name])
         return _section(name, errors, read)
 
-    counters = section("counters", lambda: outcome_counters(client()))
-    depths = section("queue_depth", lambda: queue_depths(app, TIERS))
-    running = (section("active", lambda: active_tasks(app, inspect_timeout_seconds))
-               if active else unavailable("not asked"))
-    held = section("held_locks", lambda: held_locks(app))
+    source.counters = section("counters", "redis", lambda: outcome_counters(source.redis()))
+    source.cache["queue_depth"] = section("queue_depth", "broker",
+                                          lambda: queue_depths(app, TIERS))
+    running = source.cache["active"] = (
+        section("active", "broker", lambda: active_tasks(app, inspect_timeout_seconds))
+        if active else unavailable("not asked"))
     snapshot: dict[str, Any] = {
         "taken_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         **_store_keys(stores),
-        "tiers": section("tiers", lambda: tiers_section(app, counters, depths, running)),
-        "paused": section("paused", lambda: paused_section(app)),
-        "cancellations": section("cancellations", lambda: cancellations_section(app)),
-        "breakers": section("breakers", lambda: breakers_section(app, client())),
-        "budgets": section("budgets", lambda: budgets_section(app, client())),
-        "limits": section("limits", lambda: limits_section(app, client(), counters)),
-        "locks": section("locks", lambda: locks_section(held)),
-        "idempotency": section("idempotency", lambda: idempotency_section(app)),
-        "outbox": section("outbox", lambda: outbox_section(app)),
-        "batches": section("batches", lambda: batches_section(app)),
-        "beat_leader": section("beat_leader", lambda: beat_leader_section(held)),
-        "counters": counters,
+        **{view.name: section(view.name, view.store, partial(view.read, source))
+           for view in VIEWS},
+        "counters": source.counters,
         "workers": running.get("workers") if isinstance(running, dict) else None,
     }
     snapshot["errors"] = errors

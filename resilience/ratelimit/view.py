@@ -1,0 +1,88 @@
+"""The limits' view: rate and concurrency limits the registered tasks configure, slots in
+use and the deferrals counted so far."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from resilience.ratelimit.algorithms import LEASE
+from resilience.ratelimit.backends.redis import RedisBackend
+from resilience.views import Column, Family, Row, Source, View, counted, number
+
+#: The `guard` labels of the limits' counters.
+GUARDS = ("concurrency", "rate-limit")
+
+
+def read(source: Source) -> dict[str, Any]:
+    """Configuration, slots in use and deferrals of every declared limit.
+
+    Slots in use are read for the declared names only (no SCAN): a concurrency limit keyed
+    per argument has one semaphore per key, which only a SCAN could enumerate, so its
+    `in_use` is None here (`jobs limits` lists every key).
+    """
+    deferred: dict[tuple[str, str], int] = {}
+    for c in source.counted(GUARDS):
+        key = (c["guard"], c.get("name") or "")
+        deferred[key] = deferred.get(key, 0) + (c["value"] if c["outcome"] == "DEFERRED" else 0)
+    backend = RedisBackend(source.redis())
+    concurrency, rates, seen = [], [], set()
+    for task, guard in source.guards_named(*GUARDS):
+        config, kind = guard.config, guard.name
+        if (kind, config.name) in seen:
+            continue
+        seen.add((kind, config.name))
+        row = {"name": config.name, "deferred": deferred.get((kind, config.name), 0),
+               "task": task.name}
+        if kind == "concurrency":
+            keyed = getattr(guard, "keys", None) is not None
+            # One pipeline (server TIME + the lease set): live leases are in use, a lapsed
+            # one is free again.
+            used = (None if keyed else
+                    sum(state.used for state in backend.describe(LEASE, key=config.name)))
+            concurrency.append({**row, "limit": config.limit, "in_use": used, "keyed": keyed})
+        else:
+            rates.append({**row, "rate": str(getattr(config, "rate", "")),
+                          "algorithm": getattr(config, "algorithm", "")})
+    return {"concurrency": concurrency, "rate": rates}
+
+
+def rows(section: dict[str, Any]) -> list[Row]:
+    """One table row per limit, concurrency first."""
+    return ([{"kind": "concurrency", "name": row["name"], "configured": number(row["limit"]),
+              "in_use": "per key (jobs limits)" if row.get("keyed") else number(row["in_use"]),
+              "deferred": row["deferred"]} for row in section["concurrency"]]
+            + [{"kind": f"rate ({row['algorithm']})", "name": row["name"],
+                "configured": row["rate"], "in_use": "", "deferred": row["deferred"]}
+               for row in section["rate"]])
+
+
+VIEW = View(
+    name="limits", title="limits", store="redis", read=read, rows=rows,
+    columns=(
+        Column(header="kind", key="kind"),
+        Column(header="limit", key="name"),
+        Column(header="configured", key="configured"),
+        Column(header="in use", key="in_use"),
+        Column(header="deferred", key="deferred"),
+    ),
+    metrics=(
+        Family(name="jobs_limit_decisions",
+               help="Rate/concurrency limit decisions that stopped or passed a call",
+               kind="counter", labels=("kind", "limit", "outcome"),
+               needs_section=False,
+               samples=lambda _, snapshot: (
+                   ([c["guard"], c.get("name", ""), c["outcome"]], c["value"])
+                   for c in counted(snapshot["counters"], GUARDS))),
+        # None in use: keyed per argument, not enumerated.
+        Family(name="jobs_concurrency_in_use", help="Concurrency slots held now",
+               labels=("limit",),
+               samples=lambda section, _: (([row["name"]], row["in_use"])
+                                           for row in section["concurrency"]
+                                           if row["in_use"] is not None)),
+        Family(name="jobs_concurrency_limit", help="Concurrency slots configured",
+               labels=("limit",),
+               samples=lambda section, _: (([row["name"]], row["limit"])
+                                           for row in section["concurrency"]
+                                           if row["limit"] is not None)),
+    ),
+)

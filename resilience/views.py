@@ -1,0 +1,167 @@
+"""Typed views of the guards' live state: what a status screen, a metrics scrape, a page or
+a CLI renders, declared once by each package.
+
+A `View` names a section (`breakers`), says which store it reads, how to read its rows
+(`read(source)`: JSON-able, the `/api/resilience` document's section), how a table shows
+them (`columns`), which metric families they export (`metrics`) and which operator actions
+act on them (`actions`). Renderers (the platform's `jobs status`, `/metrics`, page and CLI)
+walk a list of views and know no guard: adding a guard adds its view to that list.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Literal
+
+from resilience.redact import redact
+from resilience.stores import Stores, stores_for
+
+if TYPE_CHECKING:
+    import redis
+    from celery import Celery
+
+logger = logging.getLogger("resilience.views")
+
+Row = dict[str, Any]
+
+
+def missing(section: Any) -> str | None:
+    """Why `section` could not be read (its `unavailable` reason), or None when it was."""
+    if isinstance(section, dict) and "unavailable" in section:
+        return str(section["unavailable"])
+    return None
+
+
+def counted(counters: Any, guards: Iterable[str]) -> list[Row]:
+    """The outcome counters of `guards` (none when the counters could not be read)."""
+    wanted = set(guards)
+    return ([c for c in counters if c.get("guard") in wanted]
+            if isinstance(counters, list) else [])
+
+
+def number(value: Any) -> str:
+    """A cell for a count that may be unknown (`?`)."""
+    return "?" if value is None else str(value)
+
+
+def seconds(value: Any, suffix: str = "s") -> str:
+    """A cell for a duration that may be absent (empty)."""
+    return "" if value is None else f"{value}{suffix}"
+
+
+def marked(text: str, style: str, when: bool) -> str:
+    """`text` in rich markup `style` when `when` (an open breaker, a full tier)."""
+    return f"[{style}]{text}[/{style}]" if when else text
+
+
+@dataclass(frozen=True, kw_only=True)
+class Column:
+    """One column of a view's table: its header and how a row reads in it."""
+
+    header: str
+    #: The cell text of a row (rich markup allowed); by default `number(row[key])`.
+    text: Callable[[Row], str] | None = None
+    key: str = ""
+    justify: Literal["left", "right"] = "left"
+
+    def cell(self, row: Row) -> str:
+        """The text of `row` in this column."""
+        return self.text(row) if self.text else number(row.get(self.key or self.header))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Family:
+    """A Prometheus metric family a view exports, with its samples read from the section."""
+
+    name: str
+    help: str
+    kind: Literal["gauge", "counter"] = "gauge"
+    labels: tuple[str, ...] = ()
+    #: (label values, value) pairs from the section and the whole snapshot.
+    samples: Callable[[Any, dict[str, Any]], Iterable[tuple[Sequence[str], float]]]
+    #: False: read from the snapshot's counters alone, exported even when the section is not.
+    needs_section: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class Action:
+    """An operator action on a view's state: its CLI verb, page POST action and call."""
+
+    name: str
+    verb: str  #: `jobs <view> <verb>`
+    web: str | None = None  #: `/resilience/actions/<web>`, None when CLI only
+    call: Callable[..., Any]
+
+
+@dataclass(kw_only=True)
+class Source:
+    """What a view reads from: the app, its stores, its tiers, the fleet's counters."""
+
+    app: Celery
+    tiers: Sequence[str] = ()
+    #: Every outcome counter as {outcome, tier, guard, name, value}, or an unavailable dict.
+    counters: Any = None
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def stores(self) -> Stores:
+        """The app's stores."""
+        return stores_for(self.app)
+
+    def redis(self) -> redis.Redis:
+        """The shared guard-state Redis client."""
+        return self.stores.redis()
+
+    def counted(self, guards: Iterable[str]) -> list[Row]:
+        """The counters of `guards` (none when the counters could not be read)."""
+        return counted(self.counters, guards)
+
+    @cached_property
+    def guards(self) -> list[tuple[Any, Any]]:
+        """(task, guard) for every execution guard of every registered guarded task."""
+        found = []
+        for name, task in sorted(self.app.tasks.items()):
+            if name.startswith("celery.") or not hasattr(task, "pipelines"):
+                continue
+            try:
+                execution, _ = task.pipelines()
+            except Exception as exc:  # noqa: BLE001 - a broken task must not hide the view
+                logger.warning("guards of %s unreadable: %s", name, redact(str(exc)))
+                continue
+            found.extend((task, guard) for guard in execution.guards)
+        return found
+
+    def guards_named(self, *names: str) -> list[tuple[Any, Any]]:
+        """(task, guard) for the configured guards called one of `names`."""
+        return [(task, guard) for task, guard in self.guards
+                if getattr(guard, "name", None) in names]
+
+
+@dataclass(frozen=True, kw_only=True)
+class View:
+    """One section of the platform's state, declared by the package that owns it."""
+
+    name: str  #: the section's key in the snapshot (`breakers`)
+    title: str  #: the table's title (`circuit breakers`)
+    store: str  #: the store it reads: `redis`, `database` or `broker`
+    read: Callable[[Source], Any]
+    columns: tuple[Column, ...] | Callable[[Any], tuple[Column, ...]] = ()
+    #: The table's rows from the section (by default the section itself, a list).
+    rows: Callable[[Any], list[Row]] = list
+    #: The count shown after the title (`paused (2)`), None for none.
+    count: Callable[[Any], int] | None = None
+    metrics: tuple[Family, ...] = ()
+    actions: tuple[Action, ...] = ()
+
+    def columns_of(self, section: Any) -> tuple[Column, ...]:
+        """The columns for `section` (a view may derive them from the data)."""
+        return self.columns(section) if callable(self.columns) else self.columns
+
+    def title_of(self, section: Any) -> str:
+        """The title, with the row count when the view counts."""
+        if self.count is None or missing(section):
+            return self.title
+        return f"{self.title} ({self.count(section)})"
