@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from resilience.errors import ConfigurationError
+from resilience.redact import redact
 
 __all__ = ["app", "batch"]
 
@@ -21,6 +22,7 @@ def __getattr__(name: str) -> Any:
     if name == "app":
         if _app is None:
             try:
+                # lazy: the app is built on first access, never when a helper module is imported
                 from jobs.platform import create_app
 
                 _app = create_app()
@@ -33,6 +35,7 @@ def __getattr__(name: str) -> Any:
                 raise RuntimeError(f"building the Celery app failed: {exc!r}") from exc
         return _app
     if name == "batch":  # `jobs.batch([...], on_success=...)` (resilience.batches)
+        # lazy: `import jobs` stays light for the CLI and helper modules
         from resilience.batches import batch
 
         return batch
@@ -51,8 +54,6 @@ def _exit_if_celery_command(exc: ConfigurationError) -> None:
     celery_command = getattr(sys.modules.get("celery.bin.celery"), "celery", None)
     if context is None or context.find_root().command is not celery_command:
         return
-    from resilience.redact import redact
-
     problems = [str(line).strip() for line in getattr(exc, "problems", None) or []]
     message = ("invalid platform configuration: " + "; ".join(problems)) if problems else str(exc)
     print(f"jobs: {redact(' '.join(message.split()))}", file=sys.stderr)

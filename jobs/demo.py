@@ -27,8 +27,26 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from sqlalchemy import func, select, text
 
-from resilience.errors import ResilienceError
+from jobs.embedded import port_in_use
+from jobs.examples import (
+    PAYMENTS_VENDOR,
+    WARM_CACHE_DEADLINE_SECONDS,
+    build_daily_report,
+    charge_payment,
+    settle_account,
+    warm_cache,
+)
+from jobs.models import LedgerEntry
+from jobs.vendor import VendorControl, VendorError, start_in_thread
+from resilience import outcome_of
+from resilience.circuit import BreakerConfig, CircuitBreaker, RedisBreakerBackend
+from resilience.counters import read_all
+from resilience.deadletter.place import list_entries
+from resilience.errors import ResilienceError, StaleFencingToken
+from resilience.locks import FencingTokens
+from resilience.stores import stores_for
 
 ACCOUNTS = [f"acct-{n:03d}" for n in range(20)]
 
@@ -86,8 +104,6 @@ class Story:
     # -- the story -------------------------------------------------------------------------
     def run(self) -> bool:
         """Tell the five phases and the summary; True when every order was charged once."""
-        from resilience.counters import read_all
-
         settings = self.app.settings
         self.flower = f"http://{settings.flower_address}:{settings.flower_port}"
         if not self.app.control.ping(timeout=5, limit=1):
@@ -108,8 +124,6 @@ class Story:
         return self.summary()
 
     def duplicates(self) -> None:
-        from jobs.examples import charge_payment
-
         self._title(1, "a duplicated order is charged once")
         sends: list[Sent] = []
         for n in range(4):
@@ -124,8 +138,6 @@ class Story:
             f"{len(replayed)} REPLAYED with the first result"
         )
         if replayed:
-            from resilience import outcome_of
-
             decision = outcome_of(replayed[0].result)
             details = decision.details if decision is not None else {}
             self.console.print(
@@ -139,8 +151,6 @@ class Story:
         )
 
     def breaker(self) -> None:
-        from jobs.examples import PAYMENTS_VENDOR, charge_payment
-
         self._title(2, "the vendor fails: breaker open, jobs deferred, recovery")
         vendor = self._vendor()
         vendor.set_mode("fail")
@@ -186,12 +196,6 @@ class Story:
         )
 
     def singleton(self) -> None:
-        from sqlalchemy import text
-
-        from jobs.examples import build_daily_report, settle_account
-        from resilience.errors import StaleFencingToken
-        from resilience.locks import FencingTokens
-
         self._title(3, "a report triggered twice builds once; a stale holder is fenced off")
         day = dt.datetime.now(dt.timezone.utc).date().isoformat()
         reports = [self._send(build_daily_report, day=day) for _ in range(2)]
@@ -225,8 +229,6 @@ class Story:
         )
 
     def flood(self) -> None:
-        from jobs.examples import WARM_CACHE_DEADLINE_SECONDS, charge_payment, warm_cache
-
         count = self.options.flood
         self._title(4, f"a flood of {count * 2} optional warm-ups is shed; critical holds")
         quiet = [self._finish([self._charge(charge_payment, self._order(f"qt{n}"))])[0]
@@ -268,9 +270,6 @@ class Story:
         )
 
     def poison(self) -> None:
-        from jobs.examples import charge_payment
-        from resilience.deadletter.place import list_entries
-
         self._title(5, "a job that can never succeed is dead-lettered, not retried")
         order = self._order("poison")
         self.poison_orders.add(order)
@@ -288,11 +287,6 @@ class Story:
 
     def summary(self) -> bool:
         """Print the one-screen summary; True when every order has exactly one ledger row."""
-        from sqlalchemy import func, select
-
-        from jobs.models import LedgerEntry
-        from resilience.counters import read_all
-
         charged = set(self.orders) - self.poison_orders
         with self._engine().connect() as connection:
             rows = dict(connection.execute(
@@ -374,24 +368,15 @@ class Story:
 
     # -- what the demo reads ---------------------------------------------------------------
     def _redis(self) -> Any:
-        from resilience.stores import stores_for
-
         return stores_for(self.app).redis()
 
     def _engine(self) -> Any:
-        from resilience.stores import stores_for
-
         return stores_for(self.app).engine()
 
     def _vendor(self) -> Any:
-        from jobs.vendor import VendorControl
-
         return VendorControl(self.app.settings.effective_vendor_url)
 
     def _breaker(self) -> Any:
-        from jobs.examples import PAYMENTS_VENDOR
-        from resilience.circuit import BreakerConfig, CircuitBreaker, RedisBreakerBackend
-
         return CircuitBreaker(BreakerConfig(name=PAYMENTS_VENDOR),
                               RedisBreakerBackend.of_app(self.app))
 
@@ -399,8 +384,6 @@ class Story:
         return self._breaker().describe()
 
     def _counter(self, guard: str, outcome: str) -> int:
-        from resilience.counters import read_all
-
         return _by_guard(read_all(self._redis())).get((guard, outcome), 0)
 
     def _counter_before(self, guard: str, outcome: str) -> int:
@@ -427,8 +410,6 @@ def run_story(app: Any, *, options: DemoOptions, console: Console) -> bool:
     Raises:
         DemoError: the vendor or a worker tier is missing, or a phase timed out.
     """
-    from jobs.vendor import VendorError
-
     try:
         return Story(app, console, options).run()
     except VendorError as exc:
@@ -438,8 +419,6 @@ def run_story(app: Any, *, options: DemoOptions, console: Console) -> bool:
 def _outcome(result: Any) -> str:
     """What happened to one finished job: a guard's outcome (from the result's metadata, as
     a replay answers the first call's value), SUCCEEDED or FAILED."""
-    from resilience import outcome_of
-
     if result.state == "FAILURE":
         return "DEAD-LETTERED" if "DEAD-LETTERED" in str(result.result) else "FAILED"
     decision = outcome_of(result)
@@ -474,8 +453,6 @@ def _by_guard(counters: list[tuple[dict[str, str], int]]) -> dict[tuple[str, str
 
 def run_steady(*, rate: float, seconds: float, console: Console) -> None:
     """Enqueue about `rate` jobs per second (70% critical, 20% standard, 10% optional)."""
-    from jobs.examples import build_daily_report, charge_payment, warm_cache
-
     interval = 1.0 / max(rate, 0.1)
     started = time.monotonic()
     counts = {"critical": 0, "standard": 0, "optional": 0, "refused": 0}
@@ -521,9 +498,6 @@ def ensure_vendor(settings: Any, console: Console) -> Any:
         DemoError: no vendor answers at `JOBS_VENDOR_URL`, or the simulated vendor's port
             is taken by something that is not a vendor.
     """
-    from jobs.embedded import port_in_use
-    from jobs.vendor import VendorControl, start_in_thread
-
     control = VendorControl(settings.effective_vendor_url, timeout_seconds=2.0)
     if control.answers():
         return None

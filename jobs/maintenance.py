@@ -10,6 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from jobs import app
+from jobs.platform import cancellations
+from jobs.settings import get_settings
+from resilience.deadletter.replay import AutoReplay, ReplayConfig
 from resilience.idempotency.cleanup import CleanupConfig, reap_abandoned, run_cleanup
 from resilience.locks.guards import singleton
 from resilience.stores import stores_for
@@ -25,8 +28,6 @@ def cleanup_idempotency(
 ) -> dict[str, Any]:
     """Delete expired, finished idempotency records until none is left or the time budget
     is spent (kept under half the standard tier's soft time limit); reports rows/s."""
-    from jobs.settings import get_settings
-
     budget = min(time_budget_seconds, get_settings().standard.soft_time_limit_seconds / 2)
     policy = CleanupConfig(
         batch_size=batch_size, pause_seconds=pause_seconds, max_batches=max_batches,
@@ -54,8 +55,6 @@ def reap_idempotency_claims(
 def restore_cancellations() -> dict[str, Any]:
     """Write the Redis copy of every live cancellation again from PostgreSQL (a flushed or
     failed-over Redis forgets them) and drop expired ones."""
-    from jobs.platform import cancellations
-
     return {"restored": cancellations(app).restore()}
 
 
@@ -74,9 +73,6 @@ def replay_dead_letters(
     Off unless `closed_for_seconds` is given here (the beat entry's kwargs) or by the
     platform settings (`JOBS_DEAD_LETTER_REPLAY_CLOSED_SECONDS`).
     """
-    from jobs.settings import get_settings
-    from resilience.deadletter.replay import AutoReplay, ReplayConfig
-
     settings = get_settings()
     closed = (closed_for_seconds if closed_for_seconds is not None
               else settings.dead_letter_replay_closed_seconds)

@@ -5,6 +5,9 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
+from resilience.pipeline import attached
+from resilience.task import GuardedTask
+
 
 def _value(value: Any) -> Any:
     if isinstance(value, Enum):
@@ -28,9 +31,6 @@ def _options_text(options: dict[str, Any]) -> str:
 
 def unguarded_reason(task: Any) -> str | None:
     """One line saying why `task` runs without guards; None when it is a `GuardedTask`."""
-    from resilience.pipeline import attached
-    from resilience.task import GuardedTask
-
     if isinstance(task, GuardedTask):
         return None
     guards = sorted({guard.name for guard in attached(getattr(task, "run", None))})
