@@ -40,8 +40,8 @@ import tomllib
 ROOT = Path(__file__).resolve().parent.parent
 DIVERGENCES = Path(__file__).with_name("divergences.toml")
 #: The files holding the platform's pieces; the report names their state (commit, edits).
-PIECES = ("jobs/broker.py", "jobs/fetch.lua", "resilience/publish.py", "resilience/task.py",
-          "resilience/deadletter/intake.py")
+PIECES = ("jobs/broker.py", "jobs/fetch.lua", "resilience/admission/broker.py",
+          "resilience/task.py", "resilience/deadletter/intake.py")
 MODES = ("stock", "platform")
 #: What a test's records fold into, worst first (subtests report under their test's id).
 PRECEDENCE = ("error", "failed", "xpassed", "passed", "xfailed", "skipped")

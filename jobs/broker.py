@@ -49,9 +49,9 @@ crashing the consumer. Consumers that never acknowledge (Celery's control replie
 channels with a `global_keyprefix` keep kombu's BRPOP.
 
 **Guarded publish.** A message whose headers carry the enqueue guards' requests (the tier's
-bound, a unique key: `resilience.publish`) is pushed by one script that checks them first, so
-a guarded `.delay()` is one round trip, as a plain one is, and both checks are exact. What is
-stored is a copy without those headers; the caller's message is never changed, so a publish
+bound, a unique key: `resilience.admission.broker`) is pushed by one script that checks them
+first, so a guarded `.delay()` is one round trip, as a plain one is, and both checks are exact.
+What is stored is a copy without those headers; the caller's message is never changed, so a publish
 kombu retries after a connection error (`publish(retry=True)`, Celery's default) runs the
 checks again on every attempt.
 
@@ -83,8 +83,8 @@ from kombu.utils.json import dumps, loads
 from kombu.utils.uuid import uuid
 from redis.exceptions import NoScriptError
 
+from resilience.admission.broker import guard_requests, push
 from resilience.errors import ConfigurationError
-from resilience.publish import guard_requests, push
 from resilience.scripts import LuaScript
 
 logger = logging.getLogger("jobs.broker")
@@ -419,8 +419,9 @@ class Channel(kombu_redis.Channel):
 
     # -- publish -----------------------------------------------------------------------
     def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
-        """Publish; a message carrying the enqueue guards' headers (`resilience.publish`) is
-        pushed by one script that checks its unique key and its queue's bound first.
+        """Publish; a message carrying the enqueue guards' headers
+        (`resilience.admission.broker`) is pushed by one script that checks its unique key and
+        its queue's bound first.
 
         The caller's message is left as it was (a copy without the guards' headers is
         stored), so a publish kombu retries carries the checks again.
@@ -436,7 +437,7 @@ class Channel(kombu_redis.Channel):
             raise ConfigurationError(
                 "guarded publish (x-resilience-* headers) is not supported with the broker "
                 f"option global_keyprefix={self.global_keyprefix!r}; the enqueue guards "
-                "check on their own there (resilience.publish.guarded_publish)")
+                "check on their own there (resilience.admission.broker.guarded_publish)")
         batch = kwargs.get("_publish_batch")
         if batch is not None:
             # The checks answer now, so the message cannot wait in the batch; what the
@@ -465,7 +466,7 @@ class Transport(kombu_redis.Transport):
     """kombu's Redis transport with `Channel` and `Poller` above; everything else unchanged."""
 
     Channel = Channel
-    #: `_put` runs the enqueue guards' checks in the push (`resilience.publish`).
+    #: `_put` runs the enqueue guards' checks in the push (`resilience.admission.broker`).
     guarded_publish = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -14,7 +14,7 @@ from jobs.tiers import DEFAULT_TIER, TIERS, validate_tier
 from resilience.app import init_app
 from resilience.batches import batch_guards
 from resilience.batches.signals import connect as connect_batch_signals
-from resilience.bulkhead import AdmissionGuard, BulkheadConfig, depth_backend_for
+from resilience.admission import AdmissionGuard, BulkheadConfig, depth_backend_for
 from resilience.cancel import CancelConfig, CancelGuard, Cancellations, RedisCancelBackend
 from resilience.deadletter.poison import PoisonConfig, PoisonGuard
 from resilience.deadline import DeadlineConfig, DeadlineGuard, DeadlineStampGuard
@@ -228,7 +228,7 @@ def restore_sweep(visibility_timeout_seconds: float) -> dict[str, int]:
 def queue_arguments(settings: Settings, tier: str) -> dict[str, Any] | None:
     """The tier queue's declare arguments: on RabbitMQ, `x-max-length` at the tier's depth
     limit with `reject-publish`, so the broker refuses (nacks) the publish that would pass
-    it and the bulkhead's bound is exact (`resilience.bulkhead.backends.broker`). Redis
+    it and the bulkhead's bound is exact (`resilience.admission.broker`). Redis
     queues take no arguments (the publish script bounds them)."""
     if settings.broker_is_redis:
         return None

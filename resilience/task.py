@@ -1,9 +1,8 @@
 """`GuardedTask`: the Celery task base class that applies the guard pipelines.
 
-Enqueue path (`apply_async`, in the producer): validate arguments (bind to the signature,
-JSON only, size limit), then the enqueue guards (unique, admission), then publish. A
-countdown beyond `resilience_max_countdown_seconds` goes to the outbox instead, and
-`apply_async_in(session, ...)` writes to it in the caller's transaction (resilience.outbox).
+Enqueue path (`apply_async`, `apply_async_in`, in the producer): the enqueue pipeline, from
+argument validation (bind to the signature, JSON only, size limit) through the enqueue guards
+to the route `GuardedTask.enqueue` decides: the broker, or the outbox (resilience.outbox).
 Execution path (`__call__`, in the worker): the execution guards around `run`.
 """
 
@@ -12,6 +11,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
+from functools import partial
 from typing import Any, ClassVar
 
 from celery import Task, states
@@ -23,6 +24,7 @@ from kombu import serialization
 from kombu.exceptions import EncodeError
 from kombu.utils.json import dumps as kombu_json
 
+from resilience.admission import depth_backend_for, queue_of
 from resilience.errors import (
     AdmissionError,
     InvalidTaskArguments,
@@ -32,6 +34,7 @@ from resilience.errors import (
     PayloadTooLarge,
 )
 from resilience.keys import check_binding, signature_of
+from resilience.outbox.enqueue import delay_seconds_of, write
 from resilience.outcomes import (
     OUTCOME_REQUEST_ATTRIBUTE,
     Outcome,
@@ -44,6 +47,7 @@ from resilience.pipeline import (
     Call,
     EnqueueGuard,
     EnqueuePipeline,
+    EnqueueStage,
     Guard,
     Pipeline,
     Publish,
@@ -160,15 +164,6 @@ def serialized_size(args: tuple[Any, ...], kwargs: dict[str, Any],
     return len(payload)
 
 
-def delay_seconds_of_options(options: dict[str, Any]) -> float:
-    """Seconds until a publish with these options is due (0 when it names no delay)."""
-    if options.get("countdown") is None and options.get("eta") is None:
-        return 0.0
-    from resilience.outbox.enqueue import delay_seconds_of
-
-    return max(0.0, delay_seconds_of(options) or 0.0)
-
-
 class GuardedTask(Task):
     """A Celery task whose calls pass through the resilience guards.
 
@@ -203,25 +198,16 @@ class GuardedTask(Task):
             enqueue = [g for g in found if isinstance(g, EnqueueGuard)]
             for guard in (*execution, *enqueue):
                 guard.bind(self)
-            self._pipelines = (Pipeline(execution), EnqueuePipeline(enqueue))
+            self._pipelines = (Pipeline(execution),
+                               EnqueuePipeline(enqueue, validate=self.validate_publish))
         return self._pipelines
 
     # -- enqueue path ------------------------------------------------------------------
-    def apply_async(
-        self,
-        args: Any = None,
-        kwargs: Any = None,
-        task_id: str | None = None,
-        producer: Any = None,
-        link: Any = None,
-        link_error: Any = None,
-        shadow: Any = None,
-        **options: Any,
-    ) -> Any:
-        """Validate, pass the enqueue guards, then publish as Celery does.
-
-        A republish of a message already admitted (Celery's retry, a guard's deferral) carries
-        `retries` in its options and skips the enqueue guards: it is not new work.
+    def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None,
+                    producer: Any = None, link: Any = None, link_error: Any = None,
+                    shadow: Any = None, **options: Any) -> Any:
+        """Celery's `apply_async` through the enqueue pipeline (`enqueue`): validation, the
+        enqueue guards, then the broker (or the outbox, for a long delay).
 
         Raises:
             InvalidTaskArguments: args not a list or tuple, kwargs not a mapping (a
@@ -229,108 +215,9 @@ class GuardedTask(Task):
             ArgumentsDoNotBind, NonJsonArguments, PayloadTooLarge: the arguments cannot be sent.
             AdmissionError: an enqueue guard refused the job (`TierFull`, `DuplicateJob`).
         """
-        args, kwargs = celery_arguments(args, kwargs)
-        if self._dump_pydantic_arguments is not None and dict(
-                self._get_exec_options(), **options).get("serializer") != "pickle":
-            # Celery's own conversion (`pydantic=True`), done here so the checks below see
-            # what is sent; Task.apply_async's pass then finds no model and returns at once.
-            args, kwargs = self._dump_pydantic_arguments(args, kwargs)
-        if self._beyond_max_countdown(options):
-            return self._delay_in_outbox(args, kwargs, task_id, link, link_error, shadow,
-                                         options)
+        options.update(producer=producer, link=link, link_error=link_error, shadow=shadow)
+        return self.enqueue(self.new_publish(args, kwargs, task_id, options))
 
-        def send(publish: Publish) -> Any:
-            given = producer is not None or self.app.conf.task_always_eager
-            with nullcontext(producer) if given else pooled_producer(self.app) as chosen:
-                return Task.apply_async(
-                    self,
-                    publish.args,
-                    publish.kwargs,
-                    # An enqueue guard may fix the id before publishing (unique does).
-                    task_id=publish.state.get("task_id") or task_id,
-                    producer=chosen,
-                    link=link,
-                    link_error=link_error,
-                    shadow=shadow,
-                    **publish.options,
-                )
-
-        publish = Publish(task=self, args=args, kwargs=kwargs, options=options)
-        if self.app.conf.task_always_eager:
-            return send(publish)
-        if options.get("retries") is not None:
-            try:
-                return send(publish)
-            except Exception as exc:
-                if self._broker_refused(exc, publish) is None:
-                    raise
-                # RabbitMQ bounds every publish to a tier queue, republishes too; this job
-                # was admitted once and must not be lost (Celery would reject the message).
-                later = {k: v for k, v in options.items() if k not in ("countdown", "eta")}
-                later["countdown"] = max(delay_seconds_of_options(options),
-                                         REFUSED_REPUBLISH_DELAY_SECONDS)
-                logger.warning("%s[%s]: queue full, republish goes through the outbox in "
-                               "%.0fs", self.name, task_id, later["countdown"])
-                return self._delay_in_outbox(args, kwargs, task_id, link, link_error, shadow,
-                                             later)
-        self.validate_arguments(args, kwargs, serializer=options.get("serializer"))
-        _, enqueue = self.pipelines()
-        if not enqueue.guards:
-            return send(publish)
-        publish.state["task_id"] = task_id
-        try:
-            return enqueue.run(publish, send)
-        except Stop as stop:
-            # An enqueue guard answered instead of publishing (discarded, ran in the caller,
-            # an existing unique job): its answer is the caller's result.
-            if stop.result is not None:
-                return stop.result
-            raise
-        finally:
-            # A refusal's trace event is written before the caller's span can end.
-            flush_decisions()
-
-    def _broker_refused(self, error: BaseException, publish: Publish) -> Exception | None:
-        """`error` as `QueueFull` when the broker refused the publish for a full queue."""
-        from resilience.bulkhead.admission import queue_of
-        from resilience.bulkhead.backends.broker import depth_backend_for
-
-        try:
-            backend = depth_backend_for(self.app)
-        except Exception:  # noqa: BLE001 - no broker backend: not a refusal we know
-            return None
-        return backend.refusal(error, queue_of(publish), 0)
-
-    def _beyond_max_countdown(self, options: dict[str, Any]) -> bool:
-        """A countdown or ETA longer than `app.conf.resilience_max_countdown_seconds`?
-
-        Such a message would sit unacknowledged in a Redis broker past the visibility
-        timeout and be delivered again and again; it goes to the outbox instead.
-        """
-        if options.get("countdown") is None and options.get("eta") is None:
-            return False  # the common case: no settings lookups on the enqueue path
-        limit = self.app.conf.get("resilience_max_countdown_seconds")
-        if not limit or self.app.conf.task_always_eager:
-            return False
-        from resilience.outbox.enqueue import delay_seconds_of
-
-        delay = delay_seconds_of(options)
-        return delay is not None and delay > float(limit)
-
-    def _delay_in_outbox(self, args: tuple[Any, ...], kwargs: dict[str, Any],
-                         task_id: str | None, link: Any, link_error: Any, shadow: Any,
-                         options: dict[str, Any]) -> Any:
-        """Write a long-delayed job to the outbox in a short transaction of its own; the
-        relay publishes it when due. A republish (`retries`) is not validated again."""
-        from resilience.outbox.enqueue import write
-
-        if options.get("retries") is None:
-            self.validate_arguments(args, kwargs)
-            self._validate_keys(args, kwargs, options)
-        extra = {"link": link, "link_error": link_error, "shadow": shadow}
-        return write(self, None, args, kwargs, {**options, **extra}, task_id=task_id)
-
-    # -- transactional enqueue (resilience.outbox) ---------------------------------------
     def apply_async_in(self, session: Any, args: Any = None, kwargs: Any = None,
                        **options: Any) -> Any:
         """`apply_async` inside the caller's transaction: a row in the outbox, published
@@ -351,28 +238,100 @@ class GuardedTask(Task):
                 InvalidKey: as `apply_async`; nothing is written.
             StorageError: the insert failed (the caller's transaction is aborted).
         """
-        from resilience.outbox.enqueue import write
-
-        args, kwargs = celery_arguments(args, kwargs)
-        self.validate_arguments(args, kwargs)
-        self._validate_keys(args, kwargs, options)
-        return write(self, session, args, kwargs, options)
+        publish = self.new_publish(args, kwargs, options.pop("task_id", None), options)
+        return self.enqueue(publish, outbox=True, session=session)
 
     def enqueue_in(self, session: Any, *args: Any, **kwargs: Any) -> Any:
         """`delay` inside the caller's transaction (see `apply_async_in`)."""
         return self.apply_async_in(session, args, kwargs)
 
-    def _validate_keys(self, args: tuple[Any, ...], kwargs: dict[str, Any],
-                       options: dict[str, Any]) -> None:
-        """Run the VALIDATE-stage enqueue guards (they build keys, take nothing), so a bad
-        key fails in the producer, as it does in `apply_async`."""
-        from resilience.pipeline import EnqueueStage
+    def new_publish(self, args: Any, kwargs: Any, task_id: str | None,
+                    options: dict[str, Any]) -> Publish:
+        """The `Publish` of one enqueue, arguments as Celery takes them (`celery_arguments`)
+        and converted as Celery's `pydantic=True` does, so validation sees what is sent."""
+        args, kwargs = celery_arguments(args, kwargs)
+        if self._dump_pydantic_arguments is not None and dict(
+                self._get_exec_options(), **options).get("serializer") != "pickle":
+            # Task.apply_async's own pass then finds no model and returns at once.
+            args, kwargs = self._dump_pydantic_arguments(args, kwargs)
+        return Publish(task=self, args=args, kwargs=kwargs, options=options, task_id=task_id)
 
-        _, enqueue = self.pipelines()
-        publish = Publish(task=self, args=args, kwargs=kwargs, options=dict(options))
-        for guard in enqueue.guards:
-            if guard.stage == EnqueueStage.VALIDATE:
-                guard.before_publish(publish)
+    def enqueue(self, publish: Publish, *, outbox: bool = False, session: Any = None) -> Any:
+        """Run the enqueue pipeline to the route of `publish`, decided here and only here.
+
+        - The outbox, after the VALIDATE stage only (the relay's publish passes the other
+          enqueue guards when the row is due): a transactional enqueue (`outbox`, in the
+          caller's `session`), or a delay beyond `resilience_max_countdown_seconds` (a Redis
+          broker would deliver it again at each visibility timeout).
+        - Else the broker, after every stage. A republish (`retries`: Celery's retry, a
+          guard's deferral) was admitted once and passes none; the broker refusing it for a
+          full queue (RabbitMQ bounds republishes too) sends it to the outbox instead of
+          losing it. Eager mode passes none either: Celery runs the task inline, as it would.
+
+        A guard that answers instead of publishing (a discarded job, a caller-runs result,
+        the existing job of a unique key) gives the caller its answer.
+        """
+        eager = self.app.conf.task_always_eager
+        outbox = outbox or (not eager and self._beyond_max_countdown(publish.options))
+        if outbox:
+            route, through = partial(self._to_outbox, session), EnqueueStage.VALIDATE
+        else:
+            route, through = self._to_broker, EnqueueStage.ROUTE
+        if publish.republish or (eager and not outbox):
+            through = 0
+        try:
+            return self.pipelines()[1].run(publish, route, through)
+        except Stop as stop:
+            if stop.result is not None:
+                return stop.result
+            raise
+        except Exception as exc:
+            if not publish.republish or outbox or self._broker_refused(exc, publish) is None:
+                raise
+            options = {k: v for k, v in publish.options.items() if k not in ("countdown", "eta")}
+            options["countdown"] = max(REFUSED_REPUBLISH_DELAY_SECONDS,
+                                       delay_seconds_of(publish.options) or 0.0)
+            logger.warning("%s[%s]: queue full, republish goes through the outbox in %.0fs",
+                           self.name, publish.task_id, options["countdown"])
+            return self._to_outbox(None, replace(publish, options=options))
+        finally:
+            if through:
+                flush_decisions()  # a refusal's trace event, before the caller's span ends
+
+    def _to_broker(self, publish: Publish) -> Any:
+        """Publish as Celery does, on a producer from the app's pool (`pooled_producer`)."""
+        producer = publish.options.pop("producer", None)
+        given = producer is not None or self.app.conf.task_always_eager
+        with nullcontext(producer) if given else pooled_producer(self.app) as chosen:
+            return Task.apply_async(self, publish.args, publish.kwargs,
+                                    task_id=publish.task_id, producer=chosen, **publish.options)
+
+    def _to_outbox(self, session: Any, publish: Publish) -> Any:
+        """Write the job to the outbox: in `session`'s transaction, or (None) in a short
+        one of its own; the relay publishes it when due."""
+        return write(self, session, publish.args, publish.kwargs, publish.options,
+                     task_id=publish.task_id)
+
+    def _broker_refused(self, error: BaseException, publish: Publish) -> Exception | None:
+        """`error` as `QueueFull` when the broker refused the publish for a full queue."""
+        try:
+            backend = depth_backend_for(self.app)
+        except Exception:  # noqa: BLE001 - no broker backend: not a refusal we know
+            return None
+        return backend.refusal(error, queue_of(publish), 0)
+
+    def _beyond_max_countdown(self, options: dict[str, Any]) -> bool:
+        """A countdown or ETA longer than `app.conf.resilience_max_countdown_seconds`?"""
+        if options.get("countdown") is None and options.get("eta") is None:
+            return False  # the common case: no settings lookups on the enqueue path
+        limit = self.app.conf.get("resilience_max_countdown_seconds")
+        delay = delay_seconds_of(options)
+        return bool(limit) and delay is not None and delay > float(limit)
+
+    def validate_publish(self, publish: Publish) -> None:
+        """The enqueue pipeline's first VALIDATE step (`validate_arguments` on `publish`)."""
+        self.validate_arguments(publish.args, publish.kwargs,
+                                serializer=publish.options.get("serializer"))
 
     def _app_payload_limit(self) -> int:
         """`app.conf.resilience_max_payload_bytes`, read once per task (every `.delay()`

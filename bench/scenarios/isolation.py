@@ -37,7 +37,7 @@ def flood(per_second: float, sleep_seconds: float, niceness: int, flooding: Any,
     import os
 
     from bench.tasks_overload import optional_sleep
-    from resilience.bulkhead import DiscardedResult
+    from resilience.admission import DiscardedResult
 
     os.nice(niceness)
     sent = discarded = 0

@@ -24,7 +24,7 @@ def snapshot() -> dict[str, Any]:
     """Everything `jobs limits show` prints, as plain data."""
     from jobs import app
     from jobs.tiers import TIERS
-    from resilience.bulkhead import RedisBrokerDepth, depth_backend_for
+    from resilience.admission import RedisBrokerDepth, depth_backend_for
     from resilience.counters import read_all
     from resilience.ratelimit import ALGORITHMS, RedisBackend
     from resilience.stores import stores_for

@@ -34,8 +34,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from resilience.bulkhead.backends.broker import RedisBrokerDepth, depth_backend_for
-
+from resilience.admission.broker import RedisBrokerDepth, depth_backend_for
 from resilience.connections import translate_store_error
 from resilience.deadline.guard import finite_seconds
 

@@ -7,10 +7,9 @@
 The breaker lives in a `BreakerBackend`: `RedisBreakerBackend` (the default, fleet-wide)
 or `MemoryBreakerBackend` (one process). `backend.describe(names)` shows the live state.
 With `on_open="refuse"` a task's `.delay()` raises `DependencyUnavailable` while its breaker
-is open (`admission.py`).
+is open (`resilience.admission.breaker`).
 """
 
-from resilience.circuit.admission import BreakerAdmissionGuard
 from resilience.circuit.backends import BreakerBackend, BreakerState, Permission, Verdict
 from resilience.circuit.backends.memory import MemoryBreakerBackend
 from resilience.circuit.backends.redis import RedisBreakerBackend
@@ -20,7 +19,6 @@ from resilience.circuit.guard import BreakerGuard, circuit_breaker
 
 __all__ = [
     "AdmissionConfig",
-    "BreakerAdmissionGuard",
     "BreakerBackend",
     "BreakerConfig",
     "BreakerGuard",

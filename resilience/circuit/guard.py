@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Retry
 
-from resilience.circuit.admission import BreakerAdmissionGuard
+from resilience.admission.breaker import BreakerAdmissionGuard
 from resilience.circuit.backends import BreakerBackend, Peek, Permission, backend_of_app
 from resilience.circuit.breaker import CircuitBreaker
 from resilience.circuit.config import AdmissionConfig, BreakerConfig, CountWindow, TimeWindow
@@ -234,7 +234,7 @@ def circuit_breaker(
     The first argument is the breaker's name or a `BreakerConfig`; `overrides` replace its
     fields (options, defaults and meaning: `BreakerConfig`).
 
-    `on_open="refuse"` also adds an enqueue guard (`resilience.circuit.admission`): while
+    `on_open="refuse"` also adds an enqueue guard (`resilience.admission.breaker`): while
     the breaker is open `.delay()` raises `DependencyUnavailable(retry_after=...)` and queues
     nothing; the default "enqueue" queues the job, which the worker defers.
 
@@ -253,7 +253,7 @@ def circuit_breaker(
         attach(func, BreakerGuard(config, classify_hooks=classify_hooks))
         if admission.on_open == "refuse":
             # Only then: "enqueue" would add a guard that never acts to every publish.
-            attach(func, BreakerAdmissionGuard(config, admission))
+            attach(func, BreakerAdmissionGuard(config, admission, backend=_redis_backend))
         return func
 
     return decorate

@@ -38,6 +38,7 @@ from celery import signals, states
 from celery.app.task import Context
 from celery.utils.dispatch import Signal
 
+from resilience.admission.broker import UNIQUE_HEADER, broker_redis, guarded_publish
 from resilience.config import configured
 from resilience.counters import count_outcome
 from resilience.errors import (
@@ -50,7 +51,6 @@ from resilience.errors import (
 from resilience.keys import KeyOption, KeySpec, redis_key
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, EnqueueGuard, EnqueueStage, Guard, Publish, Stage, attach
-from resilience.publish import UNIQUE_HEADER, broker_redis, guarded_publish
 from resilience.scripts import LuaScript
 from resilience.store_down import StoreDown, store_down_policy
 from resilience.stores import stores_for
@@ -137,7 +137,8 @@ class UniqueKeys:
     @staticmethod
     def client(app: Any) -> redis.Redis:
         """Where the keys live: the broker's Redis when its transport checks them in the
-        push (`resilience.publish`: one round trip per `.delay()`), else the shared Redis."""
+        push (`resilience.admission.broker`: one round trip per `.delay()`), else the shared
+        Redis."""
         if guarded_publish(app):
             return broker_redis(app)
         return stores_for(app).redis()
@@ -214,10 +215,9 @@ class UniqueEnqueueGuard(EnqueueGuard):
 
     def before_publish(self, publish: Publish) -> None:
         key = self.keys.redis_key(publish.args, publish.kwargs)
-        publish.state[_GIVEN_TASK_ID] = publish.state.get("task_id")
-        task_id = publish.state.get("task_id") or str(uuid.uuid4())
-        # GuardedTask publishes with publish.state["task_id"], so the key names the real job.
-        publish.state["task_id"] = task_id
+        publish.state[_GIVEN_TASK_ID] = publish.task_id
+        # The route publishes with `publish.task_id`, so the key names the real job.
+        task_id = publish.task_id = publish.task_id or str(uuid.uuid4())
         ttl_ms = max(1, int(self.keys.config.ttl_seconds * 1000))
         if guarded_publish(publish.task.app):
             # The transport takes the key in the push itself; a duplicate comes back as

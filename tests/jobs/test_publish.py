@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from resilience.publish import BOUND_HEADER, HEADERS, UNIQUE_HEADER
+from resilience.admission.broker import BOUND_HEADER, HEADERS, UNIQUE_HEADER
 
 
 @pytest.fixture()

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from resilience.bulkhead.admission import bulkhead
+from resilience.admission.tier import bulkhead
 from resilience.circuit.config import BreakerConfig
 from resilience.circuit.guard import circuit_breaker
 from resilience.deadletter.poison import poison_guard

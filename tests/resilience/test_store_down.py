@@ -15,7 +15,7 @@ from resilience.store_down import StoreDown, store_down_policy, store_failed
 
 
 def _configs(on_store_down: Any) -> list[Any]:
-    from resilience.bulkhead import BulkheadConfig
+    from resilience.admission import BulkheadConfig
     from resilience.circuit.config import BreakerConfig
     from resilience.idempotency.guard import IdempotencyConfig
     from resilience.idempotency.unique import UniqueConfig
@@ -66,7 +66,7 @@ class TestVocabulary:
 
     def test_defaults_follow_the_design(self) -> None:
         """Idempotency and exclusivity fail closed; the rest fail open (DESIGN.md)."""
-        from resilience.bulkhead import BulkheadConfig
+        from resilience.admission import BulkheadConfig
         from resilience.circuit.config import BreakerConfig
         from resilience.idempotency.guard import IdempotencyConfig
         from resilience.idempotency.unique import UniqueConfig

@@ -45,7 +45,7 @@ from kombu import Exchange, Queue
 from sqlalchemy import create_engine, text
 
 from jobs import app
-from resilience.bulkhead import bulkhead
+from resilience.admission import bulkhead
 from resilience.circuit import circuit_breaker
 from resilience.idempotency import idempotent
 from resilience.locks import exclusive, singleton

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 from sqlalchemy import text
 
-from resilience.bulkhead import depth_backend_for
+from resilience.admission import depth_backend_for
 from resilience.errors import JobDeferred
 from resilience.locks.backends.postgres import advisory_id
 from tests.resilience.compose import tasks

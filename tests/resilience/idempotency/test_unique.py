@@ -78,9 +78,9 @@ class TestDuplicateWithItsOwnId:
             monkeypatch: pytest.MonkeyPatch) -> None:
         """Where the broker push does not take the key (RabbitMQ, a key prefix), the guard's
         own script finds the holder: the duplicate's id resolves the same way."""
-        from resilience import publish
+        from resilience.admission import broker
 
-        monkeypatch.setitem(publish._SUPPORTED, app, False)  # this process: no in-push check
+        monkeypatch.setitem(broker._SUPPORTED, app, False)  # this process: no in-push check
         key = uuid.uuid4().hex
         first = tasks_unique.held.delay(key)
         own_id = uuid.uuid4().hex

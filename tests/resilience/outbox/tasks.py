@@ -12,7 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from jobs import app
-from resilience.bulkhead import bulkhead
+from resilience.admission import bulkhead
 from resilience.idempotency import idempotent
 from resilience.stores import stores_for
 

@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import text
 
 from jobs import app
-from resilience.bulkhead import bulkhead
+from resilience.admission import bulkhead
 from resilience.circuit import circuit_breaker
 from resilience.idempotency import idempotent, unique
 from resilience.locks import exclusive, singleton

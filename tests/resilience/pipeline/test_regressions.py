@@ -37,7 +37,7 @@ def publishes() -> Iterator[list[str]]:
 @pytest.fixture()
 def full_queue(app: Any) -> Iterator[str]:
     """The standard tier held full by a live admission reservation (limit 1)."""
-    from resilience.bulkhead import depth_backend_for
+    from resilience.admission import depth_backend_for
 
     backend = depth_backend_for(app)
     reservation = f"test-{uuid.uuid4().hex[:8]}"
@@ -88,7 +88,7 @@ class TestEnqueueUnwind:
     ) -> None:
         """Scenario 2: admission refuses (TierFull); the unique key is given back, so the
         caller retrying as told gets a real job, not the phantom id of an unsent one."""
-        from resilience.bulkhead import depth_backend_for
+        from resilience.admission import depth_backend_for
         from resilience.errors import TierFull
         from tests.resilience.pipeline.tasks import unique_abort
 
@@ -112,7 +112,7 @@ class TestEnqueueUnwind:
     ) -> None:
         """The broker refuses the publish: nothing of the unique key or the admission
         reservation is left behind (before: key for the TTL, reservation for 30 s)."""
-        from resilience.bulkhead import depth_backend_for
+        from resilience.admission import depth_backend_for
         from tests.resilience.pipeline.tasks import unique_abort
 
         backend = depth_backend_for(app)

@@ -17,8 +17,8 @@ the guard fails open: jobs are queued and the store is not asked again for
 FAIL-OPEN once. Not once per job, unlike an execution guard: the counters live in the
 same Redis, and a count per job would make every `.delay()` wait on the dead store.
 
-Never refused: a republish (Celery's retry, a guard's deferral: `retries` is set, and
-`GuardedTask.apply_async` skips enqueue guards for it), and a canvas continuation a worker
+Never refused: a republish (Celery's retry, a guard's deferral: `retries` is set, and the
+enqueue pipeline takes it straight to its route), and a canvas continuation a worker
 publishes after the parent finished (`parent_id` is set): refusing it would fail a parent
 whose body already succeeded and drop the rest of the chain.
 """
@@ -27,12 +27,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from resilience.circuit.backends import BreakerBackend, backend_of_app
-from resilience.circuit.config import AdmissionConfig, BreakerConfig
 from resilience.counters import count_outcome
 from resilience.errors import DependencyUnavailable, StorageError
 from resilience.outcomes import Outcome
@@ -45,6 +43,13 @@ logger = logging.getLogger("resilience.circuit")
 
 #: Breaker states that refuse a new job (an open one only until its open period is over).
 REFUSING = ("open", "forced_open")
+
+
+class BreakerStates(Protocol):
+    """What this stage reads of a breaker store (`circuit`'s `BreakerBackend` is one)."""
+
+    def describe(self, names: Sequence[str]) -> Sequence[Any]:
+        """The state of each named breaker (`state`, `retry_in_seconds`)."""
 
 
 @dataclass(frozen=True)
@@ -60,10 +65,11 @@ class BreakerAdmissionGuard(EnqueueGuard):
     """Refuses a publish while the task's breaker is open (`on_open="refuse"`).
 
     Args:
-        breaker: the config of the breaker the task declares (its name and open period).
-        config: the task's admission policy.
-        backend: where the breaker lives, or a callable giving one for the bound task;
-            None = the app's shared Redis.
+        breaker: the config of the breaker the task declares (`circuit`'s `BreakerConfig`:
+            its name and open period).
+        config: the task's admission policy (`circuit`'s `AdmissionConfig`).
+        backend: where the breaker lives, or a callable giving one for the bound task
+            (`circuit` passes the app's shared Redis).
         clock: monotonic seconds; tests move it instead of waiting for a refresh.
     """
 
@@ -72,17 +78,17 @@ class BreakerAdmissionGuard(EnqueueGuard):
 
     def __init__(
         self,
-        breaker: BreakerConfig,
-        config: AdmissionConfig,
+        breaker: Any,
+        config: Any,
         *,
-        backend: BreakerBackend | Callable[[Task], BreakerBackend] | None = None,
+        backend: BreakerStates | Callable[[Task], BreakerStates],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.breaker = breaker
         self.config = config
         self.clock = clock
-        self._backend = backend if backend is not None else _redis_backend
-        self.backend: BreakerBackend | None = None if callable(self._backend) else self._backend
+        self._backend = backend
+        self.backend: BreakerStates | None = None if callable(backend) else backend
         self._copy: _Copy | None = None
 
     def bind(self, task: Task) -> None:
@@ -163,7 +169,3 @@ class BreakerAdmissionGuard(EnqueueGuard):
                       tier=getattr(publish.task, "tier", None), name=self.breaker.name,
                       **event)
 
-
-def _redis_backend(task: Task) -> BreakerBackend:
-    """The default store of a fleet-wide breaker: the app's (`backend_of_app`)."""
-    return backend_of_app(task.app)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kombu import Exchange, Queue
 
-from resilience.bulkhead import (
+from resilience.admission import (
     AdmissionGuard,
     BulkheadConfig,
     DiscardedResult,
@@ -22,7 +22,7 @@ from resilience.counters import read_all
 from resilience.errors import ConfigurationError, TierFull, UnknownTierError
 from resilience.outcomes import Outcome
 from resilience.pipeline import Publish
-from tests.resilience.bulkhead import tasks
+from tests.resilience.admission import tasks
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -145,7 +145,7 @@ class TestBoundedPublish:
         travels in a header the transport removes, and the message stored is clean."""
         import json
 
-        from resilience.publish import BOUND_HEADER
+        from resilience.admission.broker import BOUND_HEADER
 
         backend = depth_backend_for(app)
         assert backend.bounded_publish
@@ -209,7 +209,7 @@ class TestConcurrentProducers:
 
 def produce_in_process(queue: Queue, jobs: int) -> int:
     """Producer process body: publish `jobs`, return how many were admitted."""
-    from tests.resilience.bulkhead import tasks as process_tasks
+    from tests.resilience.admission import tasks as process_tasks
 
     admitted = 0
     for n in range(jobs):

@@ -16,10 +16,9 @@ from kombu import Exchange, Queue
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from resilience.bulkhead import depth_backend_for
+from resilience.admission import BreakerAdmissionGuard, depth_backend_for
 from resilience.circuit import (
     AdmissionConfig,
-    BreakerAdmissionGuard,
     BreakerConfig,
     CircuitBreaker,
     RedisBreakerBackend,
@@ -28,7 +27,7 @@ from resilience.circuit import (
 from resilience.circuit.backends.redis import state_key
 from resilience.counters import read_all
 from resilience.errors import AdmissionError, ConfigurationError, DependencyUnavailable
-from tests.resilience.circuit.tasks_admission import (
+from tests.resilience.admission.tasks_breaker import (
     ADMISSION_BREAKER,
     MINIMUM_CALLS,
     OPEN_SECONDS,

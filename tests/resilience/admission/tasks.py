@@ -7,7 +7,7 @@ deterministically whatever other workers the session runs.
 from __future__ import annotations
 
 from jobs import app
-from resilience.bulkhead import bulkhead
+from resilience.admission import bulkhead
 
 #: The depth limit of the policy tasks below.
 LIMIT = 5

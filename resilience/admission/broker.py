@@ -1,26 +1,32 @@
-"""Queue depth from the broker: Redis (atomic admission script) or RabbitMQ (passive declare).
+"""The broker as admission's store: queue depth, reservations, and the guarded publish.
 
 Redis: kombu's Redis transport keeps one list per priority step (`queue`, `queue\\x06\\x163`,
 `queue\\x06\\x166`, `queue\\x06\\x169`) and pushes with LPUSH; messages a worker has reserved
-(prefetched, ETA/countdown) sit in its unacked hash and are not counted. The admission
-script reads every list plus the in-flight reservations in one atomic step, so producers
-admitted through it never push the queue past the limit (overshoot 0); a reservation whose
-producer died mid-publish is freed after its TTL.
+(prefetched, ETA/countdown) sit in its unacked hash and are not counted. `admit.lua` reads
+every list plus the in-flight reservations in one atomic step, so producers admitted through
+it never push the queue past the limit (overshoot 0); a reservation whose producer died
+mid-publish is freed after its TTL.
 
-Bounded publish (Redis, one round trip): when the app's broker transport does the guards'
-checks in the push (`resilience.publish`), the guard puts the limit in the message's
-`BOUND_HEADER` instead of reserving, so the bound is exact and a guarded `.delay()` costs
-the one round trip a plain one does. A full queue raises `QueueFull` from the publish.
+Guarded publish (Redis, one round trip): when the app's broker transport declares
+`guarded_publish` (the platform's `jobs.broker.Transport` does), the enqueue guards put what
+they need in message headers instead of asking Redis themselves: the tier's limit
+(`BOUND_HEADER`) and `@unique`'s key (`UNIQUE_HEADER`). The transport's `_put` calls `push`,
+which runs `publish.lua`: the unique key, the depth bound and the LPUSH in one script, so a
+guarded `.delay()` costs the round trip a plain one does and both checks are exact. The
+transport stores a copy of the message without those headers (`guard_requests`), never
+changing the caller's: kombu retries a publish after a connection error with the same
+headers, so every attempt runs the checks. A refusal is raised from the publish,
+`QueueFull` or `DuplicateJob`; the guard that asked turns it into its policy in `give_back`.
 
 RabbitMQ: when the tier queue is declared with `x-max-length` at the limit and
 `x-overflow: reject-publish`, and the connection uses publisher confirms (the platform
 declares both: `jobs.platform.queue_arguments`), the broker itself refuses the publish that
-would pass the limit: the guard adds nothing to the publish (no round trip of its own) and
-turns the nack (`amqp.exceptions.MessageNacked`) into `QueueFull`, so the bound is exact.
-A queue without those arguments (or a task limit that differs from the queue's) falls back
-to a passive `queue_declare` (ready count) before publishing: two steps, so N concurrent
-producers can overshoot by at most N - 1. RabbitMQ's bound holds for every publish,
-republishes too; `GuardedTask` sends a refused republish to the outbox (nothing is lost).
+would pass the limit: the guard adds nothing to the publish and turns the nack
+(`amqp.exceptions.MessageNacked`) into `QueueFull`, so the bound is exact. A queue without
+those arguments (or a task limit that differs from the queue's) falls back to a passive
+`queue_declare` (ready count) before publishing: two steps, so N concurrent producers can
+overshoot by at most N - 1. RabbitMQ's bound holds for every publish, republishes too; the
+enqueue route sends a refused republish to the outbox (nothing is lost).
 """
 
 from __future__ import annotations
@@ -29,12 +35,14 @@ import os
 import threading
 import uuid
 import weakref
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
-from resilience.bulkhead.backends import Admission
+import redis as redis_lib
+from kombu.utils.imports import symbol_by_name
 
 from resilience.connections import translate_store_error
-from resilience.errors import QueueFull, StorageError
+from resilience.errors import DuplicateJob, QueueFull, StorageError
 from resilience.keys import redis_key
 from resilience.scripts import LuaScript
 
@@ -47,6 +55,46 @@ PRIORITY_STEPS = (0, 3, 6, 9)
 PRIORITY_SEPARATOR = "\x06\x16"
 
 RESERVATIONS_PREFIX = "resilience:admission"
+#: Header of a bounded publish: {"limit": int, "queue": str, "reservations": key}.
+BOUND_HEADER = "x-resilience-bound"
+#: Header of a unique publish: {"key": str, "task_id": str, "ttl_ms": int}.
+UNIQUE_HEADER = "x-resilience-unique"
+HEADERS = (BOUND_HEADER, UNIQUE_HEADER)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """One admission decision: `depth` messages waiting plus `reserved` being published."""
+
+    admitted: bool
+    depth: int
+    reserved: int = 0
+
+
+class DepthBackend(Protocol):
+    """Reads queue depth and admits publishes against a limit."""
+
+    #: Most messages by which concurrent admitted producers can push the queue past its limit.
+    overshoot_bound: str
+
+    def depth(self, queue: str) -> int:
+        """Messages waiting in `queue`."""
+
+    def try_admit(self, queue: str, *, limit: int, reservation: str,
+                  reservation_ttl_seconds: float) -> Admission:
+        """Admit one publish if depth plus in-flight reservations stays within `limit`."""
+
+    def release(self, queue: str, reservation: str) -> None:
+        """The reserved publish finished (it is in the queue now, or it failed)."""
+
+    def transport_bound(self, queue: str, limit: int) -> dict[str, Any] | None:
+        """How the broker itself keeps `queue` within `limit` as it takes the publish: the
+        `BOUND_HEADER` value to send (`{}`: nothing to send), or None when it does not (the
+        guard admits with `try_admit` / `release` instead)."""
+
+    def refusal(self, error: BaseException, queue: str, limit: int) -> Exception | None:
+        """The publish error as `QueueFull` when it is the broker refusing a full queue,
+        else None."""
 
 
 def _wrap(what: str, exc: Exception) -> StorageError:
@@ -63,6 +111,7 @@ class RedisBrokerDepth:
 
     overshoot_bound = "0 for producers admitted through this guard (reservation TTL aside)"
     ADMIT = LuaScript.load(__file__, "admit.lua")
+    PUBLISH = LuaScript.load(__file__, "publish.lua")
 
     def __init__(self, broker_url: str, transport_options: dict[str, Any] | None = None,
                  *, bounded_publish: bool = False) -> None:
@@ -83,8 +132,6 @@ class RedisBrokerDepth:
         if self._pid != os.getpid() or self._client is None:
             with self._lock:
                 if self._pid != os.getpid() or self._client is None:
-                    import redis as redis_lib
-
                     self._client = redis_lib.Redis.from_url(
                         self.broker_url, decode_responses=True,
                         socket_timeout=5, socket_connect_timeout=5,
@@ -244,8 +291,6 @@ def depth_backend_for(app: Celery) -> RedisBrokerDepth | AmqpBrokerDepth:
     if backend is None:
         url = app.conf.broker_url or ""
         if url.startswith(("redis://", "rediss://", "unix://")):
-            from resilience.publish import guarded_publish
-
             backend = RedisBrokerDepth(url, app.conf.broker_transport_options,
                                        bounded_publish=guarded_publish(app))
         else:
@@ -256,3 +301,79 @@ def depth_backend_for(app: Celery) -> RedisBrokerDepth | AmqpBrokerDepth:
 
 def new_reservation() -> str:
     return uuid.uuid4().hex
+
+
+_SUPPORTED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def guarded_publish(app: Celery) -> bool:
+    """Whether `app`'s broker transport runs the guards' checks in the push (cached)."""
+    supported = _SUPPORTED.get(app)
+    if supported is None:
+        transport = app.conf.broker_transport
+        url = app.conf.broker_url or ""
+        supported = False
+        # A transport class, or "module:Class"; kombu's aliases ("redis") never do.
+        # A key prefix is not applied to the script's keys, so such a transport pushes the
+        # plain way and the guards must keep their own round trips (jobs.broker does too).
+        prefixed = bool((app.conf.broker_transport_options or {}).get("global_keyprefix"))
+        if url.startswith(("redis://", "unix://")) and not prefixed and transport and (
+                not isinstance(transport, str) or ":" in transport):
+            supported = bool(getattr(symbol_by_name(transport), "guarded_publish", False))
+        _SUPPORTED[app] = supported
+    return supported
+
+
+def broker_redis(app: Celery) -> redis.Redis:
+    """The broker's Redis client of this process (where unique keys live with guarded publish)."""
+    return depth_backend_for(app).client()  # type: ignore[union-attr]
+
+
+def guard_requests(message: dict[str, Any]) -> tuple[dict[str, Any], Any, Any]:
+    """Split a kombu message into what is stored and the guards' requests it carries.
+
+    Returns `(stored, bound, unique)`: `stored` is `message` itself when it carries no
+    request, else a copy whose headers lack them; `message` and its headers are never
+    changed, so a retried publish of the same message asks again.
+    """
+    headers = message.get("headers")
+    if not isinstance(headers, dict) or not any(header in headers for header in HEADERS):
+        return message, None, None
+    stored = {**message,
+              "headers": {name: value for name, value in headers.items()
+                          if name not in HEADERS}}
+    return stored, headers.get(BOUND_HEADER), headers.get(UNIQUE_HEADER)
+
+
+def push(client: redis.Redis, *, target: str, lists: list[str], payload: str,
+         bound: dict[str, Any] | None = None, unique: dict[str, Any] | None = None) -> None:
+    """LPUSH `payload` onto `target` if the unique key is free and the queue below its bound.
+
+    The transport's half of a guarded publish; `lists` are all of the queue's lists.
+
+    Raises:
+        DuplicateJob: the unique key names a queued job (`task_id`); nothing was pushed.
+        QueueFull: the queue is at its limit; nothing was pushed.
+    """
+    limit = int(bound["limit"]) if bound else 0
+    status, depth, reserved, holder = RedisBrokerDepth.PUBLISH(
+        client,
+        keys=[target, bound["reservations"] if bound else target,
+              unique["key"] if unique else target, *lists],
+        args=[limit, payload, unique["task_id"] if unique else "",
+              int(unique["ttl_ms"]) if unique else 0],
+    )
+    status = int(status)
+    if status == 2:
+        holder = holder.decode() if isinstance(holder, bytes) else str(holder)
+        raise DuplicateJob(
+            f"a job with this key is already queued or running (task id {holder})",
+            key=unique["key"] if unique else None, task_id=holder,
+        )
+    if status == 0:
+        queue = str(bound.get("queue", target)) if bound else target
+        raise QueueFull(
+            f"queue {queue!r} is full: {int(depth)} messages waiting (+{int(reserved)} being "
+            f"published), limit {limit}",
+            queue=queue, depth=int(depth), reserved=int(reserved), limit=limit,
+        )

@@ -20,14 +20,19 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from resilience.bulkhead.backends import Admission, DepthBackend
-from resilience.bulkhead.backends.broker import depth_backend_for, new_reservation
+from resilience.admission.broker import (
+    BOUND_HEADER,
+    HEADERS,
+    Admission,
+    DepthBackend,
+    depth_backend_for,
+    new_reservation,
+)
 from resilience.config import configured
 from resilience.counters import count_outcome
 from resilience.errors import ConfigurationError, JobDeferred, StorageError, TierFull
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import EnqueueGuard, EnqueueStage, Publish, attach
-from resilience.publish import BOUND_HEADER, HEADERS
 from resilience.store_down import StoreDown, store_down_policy
 
 if TYPE_CHECKING:
@@ -276,7 +281,7 @@ class AdmissionGuard(EnqueueGuard):
             self._count(publish, config, Outcome.REJECTED.value, policy.value)
             eager = task.apply(
                 publish.args, publish.kwargs,
-                task_id=publish.state.get("task_id"),
+                task_id=publish.task_id,
                 headers=publish.options.get("headers"),
             )
             if isinstance(eager.result, JobDeferred):
