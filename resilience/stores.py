@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from resilience.connections import on_fork
+from resilience.connections import on_fork, postgres
 from resilience.errors import (
     ConfigurationError,
 )
@@ -36,29 +36,6 @@ if TYPE_CHECKING:
 
 _ATTRIBUTE = "resilience_stores"
 
-#: Client-side TCP settings of every PostgreSQL connection the stores open (libpq
-#: parameters, nothing sent to the server, so poolers accept them): a partition surfaces
-#: as a connection error within ~10 s (unacknowledged data or unanswered keepalive probes
-#: for `tcp_user_timeout` ms end the connection) instead of a call that hangs until the
-#: task's hard time limit. A guard then applies its store-down policy.
-PG_CLIENT_TCP: dict[str, int] = {
-    "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
-    "tcp_user_timeout": 10_000,
-}
-#: Server-side TCP settings set on each direct (unpooled) session of `engine()` and
-#: `locks_engine()` when it connects (the advisory-lock sessions set the same): without them
-#: the server keeps a partitioned client's backend, its open transaction and its row locks
-#: for the kernel's keepalive time (two hours), and every guard statement that needs one of
-#: those rows waits for it. With them PostgreSQL ends such a session within ~15 s.
-PG_SERVER_TCP = (
-    "SELECT set_config('tcp_keepalives_idle', '5', false), "
-    "set_config('tcp_keepalives_interval', '2', false), "
-    "set_config('tcp_keepalives_count', '3', false), "
-    "set_config('tcp_user_timeout', '10000', false)"
-)
-#: Execution option that marks a connection of `Stores.guard_engine()`: every transaction
-#: it begins gets `SET LOCAL statement_timeout` and `lock_timeout` (milliseconds).
-GUARD_BOUND_OPTION = "resilience_guard_bound_ms"
 _Backend = TypeVar("_Backend")
 
 
@@ -255,9 +232,6 @@ class Stores:
                 engine.dispose(close=False)  # never touch the parent's connections
         self._cache = {}
 
-    def _per_process(self) -> dict[str, Any]:
-        return self._cache
-
     def redis(self) -> redis.Redis:
         """The process's client for the shared Redis (decoded responses).
 
@@ -266,8 +240,7 @@ class Stores:
         long again: the guards of one job (poison, pause, cancel, limits, breaker, counters)
         meet a partitioned Redis in one timeout, not one each (`redis_from_url`'s
         `hold_after_timeout_seconds`)."""
-        cache = self._per_process()
-        client = cache.get("redis")
+        client = self._cache.get("redis")
         if client is None:
             client = redis_from_url(
                 self.redis_url,
@@ -277,13 +250,12 @@ class Stores:
                 health_check_interval=30,
                 hold_after_timeout_seconds=self.socket_timeout_seconds,
             )
-            cache["redis"] = client
+            self._cache["redis"] = client
         return client
 
     def redlock_clients(self) -> list[redis.Redis]:
         """One client per Redlock node, short timeouts so a dead node costs little."""
-        cache = self._per_process()
-        clients = cache.get("redlock")
+        clients = self._cache.get("redlock")
         if clients is None:
             clients = [
                 redis_from_url(
@@ -291,27 +263,29 @@ class Stores:
                 )
                 for url in self.redlock_urls
             ]
-            cache["redlock"] = clients
+            self._cache["redlock"] = clients
         return clients
 
     def engine(self) -> Engine:
-        """The process's SQLAlchemy engine for the durable store."""
-        cache = self._per_process()
-        engine = cache.get("engine")
+        """The process's SQLAlchemy engine for the durable store (pooled, pinged)."""
+        engine = self._cache.get("engine")
         if engine is None:
-            from sqlalchemy import create_engine
-
-            engine = create_engine(
-                self.database_url,
-                pool_pre_ping=True,
-                pool_size=5,
-                max_overflow=5,
-                connect_args={"connect_timeout": int(max(1, self.socket_timeout_seconds)),
-                              **PG_CLIENT_TCP},
-            )
-            _bound_sessions(engine, server_tcp=self.pool_mode == "none")
-            cache["engine"] = engine
+            engine = self._cache["engine"] = postgres.engine(
+                self.database_url, connect_timeout_seconds=self.socket_timeout_seconds,
+                server_tcp=self.pool_mode == "none")
         return engine
+
+    def statements(self) -> postgres.StatementRunner:
+        """The process's runner of single autocommit statements on `database_url`, one
+        connection held per thread (the idempotency claims and completions)."""
+        runner = self._cache.get("statements")
+        if runner is None:
+            with self._lock:
+                runner = self._cache.get("statements")
+                if runner is None:
+                    runner = self._cache["statements"] = postgres.StatementRunner(
+                        self.database_url, connect_timeout_seconds=self.socket_timeout_seconds)
+        return runner
 
     @property
     def guard_bound_ms(self) -> int:
@@ -327,11 +301,10 @@ class Stores:
         transaction pooler (PgBouncer) accepts it and nothing leaks to the next user of the
         server connection. Bodies and callers' transactions use `engine()`: user work may
         be long."""
-        cache = self._per_process()
-        engine = cache.get("guard_engine")
+        engine = self._cache.get("guard_engine")
         if engine is None:
-            engine = self.engine().execution_options(**{GUARD_BOUND_OPTION: self.guard_bound_ms})
-            cache["guard_engine"] = engine
+            engine = self._cache["guard_engine"] = self.engine().execution_options(
+                **{postgres.GUARD_BOUND_OPTION: self.guard_bound_ms})
         return engine
 
     @property
@@ -355,20 +328,11 @@ class Stores:
         """
         if self._locks_database_url == self._database_url:
             return self.engine()
-        cache = self._per_process()
-        engine = cache.get("locks_engine")
+        engine = self._cache.get("locks_engine")
         if engine is None:
-            from sqlalchemy import create_engine
-            from sqlalchemy.pool import NullPool
-
-            engine = create_engine(
-                self.locks_database_url,
-                poolclass=NullPool,
-                connect_args={"connect_timeout": int(max(1, self.socket_timeout_seconds)),
-                              **PG_CLIENT_TCP},
-            )
-            _bound_sessions(engine, server_tcp=True)  # a direct URL (no pooler)
-            cache["locks_engine"] = engine
+            engine = self._cache["locks_engine"] = postgres.engine(
+                self.locks_database_url, connect_timeout_seconds=self.socket_timeout_seconds,
+                server_tcp=True, pooled=False)  # a direct URL (no pooler)
         return engine
 
 
@@ -445,6 +409,10 @@ class MemoryStores(Stores):
         raise self._no_server("PostgreSQL")
 
     def guard_engine(self) -> Engine:
+        """Raises `ConfigurationError`: there is no PostgreSQL."""
+        raise self._no_server("PostgreSQL")
+
+    def statements(self) -> postgres.StatementRunner:
         """Raises `ConfigurationError`: there is no PostgreSQL."""
         raise self._no_server("PostgreSQL")
 
@@ -653,40 +621,6 @@ def _holding(base: type, hold: UnreachableHold) -> type:
 
     HoldingConnection.__name__ = HoldingConnection.__qualname__ = f"Holding{base.__name__}"
     return HoldingConnection
-
-
-def _bound_sessions(engine: Engine, *, server_tcp: bool) -> None:
-    """Install the session bounds on `engine`'s connections: with `server_tcp` (a direct
-    connection, no pooler in between), `PG_SERVER_TCP` once per new connection; on every
-    transaction begun by a `Stores.guard_engine()` connection, its `SET LOCAL` bounds."""
-    from sqlalchemy import event
-
-    if server_tcp:
-        @event.listens_for(engine, "connect")
-        def _server_keepalives(dbapi_connection: Any, _record: Any) -> None:
-            with dbapi_connection.cursor() as cursor:
-                cursor.execute(PG_SERVER_TCP)
-            dbapi_connection.commit()  # set_config(..., false) survives only a commit
-
-    @event.listens_for(engine, "begin")
-    def _bound_guard_transaction(connection: Any) -> None:
-        bound_ms = connection.get_execution_options().get(GUARD_BOUND_OPTION)
-        driver = connection.connection.driver_connection
-        if bound_ms is None or getattr(driver, "autocommit", False):
-            return  # SET LOCAL would outlive nothing in autocommit
-        # On the driver's cursor: the SQLAlchemy transaction is not open yet inside this
-        # event; psycopg2 opens the database transaction with this statement.
-        with driver.cursor() as cursor:
-            cursor.execute(guard_bounds_sql(bound_ms))
-
-
-def guard_bounds_sql(bound_ms: int) -> str:
-    """The statements that bound the rest of one transaction: `statement_timeout` and
-    `lock_timeout` at `bound_ms` milliseconds (`SET LOCAL`: gone at its end, so a pooler
-    accepts it). Also a prefix for one autocommit query string, whose statements share one
-    implicit transaction."""
-    return (f"SET LOCAL statement_timeout = {int(bound_ms)}; "
-            f"SET LOCAL lock_timeout = {int(bound_ms)}; ")
 
 
 def _sqlalchemy_url(url: str) -> str:

@@ -17,8 +17,9 @@ import sqlalchemy as sa
 
 from jobs.embedded import free_port
 from resilience.connections import translate_store_error, wrap_store_errors
+from resilience.connections.postgres import connect
 from resilience.errors import StorageError, StoreRejected, StoreUnavailable
-from resilience.idempotency.backends.postgres import PostgresIdempotencyBackend, autocommit_engine
+from resilience.idempotency.backends.postgres import PostgresIdempotencyBackend
 from resilience.locks.backends.postgres import AdvisorySession
 from resilience.ratelimit import RedisBackend, parse
 from resilience.ratelimit.algorithms import GCRA, Params
@@ -68,7 +69,7 @@ class TestRejected:
 
     def test_value_too_long_through_psycopg2(self, stores: Any) -> None:
         """The same refusal on a bare psycopg2 connection (the idempotency store's path)."""
-        connection = autocommit_engine(stores).raw_connection()
+        connection = connect(stores.database_url, connect_timeout_seconds=5)
         try:
             with (
                 pytest.raises(StoreRejected), wrap_store_errors("inserting"),
@@ -82,7 +83,7 @@ class TestRejected:
     def test_index_row_too_large_is_rejected_not_unavailable(self, stores: Any) -> None:
         """A key too large for the unique index (psycopg2 files SQLSTATE 54000 under
         OperationalError) is refused: retrying the claim can never succeed."""
-        store = PostgresIdempotencyBackend(autocommit_engine(stores))
+        store = PostgresIdempotencyBackend(stores.statements())
         key = secrets.token_hex(6000)  # incompressible: 12,000 bytes in one index row
         with pytest.raises(StoreRejected, match="54000"):
             store.claim(task_name="tests.store-errors", key=key, fingerprint="f",

@@ -23,15 +23,11 @@ def close_connections() -> None:
     idempotency backend's thread connection and the stores' engines (Redis is untouched)."""
     from django.apps import apps
 
-    from resilience.idempotency.backends import postgres
-
-    held = getattr(postgres._thread_connections, "connections", None) or {}
-    for connection in list(held.values()):
-        connection.close()
-    held.clear()
     app = getattr(apps.get_app_config("resilience"), "celery_app", None)
     stores = getattr(app, "resilience_stores", None) if app is not None else None
     cache = getattr(stores, "_cache", None) or {}
+    if cache.get("statements") is not None:
+        cache["statements"].close()
     for name in ("engine", "locks_engine"):
         engine = cache.get(name)
         if engine is not None:

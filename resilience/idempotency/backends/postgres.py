@@ -6,9 +6,9 @@ autocommit; when it claims nothing (the key is someone else's) a second statemen
 the row in the way ("done": replay; "running elsewhere": defer), so only duplicates that
 reach PostgreSQL pay for reading a row. The completion is one `UPDATE` by primary key that
 changes no indexed column, so PostgreSQL writes it as a HOT update (no index entry; see
-`resilience.idempotency.models`). Each worker thread keeps one
-connection from an autocommit engine without pre-ping, so no statement pays for a pool
-checkout, a `SELECT 1`, a `BEGIN` or a `COMMIT` of its own.
+`resilience.idempotency.models`). Each worker thread keeps one autocommit
+connection (`resilience.connections.postgres.StatementRunner`), so no statement pays for a
+pool checkout, a `SELECT 1`, a `BEGIN` or a `COMMIT` of its own.
 
 Transactional mode (`begin()`) is the exception: the body's writes and the record's
 completion share one transaction on a pooled connection (`PostgresTransaction`), committed
@@ -42,12 +42,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
-import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from resilience.connections import translate_store_error, wrap_store_errors
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+
+from resilience.connections import translate_store_error
+from resilience.connections.postgres import HeldConnection, StatementRunner
 from resilience.errors import ConfigurationError, StorageError, StoreUnavailable
 from resilience.holders import Holder
 from resilience.idempotency.backends import (
@@ -63,7 +65,6 @@ from resilience.idempotency.backends import (
 )
 from resilience.idempotency.models import TABLE_NAME
 from resilience.prepared import PreparedStatement as _Statement
-from resilience.stores import PG_CLIENT_TCP
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -229,38 +230,10 @@ def _database_errors(action: str) -> Iterator[None]:
     Only `DBAPIError`: an ORM error raised while flushing the body's session (a mapping
     mistake) is the body's own error, and fails the call as the body's errors do.
     """
-    from sqlalchemy.exc import DBAPIError
-
     try:
         yield
     except DBAPIError as exc:
         raise wrap_database_error(exc, action) from exc
-
-
-#: Per thread: the connection each engine's backend holds (see `_connection`).
-_thread_connections = threading.local()
-
-
-class _ThreadConnection:
-    """A thread's own store connection and the statements prepared on it."""
-
-    def __init__(self, driver: Any) -> None:
-        self.driver = driver
-        #: One cursor for every statement (a thread runs one at a time): a cursor per
-        #: statement cost more than the rest of the backend's Python around it.
-        self.cursor: Any = None
-        self.prepared: set[str] = set()
-        #: `synchronous_commit` as a backend last set it for the session (None: the
-        #: server's default). Changed only after the statement that set it succeeded: a
-        #: failed one rolled the SET back with it.
-        self.synchronous_commit: bool | None = None
-        #: `EXECUTE` texts with a guard's constant parameters (task name, lease, TTL)
-        #: already written in as this connection's driver writes them (see `_execute`).
-        self.rendered: dict[tuple[Any, ...], tuple[str, tuple[str, ...]]] = {}
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):  # already broken; it is being replaced
-            self.driver.close()
 
 
 #: Prepended to a write when `synchronous_commit` is off behind a transaction pooler:
@@ -287,23 +260,11 @@ _CLAIM_FIXED = ("task_name", "lease_seconds", "ttl_seconds")
 _COMPLETE_FIXED = ("task_name", "ttl_seconds")
 
 
-class _Row(dict[str, Any]):
-    """A result row with attribute access."""
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-
 class PostgresTransaction:
     """The body's transaction: a pooled connection, a Session joined to it, and the
     record's completion inside it (see `Transaction`)."""
 
     def __init__(self, engine: Engine) -> None:
-        from sqlalchemy.orm import Session
-
         with _database_errors("open transaction"):
             self._connection = engine.connect()
             try:
@@ -348,7 +309,7 @@ class PostgresIdempotencyBackend:
     """Claims, completes, fails and releases idempotency records in PostgreSQL.
 
     Args:
-        engine: an engine whose connections run in autocommit (see `autocommit_engine`).
+        runner: runs each statement on its thread's connection (`Stores.statements`).
         prepared: use server-side prepared statements; turn off behind a pooler that does
             not keep them (PgBouncer in transaction mode before 1.21).
         transaction_engine: the pooled engine transactional bodies write through (or a
@@ -364,7 +325,7 @@ class PostgresIdempotencyBackend:
 
     def __init__(
         self,
-        engine: Engine,
+        runner: StatementRunner,
         *,
         prepared: bool = True,
         transaction_engine: Engine | Callable[[], Engine] | None = None,
@@ -372,140 +333,41 @@ class PostgresIdempotencyBackend:
         transaction_pooled: bool = False,
         transactions: Callable[[], Transaction] | None = None,
     ) -> None:
-        self.engine = engine
+        self.runner = runner
         self._transactions = transactions
         self.prepared = prepared
         self.synchronous_commit = synchronous_commit
         self.transaction_pooled = transaction_pooled
         self._transaction_engine = transaction_engine
 
-    def _commit_mode(self, connection: _ThreadConnection, write: bool) -> tuple[str, bool]:
-        """The prefix a statement needs for this backend's `synchronous_commit`, and whether
-        it changes the session's setting (two backends may share a thread's connection)."""
-        if not write:
-            return "", False
+    def _commit_mode(self, connection: HeldConnection) -> tuple[str, Callable[[], None] | None]:
+        """The prefix a write needs for this backend's `synchronous_commit`, and how to
+        record the session's new setting once it succeeded (two backends may share a
+        thread's connection; a failed statement rolled its SET back with it)."""
         if self.transaction_pooled:
-            return ("" if self.synchronous_commit else ASYNCHRONOUS_COMMIT), False
+            return ("" if self.synchronous_commit else ASYNCHRONOUS_COMMIT), None
+        current = connection.settings.get("synchronous_commit")
         if self.synchronous_commit:
-            if connection.synchronous_commit is False:
-                return SESSION_DEFAULT_COMMIT, True
-            return "", False
-        if connection.synchronous_commit is False:
-            return "", False
-        return SESSION_ASYNCHRONOUS_COMMIT, True
-
-    def _connection(self, action: str = "connect") -> _ThreadConnection:
-        """This thread's connection to the store, kept open between statements.
-
-        A pool checkout and checkin per statement costs more CPU than the statement's round
-        trip. A worker thread runs one call at a time, so each thread keeps its own
-        connection (detached from the pool, like the singleton's lock session): it closes
-        with the thread, and one that failed is replaced on the next statement.
-        """
-        held: dict[Engine, _ThreadConnection] | None = getattr(
-            _thread_connections, "connections", None
-        )
-        if held is None:
-            held = _thread_connections.connections = {}
-        connection = held.get(self.engine)
-        if connection is None or connection.driver.closed:
-            with wrap_store_errors("idempotency store", action=action):
-                fairy = self.engine.raw_connection()  # autocommit and options already applied
-            fairy.detach()  # ours for the thread's life: never checked back in
-            connection = held[self.engine] = _ThreadConnection(fairy.dbapi_connection)
-        return connection
+            if current is False:
+                return SESSION_DEFAULT_COMMIT, functools.partial(
+                    connection.settings.__setitem__, "synchronous_commit", None)
+            return "", None
+        if current is False:
+            return "", None
+        return SESSION_ASYNCHRONOUS_COMMIT, functools.partial(
+            connection.settings.__setitem__, "synchronous_commit", False)
 
     def _execute(self, statement: _Statement, parameters: dict[str, Any], action: str, *,
                  write: bool = False, named: bool = True, fixed: tuple[str, ...] = ()) -> Any:
-        """Run one statement on this thread's connection: its row count when it returns no
-        rows, else its rows (`_Row`s by column name; plain tuples when not `named`, which
-        spares the hot path a dict per row).
-
-        `fixed` names parameters that are the same on every call of one guard (task name,
-        lease, TTL): a prepared `EXECUTE` gets them written in once per connection, as the
-        driver writes them (the same query text), instead of adapting them on every call.
+        """Run one statement on this thread's connection (`StatementRunner.run`).
 
         Raises:
             StoreUnavailable, StoreRejected, StorageError.
         """
-        import psycopg2
-
-        for attempt in (1, 2):
-            connection = self._connection(action)
-            prefix, switches = self._commit_mode(connection, write) if write else ("", False)
-            try:
-                cursor = connection.cursor
-                if cursor is None:
-                    cursor = connection.cursor = connection.driver.cursor()
-                # One query string per call: the result is the last statement's.
-                if not self.prepared:
-                    cursor.execute(prefix + statement.sql, parameters)
-                elif statement.name in connection.prepared:
-                    if fixed:
-                        text, names = self._rendered(connection, statement, parameters, fixed)
-                        cursor.execute(prefix + text, [parameters[name] for name in names])
-                    else:
-                        cursor.execute(prefix + statement.execute, statement.values(parameters))
-                else:
-                    cursor.execute(prefix + statement.prepare_and_execute,
-                                   statement.values(parameters))
-                    connection.prepared.add(statement.name)
-                if switches:
-                    connection.synchronous_commit = None if self.synchronous_commit else False
-                description = cursor.description
-                if description is None:
-                    return cursor.rowcount
-                if not named:
-                    return cursor.fetchall()
-                columns = [column.name for column in description]
-                return [_Row(zip(columns, row, strict=True)) for row in cursor.fetchall()]
-            except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
-                # No pre-ping: a connection PostgreSQL closed (restart, idle timeout) fails
-                # its first statement; drop it, and one more try uses a fresh one.
-                connection.close()
-                if attempt == 1:
-                    continue
-                raise wrap_database_error(exc, action) from exc
-            except psycopg2.errors.InvalidSqlStatementName as exc:
-                # The server lost the prepared statement (a pooler switched backends).
-                connection.prepared.clear()
-                if attempt == 1:
-                    continue
-                raise wrap_database_error(exc, action) from exc
-            except psycopg2.Error as exc:
-                raise wrap_database_error(exc, action) from exc
-        raise AssertionError("unreachable")
-
-    @staticmethod
-    def _rendered(connection: _ThreadConnection, statement: _Statement,
-                  parameters: dict[str, Any], fixed: tuple[str, ...]
-                  ) -> tuple[str, tuple[str, ...]]:
-        """`statement`'s `EXECUTE` with the `fixed` parameters' values written in (by the
-        driver's own `mogrify`, so the server receives the query text it would otherwise),
-        and the names still passed per call. Psycopg2 adapts each parameter in Python
-        objects on every call; a guard's claim and completion pass 13, 5 of them constant."""
-        key = (statement.name, *[parameters[name] for name in fixed])
-        found = connection.rendered.get(key)
-        if found is not None:
-            return found
-        import psycopg2.extensions
-
-        encoding = psycopg2.extensions.encodings[connection.driver.encoding]
-        cursor = connection.cursor
-        written = []
-        names = []
-        for name in statement.names:
-            if name in fixed:
-                literal = cursor.mogrify("%s", (parameters[name],)).decode(encoding)
-                written.append(literal.replace("%", "%%"))  # literal text, not a placeholder
-            else:
-                written.append("%s")
-                names.append(name)
-        found = (f"EXECUTE {statement.name} ({', '.join(written)})", tuple(names))
-        if len(connection.rendered) >= 256:  # a guard's few statements each; bounded anyway
-            connection.rendered.clear()
-        connection.rendered[key] = found
-        return found
+        return self.runner.run(statement, parameters, f"idempotency store: {action}",
+                               prepared=self.prepared,
+                               prefix=self._commit_mode if write else None,
+                               named=named, fixed=fixed)
 
     def ping(self) -> None:
         """One round trip on this thread's connection (`SELECT 1`): a health check, and the
@@ -621,8 +483,6 @@ class PostgresIdempotencyBackend:
         """Is `error` PostgreSQL being unreachable (not a bug, not a constraint)?"""
         if isinstance(error, StoreUnavailable):
             return True
-        from sqlalchemy.exc import DBAPIError
-
         return isinstance(error, DBAPIError) and isinstance(
             wrap_database_error(error, "body"), StoreUnavailable
         )
@@ -693,39 +553,6 @@ class PostgresIdempotencyBackend:
         ]
 
 
-_engines: dict[tuple[int, int], Engine] = {}
-_engines_lock = threading.Lock()
-
-
-def autocommit_engine(stores: Stores) -> Engine:
-    """The process's autocommit engine without pre-ping, for single-statement decisions.
-
-    Separate from `stores.engine()` (which pings on checkout) so a claim costs one round
-    trip; created per process, never shared across a fork. It only opens connections: each
-    thread keeps the one it gets (`PostgresIdempotencyBackend._connection`), so there is no
-    pool. Connections carry no session setting (no `options=-c ...` at connect, which
-    PgBouncer refuses): `synchronous_commit` is the backend's (`_commit_mode`).
-    """
-    identity = (id(stores), os.getpid())
-    engine = _engines.get(identity)
-    if engine is None:
-        with _engines_lock:
-            engine = _engines.get(identity)
-            if engine is None:
-                from sqlalchemy import create_engine
-                from sqlalchemy.pool import NullPool
-
-                engine = create_engine(
-                    stores.database_url,
-                    isolation_level="AUTOCOMMIT",
-                    poolclass=NullPool,
-                    connect_args={"connect_timeout": int(max(1, stores.socket_timeout_seconds)),
-                                  **PG_CLIENT_TCP},
-                )
-                _engines[identity] = engine
-    return engine
-
-
 def backend_for(
     stores: Stores, *, synchronous_commit: bool = True, prepared: bool = True
 ) -> PostgresIdempotencyBackend:
@@ -743,7 +570,7 @@ def backend_for(
 
         transactions = functools.partial(DjangoTransaction, stores.django_database)
     return PostgresIdempotencyBackend(
-        autocommit_engine(stores),
+        stores.statements(),
         prepared=prepared and not stores.transaction_pooled,
         transaction_engine=stores.engine,
         synchronous_commit=synchronous_commit,

@@ -20,7 +20,6 @@ from resilience.idempotency.backends import (
 from resilience.idempotency.backends.memory import MemoryIdempotencyBackend
 from resilience.idempotency.backends.postgres import (
     PostgresIdempotencyBackend,
-    autocommit_engine,
     backend_for,
 )
 from tests.harness import wait_for
@@ -34,7 +33,7 @@ def store(stores: Any, request: pytest.FixtureRequest) -> IdempotencyBackend:
     if request.param == "memory":
         return MemoryIdempotencyBackend()
     return PostgresIdempotencyBackend(
-        autocommit_engine(stores),
+        stores.statements(),
         prepared=request.param == "postgres-prepared",
         transaction_engine=stores.engine,
     )
@@ -42,7 +41,7 @@ def store(stores: Any, request: pytest.FixtureRequest) -> IdempotencyBackend:
 
 @pytest.fixture(params=[True, False], ids=["prepared", "plain-sql"])
 def postgres(stores: Any, request: pytest.FixtureRequest) -> PostgresIdempotencyBackend:
-    return PostgresIdempotencyBackend(autocommit_engine(stores), prepared=request.param)
+    return PostgresIdempotencyBackend(stores.statements(), prepared=request.param)
 
 
 def claim(
@@ -243,7 +242,7 @@ class TestPostgresBackend:
         assert postgres.complete(held(key, 1, "b"), '"ok"', 600)
 
     def test_constant_parameters_written_in_keep_each_guards_values(
-        self, postgres: PostgresIdempotencyBackend
+        self, postgres: PostgresIdempotencyBackend, stores: Any
     ) -> None:
         """The task name, lease and TTL a prepared claim and completion write into their
         EXECUTE once per connection: several guards on one connection (names with quotes,
@@ -262,7 +261,7 @@ class TestPostgresBackend:
                 assert found.claimed
                 assert postgres.complete(found.claim, '"ok"', 900 + leases[name])
                 keys[name].append(key)
-        with postgres.engine.connect() as connection:
+        with stores.engine().connect() as connection:
             for name in names:
                 rows = connection.execute(
                     text("SELECT state, EXTRACT(EPOCH FROM (expires_at - now())) AS left "
@@ -295,7 +294,7 @@ class TestPostgresBackend:
                 assert first.claimed
                 done += postgres.complete(held(key, first.attempt, f"t{thread}"), str(index), 600)
             assert done == 50
-            return postgres._connection().driver.get_backend_pid()
+            return postgres.runner.connection().driver.get_backend_pid()
 
         with ThreadPoolExecutor(4) as pool:
             pids = list(pool.map(work, range(4)))
@@ -373,7 +372,7 @@ class _CountingConnection:
 @contextlib.contextmanager
 def _counting(backend: PostgresIdempotencyBackend) -> Iterator[_CountingConnection]:
     """Count the statements `backend` sends on this thread's connection meanwhile."""
-    connection = backend._connection()
+    connection = backend.runner.connection()
     counting = connection.driver = _CountingConnection(connection.driver)
     connection.cursor = None
     try:
@@ -422,7 +421,7 @@ class TestPostgresTable:
         from sqlalchemy import text
 
         transactional = PostgresIdempotencyBackend(
-            autocommit_engine(stores), transaction_engine=stores.engine
+            stores.statements(), transaction_engine=stores.engine
         )
         prefix = uuid.uuid4().hex
         before_all, before_hot = table_updates(engine)
@@ -440,7 +439,7 @@ class TestPostgresTable:
             finally:
                 transaction.close()
         # Backends report their counts when idle (at most once a second): ask both to now.
-        with postgres._connection().driver.cursor() as cursor:
+        with postgres.runner.connection().driver.cursor() as cursor:
             cursor.execute("SELECT pg_stat_force_next_flush()")
         with stores.engine().connect() as connection:
             connection.execute(text("SELECT pg_stat_force_next_flush()"))
@@ -482,12 +481,12 @@ class TestPostgresTable:
         """Without a pooler an asynchronous backend turns `synchronous_commit` off on the
         thread's session once; a synchronous backend on the same connection turns it back
         to the server's default before its own write."""
-        engine = autocommit_engine(stores)
-        asynchronous = PostgresIdempotencyBackend(engine, synchronous_commit=False)
-        synchronous = PostgresIdempotencyBackend(engine, synchronous_commit=True)
+        runner = stores.statements()
+        asynchronous = PostgresIdempotencyBackend(runner, synchronous_commit=False)
+        synchronous = PostgresIdempotencyBackend(runner, synchronous_commit=True)
 
         def session_setting() -> str:
-            with asynchronous._connection().driver.cursor() as cursor:
+            with asynchronous.runner.connection().driver.cursor() as cursor:
                 cursor.execute("SHOW synchronous_commit")
                 return str(cursor.fetchone()[0])
 

@@ -188,13 +188,10 @@ class TestGuardFlow:
     ) -> None:
         """A result with UUID, datetime and Decimal (Celery's JSON serializer carries them)
         is recorded, and a duplicate is REPLAYED with those very values, not tagged dicts."""
-        from resilience.idempotency.backends.postgres import (
-            PostgresIdempotencyBackend,
-            autocommit_engine,
-        )
+        from resilience.idempotency.backends.postgres import PostgresIdempotencyBackend
 
         store = (MemoryIdempotencyBackend() if backend == "memory"
-                 else PostgresIdempotencyBackend(autocommit_engine(stores)))
+                 else PostgresIdempotencyBackend(stores.statements()))
         pipeline, key = guarded(tasks.idem_count, store, key="{key}"), uuid.uuid4().hex
         value = {"id": uuid.uuid4(), "amount": Decimal("12.50"),
                  "at": [datetime(2026, 11, 26, 21, 30, tzinfo=timezone.utc)]}

@@ -1,0 +1,299 @@
+"""PostgreSQL connections: the client and server TCP bounds, direct sessions, and the
+statement runner that the guards' single-statement decisions go through.
+
+`StatementRunner` keeps one connection per thread, detached from any pool: a worker thread
+runs one call at a time, and a pool checkout and checkin per statement cost more CPU than
+the statement's round trip. It prepares each statement once per connection
+(`resilience.prepared`), connects again when PostgreSQL closed the connection (a restart,
+an idle timeout: no pre-ping, so the first statement after it fails and one more try uses a
+fresh connection), and forgets prepared statements a pooler lost. Behind a transaction
+pooler (PgBouncer) no session state holds from one statement to the next: callers pass
+`prepared=False` there (`Stores.transaction_pooled`). A forked child starts without the
+parent's connections (`ProcessLocal`).
+
+`connect` opens a direct session (advisory locks, the outbox relay's `LISTEN`): autocommit,
+client keepalives, and with `server_tcp` the server's end bounded too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import psycopg2
+import psycopg2.errors
+import psycopg2.extensions
+import sqlalchemy
+from sqlalchemy import event, make_url
+from sqlalchemy.engine import Engine
+from sqlalchemy.pool import NullPool
+
+from resilience.connections import ProcessLocal, translate_store_error, wrap_store_errors
+from resilience.prepared import PreparedStatement
+
+#: Client-side TCP settings of every PostgreSQL connection the library opens (libpq
+#: parameters, nothing sent to the server, so poolers accept them): a partition surfaces
+#: as a connection error within ~10 s (unacknowledged data or unanswered keepalive probes
+#: for `tcp_user_timeout` ms end the connection) instead of a call that hangs until the
+#: task's hard time limit. A guard then applies its store-down policy.
+PG_CLIENT_TCP: dict[str, int] = {
+    "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
+#: Server-side TCP settings of each direct (unpooled) session, set in its first statement
+#: rather than as startup options, which poolers refuse: without them the server keeps a
+#: partitioned client's backend, its open transaction, its row and advisory locks for the
+#: kernel's keepalive time (two hours). With them PostgreSQL ends such a session within
+#: ~15 s. `set_config(..., false)` lasts the session (outside a transaction, or committed).
+PG_SERVER_TCP = (
+    "SELECT set_config('tcp_keepalives_idle', '5', false), "
+    "set_config('tcp_keepalives_interval', '2', false), "
+    "set_config('tcp_keepalives_count', '3', false), "
+    "set_config('tcp_user_timeout', '10000', false)"
+)
+
+#: Execution option that marks a connection of `Stores.guard_engine()`: every transaction
+#: it begins gets `SET LOCAL statement_timeout` and `lock_timeout` (milliseconds).
+GUARD_BOUND_OPTION = "resilience_guard_bound_ms"
+
+
+def guard_bounds_sql(bound_ms: int) -> str:
+    """The statements that bound the rest of one transaction: `statement_timeout` and
+    `lock_timeout` at `bound_ms` milliseconds (`SET LOCAL`: gone at its end, so a pooler
+    accepts it). Also a prefix for one autocommit query string, whose statements share one
+    implicit transaction."""
+    return (f"SET LOCAL statement_timeout = {int(bound_ms)}; "
+            f"SET LOCAL lock_timeout = {int(bound_ms)}; ")
+
+
+def connect_arguments(database_url: str) -> dict[str, Any]:
+    """psycopg2 keyword arguments of a SQLAlchemy/libpq URL."""
+    url = make_url(database_url)
+    arguments: dict[str, Any] = {
+        "host": url.host or "127.0.0.1",
+        "port": url.port or 5432,
+        "user": url.username or "postgres",
+        "dbname": url.database or "postgres",
+    }
+    if url.password:
+        arguments["password"] = url.password
+    arguments.update({k: v for k, v in url.query.items() if isinstance(v, str)})
+    return arguments
+
+
+def connect(database_url: str, *, connect_timeout_seconds: float,
+            application_name: str | None = None, server_tcp: bool = False) -> Any:
+    """A new autocommit psycopg2 connection with the client TCP bounds (`PG_CLIENT_TCP`;
+    the URL may override them); with `server_tcp` (a direct session, no pooler) the server's
+    end is bounded in the first round trip (`PG_SERVER_TCP`).
+
+    Raises:
+        StoreUnavailable: PostgreSQL cannot be reached.
+    """
+    extra = {} if application_name is None else {"application_name": application_name[:63]}
+    with wrap_store_errors("PostgreSQL connect"):
+        connection = psycopg2.connect(
+            **{**PG_CLIENT_TCP, **connect_arguments(database_url)}, **extra,
+            connect_timeout=max(1, int(connect_timeout_seconds)))
+        connection.autocommit = True
+        if server_tcp:
+            with connection.cursor() as cursor:
+                cursor.execute(PG_SERVER_TCP)
+    return connection
+
+
+def engine(database_url: str, *, connect_timeout_seconds: float, server_tcp: bool,
+           pooled: bool = True) -> Engine:
+    """A SQLAlchemy engine with the client TCP bounds; with `server_tcp` (a direct URL, no
+    pooler in between) `PG_SERVER_TCP` once per new connection. Pooled: five connections
+    (five more on demand), pinged at checkout; else none kept (`NullPool`). Each
+    transaction begun on a connection carrying `GUARD_BOUND_OPTION` first runs its
+    `SET LOCAL` bounds (`Stores.guard_engine`)."""
+    options: dict[str, Any] = (
+        {"pool_pre_ping": True, "pool_size": 5, "max_overflow": 5} if pooled
+        else {"poolclass": NullPool})
+    created = sqlalchemy.create_engine(
+        database_url,
+        connect_args={"connect_timeout": int(max(1, connect_timeout_seconds)), **PG_CLIENT_TCP},
+        **options)
+    if server_tcp:
+        @event.listens_for(created, "connect")
+        def _server_keepalives(dbapi_connection: Any, _record: Any) -> None:
+            with dbapi_connection.cursor() as cursor:
+                cursor.execute(PG_SERVER_TCP)
+            dbapi_connection.commit()  # set_config(..., false) survives only a commit
+
+    @event.listens_for(created, "begin")
+    def _bound_guard_transaction(connection: Any) -> None:
+        bound_ms = connection.get_execution_options().get(GUARD_BOUND_OPTION)
+        driver = connection.connection.driver_connection
+        if bound_ms is None or getattr(driver, "autocommit", False):
+            return  # SET LOCAL would outlive nothing in autocommit
+        # On the driver's cursor: the SQLAlchemy transaction is not open yet inside this
+        # event; psycopg2 opens the database transaction with this statement.
+        with driver.cursor() as cursor:
+            cursor.execute(guard_bounds_sql(bound_ms))
+
+    return created
+
+
+class Row(dict[str, Any]):
+    """A result row by column name, with attribute access."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class HeldConnection:
+    """A thread's own connection and what its session holds."""
+
+    def __init__(self, driver: Any) -> None:
+        self.driver = driver
+        #: One cursor for every statement (a thread runs one at a time): a cursor per
+        #: statement cost more than the rest of a backend's Python around it.
+        self.cursor: Any = None
+        self.prepared: set[str] = set()
+        #: Session settings callers keep track of (`synchronous_commit`, ...).
+        self.settings: dict[str, Any] = {}
+        #: `EXECUTE` texts with constant parameters written in (`StatementRunner.run`).
+        self.rendered: dict[tuple[Any, ...], tuple[str, tuple[str, ...]]] = {}
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # already broken; it is being replaced
+            self.driver.close()
+
+
+#: A statement's session prefix: the text to send before it on `connection`, and what to
+#: record once it succeeded (None: nothing).
+Prefix = Callable[[HeldConnection], tuple[str, Callable[[], None] | None]]
+
+
+class StatementRunner:
+    """Runs single statements in autocommit on a connection held per thread.
+
+    Args:
+        database_url: the PostgreSQL URL (or a pooler's).
+        connect_timeout_seconds: bound on connecting.
+    """
+
+    def __init__(self, database_url: str, *, connect_timeout_seconds: float = 5.0) -> None:
+        self.database_url = database_url
+        self.connect_timeout_seconds = connect_timeout_seconds
+        self._held = ProcessLocal()
+
+    def connection(self) -> HeldConnection:
+        """This thread's connection, opened on first use and after one broke.
+
+        Raises:
+            StoreUnavailable: PostgreSQL cannot be reached.
+        """
+        held: HeldConnection | None = getattr(self._held.local, "connection", None)
+        if held is None or held.driver.closed:
+            held = HeldConnection(connect(
+                self.database_url, connect_timeout_seconds=self.connect_timeout_seconds))
+            self._held.local.connection = held
+        return held
+
+    def close(self) -> None:
+        """Close this thread's connection (a test database about to be dropped)."""
+        held: HeldConnection | None = getattr(self._held.local, "connection", None)
+        if held is not None:
+            held.close()
+            self._held.local.connection = None
+
+    def run(self, statement: PreparedStatement, parameters: dict[str, Any], action: str, *,
+            prepared: bool = True, prefix: Prefix | None = None, named: bool = True,
+            fixed: tuple[str, ...] = ()) -> Any:
+        """Run one statement: its row count when it returns no rows, else its rows (`Row`s
+        by column name; plain tuples when not `named`, which spares a dict per row).
+
+        Args:
+            statement: the SQL, prepared once per connection when `prepared`.
+            parameters: its named parameters.
+            action: what errors name ("idempotency store: claim").
+            prepared: server-side prepared statements (off behind a transaction pooler).
+            prefix: session statements sent in the same query string (see `Prefix`).
+            named: rows as `Row`s, else tuples.
+            fixed: parameters the same on every call of one caller (a guard's task name,
+                lease, TTL): a prepared `EXECUTE` gets them written in once per connection,
+                as the driver writes them (the same query text), instead of adapting them
+                on every call.
+
+        Raises:
+            StoreUnavailable, StoreRejected, StorageError, SchemaMissing.
+        """
+        for attempt in (1, 2):
+            with wrap_store_errors(action):
+                connection = self.connection()
+            text, settle = prefix(connection) if prefix is not None else ("", None)
+            try:
+                cursor = connection.cursor
+                if cursor is None:
+                    cursor = connection.cursor = connection.driver.cursor()
+                # One query string per call: the result is the last statement's.
+                if not prepared:
+                    cursor.execute(text + statement.sql, parameters)
+                elif statement.name in connection.prepared:
+                    if fixed:
+                        query, names = self._rendered(connection, statement, parameters, fixed)
+                        cursor.execute(text + query, [parameters[name] for name in names])
+                    else:
+                        cursor.execute(text + statement.execute, statement.values(parameters))
+                else:
+                    cursor.execute(text + statement.prepare_and_execute,
+                                   statement.values(parameters))
+                    connection.prepared.add(statement.name)
+                if settle is not None:
+                    settle()
+                description = cursor.description
+                if description is None:
+                    return cursor.rowcount
+                if not named:
+                    return cursor.fetchall()
+                columns = [column.name for column in description]
+                return [Row(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+            except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+                # A connection PostgreSQL closed fails its first statement: drop it, and
+                # one more try uses a fresh one.
+                connection.close()
+                if attempt == 2:
+                    raise translate_store_error(exc, action) from exc
+            except psycopg2.errors.InvalidSqlStatementName as exc:
+                # The server lost the prepared statement (a pooler switched backends).
+                connection.prepared.clear()
+                if attempt == 2:
+                    raise translate_store_error(exc, action) from exc
+            except psycopg2.Error as exc:
+                raise translate_store_error(exc, action) from exc
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _rendered(connection: HeldConnection, statement: PreparedStatement,
+                  parameters: dict[str, Any], fixed: tuple[str, ...]
+                  ) -> tuple[str, tuple[str, ...]]:
+        """`statement`'s `EXECUTE` with the `fixed` parameters' values written in (by the
+        driver's own `mogrify`, so the server receives the query text it would otherwise),
+        and the names still passed per call."""
+        key = (statement.name, *[parameters[name] for name in fixed])
+        found = connection.rendered.get(key)
+        if found is not None:
+            return found
+        encoding = psycopg2.extensions.encodings[connection.driver.encoding]
+        written = []
+        names = []
+        for name in statement.names:
+            if name in fixed:
+                literal = connection.cursor.mogrify("%s", (parameters[name],)).decode(encoding)
+                written.append(literal.replace("%", "%%"))  # literal text, not a placeholder
+            else:
+                written.append("%s")
+                names.append(name)
+        found = (f"EXECUTE {statement.name} ({', '.join(written)})", tuple(names))
+        if len(connection.rendered) >= 256:  # a caller's few statements each; bounded anyway
+            connection.rendered.clear()
+        connection.rendered[key] = found
+        return found
