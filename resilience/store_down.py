@@ -17,11 +17,13 @@ outrun by waiting: the guard dead-letters the job with the store's reason.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
-from resilience.errors import ConfigurationError
+from resilience.errors import ConfigurationError, StoreRejected
+from resilience.outcomes import Outcome, Stop
 
 
 class StoreDown(str, Enum):
@@ -55,7 +57,8 @@ def store_down_policy(value: Any, *, option: str = "on_store_down") -> StoreDown
 def store_failed(call: Any, error: Exception, *, guard: str, policy: StoreDown,
                  retry_after_seconds: float, name: str | None = None,
                  details: Mapping[str, Any] | None = None) -> None:
-    """Apply an execution guard's store-down policy to `error`.
+    """Apply an execution guard's store-down policy to `error` met by `call` (a
+    `resilience.pipeline.Call`: its `count` and `dead_letter` services record the decision).
 
     Returns when failing open (warned, counted FAIL-OPEN): the guard lets the call run.
 
@@ -63,26 +66,15 @@ def store_failed(call: Any, error: Exception, *, guard: str, policy: StoreDown,
         Stop: DEFERRED, failing closed while the store is unreachable.
         DeadLettered: the store rejected the operation (`StoreRejected`): waiting cannot help.
     """
-    import logging
-
-    from resilience.counters import count_call
-    from resilience.errors import StoreRejected
-    from resilience.outcomes import Outcome, Stop
-
     if isinstance(error, StoreRejected):
-        from resilience.deadletter.giveup import give_up
-
-        raise give_up(
-            call, guard=guard, reason=f"the store refused the operation: {error}",
-            attempts=int(getattr(call.request, "retries", 0) or 0) + 1, exception=error,
-            name=name,
-        ) from error
-    logger = logging.getLogger(f"resilience.{guard}")
+        raise call.dead_letter(guard=guard, reason=f"the store refused the operation: {error}",
+                               exception=error, name=name) from error
     if policy is StoreDown.FAIL_OPEN:
-        logger.warning("%s: store unavailable, running unguarded (fail_open): %s", guard, error)
-        count_call(call, Outcome.FAIL_OPEN.value, guard=guard, name=name)
+        logging.getLogger(f"resilience.{guard}").warning(
+            "%s: store unavailable, running unguarded (fail_open): %s", guard, error)
+        call.count(Outcome.FAIL_OPEN, guard=guard, name=name)
         return
-    count_call(call, Outcome.DEFERRED.value, guard=guard, name=name)
+    call.count(Outcome.DEFERRED, guard=guard, name=name)
     raise Stop(
         Outcome.DEFERRED, guard=guard,
         reason=f"store unavailable, failing closed: {error}",

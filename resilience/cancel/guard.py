@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING
 from resilience.cancel.backends import CancelBackend, Marks, id_target, key_target
 from resilience.cancel.results import GUARD_NAME, cancelled_stop
 from resilience.cancel.tombstones import Cancellations
-from resilience.counters import count_call
 from resilience.errors import ConfigurationError, StorageError
 from resilience.keys import KeySpec
 from resilience.outcomes import Outcome, Stop
@@ -233,5 +232,5 @@ class CancelGuard(Guard):
             raise self._cancelled(call, reason, targets[0])
 
     def _cancelled(self, call: Call, reason: str, target: str) -> Stop:
-        count_call(call, Outcome.CANCELLED.value, guard=self.name)
+        call.count(Outcome.CANCELLED, guard=self.name)
         return cancelled_stop(reason, target)

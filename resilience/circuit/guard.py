@@ -30,8 +30,6 @@ from resilience.circuit.breaker import CircuitBreaker
 from resilience.circuit.config import AdmissionConfig, BreakerConfig, CountWindow, TimeWindow
 from resilience.classify import ClassifyHook, is_retryable
 from resilience.config import configured
-from resilience.counters import count_call
-from resilience.deadletter.giveup import give_up
 from resilience.errors import DeadLettered, StorageError, StoreRejected, StoreUnavailable
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Guard, Stage, attach
@@ -128,7 +126,8 @@ class BreakerGuard(Guard):
         if permission.allowed:
             call.keep(self, (permission, time.monotonic()))
             return
-        self._count(call, Outcome.DEFERRED if self.config.fallback is None else Outcome.SKIPPED)
+        call.count(Outcome.DEFERRED if self.config.fallback is None else Outcome.SKIPPED,
+                   guard=self.name, name=self.config.name)
         details = {"breaker": self.config.name, "state": permission.state}
         if self.config.fallback is not None:
             raise Stop(
@@ -139,16 +138,14 @@ class BreakerGuard(Guard):
                 details={**details, "fallback": True},
             )
         wait = max(0.05, permission.wait_seconds)
-        expires = _expires_at(call.request)
+        expires = call.headers.expires_at
         if expires is not None and time.time() + wait > expires:
-            raise give_up(
-                call,
+            raise call.dead_letter(
                 guard=self.name,
                 reason=(
                     f"breaker {self.config.name} is {permission.state} for {wait:.1f}s more, "
                     "beyond the job's deadline"
                 ),
-                attempts=int(getattr(call.request, "retries", 0) or 0) + 1,
                 name=self.config.name,
                 dependency=self.config.name,
             )
@@ -183,38 +180,12 @@ class BreakerGuard(Guard):
     def on_stop(self, call: Call, stop: Stop) -> None:
         self._finish(call, "ignored")
 
-    def _count(self, call: Call, outcome: Outcome) -> None:
-        count_call(call, outcome.value, guard=self.name, name=self.config.name)
-
 
 @dataclass(frozen=True)
 class _Peek:
     """The breaker's slot between prefetch and before_run: what the state read told."""
 
     peek: Peek | StorageError
-
-
-#: Message header holding the job's absolute deadline in epoch seconds (the deadline guard's).
-DEADLINE_HEADER = "deadline"
-
-
-def _expires_at(request: Any) -> float | None:
-    """The job's deadline (epoch seconds): the earlier of its `deadline` header and `expires`.
-
-    The header is read by the deadline guard's rule (`resilience.deadline.finite_seconds`):
-    garbage, NaN or ±inf counts as no deadline, so a bad header can neither dead-letter
-    every deferred job nor exempt it for ever. No warning here: the deadline guard (the
-    outermost guard) already logs an unusable header once per run.
-    """
-    # The deadline guard's own readers (the deadline package never imports circuit: no cycle).
-    from resilience.deadline.guard import epoch_seconds, finite_seconds, headers_of
-
-    candidates = [
-        epoch_seconds(getattr(request, "expires", None)),
-        finite_seconds(headers_of(request).get(DEADLINE_HEADER)),
-    ]
-    known = [value for value in candidates if value is not None]
-    return min(known) if known else None
 
 
 def circuit_breaker(

@@ -15,29 +15,22 @@ dropped early and the backlog drains to fresh work.
 Clocks: the deadline is wall-clock epoch time written by the producer and read by the
 worker; producer/worker clock skew shifts it by the skew (NTP keeps that to milliseconds).
 
-Reading the headers, one rule for both (`finite_seconds`; `header_seconds` adds the warning;
-the circuit breaker reads `deadline` by it too): a finite int/float, or a string that parses
-as one ("1700000000.5"), is used. Anything else (garbage, "", NaN, ±inf, a number beyond
-float range, a bool, bytes, a list) counts as absent and logs one warning naming the task id
-and the header. Such a header comes from a broken or hostile producer; treating it as
-absent runs the job as if it had no deadline (or no enqueue time, hence no pressure rule)
-instead of failing it with a traceback, shedding it always (NaN, -inf) or exempting it for
-ever (+inf).
+The headers are read through `call.headers` (`resilience.headers`, one rule for every
+guard): an unusable value counts as absent with one warning, so a broken producer's job
+runs as if it had no deadline (or no enqueue time, hence no pressure rule).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from resilience.counters import count_outcome
 from resilience.errors import ConfigurationError, StorageError
+from resilience.headers import DEADLINE_HEADER, ENQUEUED_AT_HEADER, epoch_seconds, finite_seconds
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, EnqueueGuard, EnqueueStage, Guard, Publish, Stage
 
@@ -46,36 +39,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("resilience.deadline")
 
-DEADLINE_HEADER = "deadline"
-ENQUEUED_AT_HEADER = "enqueued_at"
 #: Per-call option of `apply_async`: seconds from now until the job is shed.
 DEADLINE_OPTION = "deadline_seconds"
-
-
-def finite_seconds(value: Any) -> float | None:
-    """`value` as float seconds if it is a finite number or numeric string, else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        return None
-    try:
-        seconds = float(value)
-    except (ValueError, OverflowError):
-        return None
-    return seconds if math.isfinite(seconds) else None
-
-
-def header_seconds(headers: dict[str, Any], name: str, *, task_id: str | None) -> float | None:
-    """Epoch seconds in the platform-stamped header `name`, or None (see the module's rule).
-
-    An unusable value is logged as one warning naming `task_id` and the header.
-    """
-    value = headers.get(name)
-    if value is None:
-        return None
-    seconds = finite_seconds(value)
-    if seconds is None:
-        logger.warning("task %s: ignoring unusable %s header %r (not a finite number); "
-                       "treated as absent", task_id, name, value)
-    return seconds
 
 
 def _positive_seconds(value: Any) -> bool:
@@ -167,37 +132,6 @@ def _due_at(options: dict[str, Any], now: float) -> float:
     return max(due, eta) if eta is not None else due
 
 
-def epoch_seconds(value: Any) -> float | None:
-    """A moment as epoch seconds: a finite number, a numeric or ISO-8601 string, or a
-    datetime (naive means UTC); None when absent or unusable (NaN and ±inf included).
-
-    Reads Celery's `expires` and `eta` wherever a guard needs them.
-    """
-    seconds = finite_seconds(value)
-    if seconds is not None or value is None or isinstance(value, bool):
-        return seconds
-    if isinstance(value, str):
-        try:
-            value = datetime.fromisoformat(value)
-        except ValueError:
-            return None
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=timezone.utc)
-        return value.timestamp()
-    return None
-
-
-def headers_of(request: Any) -> dict[str, Any]:
-    """Custom headers of a task request (Celery keeps them in `request.headers`)."""
-    headers = dict(getattr(request, "headers", None) or {})
-    for name in (DEADLINE_HEADER, ENQUEUED_AT_HEADER):
-        value = getattr(request, name, None)
-        if value is not None:
-            headers.setdefault(name, value)
-    return headers
-
-
 class DeadlineGuard(Guard):
     """Shed a job whose (effective) deadline has passed before it takes a slot.
 
@@ -245,11 +179,10 @@ class DeadlineGuard(Guard):
         return depth
 
     def before_run(self, call: Call) -> None:
-        headers = headers_of(call.request)
-        deadline = header_seconds(headers, DEADLINE_HEADER, task_id=call.task_id)
+        deadline = call.headers.deadline
         if deadline is None:
             return
-        start = header_seconds(headers, ENQUEUED_AT_HEADER, task_id=call.task_id)
+        start = call.headers.enqueued_at
         now = self.clock()
         effective, pressure = deadline, False
         policy = _resolve(self.policy, call.task)
@@ -265,7 +198,7 @@ class DeadlineGuard(Guard):
         if now <= effective:
             return
         tier = (policy.tier if policy else None) or getattr(call.task, "tier", None)
-        self._count(call, tier)
+        call.count(Outcome.SHED, guard=self.name, tier=tier)
         late = now - effective
         why = "under queue pressure, " if pressure else ""
         raise Stop(
@@ -275,10 +208,6 @@ class DeadlineGuard(Guard):
             details={"deadline": deadline, "effective_deadline": effective,
                      "late_seconds": round(late, 6), "pressure": pressure, "tier": tier},
         )
-
-    def _count(self, call: Call, tier: str | None) -> None:
-        count_outcome(call.task.app, Outcome.SHED.value, guard=self.name, tier=tier,
-                      name=call.task.name)
 
 
 def _queue_of(call: Call) -> str | None:

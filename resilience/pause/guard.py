@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from resilience.counters import count_call
 from resilience.errors import ConfigurationError, StorageError
 from resilience.outcomes import Outcome, Stop
 from resilience.pause.backends import PauseBackend, Paused
@@ -137,7 +136,7 @@ class PauseGuard(Guard):
         if not found:
             return
         hit = found[0]
-        count_call(call, Outcome.DEFERRED.value, guard=self.name)
+        call.count(Outcome.DEFERRED, guard=self.name)
         raise Stop(
             Outcome.DEFERRED, guard=self.name,
             reason=f"paused: {hit.scope} {hit.name!r} ({hit.reason or 'no reason given'})",

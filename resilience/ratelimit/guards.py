@@ -18,15 +18,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from resilience.config import configured
-from resilience.counters import count_call
 from resilience.errors import ConfigurationError, StorageError
 from resilience.keys import KeyOption, KeySpec
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Guard, Stage, attach
 from resilience.ratelimit.algorithms import LEASE, Algorithm, Decision, Params, algorithm_named
+from resilience.ratelimit.backends.memory import MemoryBackend
+from resilience.ratelimit.backends.redis import RedisBackend
 from resilience.ratelimit.config import ConcurrencyLimitConfig, RateLimitConfig, split_name
 from resilience.ratelimit.rates import Rate
 from resilience.store_down import store_failed
+from resilience.stores import stores_for
 
 if TYPE_CHECKING:
     from celery import Task
@@ -78,10 +80,6 @@ class _LimitGuard(Guard):
             # The task's `run` drops `self` for bind=True tasks, as call.args do.
             self.keys = KeySpec(task.run, self.keys.key)
         if self.backend is None:
-            from resilience.ratelimit.backends.memory import MemoryBackend
-            from resilience.ratelimit.backends.redis import RedisBackend
-            from resilience.stores import stores_for
-
             self.backend = stores_for(task.app).backend(
                 "limits", lambda stores: RedisBackend(stores.redis), memory=MemoryBackend)
 
@@ -135,7 +133,7 @@ class _LimitGuard(Guard):
             return
         self.observe(call, key, decision)
         if not decision.allowed:
-            count_call(call, Outcome.DEFERRED.value, guard=self.name, name=self.config.name)
+            call.count(Outcome.DEFERRED, guard=self.name, name=self.config.name)
             raise Stop(
                 Outcome.DEFERRED,
                 guard=self.name,

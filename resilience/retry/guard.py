@@ -32,9 +32,8 @@ from celery.exceptions import Ignore, Reject, Retry
 
 from resilience.classify import ClassifyHook, is_retryable, retry_after
 from resilience.config import configured
-from resilience.counters import count_call
-from resilience.deadletter.giveup import give_up
 from resilience.errors import ConfigurationError, DeadLettered
+from resilience.headers import PREVIOUS_DELAY_HEADER
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Guard, Stage, attach
 from resilience.retry.backoff import Wait, check_backoff, delay_with_retry_after, wait_full_jitter
@@ -50,8 +49,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("resilience.retry")
 
-#: Custom message header carrying the previous delay (decorrelated jitter grows from it).
-PREVIOUS_DELAY_HEADER = "resilience_previous_delay"
 DEFAULT_MAX_COUNTDOWN_SECONDS = 300.0
 
 
@@ -158,19 +155,13 @@ class RetryGuard(Guard):
         """The error to raise instead of `exc`: Celery's `Retry`, or `DeadLettered`."""
         task = call.task
         request = call.request
-        attempt = int(getattr(request, "retries", 0) or 0) + 1
+        attempt = call.attempt
         policy = self.policy
 
         def dead(reason: str, *, dependency_down: bool = False) -> BaseException:
-            return give_up(
-                call,
-                guard=self.name,
-                reason=reason,
-                attempts=attempt,
-                exception=exc,
-                name=self.dependency,
-                dependency=self.dependency if dependency_down else None,
-            )
+            return call.dead_letter(guard=self.name, reason=reason, exception=exc,
+                                    name=self.dependency,
+                                    dependency=self.dependency if dependency_down else None)
 
         if not policy.is_retryable(exc):
             return dead(f"non-retryable {type(exc).__name__}: {exc}")
@@ -182,7 +173,7 @@ class RetryGuard(Guard):
         asked = retry_after(exc)
         if asked is not None and asked > cap:
             return dead(f"Retry-After {asked:g}s exceeds the max countdown {cap:g}s")
-        previous = _previous_delay(request)
+        previous = call.headers.previous_delay
         delay = min(cap, policy.delay_seconds(attempt, exc, previous))
         if self.gate is not None:
             decision = self.gate.try_spend(with_request=call.take_back(self) is _UNCOUNTED)
@@ -192,7 +183,7 @@ class RetryGuard(Guard):
                     f"({decision.retries} retries / {decision.requests} requests in window)",
                     dependency_down=True,
                 )
-        count_call(call, Outcome.RETRY.value, guard=self.name, name=self.dependency)
+        call.count(Outcome.RETRY, guard=self.name, name=self.dependency)
         headers = dict(getattr(request, "headers", None) or {})
         headers[PREVIOUS_DELAY_HEADER] = delay
         try:
@@ -211,17 +202,6 @@ class RetryGuard(Guard):
 
 #: The retry guard's slot while this execution is not yet counted as a budget request.
 _UNCOUNTED = "uncounted"
-
-
-def _previous_delay(request: Any) -> float | None:
-    for source in (getattr(request, "headers", None) or {}, getattr(request, "__dict__", {})):
-        value = source.get(PREVIOUS_DELAY_HEADER)
-        if value is not None:
-            try:
-                return float(value)
-            except (TypeError, ValueError):
-                return None
-    return None
 
 
 def retry_policy(

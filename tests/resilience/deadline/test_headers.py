@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from resilience.circuit.guard import _expires_at
 from resilience.deadline import DeadlineConfig, DeadlineGuard, DeadlineStampGuard
 from resilience.errors import ConfigurationError
+from resilience.headers import Headers
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Publish
 from tests.resilience.deadline import tasks
@@ -120,6 +120,10 @@ class TestNonFiniteDeadlineSeconds:
     def test_pressure_factor_refused(self, factor: float) -> None:
         with pytest.raises(ConfigurationError, match="pressure_deadline_factor"):
             DeadlineConfig(pressure_deadline_factor=factor)
+
+
+def _expires_at(request: Any) -> float | None:
+    return Headers(request).expires_at  # what the breaker reads (`call.headers`)
 
 
 class TestBreakerReadsTheSameRule:

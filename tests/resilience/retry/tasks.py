@@ -12,6 +12,7 @@ from typing import Any
 
 from jobs import app
 from resilience.classify import NonRetryable, Retryable
+from resilience.headers import Headers
 from resilience.retry.backoff import wait_decorrelated_jitter, wait_full_jitter
 from resilience.retry.budget import RetryBudget
 from resilience.retry.guard import retry_policy
@@ -72,10 +73,8 @@ def failure_self_retry(self: Any, counter: str) -> str:
 @app.task(tier="standard", bind=True)
 @retry_policy(max_attempts=3, backoff=wait_decorrelated_jitter(base=0.3, cap=0.5))
 def failure_decorrelated(self: Any, counter: str) -> str:
-    from resilience.retry.guard import _previous_delay
-
     redis = stores_for(app).redis()
-    redis.rpush(counter, repr(_previous_delay(self.request)))
+    redis.rpush(counter, repr(Headers(self.request).previous_delay))
     if redis.llen(counter) < 3:
         raise Retryable("again")
     return "done"
