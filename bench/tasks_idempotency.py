@@ -35,12 +35,12 @@ def idem_bench_steps(counter: str, n: int, steps: str) -> None:
     """The same no-op after part of the guard's work, done by hand with the guard's own store
     and cache: `cache` (the Redis fast-path read), `ping` (that, plus one PostgreSQL round
     trip: `SELECT 1`), `claim` (the read, plus the real claim; no completion)."""
+    from resilience.idempotency.backends.cached import ResultCache
     from resilience.idempotency.backends.postgres import backend_for as store_for
-    from resilience.idempotency.cache import ResultCache
 
     stores = stores_for(app)
     key = f"{counter}:{n}"
-    ResultCache(stores.redis()).get(idem_bench_steps.name, key)
+    ResultCache(stores.redis).get(idem_bench_steps.name, key)
     store = store_for(stores, synchronous_commit=False)
     if steps == "ping":
         store.ping()

@@ -1,22 +1,18 @@
 """`@idempotent`: a job delivered twice has its effect once and returns the first result.
 
 The guard sits at `Stage.IDEMPOTENCY`, just inside the deadline. Flow only; the records
-live in an `IdempotencyBackend` (PostgreSQL unless given one). Per call:
+live in an `IdempotencyBackend` (PostgreSQL unless given one), behind the Redis fast path
+of `backends.cached.CachedBackend`, resolved once per task. Per call:
 
 1. key: the task name + key template/function (or all bound arguments; `outbox:<row id>`
    for a job the outbox relay published), and the fingerprint of all bound arguments;
-2. cache hint (`prefetch`, batched with the other guards' reads): a cached succeeded
-   record with the same fingerprint -> REPLAYED. With `cache="auto"` (the default) only
-   while the task's keys replayed in this process in the last `HOT_SECONDS`: a fresh job
-   then makes no Redis round trip, and a burst of duplicates turns the fast path on;
-3. claim (one atomic step): claimed -> run the body (in transactional mode inside the
-   backend's transaction, its `session` injected); a succeeded record -> REPLAYED; a live
-   claim of another holder -> DEFERRED; another fingerprint -> `IdempotencyKeyReused`
-   (the task fails, never retried);
-4. commit (inside every lock and lease the call holds, after `call.checkpoint()` in
-   transactional mode): record the result, with the body's writes in transactional mode,
-   and queue the cache fill (while the fast path is on);
-5. on error or stop: release the claim when the call will run again, record it failed
+2. claim (one atomic step; the backend may answer a finished key from its cache first):
+   claimed -> run the body (in transactional mode inside the backend's transaction, its
+   `session` injected); a succeeded record -> REPLAYED; a live claim of another holder ->
+   DEFERRED; another fingerprint -> `IdempotencyKeyReused` (the task fails, never retried);
+3. commit (inside every lock and lease the call holds, after `call.checkpoint()` in
+   transactional mode): record the result, with the body's writes in transactional mode;
+4. on error or stop: release the claim when the call will run again, record it failed
    otherwise; a transactional body whose database went away is DEFERRED. Failures are not
    cached: the next delivery may claim again.
 """
@@ -30,14 +26,16 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
+
+from celery.exceptions import Retry
 
 from resilience.classify import is_retryable as classify
 from resilience.config import configured
-from resilience.connections import translate_store_error
-from resilience.counters import count_call
+from resilience.connections import on_fork, translate_store_error
 from resilience.errors import (
     ConfigurationError,
     IdempotencyKeyReused,
@@ -50,29 +48,17 @@ from resilience.idempotency.backends import (
     IN_PROGRESS,
     SUCCEEDED,
     Claim,
+    ClaimResult,
     IdempotencyBackend,
     Transaction,
 )
-from resilience.idempotency.cache import (
-    CachedResult,
-    NoResultCache,
-    ResultCache,
-    result_cache_for,
-)
+from resilience.idempotency.backends.cached import CachedBackend, CacheHit, cached_backend
 from resilience.idempotency.config import (
     DEFAULT_LEASE_SECONDS,
     LEASE_MARGIN_SECONDS,
     IdempotencyConfig,
 )
-from resilience.keys import (
-    GuardKey,
-    KeyOption,
-    KeySpec,
-    canonical_arguments,
-    canonical_json,
-    revive,
-)
-from resilience.outbox.enqueue import outbox_id_of
+from resilience.keys import GuardKey, KeyOption, KeySpec, canonical_arguments, revive
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, EnqueueGuard, EnqueueStage, Guard, Publish, Stage, attach
 from resilience.store_down import StoreDown, store_failed
@@ -93,12 +79,10 @@ def is_retryable(exc: BaseException) -> bool:
     """Will Celery run this call again? Then the claim is released instead of failed.
 
     `celery.exceptions.Retry` (raised by `task.retry`, `autoretry_for` or the retry guard,
-    which sits inside this one) always is. Otherwise the retry package's classifier decides;
-    either way the next delivery with the same arguments may claim again, so the choice only
+    which sits inside this one) always is. Otherwise the core's classifier decides; either
+    way the next delivery with the same arguments may claim again, so the choice only
     changes what the record shows (an open claim or a failure with its error).
     """
-    from celery.exceptions import Retry
-
     if isinstance(exc, Retry):
         return True
     if isinstance(exc, IdempotencyKeyReused | UnserializableResult):
@@ -106,29 +90,25 @@ def is_retryable(exc: BaseException) -> bool:
     return classify(exc)
 
 
-_owner_prefix: tuple[int, str, Iterator[int]] = (0, "", itertools.count())
+class _Owners:
+    """Owner tokens, unique per claim: the fencing pair is (attempt, owner), so a deleted
+    and recreated record (attempt back to 1) still fences out a holder from before the
+    deletion. Host, pid and a random part (a pid is reused after a restart) once per
+    process (a forked child draws its own), then a counter: no system call per claim."""
+
+    def __init__(self) -> None:
+        self.reset()
+        on_fork(self.reset)
+
+    def reset(self) -> None:
+        self.prefix = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}:"
+        self.counter = itertools.count(1)
+
+    def token(self) -> str:
+        return f"{self.prefix}{next(self.counter)}"
 
 
-def _owner_token() -> str:
-    # Unique per claim: the fencing pair is (attempt, owner), so a deleted-and-recreated
-    # record (attempt back to 1) still fences out a holder from before the deletion. Host,
-    # pid and a random part (a pid is reused after a restart) once per process (a fork gets
-    # its own), then a counter: unique without a system call per claim.
-    global _owner_prefix
-    pid = os.getpid()
-    if _owner_prefix[0] != pid:
-        _owner_prefix = (pid, f"{socket.gethostname()}:{pid}:{os.urandom(4).hex()}:",
-                         itertools.count(1))
-    return f"{_owner_prefix[1]}{next(_owner_prefix[2])}"
-
-
-#: With `cache="auto"`, how long the Redis fast path stays on for a task in a process after
-#: one of its keys was replayed (from the cache or from PostgreSQL).
-HOT_SECONDS = 60.0
-#: With `cache="auto"`, how many fresh keys in a row (claimed, no replay between them) turn
-#: the fast path off again before `HOT_SECONDS`: duplicates have stopped arriving, and each
-#: fresh job would pay the cache's two Redis round trips for nothing.
-HOT_FRESH_CALLS = 8
+_owners = _Owners()
 
 
 @dataclass(slots=True)
@@ -136,13 +116,8 @@ class _Taken:
     """What the guard keeps in its slot for one call."""
 
     key: GuardKey
-    #: The cache hint `prefetch` read (`prefetched` once its reply arrived).
-    prefetched: bool = False
-    cached: CachedResult | None = None
     #: The claim held until it is completed, failed or released.
     claim: Claim | None = None
-    #: The backend that holds the claim (looked up once per call).
-    backend: IdempotencyBackend | None = None
     #: The body's transaction (transactional mode) until committed or closed.
     transaction: Transaction | None = None
 
@@ -152,8 +127,8 @@ class IdempotencyGuard(Guard):
 
     Args:
         config: the options.
-        backend: where records live: a backend, a callable returning one per task, or None
-            for PostgreSQL of the task's app (`backends.postgres.backend_for`).
+        backend: where records live: a backend, a callable returning one for the task, or
+            None for PostgreSQL of the task's app (`backends.postgres.backend_for`).
     """
 
     name = GUARD_NAME
@@ -162,16 +137,11 @@ class IdempotencyGuard(Guard):
     def __init__(self, config: IdempotencyConfig, backend: BackendOption = None) -> None:
         self.config = config
         self._backend = backend
+        self._task: Task | None = None
         self.task_name = ""
         self.tier: str | None = None
         self.spec: KeySpec | None = None
         self.lease_seconds = config.lease_seconds or DEFAULT_LEASE_SECONDS
-        #: `cache="auto"`: monotonic time until which the fast path is on in this process,
-        #: and the fresh keys claimed since the last replay.
-        self._hot_until = 0.0
-        self._fresh_in_a_row = 0
-        #: The backend of the bound task, kept per process and stores (`backend`).
-        self._backend_for: tuple[int, object, IdempotencyBackend] | None = None
 
     # -- setup ---------------------------------------------------------------------------
     def bind(self, task: Task) -> None:
@@ -180,6 +150,7 @@ class IdempotencyGuard(Guard):
         Raises:
             ConfigurationError: a non-transactional lease shorter than the hard time limit.
         """
+        self._task = task
         self.task_name = task.name
         self.tier = getattr(task, "tier", None)
         self.spec = KeySpec(task.run, self.config.key)
@@ -196,6 +167,21 @@ class IdempotencyGuard(Guard):
                 task=task.name,
             )
 
+    @cached_property
+    def backend(self) -> CachedBackend:
+        """The records' backend behind its Redis fast path, resolved on the task's first
+        call and kept (binding needs no stores: an app may be initialised before its
+        settings exist), as every guard keeps the stores it first bound."""
+        task = self._task
+        assert task is not None, "guard used before bind()"
+        config = self.config
+        return cached_backend(
+            stores_for(task.app),
+            self._backend(task) if callable(self._backend) else self._backend,
+            cache=config.cache, cache_ttl_seconds=config.cache_ttl_seconds,
+            synchronous_commit=config.synchronous_commit, prepared=config.prepared_statements,
+        )
+
     def key_for(self, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> GuardKey:
         """The call's key and fingerprint.
 
@@ -211,61 +197,10 @@ class IdempotencyGuard(Guard):
         published twice has one effect (resilience.outbox)."""
         key = self.key_for(call.args, call.kwargs)
         if self.config.key is None:
-            row_id = outbox_id_of(call.request)
+            row_id = call.headers.outbox_id
             if row_id is not None:
                 return GuardKey(key.namespace, f"outbox:{row_id}", key.fingerprint)
         return key
-
-    def backend(self, task: Task) -> IdempotencyBackend:
-        """The records' backend for `task`'s calls (built once per process and stores)."""
-        if self._backend is None:
-            stores = stores_for(task.app)
-            kept = self._backend_for
-            if kept is not None and kept[0] == os.getpid() and kept[1] is stores:
-                return kept[2]
-            backend = self._build_backend(stores)
-            self._backend_for = (os.getpid(), stores, backend)
-            return backend
-        if callable(self._backend):
-            return self._backend(task)
-        return self._backend
-
-    def _build_backend(self, stores: Any) -> IdempotencyBackend:
-        from resilience.idempotency.backends.memory import MemoryIdempotencyBackend
-        from resilience.idempotency.backends.postgres import backend_for
-
-        return stores.backend(
-            "idempotency",
-            lambda stores: backend_for(
-                stores,
-                synchronous_commit=self.config.synchronous_commit,
-                prepared=self.config.prepared_statements,
-            ),
-            memory=MemoryIdempotencyBackend,
-        )
-
-    def cache_on(self) -> bool:
-        """Whether this call reads and fills the Redis fast path.
-
-        `cache=True`: always. `cache="auto"`: while one of the task's keys replayed in this
-        process in the last `HOT_SECONDS` and fewer than `HOT_FRESH_CALLS` fresh keys were
-        claimed since. Duplicates are a minority of most workloads and
-        PostgreSQL answers one anyway (the claim, then a read of the row in the way), so
-        an always-on cache costs every fresh job two Redis round trips (a read before the
-        claim, a fill after the completion) to spare PostgreSQL two statements per
-        duplicate; "auto" pays them only while duplicates are arriving.
-        """
-        mode = self.config.cache
-        if mode == "auto":
-            return (self._fresh_in_a_row < HOT_FRESH_CALLS
-                    and time.monotonic() < self._hot_until)
-        return bool(mode)
-
-    def _cache(self, call: Call) -> ResultCache | NoResultCache:
-        return result_cache_for(stores_for(call.task.app))
-
-    def _count(self, call: Call, outcome: str) -> None:
-        count_call(call, outcome, guard=GUARD_NAME, name=self.task_name)
 
     def _taken(self, call: Call) -> _Taken:
         taken: _Taken | None = call.kept(self)
@@ -274,64 +209,30 @@ class IdempotencyGuard(Guard):
             call.keep(self, taken)
         return taken
 
-    # -- take: key, cache hint, claim ------------------------------------------------------
+    # -- take: key, claim ------------------------------------------------------------------
     def prefetch(self, call: Call) -> None:
-        if not self.cache_on():
-            return
-        taken = self._taken(call)
-
-        def arrived(cached: CachedResult | None) -> None:
-            taken.prefetched, taken.cached = True, cached
-
-        self._cache(call).get_later(call.reads, self.task_name, taken.key.value, arrived)
+        self.backend.prefetch(call, self._taken(call).key)
 
     def before_run(self, call: Call) -> None:
         taken = self._taken(call)
         key = taken.key
-        if taken.prefetched or self.cache_on():
-            cached = (
-                taken.cached
-                if taken.prefetched
-                else self._cache(call).get(self.task_name, key.value)
-            )
-            taken.prefetched, taken.cached = False, None
-            if cached is not None:
-                if cached.fingerprint != key.fingerprint:
-                    self._reused(call, key)
-                self._replay(call, key, cached.result, cached.task_id, source="cache")
-
-        backend = taken.backend = self.backend(call.task)
         try:
-            found = backend.claim(
-                task_name=self.task_name,
-                key=key.value,
-                fingerprint=key.fingerprint,
-                owner=_owner_token(),
-                task_id=call.task_id,
-                lease_seconds=self.lease_seconds,
-                ttl_seconds=self.config.ttl_seconds,
-            )
+            found = self.backend.claim(call, key, owner=_owners.token(),
+                                       lease_seconds=self.lease_seconds,
+                                       ttl_seconds=self.config.ttl_seconds)
         except StorageError as exc:
             self._store_down(call, taken, exc)
             return
         if found.claim is not None:
             taken.claim = found.claim
-            self._fresh_in_a_row += 1
             if self.config.transactional:
                 self._begin(call, taken)
             return
         if found.fingerprint != key.fingerprint:
             self._reused(call, key)
         if found.state == SUCCEEDED:
-            self._replay(
-                call,
-                key,
-                found.result,
-                found.task_id,
-                source="database",
-                ttl_seconds=min(found.expires_in_seconds, self.config.cache_ttl_seconds),
-            )
-        self._count(call, Outcome.DEFERRED.value)
+            self._replay(call, key, found)
+        call.count(Outcome.DEFERRED, guard=GUARD_NAME)
         remaining = found.lease_remaining_seconds if found.state == IN_PROGRESS else None
         wait = min(self.config.poll_seconds, max(0.05, remaining or self.config.poll_seconds))
         raise Stop(
@@ -348,7 +249,7 @@ class IdempotencyGuard(Guard):
         )
 
     def _reused(self, call: Call, key: GuardKey) -> None:
-        self._count(call, Outcome.REJECTED.value)
+        call.count(Outcome.REJECTED, guard=GUARD_NAME)
         raise IdempotencyKeyReused(
             f"{self.task_name}: idempotency key {key.value!r} was already used with different "
             "arguments; use a new key for a new request (HTTP 422 semantics)",
@@ -356,37 +257,15 @@ class IdempotencyGuard(Guard):
             task=self.task_name,
         )
 
-    def _replay(
-        self,
-        call: Call,
-        key: GuardKey,
-        result: Any,
-        task_id: str | None,
-        *,
-        source: str,
-        ttl_seconds: float = 0.0,
-    ) -> None:
-        self._count(call, Outcome.REPLAYED.value)
-        if self.config.cache == "auto":
-            self._hot_until = time.monotonic() + HOT_SECONDS
-            self._fresh_in_a_row = 0
-        if source == "database" and self.config.cache and ttl_seconds > 0:
-            # Warm the fast path so the next duplicate costs one Redis round trip.
-            self._cache(call).put_later(
-                call.writes,
-                self.task_name,
-                key.value,
-                fingerprint=key.fingerprint,
-                result_json=canonical_json(result),
-                task_id=task_id,
-                ttl_seconds=ttl_seconds,
-            )
+    def _replay(self, call: Call, key: GuardKey, found: ClaimResult) -> None:
+        call.count(Outcome.REPLAYED, guard=GUARD_NAME)
+        source = "cache" if isinstance(found, CacheHit) else "database"
         raise Stop(
             Outcome.REPLAYED,
             guard=GUARD_NAME,
-            reason=f"key {key.value!r} already succeeded in task {task_id}",
-            result=revive(result),
-            details={"key": key.value, "original_task_id": task_id, "source": source},
+            reason=f"key {key.value!r} already succeeded in task {found.task_id}",
+            result=revive(found.result),
+            details={"key": key.value, "original_task_id": found.task_id, "source": source},
         )
 
     def _store_down(self, call: Call, taken: _Taken, exc: StorageError) -> None:
@@ -406,16 +285,16 @@ class IdempotencyGuard(Guard):
         """Open the body's transaction and hand its session to the body; when none can be
         opened the claim is given back and the call DEFERRED."""
         try:
-            taken.transaction = self.backend(call.task).begin()
+            taken.transaction = self.backend.begin()
         except Exception as exc:
             if isinstance(exc, ConfigurationError):
-                self._release(call, taken)
+                self._release(taken)
                 raise
             error = translate_store_error(exc, "idempotency store: open transaction")
             if isinstance(error, StoreUnavailable):
-                self._release_later(call, taken, error)
+                self._release_later(taken, error)
             else:
-                self._release(call, taken)
+                self._release(taken)
             raise Stop(
                 Outcome.DEFERRED,
                 guard=GUARD_NAME,
@@ -427,7 +306,7 @@ class IdempotencyGuard(Guard):
             call.inject["session"] = taken.transaction.session
         elif taken.transaction.session is not None:
             self._close(taken)
-            self._release(call, taken)
+            self._release(taken)
             raise ConfigurationError(
                 f"{self.task_name}: transactional=True writes through the SQLAlchemy session "
                 "it passes; declare `session=None`, or use resilience.contrib.django",
@@ -447,13 +326,7 @@ class IdempotencyGuard(Guard):
             result_json = "null" if result is None else canonical_arguments(result)
         except NonJsonArguments as exc:
             self._close(taken)
-            message = f"UnserializableResult: {exc}"
-            if claim is not None:
-                taken.claim = None
-                self._quietly(
-                    lambda: self.backend(call.task).fail(claim, message, self.config.ttl_seconds),
-                    "fail",
-                )
+            self._fail(taken, f"UnserializableResult: {exc}")
             raise UnserializableResult(
                 f"{self.task_name}: the result of an idempotent task must be what Celery's "
                 f"JSON serializer carries, so it can be replayed; got {type(result).__name__}",
@@ -462,13 +335,12 @@ class IdempotencyGuard(Guard):
         if self.config.transactional:
             self._commit_transaction(call, taken, result_json)
         elif claim is not None:
-            backend = taken.backend or self.backend(call.task)
             try:
-                done = backend.complete(claim, result_json, self.config.ttl_seconds)
+                done = self.backend.complete(claim, result_json, self.config.ttl_seconds)
             except StorageError as exc:
                 # The effect happened; the record stays open until its lease ends.
                 logger.error("idempotency completion of %s not recorded: %s", key.full, exc)
-                self._count(call, "UNRECORDED")
+                call.count("UNRECORDED", guard=GUARD_NAME)
                 return
             if not done:
                 logger.warning(
@@ -476,20 +348,12 @@ class IdempotencyGuard(Guard):
                     key.full,
                     claim.attempt,
                 )
-                self._count(call, "STALE")
+                call.count("STALE", guard=GUARD_NAME)
                 return
         # Committed: nothing is left to give back, whatever an outer guard does next.
         taken.claim = None
-        if claim is not None and self.cache_on():
-            self._cache(call).put_later(
-                call.writes,
-                self.task_name,
-                key.value,
-                fingerprint=key.fingerprint,
-                result_json=result_json,
-                task_id=call.task_id,
-                ttl_seconds=self.config.cache_ttl_seconds,
-            )
+        if claim is not None:
+            self.backend.succeeded(call, key, result_json)
 
     def _commit_transaction(self, call: Call, taken: _Taken, result_json: str) -> None:
         """The body's writes and the record's completion commit as one, after proving every
@@ -541,7 +405,7 @@ class IdempotencyGuard(Guard):
     ) -> Stop:
         """Roll this run's writes back and say so: DEFERRED, counted under `counter`."""
         self._close(taken)
-        self._count(call, counter)
+        call.count(counter, guard=GUARD_NAME)
         return Stop(
             Outcome.DEFERRED,
             guard=GUARD_NAME,
@@ -559,21 +423,16 @@ class IdempotencyGuard(Guard):
         """
         taken: _Taken | None = call.kept(self)
         self._close(taken)
-        outage = self.config.transactional and self.backend(call.task).unavailable(exc)
+        outage = self.config.transactional and self.backend.unavailable(exc)
         if taken is not None and taken.claim is not None:
             if outage:
-                self._release_later(call, taken, exc)
+                self._release_later(taken, exc)
             elif is_retryable(exc):
-                self._release(call, taken)
+                self._release(taken)
             else:
-                claim, error = taken.claim, f"{type(exc).__name__}: {exc}"
-                taken.claim = None
-                self._quietly(
-                    lambda: self.backend(call.task).fail(claim, error, self.config.ttl_seconds),
-                    "fail",
-                )
+                self._fail(taken, f"{type(exc).__name__}: {exc}")
         if outage:
-            self._count(call, Outcome.DEFERRED.value)
+            call.count(Outcome.DEFERRED, guard=GUARD_NAME)
             raise Stop(
                 Outcome.DEFERRED,
                 guard=GUARD_NAME,
@@ -591,9 +450,9 @@ class IdempotencyGuard(Guard):
         taken: _Taken | None = call.kept(self)
         self._close(taken)
         if taken is not None:
-            self._release(call, taken)
+            self._release(taken)
 
-    def _release_later(self, call: Call, taken: _Taken, error: BaseException) -> None:
+    def _release_later(self, taken: _Taken, error: BaseException) -> None:
         """Give the claim up while the store is unreachable: released in the background as
         soon as the store answers again, never later than its lease.
 
@@ -615,7 +474,7 @@ class IdempotencyGuard(Guard):
             "store is unreachable (%s)", claim.task_name, claim.key, claim.attempt,
             type(error).__name__,
         )
-        backend = self.backend(call.task)
+        backend = self.backend
         give_up_at = time.monotonic() + self.lease_seconds
 
         def release_when_reachable() -> None:
@@ -629,10 +488,16 @@ class IdempotencyGuard(Guard):
         threading.Thread(target=release_when_reachable, daemon=True,
                          name=f"idempotency-release:{claim.key}"[:60]).start()
 
-    def _release(self, call: Call, taken: _Taken) -> None:
+    def _release(self, taken: _Taken) -> None:
         claim, taken.claim = taken.claim, None
         if claim is not None:
-            self._quietly(lambda: self.backend(call.task).release(claim), "release")
+            self._quietly(lambda: self.backend.release(claim), "release")
+
+    def _fail(self, taken: _Taken, error: str) -> None:
+        claim, taken.claim = taken.claim, None
+        if claim is not None:
+            self._quietly(lambda: self.backend.fail(claim, error, self.config.ttl_seconds),
+                          "fail")
 
     @staticmethod
     def _close(taken: _Taken | None) -> None:

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from resilience.errors import StorageError
 from resilience.holders import Holder
-from resilience.idempotency.backends import IdempotencyBackend, Record
+from resilience.idempotency.backends import Record
+from resilience.idempotency.backends.cached import CachedBackend, cached_backend
 
 if TYPE_CHECKING:
-    from resilience.idempotency.cache import ResultCache
     from resilience.stores import Stores
 
 logger = logging.getLogger("resilience.idempotency")
@@ -54,13 +54,12 @@ class IdempotencyRecords:
     """Show, list and purge records, and describe live state.
 
     Args:
-        backend: where the records live.
-        cache: the result cache, so a purge also drops the cached copy (None: no cache).
+        backend: where the records live, behind their result cache (a purge drops the
+            cached copy too).
     """
 
-    def __init__(self, backend: IdempotencyBackend, cache: ResultCache | None = None) -> None:
+    def __init__(self, backend: CachedBackend) -> None:
         self.backend = backend
-        self.cache = cache
 
     def find(self, task_name: str, key: str) -> Record | None:
         """The record of `key` under `task_name`, or None."""
@@ -75,10 +74,7 @@ class IdempotencyRecords:
     def purge(self, task_name: str, key: str, *, force: bool = False) -> bool:
         """Delete one record and its cached copy so the key runs again; an open claim only
         with `force`. Returns True when a record was deleted."""
-        deleted = self.backend.purge(task_name, key, force=force)
-        if self.cache is not None:
-            self.cache.forget(task_name, key)
-        return deleted
+        return self.backend.purge(task_name, key, force=force)
 
     def count_by_state(self, *, exact: bool = False) -> dict[str, int]:
         """Records per state (every state, zeros included).
@@ -106,9 +102,10 @@ class IdempotencyRecords:
                 cache only leaves `cached_results` None).
         """
         cached: int | None = None
-        if cache_size and self.cache is not None:
+        if cache_size:
+            cache = self.backend.cache
             try:
-                cached = self.cache.size()
+                cached = 0 if cache is None else cache.size()
             except StorageError as exc:
                 logger.warning("idempotency cache size unknown: %s", exc)
         return IdempotencyState(
@@ -120,12 +117,7 @@ class IdempotencyRecords:
 
 def records_for(stores: Stores) -> IdempotencyRecords:
     """The records of `stores`: PostgreSQL, with the Redis result cache."""
-    from resilience.idempotency.backends.memory import MemoryIdempotencyBackend
-    from resilience.idempotency.backends.postgres import backend_for
-    from resilience.idempotency.cache import result_cache_for
-
-    backend = stores.backend("idempotency", backend_for, memory=MemoryIdempotencyBackend)
-    return IdempotencyRecords(backend, result_cache_for(stores))
+    return IdempotencyRecords(cached_backend(stores))
 
 
 def describe(

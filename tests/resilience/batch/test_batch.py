@@ -14,7 +14,7 @@ from redis.connection import AbstractConnection
 from resilience.batch import RedisBatch
 from resilience.circuit.backends.redis import state_key
 from resilience.flushing import flush_all
-from resilience.idempotency.cache import cache_key
+from resilience.idempotency.backends.cached import cache_key
 from resilience.retry.budget import budget_key
 
 

@@ -60,14 +60,14 @@ class TestAdmin:
 
     def test_purge_drops_the_cached_copy(self, stores: Any, redis_client: Any) -> None:
         """A purged key's cached result is gone too, so the next delivery runs again."""
-        from resilience.idempotency.cache import ResultCache, cache_key
+        from resilience.idempotency.backends.cached import ResultCache, cache_key
 
         key = uuid.uuid4().hex
         make_record(stores, key, finish=True)
         redis_client.set(cache_key(TASK, key), '{"f": "f", "t": "t-1", "r": 1}')
         assert records_for(stores).purge(TASK, key)
         assert redis_client.get(cache_key(TASK, key)) is None
-        assert ResultCache(redis_client).get(TASK, key) is None
+        assert ResultCache(lambda: redis_client).get(TASK, key) is None
 
     def test_status_shows_counts_and_open_claims(self, stores: Any) -> None:
         """status prints the records by state and lists an open claim with its holder."""
@@ -89,7 +89,7 @@ class TestDescribe:
     def test_describe_reports_state_holders_and_cache(self, stores: Any, redis_client: Any) -> None:
         """describe() counts records by state, lists open claims as Holders, sizes the cache."""
         from resilience.holders import Holder
-        from resilience.idempotency.cache import cache_key
+        from resilience.idempotency.backends.cached import cache_key
 
         open_key, done_key = uuid.uuid4().hex, uuid.uuid4().hex
         make_record(stores, open_key, finish=False)

@@ -13,7 +13,7 @@ import redis
 from resilience.batch import for_client
 from resilience.errors import ConfigurationError, StoreUnavailable
 from resilience.idempotency import IdempotencyConfig, IdempotencyGuard, MemoryIdempotencyBackend
-from resilience.idempotency.cache import CachedResult, ResultCache, cache_key
+from resilience.idempotency.backends.cached import CachedResult, ResultCache, cache_key
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Pipeline, Rounds
 from tests.resilience.idempotency import tasks
@@ -36,7 +36,7 @@ def unreachable() -> redis.Redis:
 class TestResultCache:
     def test_a_fill_is_read_back_with_its_ttl(self, redis_client: Any) -> None:
         """put_later (one write round) then get: fingerprint, result and task id, with a TTL."""
-        cache, rounds = ResultCache(redis_client), {}
+        cache, rounds = ResultCache(lambda: redis_client), {}
         cache.put_later(
             rounds,
             TASK,
@@ -53,7 +53,7 @@ class TestResultCache:
 
     def test_get_later_joins_the_read_round(self, redis_client: Any) -> None:
         """get_later queues a GET in the call's round; the callback gets what get would."""
-        cache, rounds = ResultCache(redis_client), {}
+        cache, rounds = ResultCache(lambda: redis_client), {}
         redis_client.set(cache_key(TASK, "k"), '{"f": "f", "t": null, "r": 3}')
         seen: list[Any] = []
         cache.get_later(rounds, TASK, "k", seen.append)
@@ -66,12 +66,12 @@ class TestResultCache:
         """A value that is not the cache's JSON is a miss, never an error."""
         redis_client.set(cache_key(TASK, "bad"), "not json")
         redis_client.set(cache_key(TASK, "partial"), '{"r": 1}')
-        cache = ResultCache(redis_client)
+        cache = ResultCache(lambda: redis_client)
         assert cache.get(TASK, "bad") is None and cache.get(TASK, "partial") is None
 
     def test_forget_and_size(self, redis_client: Any) -> None:
         """size counts the cached results only; forget drops one."""
-        cache = ResultCache(redis_client)
+        cache = ResultCache(lambda: redis_client)
         for key in ("a", "b"):
             redis_client.set(cache_key(TASK, key), '{"f": "f", "t": null, "r": 1}')
         redis_client.set("unrelated", "1")
@@ -81,7 +81,7 @@ class TestResultCache:
 
     def test_redis_down_is_a_miss_for_the_guard_and_an_error_for_size(self) -> None:
         """Reads and fills log and go on (the backend is the truth); size says unavailable."""
-        cache, rounds, seen = ResultCache(unreachable()), {}, []
+        cache, rounds, seen = ResultCache(unreachable), {}, []
         assert cache.get(TASK, "k") is None
         cache.get_later(rounds, TASK, "k", seen.append)
         cache.put_later(
@@ -132,7 +132,7 @@ class TestGuardWithCache:
 
         for key in ("a", "b"):
             assert pipeline.run(call(key), lambda: {"ran": 1}) == {"ran": 1}
-        assert not guard.cache_on()
+        assert not guard.backend.cache_on()
         assert redis_client.get(cache_key(tasks.idem_count.name, f"{run}-a")) is None  # no fill
         probe = call("d")
         guard.prefetch(probe)
@@ -141,7 +141,7 @@ class TestGuardWithCache:
         with pytest.raises(Stop) as stopped:  # a duplicate: answered by the backend's claim
             pipeline.run(call("a"), lambda: pytest.fail("ran again"))
         assert stopped.value.details["source"] == "database"
-        assert guard.cache_on()
+        assert guard.backend.cache_on()
         assert pipeline.run(call("c"), lambda: {"ran": 3}) == {"ran": 3}  # hot: filled
         assert backend.purge(tasks.idem_count.name, f"{run}-c")
         with pytest.raises(Stop) as stopped:
@@ -151,13 +151,13 @@ class TestGuardWithCache:
     def test_auto_turns_itself_off_after_the_hot_period(
         self, stores: Any, redis_client: Any, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        from resilience.idempotency import guard as guard_module
+        from resilience.idempotency.backends import cached
 
         backend = MemoryIdempotencyBackend()
         guard = IdempotencyGuard(IdempotencyConfig(key="{key}"), backend)
         guard.bind(tasks.idem_count)
         pipeline = Pipeline([guard])
-        monkeypatch.setattr(guard_module, "HOT_SECONDS", 0.2)
+        monkeypatch.setattr(cached, "HOT_SECONDS", 0.2)
         key = f"hot-{uuid.uuid4().hex[:8]}"
 
         def call() -> Call:
@@ -166,16 +166,16 @@ class TestGuardWithCache:
         pipeline.run(call(), lambda: {"ran": 1})
         with pytest.raises(Stop):
             pipeline.run(call(), lambda: pytest.fail("ran again"))
-        assert guard.cache_on()
+        assert guard.backend.cache_on()
         time.sleep(0.3)
-        assert not guard.cache_on()
+        assert not guard.backend.cache_on()
 
     def test_auto_turns_itself_off_after_fresh_keys_in_a_row(
         self, stores: Any, redis_client: Any
     ) -> None:
         """Duplicates stopped: `HOT_FRESH_CALLS` fresh keys claimed with no replay between
         them turn the fast path off before `HOT_SECONDS`; the next replay turns it on."""
-        from resilience.idempotency.guard import HOT_FRESH_CALLS
+        from resilience.idempotency.backends.cached import HOT_FRESH_CALLS
 
         backend = MemoryIdempotencyBackend()
         guard = IdempotencyGuard(IdempotencyConfig(key="{key}"), backend)
@@ -190,15 +190,15 @@ class TestGuardWithCache:
         with pytest.raises(Stop):
             pipeline.run(call("first"), lambda: pytest.fail("ran again"))
         for index in range(HOT_FRESH_CALLS):
-            assert guard.cache_on(), f"off after {index} fresh keys"
+            assert guard.backend.cache_on(), f"off after {index} fresh keys"
             pipeline.run(call(f"fresh-{index}"), lambda: {"ran": 1})
-        assert not guard.cache_on()
+        assert not guard.backend.cache_on()
         probe = call("probe")
         guard.prefetch(probe)
         assert not probe.reads, "a fresh key queued a cache read after the fast path went off"
         with pytest.raises(Stop):
             pipeline.run(call("fresh-0"), lambda: pytest.fail("ran again"))
-        assert guard.cache_on()
+        assert guard.backend.cache_on()
 
     def test_cache_option_is_checked(self) -> None:
         with pytest.raises(ConfigurationError, match="cache must be True, False or 'auto'"):

@@ -12,7 +12,7 @@ from sqlalchemy import text
 
 from resilience.errors import ConfigurationError
 from resilience.idempotency import IdempotencyConfig, IdempotencyGuard
-from resilience.idempotency.cache import cache_key
+from resilience.idempotency.backends.cached import cache_key
 from resilience.idempotency.config import DEFAULT_CACHE_TTL_SECONDS
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Pipeline

@@ -181,7 +181,7 @@ class TestBatch:
         """Breaker + budget + idempotency cache + singleton, run inline on the cluster (the
         read and write batches span masters): the body runs once, its duplicate is
         REPLAYED from the cache."""
-        from resilience.idempotency.cache import cache_key
+        from resilience.idempotency.backends.cached import cache_key
         from tests.resilience.batch.tasks import batch_full_stack
 
         key = f"cluster-{uuid.uuid4().hex[:8]}"
