@@ -141,6 +141,8 @@ class IdempotencyGuard(Guard):
         self.task_name = ""
         self.tier: str | None = None
         self.spec: KeySpec | None = None
+        #: The body declares `session` (transactional mode passes it the transaction's).
+        self._passes_session = False
         self.lease_seconds = config.lease_seconds or DEFAULT_LEASE_SECONDS
 
     # -- setup ---------------------------------------------------------------------------
@@ -154,6 +156,7 @@ class IdempotencyGuard(Guard):
         self.task_name = task.name
         self.tier = getattr(task, "tier", None)
         self.spec = KeySpec(task.run, self.config.key)
+        self._passes_session = _session_parameter(task.run) is not None
         time_limit = task.time_limit or task.app.conf.task_time_limit
         if self.config.lease_seconds is None:
             self.lease_seconds = (
@@ -302,7 +305,7 @@ class IdempotencyGuard(Guard):
                 retry_after_seconds=self.config.store_down_retry_seconds,
                 details={"store_down": True},
             ) from exc
-        if _declares_session(call.task.run):
+        if self._passes_session:
             call.inject["session"] = taken.transaction.session
         elif taken.transaction.session is not None:
             self._close(taken)
@@ -515,15 +518,17 @@ class IdempotencyGuard(Guard):
             logger.warning("idempotency %s not recorded: %s", what, exc)
 
 
-def _declares_session(func: Callable[..., Any]) -> bool:
-    """Whether `func` takes a `session` argument (the transaction's, injected by name)."""
+def _session_parameter(func: Callable[..., Any]) -> inspect.Parameter | None:
+    """`func`'s `session` parameter if the transaction's session can be passed to it by
+    name; None when it has none (or only a positional-only or variadic one)."""
     try:
         parameter = inspect.signature(func).parameters.get("session")
     except (TypeError, ValueError):
-        return False
-    return parameter is not None and parameter.kind in (
-        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
-    )
+        return None
+    if parameter is None or parameter.kind not in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                   inspect.Parameter.KEYWORD_ONLY):
+        return None
+    return parameter
 
 
 class IdempotencyKeyGuard(EnqueueGuard):
@@ -573,15 +578,12 @@ def idempotent(
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         KeySpec(func, config.key)  # a template naming a missing argument fails here
-        if config.transactional:
-            # No `session` parameter is allowed (Django: the ORM writes are in the
-            # transaction; the SQLAlchemy case is refused at the first call).
-            parameter = inspect.signature(func).parameters.get("session")
-            if parameter is not None and (
-                parameter.default is not None
-                or parameter.kind
-                not in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-            ):
+        # In transactional mode a body may declare no `session` (Django: the ORM writes are
+        # in the transaction; the SQLAlchemy case is refused at the first call); one that
+        # does must take it by name, defaulting to None.
+        if config.transactional and "session" in inspect.signature(func).parameters:
+            parameter = _session_parameter(func)
+            if parameter is None or parameter.default is not None:
                 raise ConfigurationError(
                     f"{func.__name__}: transactional=True gives the body a SQLAlchemy session; "
                     "declare its parameter as `session: Session | None = None`",
