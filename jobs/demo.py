@@ -108,7 +108,7 @@ class Story:
         self.flower = f"http://{settings.flower_address}:{settings.flower_port}"
         if not self.app.control.ping(timeout=5, limit=1):
             raise DemoError("no worker answers: start the platform first (`jobs up`)")
-        self.counters_before = _by_guard(read_all(self._redis()))
+        self.counters_before = self._counters()
         self.vendor_before = self._vendor().status()
         self._vendor().set_mode("ok")
         # Closed with an empty window (`jobs breakers reset`): a previous run's calls would
@@ -157,7 +157,7 @@ class Story:
         self.console.print("  vendor: FAILING (HTTP 503) - `jobs vendor fail`")
         sends: list[Sent] = []
         started = time.monotonic()
-        while self._breaker_state().state != "open":
+        while self._breaker().describe().state != "open":
             if len(sends) >= 60 or time.monotonic() - started > self.options.wait_seconds:
                 raise DemoError(f"breaker {PAYMENTS_VENDOR} did not open after "
                                 f"{len(sends)} failing charges")
@@ -183,12 +183,11 @@ class Story:
         vendor.set_mode("ok")
         self.console.print("  vendor: RECOVERED - `jobs vendor ok`; the breaker half-opens "
                            "after 10 s and its probes close it")
-        self._wait(lambda: self._breaker_state().state == "closed", "the breaker to close")
+        self._wait(lambda: self._breaker().describe().state == "closed", "the breaker to close")
         done = self._finish(sends)
         outcomes = Counter(_outcome(s.result) for s in done)
-        deferred = self._counter("breaker", "DEFERRED") - self._counter_before("breaker",
-                                                                              "DEFERRED")
-        retries = self._counter("retry", "RETRY") - self._counter_before("retry", "RETRY")
+        deferred = self._counter("breaker", "DEFERRED", since_start=True)
+        retries = self._counter("retry", "RETRY", since_start=True)
         self.console.print(
             f"  breaker [green]CLOSED[/green]; {len(sends)} charges: {dict(outcomes)}; "
             f"{deferred} deferrals by the breaker, {retries} retries spent (only calls that "
@@ -310,7 +309,7 @@ class Story:
             f"  vendor: {vendor['calls'] - self.vendor_before['calls']} calls, "
             f"{vendor['charges'] - self.vendor_before['charges']} charges"
         )
-        after = _by_guard(read_all(self._redis()))
+        after = self._counters()
         table = Table(title="outcomes by guard (this run)")
         for column in ("guard", "outcome", "count"):
             table.add_column(column, justify="right" if column == "count" else "left")
@@ -319,7 +318,7 @@ class Story:
             if delta > 0:
                 table.add_row(guard, outcome, str(delta))
         self.console.print(table)
-        state = self._breaker_state()
+        state = self._breaker().describe()
         self.console.print(f"  breaker payments-vendor: {state.state} (opened "
                            f"{state.times_opened} times in all); the demo took "
                            f"{time.monotonic() - self.started:.0f} s")
@@ -380,14 +379,13 @@ class Story:
         return CircuitBreaker(BreakerConfig(name=PAYMENTS_VENDOR),
                               RedisBreakerBackend.of_app(self.app))
 
-    def _breaker_state(self) -> Any:
-        return self._breaker().describe()
+    def _counters(self) -> dict[tuple[str, str], int]:
+        return _by_guard(read_all(self._redis()))
 
-    def _counter(self, guard: str, outcome: str) -> int:
-        return _by_guard(read_all(self._redis())).get((guard, outcome), 0)
-
-    def _counter_before(self, guard: str, outcome: str) -> int:
-        return self.counters_before.get((guard, outcome), 0)
+    def _counter(self, guard: str, outcome: str, *, since_start: bool = False) -> int:
+        """A fleet-wide counter now, or what it gained since the demo started."""
+        before = self.counters_before.get((guard, outcome), 0) if since_start else 0
+        return self._counters().get((guard, outcome), 0) - before
 
     # -- printing --------------------------------------------------------------------------
     def _title(self, number: int | None, text: str) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from resilience.errors import ConfigurationError, StoreUnavailable
+from resilience.stores import redis_from_url
 
 POSTGRES_SYSTEM_USER = "pgserver"
 
@@ -56,21 +57,11 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
 def redis_command(port: int, data_dir: Path, *, persist: bool = True) -> list[str]:
     """Command line of a foreground Redis on 127.0.0.1:`port` keeping its data in `data_dir`."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    command = [
-        redis_server_binary(),
-        "--port", str(port),
-        "--bind", "127.0.0.1",
-        "--dir", str(data_dir.resolve()),
-        "--daemonize", "no",
-        "--save", "",
-        "--protected-mode", "yes",
-        "--loglevel", "warning",
-    ]
-    if persist:
-        command += ["--appendonly", "yes", "--appendfsync", "everysec"]
-    else:
-        command += ["--appendonly", "no"]
-    return command
+    return [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1",
+            "--dir", str(data_dir.resolve()), "--daemonize", "no", "--save", "",
+            "--protected-mode", "yes", "--loglevel", "warning",
+            *(["--appendonly", "yes", "--appendfsync", "everysec"] if persist
+              else ["--appendonly", "no"])]
 
 
 def _postgres_user() -> pwd.struct_passwd | None:
@@ -113,34 +104,17 @@ def prepare_postgres(data_dir: Path) -> pwd.struct_passwd | None:
         os.chown(data_dir, user.pw_uid, user.pw_gid)
     data_dir.chmod(0o700)
     if not (data_dir / "PG_VERSION").exists():
-        subprocess.run(
-            [
-                str(postgres_bin_dir() / "initdb"),
-                "-D", str(data_dir),
-                "--auth=trust",
-                "--encoding=UTF8",
-                "--no-instructions",
-                "-U", "postgres",
-            ],
-            check=True,
-            stdout=subprocess.DEVNULL,
-            preexec_fn=_demote(user),
-        )
+        subprocess.run([str(postgres_bin_dir() / "initdb"), "-D", str(data_dir), "--auth=trust",
+                        "--encoding=UTF8", "--no-instructions", "-U", "postgres"],
+                       check=True, stdout=subprocess.DEVNULL, preexec_fn=_demote(user))
     return user
 
 
 def postgres_command(data_dir: Path, port: int) -> list[str]:
     """Command line of a foreground PostgreSQL on 127.0.0.1:`port`, TCP only."""
-    return [
-        str(postgres_bin_dir() / "postgres"),
-        "-D", str(data_dir.resolve()),
-        "-p", str(port),
-        "-h", "127.0.0.1",
-        "-c", "unix_socket_directories=",
-        "-c", "max_connections=300",
-        "-c", "fsync=on",
-        "-c", "log_min_messages=warning",
-    ]
+    return [str(postgres_bin_dir() / "postgres"), "-D", str(data_dir.resolve()),
+            "-p", str(port), "-h", "127.0.0.1", "-c", "unix_socket_directories=",
+            "-c", "max_connections=300", "-c", "fsync=on", "-c", "log_min_messages=warning"]
 
 
 def exec_postgres(data_dir: Path, port: int) -> None:
@@ -174,8 +148,6 @@ def wait_until(check: Callable[[], bool], *, timeout_seconds: float, what: str) 
 def redis_ready(url: str) -> bool:
     """Whether the Redis at `url` answers PING: one server, the master a Sentinel names
     (`redis+sentinel://`) or a Redis Cluster (`redis+cluster://`, any node answering)."""
-    from resilience.stores import redis_from_url
-
     client = redis_from_url(url, socket_timeout=1, socket_connect_timeout=1)
     try:
         return bool(client.ping())
@@ -188,14 +160,9 @@ def postgres_ready(url: str) -> bool:
     from sqlalchemy import make_url
 
     parsed = make_url(url)
-    connection = psycopg2.connect(
-        host=parsed.host or "127.0.0.1",
-        port=parsed.port or 5432,
-        user=parsed.username or "postgres",
-        password=parsed.password,
-        dbname="postgres",
-        connect_timeout=1,
-    )
+    connection = psycopg2.connect(host=parsed.host or "127.0.0.1", port=parsed.port or 5432,
+                                  user=parsed.username or "postgres", password=parsed.password,
+                                  dbname="postgres", connect_timeout=1)
     connection.close()
     return True
 
@@ -203,15 +170,8 @@ def postgres_ready(url: str) -> bool:
 class EmbeddedProcess:
     """A foreground server process owned by the caller (test fixtures, benchmarks)."""
 
-    def __init__(
-        self,
-        command: list[str],
-        *,
-        url: str,
-        ready: Callable[[str], bool],
-        log_path: Path,
-        preexec: Callable[[], None] | None = None,
-    ) -> None:
+    def __init__(self, command: list[str], *, url: str, ready: Callable[[str], bool],
+                 log_path: Path, preexec: Callable[[], None] | None = None) -> None:
         self.command = command
         self.url = url
         self.ready = ready
@@ -222,13 +182,8 @@ class EmbeddedProcess:
     def start(self, timeout_seconds: float = 30) -> EmbeddedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            self.command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=self.preexec,
-            start_new_session=True,
-        )
+        self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
+                                        preexec_fn=self.preexec, start_new_session=True)
         log.close()
 
         def check() -> bool:
@@ -238,10 +193,7 @@ class EmbeddedProcess:
                 raise ConfigurationError(f"{self.command[0]} exited at start:\n{tail}")
             return self.ready(self.url)
 
-        try:
-            wait_until(check, timeout_seconds=timeout_seconds, what=self.command[0])
-        except ConfigurationError:
-            raise
+        wait_until(check, timeout_seconds=timeout_seconds, what=self.command[0])
         return self
 
     @property

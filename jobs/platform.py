@@ -9,13 +9,21 @@ from typing import Any
 from celery import Celery, signals
 from kombu import Exchange, Queue
 
+from jobs.observe.backlog import stamp_published_at
+from jobs.observe.tracing import install_tracing, tracing_enabled
 from jobs.settings import Settings, get_settings
 from jobs.tiers import DEFAULT_TIER, TIERS, validate_tier
+from resilience.admission import AdmissionGuard, BulkheadConfig, depth_backend_for
 from resilience.app import init_app
 from resilience.batches import batch_guards
 from resilience.batches.signals import connect as connect_batch_signals
-from resilience.admission import AdmissionGuard, BulkheadConfig, depth_backend_for
-from resilience.cancel import CancelConfig, CancelGuard, Cancellations, RedisCancelBackend
+from resilience.cancel import (
+    DEFAULT_TTL_SECONDS,
+    CancelConfig,
+    CancelGuard,
+    Cancellations,
+    RedisCancelBackend,
+)
 from resilience.deadletter.poison import PoisonConfig, PoisonGuard
 from resilience.deadline import DeadlineConfig, DeadlineGuard, DeadlineStampGuard
 from resilience.errors import ConfigurationError
@@ -301,14 +309,9 @@ def create_app(settings: Settings | None = None) -> JobsCelery:
     app.conf.update(resilience_config(settings))
     init_app(app)
     stores_for(app)  # built now: a bad URL stops the platform at startup, not at first use
-    from jobs.observe.backlog import stamp_published_at
-    from jobs.observe.tracing import tracing_enabled
-
     # Every publish carries its time: the age of a tier's oldest message (observe/backlog.py).
     signals.before_task_publish.connect(stamp_published_at, weak=False)
     if tracing_enabled():  # OTEL_TRACES_EXPORTER set: docs/observe.md "Tracing"
-        from jobs.observe.tracing import install_tracing
-
         install_tracing()
     return app
 
@@ -342,29 +345,13 @@ def apply_tier_worker_settings(
         conf.worker_prefetch_multiplier = limits.prefetch_multiplier
 
 
-def task_registry_names(app: Celery) -> list[str]:
-    """The platform's own task names (no Celery built-ins), for admin views."""
-    return sorted(name for name in app.tasks if not name.startswith("celery."))
-
-
-def tier_of(app: Celery, task_name: str) -> str:
-    """The tier of a registered task."""
-    return getattr(app.tasks[task_name], "tier", DEFAULT_TIER)
-
-
-
 def pause_backend(app: Celery) -> RedisPauseBackend:
     """The fleet's pause switches, in the app's shared Redis."""
-    from resilience.stores import stores_for
-
-    stores = stores_for(app)
-    return RedisPauseBackend(stores.redis)
+    return RedisPauseBackend(stores_for(app).redis)
 
 
 def cancel_backend(app: Celery) -> RedisCancelBackend:
     """The fleet's cancellation marks, in the app's shared Redis."""
-    from resilience.stores import stores_for
-
     return RedisCancelBackend(stores_for(app).redis)
 
 
@@ -374,9 +361,6 @@ def cancellations(app: Celery) -> Cancellations:
     A cancellation lasts a week or, if longer, the broker's visibility timeout plus the
     longest countdown, so no delivery of the job can outlive it.
     """
-    from resilience.cancel import DEFAULT_TTL_SECONDS
-    from resilience.stores import stores_for
-
     settings: Settings = getattr(app, "settings", None) or get_settings()
     ttl = max(DEFAULT_TTL_SECONDS,
               settings.visibility_timeout_seconds + settings.max_countdown_seconds)

@@ -20,6 +20,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -75,49 +76,37 @@ class TierSettings(BaseModel):
 
 
 #: Defaults per tier (seeds: critical waits for room, standard runs in the caller,
-#: optional is discarded when full; long tiers prefetch one message).
+#: optional is discarded when full; long tiers prefetch one message). Optional work is shed
+#: after 10 minutes, and after 2.5 minutes while its queue is more than half full: under
+#: pressure the optional tier sheds first.
+_EVERY_TIER: dict[str, Any] = {
+    "concurrency": 2, "prefetch_multiplier": 1, "max_queue_depth": 10_000,
+    "wait_timeout_seconds": 5, "deadline_seconds": None, "shed_queue_depth": None,
+    "shed_deadline_factor": 0.25,
+}
 TIER_DEFAULTS: dict[str, dict[str, Any]] = {
-    CRITICAL: {
-        "concurrency": 2,
-        "prefetch_multiplier": 1,
-        "soft_time_limit_seconds": 25,
-        "hard_time_limit_seconds": 30,
-        "max_queue_depth": 10_000,
-        "rejection_policy": "wait",
-        "wait_timeout_seconds": 5,
-        "deadline_seconds": None,
-        "shed_queue_depth": None,
-        "shed_deadline_factor": 0.25,
-    },
-    STANDARD: {
-        "concurrency": 2,
-        "prefetch_multiplier": 1,
-        "soft_time_limit_seconds": 110,
-        "hard_time_limit_seconds": 120,
-        "max_queue_depth": 10_000,
-        "rejection_policy": "caller_runs",
-        "wait_timeout_seconds": 5,
-        "deadline_seconds": None,
-        "shed_queue_depth": None,
-        "shed_deadline_factor": 0.25,
-    },
-    OPTIONAL: {
-        "concurrency": 2,
-        "prefetch_multiplier": 4,
-        "soft_time_limit_seconds": 50,
-        "hard_time_limit_seconds": 60,
-        "max_queue_depth": 1_000,
-        "rejection_policy": "discard",
-        "wait_timeout_seconds": 0,
-        # Optional work is shed after 10 minutes, and after 2.5 minutes while its queue is
-        # more than half full: under pressure the optional tier sheds first.
-        "deadline_seconds": 600,
-        "shed_queue_depth": None,
-        "shed_deadline_factor": 0.25,
-    },
+    CRITICAL: {**_EVERY_TIER, "soft_time_limit_seconds": 25, "hard_time_limit_seconds": 30,
+               "rejection_policy": "wait"},
+    STANDARD: {**_EVERY_TIER, "soft_time_limit_seconds": 110, "hard_time_limit_seconds": 120,
+               "rejection_policy": "caller_runs"},
+    OPTIONAL: {**_EVERY_TIER, "soft_time_limit_seconds": 50, "hard_time_limit_seconds": 60,
+               "rejection_policy": "discard", "prefetch_multiplier": 4,
+               "max_queue_depth": 1_000, "wait_timeout_seconds": 0, "deadline_seconds": 600},
 }
 
 CommaList = Annotated[list[str], NoDecode]
+
+_REDIS = (REDIS_SCHEMES, " is not a Redis URL (redis://host:port/db, "
+          "redis+sentinel://host:26379/<service>, redis+cluster://host:port)")
+_POSTGRES = (("postgresql", "postgres://"), " is not a PostgreSQL URL (postgresql://user@host/db)")
+#: URL field -> (the schemes it accepts, what an error says after the redacted URL).
+_URL_SCHEMES: dict[str, tuple[tuple[str, ...], str]] = {
+    "redis_url": _REDIS, "redlock_urls": _REDIS,
+    "database_url": _POSTGRES, "locks_database_url": _POSTGRES,
+    "vendor_url": (("http://", "https://"), " is not an HTTP URL (http://host:port)"),
+    "broker_url": (("redis://", "rediss://", "amqp://", "amqps://", "pyamqp://"),
+                   ": the broker must be Redis (redis://) or RabbitMQ (amqp://)"),
+}
 
 
 def _split(value: Any) -> Any:
@@ -271,42 +260,13 @@ class Settings(BaseSettings):
             )
         return value
 
-    @field_validator("redis_url", "redlock_urls")
+    @field_validator(*_URL_SCHEMES)
     @classmethod
-    def _redis_scheme(cls, value: Any) -> Any:
+    def _url_scheme(cls, value: Any, info: ValidationInfo) -> Any:
+        schemes, problem = _URL_SCHEMES[str(info.field_name)]
         for url in value if isinstance(value, list) else [value]:
-            if url is not None and not url.startswith(REDIS_SCHEMES):
-                raise ValueError(
-                    f"{redact_url(url)!r} is not a Redis URL (redis://host:port/db, "
-                    "redis+sentinel://host:26379/<service>, redis+cluster://host:port)"
-                )
-        return value
-
-    @field_validator("database_url", "locks_database_url")
-    @classmethod
-    def _postgres_scheme(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("postgresql", "postgres://")):
-            raise ValueError(
-                f"{redact_url(value)!r} is not a PostgreSQL URL (postgresql://user@host/db)"
-            )
-        return value
-
-    @field_validator("vendor_url")
-    @classmethod
-    def _http_scheme(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError(f"{redact_url(value)!r} is not an HTTP URL (http://host:port)")
-        return value
-
-    @field_validator("broker_url")
-    @classmethod
-    def _broker_scheme(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(
-            ("redis://", "rediss://", "amqp://", "amqps://", "pyamqp://")
-        ):
-            raise ValueError(
-                f"{redact_url(value)!r}: the broker must be Redis (redis://) or RabbitMQ (amqp://)"
-            )
+            if url is not None and not url.startswith(schemes):
+                raise ValueError(f"{redact_url(url)!r}{problem}")
         return value
 
     @field_validator("flower_basic_auth")
@@ -340,7 +300,7 @@ class Settings(BaseSettings):
                     f"{self.max_countdown_seconds:g}, plus {VISIBILITY_MARGIN_SECONDS}s); raise "
                     "it or lower those limits"
                 )
-        if self.flower_basic_auth is None and not _is_loopback(self.flower_address):
+        if self.flower_basic_auth is None and not is_loopback(self.flower_address):
             raise ValueError(
                 f"JOBS_FLOWER_ADDRESS={self.flower_address} exposes Flower beyond this machine "
                 "without a password; set FLOWER_BASIC_AUTH to user:password or bind to 127.0.0.1"
@@ -432,7 +392,8 @@ class Settings(BaseSettings):
         return self.effective_broker_url.startswith(("redis://", "rediss://", "unix://"))
 
 
-def _is_loopback(address: str) -> bool:
+def is_loopback(address: str) -> bool:
+    """Whether `address` (an IP or `localhost`) is this machine's loopback."""
     if address == "localhost":
         return True
     try:

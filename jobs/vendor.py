@@ -18,8 +18,8 @@ The state is this process's memory: one vendor process per platform, like the re
 
 from __future__ import annotations
 
-import ipaddress
 import json
+import sys
 import threading
 import time
 import urllib.error
@@ -28,6 +28,8 @@ import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from jobs.settings import is_loopback
 
 #: How the vendor answers charges.
 MODES = ("ok", "fail", "slow")
@@ -70,19 +72,16 @@ class VendorHandler(BaseHTTPRequestHandler):
         pass  # one line per charge would drown honcho's output
 
     def do_GET(self) -> None:
-        if self.path.rstrip("/") != "/control":
-            self._reply(404, {"error": f"no such path {self.path}"})
-            return
-        self._reply(200, self.server.state.describe())
+        if self._at("/control"):
+            self._reply(200, self.server.state.describe())
 
     def do_PUT(self) -> None:
         """Change the mode. A state-changing endpoint without CSRF protection is safe here
         only because the server binds 127.0.0.1 and this handler also refuses any client
         that is not loopback (a browser page elsewhere cannot reach it)."""
-        if self.path.rstrip("/") != "/control":
-            self._reply(404, {"error": f"no such path {self.path}"})
+        if not self._at("/control"):
             return
-        if not _is_loopback(self.client_address[0]):
+        if not is_loopback(self.client_address[0]):
             self._reply(403, {"error": "the vendor's mode can only be changed from this machine"})
             return
         body = self._json_body()
@@ -105,8 +104,7 @@ class VendorHandler(BaseHTTPRequestHandler):
         self._reply(200, state.describe())
 
     def do_POST(self) -> None:
-        if self.path.rstrip("/") != "/charges":
-            self._reply(404, {"error": f"no such path {self.path}"})
+        if not self._at("/charges"):
             return
         body = self._json_body()
         if body is None:
@@ -135,6 +133,13 @@ class VendorHandler(BaseHTTPRequestHandler):
                           "amount_cents": amount, "currency": body.get("currency")}
                 state.charges[key] = charge
         self._reply(200 if replayed else 201, {**charge, "replayed": replayed})
+
+    def _at(self, path: str) -> bool:
+        """Whether the request is for `path`; answers 404 when it is not."""
+        if self.path.rstrip("/") != path:
+            self._reply(404, {"error": f"no such path {self.path}"})
+            return False
+        return True
 
     def _json_body(self) -> dict[str, Any] | None:
         try:
@@ -171,8 +176,6 @@ class VendorServer(ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A caller that gave up (its timeout passed during `slow`) closed the socket: that
         # is the simulation working, not an error worth a traceback.
-        import sys
-
         if not isinstance(sys.exc_info()[1], ConnectionError):
             super().handle_error(request, client_address)
 
@@ -250,10 +253,3 @@ class VendorControl:
         except (OSError, ValueError) as exc:
             raise VendorError(f"no vendor answers at {self.base_url} ({exc}); `jobs up` runs "
                               "the simulated one") from None
-
-
-def _is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False

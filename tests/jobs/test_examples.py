@@ -121,7 +121,7 @@ class TestVendor:
 
     def test_control_refuses_clients_beyond_loopback(self) -> None:
         """The mode can be changed only from this machine (no CSRF token needed)."""
-        from jobs.vendor import _is_loopback
+        from jobs.settings import is_loopback as _is_loopback
 
         assert _is_loopback("127.0.0.1") and _is_loopback("::1")
         assert not _is_loopback("10.0.0.7") and not _is_loopback("not-an-ip")
