@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Iterable, Iterator, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -63,8 +64,23 @@ def queue_depth(queue: str) -> int:
         return int(count)
 
 
-def drain_paused(queue: str, enqueue: Any, done: Any, worker_names: list[str],
-                 *, timeout_seconds: float = 600) -> float:
+def wait_until(done: Callable[[], bool], *, timeout_seconds: float = 600, what: str = "drain",
+               poll_seconds: float = 0.005) -> float:
+    """Poll `done()` until it holds; the seconds waited.
+
+    Raises:
+        TimeoutError: `done()` still false after `timeout_seconds`.
+    """
+    watch = Stopwatch()
+    while not done():
+        if watch.elapsed > timeout_seconds:
+            raise TimeoutError(f"{what} did not finish in {timeout_seconds} s")
+        time.sleep(poll_seconds)
+    return watch.elapsed
+
+
+def drain_paused(queue: str, enqueue: Callable[[], Any], done: Callable[[], bool],
+                 worker_names: list[str], *, timeout_seconds: float = 600) -> float:
     """Seconds the workers take to drain what `enqueue()` published while they were paused.
 
     Consumers are cancelled, the messages enqueued, consumers added back, then `done()`
@@ -75,12 +91,72 @@ def drain_paused(queue: str, enqueue: Any, done: Any, worker_names: list[str],
     app.control.cancel_consumer(queue, destination=worker_names, reply=True)
     enqueue()
     app.control.add_consumer(queue, destination=worker_names, reply=True)
-    watch = Stopwatch()
-    while not done():
-        if watch.elapsed > timeout_seconds:
-            raise TimeoutError(f"drain did not finish in {timeout_seconds} s")
-        time.sleep(0.005)
-    return watch.elapsed
+    return wait_until(done, timeout_seconds=timeout_seconds)
+
+
+def drain_rate(queue: str, redis: Any, send: Callable[[str, int], Any], n: int,
+               worker_names: list[str], *, counter: str | None = None) -> float:
+    """Jobs per second the paused workers drain: `send(counter, i)` for i < n publishes jobs
+    that each INCR `counter` (default: a fresh Redis key) once they ran."""
+    counter = counter or f"bench:{queue}:{uuid.uuid4().hex}"
+    seconds = drain_paused(queue, lambda: [send(counter, i) for i in range(n)],
+                           lambda: int(redis.get(counter) or 0) >= n, worker_names)
+    return n / seconds
+
+
+def warm_up(redis: Any, tasks: Iterable[Any], jobs: int = 50) -> None:
+    """Run `jobs` of each task `(counter, i)` first: connections, imports, scripts."""
+    counter, tasks = f"bench:warm:{uuid.uuid4().hex}", list(tasks)
+    for index in range(jobs):
+        for task in tasks:
+            task.delay(counter, index)
+    wait_until(lambda: int(redis.get(counter) or 0) >= jobs * len(tasks), what="warm-up",
+               poll_seconds=0.01)
+
+
+def paired_ratio(rates: Mapping[str, Sequence[float]], variant: str, base: str = "plain") -> float:
+    """The median of each round's `variant / base` rate: the rounds alternate, so a noisy
+    moment weighs on both sides of a ratio (steadier than a ratio of medians)."""
+    return statistics.median(
+        mine / theirs for mine, theirs in zip(rates[variant], rates[base], strict=True))
+
+
+class RoundTrips:
+    """Counts what redis-py sends (one per command or pipeline) while installed."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __enter__(self) -> RoundTrips:
+        from redis.connection import AbstractConnection
+
+        self._original = original = AbstractConnection.send_packed_command
+
+        def counted(connection: Any, command: Any, check_health: bool = True) -> Any:
+            self.count += 1
+            return original(connection, command, check_health)
+
+        AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from redis.connection import AbstractConnection
+
+        AbstractConnection.send_packed_command = self._original  # type: ignore[method-assign]
+
+
+def psql(url: str, sql: str, parameters: Any = None) -> list[tuple[Any, ...]]:
+    """Run one statement on a fresh autocommit psycopg2 connection; its rows, if any."""
+    import psycopg2
+
+    connection = psycopg2.connect(url)
+    connection.autocommit = True
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, parameters)
+            return cursor.fetchall() if cursor.description else []
+    finally:
+        connection.close()
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:
@@ -93,6 +169,7 @@ def percentile(values: Sequence[float], fraction: float) -> float:
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:
+    """p50, p99 and mean of `values`."""
     return {
         "p50": percentile(values, 0.50),
         "p99": percentile(values, 0.99),

@@ -30,6 +30,7 @@ counts = {"redis": 0, "pg": 0}
 def _count_round_trips() -> None:
     """Count what is sent: redis-py's packed sends, the guard backend's statements and the
     hand-rolled task's cursor executions."""
+    import psycopg2.extensions
     import redis.connection
 
     import bench.tasks_idempotency as tasks
@@ -49,34 +50,20 @@ def _count_round_trips() -> None:
         return execute(self, *args, **kwargs)
 
     postgres.PostgresIdempotencyBackend._execute = counted_execute
-    connect = tasks._handrolled_connection
 
-    class Cursor:
-        def __init__(self, cursor: Any) -> None:
-            self.cursor = cursor
-
-        def __enter__(self) -> Cursor:
-            self.cursor.__enter__()
-            return self
-
-        def __exit__(self, *exc: Any) -> Any:
-            return self.cursor.__exit__(*exc)
-
+    class CountingCursor(psycopg2.extensions.cursor):
         def execute(self, *args: Any) -> Any:
             counts["pg"] += 1
-            return self.cursor.execute(*args)
+            return super().execute(*args)
 
-        def fetchone(self) -> Any:
-            return self.cursor.fetchone()
+    connect = tasks._handrolled_connection
 
-    class Connection:
-        def __init__(self, connection: Any) -> None:
-            self.connection = connection
+    def counted_connection() -> Any:
+        connection = connect()
+        connection.cursor_factory = CountingCursor
+        return connection
 
-        def cursor(self) -> Cursor:
-            return Cursor(self.connection.cursor())
-
-    tasks._handrolled_connection = lambda: Connection(connect())
+    tasks._handrolled_connection = counted_connection
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import time
 import uuid
 from typing import Any
 
-from bench.harness import Stopwatch, platform, purge, table, workers
+from bench.harness import Stopwatch, platform, purge, table, wait_until, workers
 
 
 def run(argv: list[str]) -> dict[str, Any]:
@@ -17,7 +16,7 @@ def run(argv: list[str]) -> dict[str, Any]:
     options = parser.parse_args(argv)
 
     with platform():
-        from bench.tasks import noop
+        from bench.tasks_guards import guards_bench_platform as noop
         from resilience.stores import stores_for
 
         redis = stores_for(noop.app).redis()
@@ -26,16 +25,12 @@ def run(argv: list[str]) -> dict[str, Any]:
 
         watch = Stopwatch()
         for _ in range(options.messages):
-            noop.delay(counter)
+            noop.delay(counter, 0)
         enqueue_seconds = watch.elapsed
 
         with workers("standard", concurrency=options.concurrency):
-            watch = Stopwatch()
-            while int(redis.get(counter) or 0) < options.messages:
-                if watch.elapsed > 600:
-                    raise TimeoutError("drain did not finish in 600 s")
-                time.sleep(0.01)
-            drain_seconds = watch.elapsed
+            drain_seconds = wait_until(lambda: int(redis.get(counter) or 0) >= options.messages,
+                                       poll_seconds=0.01)
 
     enqueue_per_s = options.messages / enqueue_seconds
     drain_per_s = options.messages / drain_seconds

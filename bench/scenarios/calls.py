@@ -15,7 +15,7 @@ import time
 import uuid
 from typing import Any
 
-from bench.harness import platform, table
+from bench.harness import RoundTrips, platform, table
 
 
 def run(argv: list[str]) -> dict[str, Any]:
@@ -24,36 +24,23 @@ def run(argv: list[str]) -> dict[str, Any]:
     options = parser.parse_args(argv)
     n = options.calls
     with platform():
-        from redis.connection import AbstractConnection
-
         from bench.tasks_guards import guards_bench_guarded, guards_bench_platform
 
-        sent = [0]
-        original = AbstractConnection.send_packed_command
-
-        def counted(connection: Any, command: Any, check_health: bool = True) -> Any:
-            sent[0] += 1
-            return original(connection, command, check_health)
-
-        AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
         figures: dict[str, dict[str, float]] = {}
-        try:
-            for name, task in (("platform", guards_bench_platform),
-                               ("guarded", guards_bench_guarded)):
-                counter = f"bench:calls:{uuid.uuid4().hex}"
-                for index in range(30):
-                    task.apply((counter, -index - 1))
-                sent[0] = 0
+        for name, task in (("platform", guards_bench_platform),
+                           ("guarded", guards_bench_guarded)):
+            counter = f"bench:calls:{uuid.uuid4().hex}"
+            for index in range(30):
+                task.apply((counter, -index - 1))
+            with RoundTrips() as sent:
                 cpu, wall = time.process_time(), time.perf_counter()
                 for index in range(n):
                     task.apply((counter, index))
                 figures[name] = {
-                    "redis_round_trips": round(sent[0] / n, 3),
+                    "redis_round_trips": round(sent.count / n, 3),
                     "cpu_us": round((time.process_time() - cpu) / n * 1e6),
                     "wall_us": round((time.perf_counter() - wall) / n * 1e6),
                 }
-        finally:
-            AbstractConnection.send_packed_command = original  # type: ignore[method-assign]
     table(f"one call, inline, {n} calls", ("stack", "Redis round trips", "CPU µs", "wall µs"),
           [(name, f"{f['redis_round_trips']:.2f}", f"{f['cpu_us']:,.0f}", f"{f['wall_us']:,.0f}")
            for name, f in figures.items()])

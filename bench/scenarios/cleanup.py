@@ -19,7 +19,7 @@ import time
 import uuid
 from typing import Any
 
-from bench.harness import platform, table
+from bench.harness import platform, psql, table
 
 OLD_BATCH, OLD_PAUSE_SECONDS, OLD_MAX_BATCHES, OLD_INTERVAL_SECONDS = 1000, 0.1, 100, 600.0
 NEW_INTERVAL_SECONDS = 60.0
@@ -33,22 +33,9 @@ FROM generate_series(1, %(rows)s) AS g
 """
 
 
-def _execute(database_url: str, sql: str, parameters: dict[str, Any] | None = None) -> None:
-    import psycopg2
-
-    connection = psycopg2.connect(database_url)
-    connection.autocommit = True
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute(sql, parameters)
-    finally:
-        connection.close()
-
-
 def _seed(database_url: str, rows: int) -> None:
-    _execute(database_url, SEED_SQL, {"task": f"bench.cleanup.{uuid.uuid4().hex[:8]}",
-                                      "rows": rows})
-    _execute(database_url, "VACUUM ANALYZE resilience_idempotency_records")
+    psql(database_url, SEED_SQL, {"task": f"bench.cleanup.{uuid.uuid4().hex[:8]}", "rows": rows})
+    psql(database_url, "VACUUM ANALYZE resilience_idempotency_records")
 
 
 def _old_run(engine: Any) -> tuple[int, float]:

@@ -21,34 +21,9 @@ import statistics
 import time
 from typing import Any
 
-from bench.harness import platform, purge, table
+from bench.harness import RoundTrips, paired_ratio, platform, purge, table
 
 VARIANTS = ("plain", "platform", "unique", "celery_once", "celery_singleton", "enqueue_in")
-
-
-class RoundTrips:
-    """Counts what redis-py sends (one per command or pipeline) while installed."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def __enter__(self) -> RoundTrips:
-        from redis.connection import AbstractConnection
-
-        self._original = AbstractConnection.send_packed_command
-        original = self._original
-
-        def counted(connection: Any, command: Any, check_health: bool = True) -> Any:
-            self.count += 1
-            return original(connection, command, check_health)
-
-        AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        from redis.connection import AbstractConnection
-
-        AbstractConnection.send_packed_command = self._original  # type: ignore[method-assign]
 
 
 def run(argv: list[str]) -> dict[str, Any]:
@@ -114,11 +89,7 @@ def run(argv: list[str]) -> dict[str, Any]:
                     connection.exec_driver_sql("DELETE FROM resilience_outbox")
         medians = {variant: statistics.median(rates[variant]) for variant in present}
         plain = medians["plain"]
-        # Each round's ratio to plain Celery in the same round, then the median: the rounds
-        # alternate, so a noisy moment weighs on both sides of a ratio.
-        paired = {variant: statistics.median(
-            mine / base for mine, base in zip(rates[variant], rates["plain"], strict=True))
-            for variant in present}
+        paired = {variant: paired_ratio(rates, variant) for variant in present}
         table(
             f"enqueue: {n} jobs per variant and round, {options.rounds} rounds (medians)",
             ("variant", "jobs/s", "ratio", "round trips/job", "CPU µs/job",

@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-import uuid
 from typing import Any
 
-from bench.harness import drain_paused, platform, purge, table, workers
+from bench.harness import drain_rate, paired_ratio, platform, purge, table, warm_up, workers
 
 QUEUE = "standard"
 VARIANTS = ("plain", "platform", "guarded")
@@ -58,54 +56,37 @@ def run(argv: list[str]) -> dict[str, Any]:
                  "guarded": guards_bench_guarded}
         redis = stores_for(app).redis()
         purge([QUEUE])
-        rates: dict[tuple[float, str], list[float]] = {
-            (work, variant): [] for work in works for variant in VARIANTS
-        }
+        # rates[work][variant]: one rate per round
+        rates = {work: {variant: [] for variant in VARIANTS} for work in works}
         with workers(QUEUE, concurrency=options.concurrency) as started:
             names = [worker.nodename for worker in started]
-            warm = f"bench:guards:warm:{uuid.uuid4().hex}"
-            for index in range(50):
-                for task in tasks.values():
-                    task.delay(warm, index)
-            while int(redis.get(warm) or 0) < 150:
-                time.sleep(0.01)
-
+            warm_up(redis, tasks.values())
             for work in works:
                 for _ in range(options.rounds):
-                    for variant in VARIANTS:
-                        counter = f"bench:guards:{variant}:{uuid.uuid4().hex}"
-                        task = tasks[variant]
-                        seconds = drain_paused(
-                            QUEUE,
-                            lambda c=counter, t=task, w=work: [t.delay(c, i, w)
-                                                               for i in range(n)],
-                            lambda c=counter: int(redis.get(c) or 0) >= n,
-                            names,
-                        )
-                        rates[(work, variant)].append(n / seconds)
+                    for variant, task in tasks.items():
+                        rates[work][variant].append(drain_rate(
+                            QUEUE, redis, lambda c, i, t=task, w=work: t.delay(c, i, w),
+                            n, names))
 
     def median(work: float, variant: str) -> float:
-        return statistics.median(rates[(work, variant)])
-
-    def ratio(work: float, variant: str = "guarded") -> float:
-        return statistics.median([g / p for g, p in zip(
-            rates[(work, variant)], rates[(work, "plain")], strict=True)])
+        return statistics.median(rates[work][variant])
 
     table(
         f"guards: {n} messages x {options.rounds} rounds, 1 worker x{options.concurrency}",
         ["work ms", "variant", "median per second", "min", "max", "ratio to plain"],
-        [(f"{work:g}", variant, median(work, variant), min(rates[(work, variant)]),
-          max(rates[(work, variant)]), ratio(work, variant))
+        [(f"{work:g}", variant, median(work, variant), min(rates[work][variant]),
+          max(rates[work][variant]), paired_ratio(rates[work], variant))
          for work in works for variant in VARIANTS],
     )
     reference = options.reference_work_ms
     figures: dict[str, Any] = {
         "plain_per_s": round(median(reference, "plain"), 1),
         "guarded_per_s": round(median(reference, "guarded"), 1),
-        "ratio": round(ratio(reference), 3),
+        "ratio": round(paired_ratio(rates[reference], "guarded"), 3),
         "work_ms": reference,
-        "platform_ratio": round(ratio(reference, "platform"), 3),
-        "ratio_by_work_ms": {f"{work:g}": round(ratio(work), 3) for work in works},
+        "platform_ratio": round(paired_ratio(rates[reference], "platform"), 3),
+        "ratio_by_work_ms": {f"{work:g}": round(paired_ratio(rates[work], "guarded"), 3)
+                             for work in works},
     }
     if 0.0 in works:
         figures["overhead_ms"] = round(options.concurrency * 1000 * (

@@ -20,11 +20,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 import uuid
 from typing import Any
 
-from bench.harness import drain_paused, platform, purge, table, workers
+from bench.harness import (
+    drain_paused,
+    drain_rate,
+    paired_ratio,
+    platform,
+    purge,
+    table,
+    warm_up,
+    workers,
+)
 
 QUEUE = "standard"
 LABELS = {"cache": "cache read", "ping": "cache read + SELECT 1",
@@ -62,60 +70,23 @@ def run(argv: list[str]) -> dict[str, Any]:
                                  name=idem_bench_guarded.name)
         purge([QUEUE])
         steps = STEPS if options.breakdown else ()
-        rates: dict[str, list[float]] = {"plain": [], "idempotent": [], "handrolled": [],
-                                         "replay": [],
-                                         **{step: [] for step in steps}}
+        senders = {"plain": idem_bench_plain.delay, "idempotent": idem_bench_guarded.delay,
+                   "handrolled": idem_bench_handrolled.delay,
+                   **{step: lambda c, i, s=step: idem_bench_steps.delay(c, i, s)
+                      for step in steps}}
+        rates: dict[str, list[float]] = {variant: [] for variant in [*senders, "replay"]}
+        replayed = ""
         with workers(QUEUE, concurrency=options.concurrency) as started:
             names = [worker.nodename for worker in started]
-            # Warm-up: connections, imports, script registration.
-            warm = f"bench:idem:warm:{uuid.uuid4().hex}"
-            for index in range(50):
-                idem_bench_plain.delay(warm, index)
-                idem_bench_guarded.delay(warm, index)
-                idem_bench_handrolled.delay(warm, index)
-            while int(redis.get(warm) or 0) < 150:
-                time.sleep(0.01)
-
+            warm_up(redis, (idem_bench_plain, idem_bench_guarded, idem_bench_handrolled))
             for _ in range(options.rounds):
-                counter = f"bench:idem:plain:{uuid.uuid4().hex}"
-                seconds = drain_paused(
-                    QUEUE,
-                    lambda c=counter: [idem_bench_plain.delay(c, i) for i in range(n)],
-                    lambda c=counter: int(redis.get(c) or 0) >= n,
-                    names,
-                )
-                rates["plain"].append(n / seconds)
-
-                counter = f"bench:idem:guarded:{uuid.uuid4().hex}"
-                seconds = drain_paused(
-                    QUEUE,
-                    lambda c=counter: [idem_bench_guarded.delay(c, i) for i in range(n)],
-                    lambda c=counter: int(redis.get(c) or 0) >= n,
-                    names,
-                )
-                rates["idempotent"].append(n / seconds)
-
-                hand_counter = f"bench:idem:handrolled:{uuid.uuid4().hex}"
-                seconds = drain_paused(
-                    QUEUE,
-                    lambda c=hand_counter: [idem_bench_handrolled.delay(c, i) for i in range(n)],
-                    lambda c=hand_counter: int(redis.get(c) or 0) >= n,
-                    names,
-                )
-                rates["handrolled"].append(n / seconds)
-
-                for step in steps:
-                    step_counter = f"bench:idem:{step}:{uuid.uuid4().hex}"
-                    seconds = drain_paused(
-                        QUEUE,
-                        lambda c=step_counter, s=step: [idem_bench_steps.delay(c, i, s)
-                                                        for i in range(n)],
-                        lambda c=step_counter: int(redis.get(c) or 0) >= n,
-                        names,
-                    )
-                    rates[step].append(n / seconds)
-
-                # The same n keys again: every one is a duplicate, replayed from Redis.
+                for variant, send in senders.items():
+                    counter = f"bench:idem:{variant}:{uuid.uuid4().hex}"
+                    rates[variant].append(drain_rate(QUEUE, redis, send, n, names,
+                                                     counter=counter))
+                    replayed = counter if variant == "idempotent" else replayed
+                # The idempotent round's n keys again: every one is a duplicate, replayed.
+                counter = replayed
                 before = int(redis.hget(COUNTERS_KEY, replay_field) or 0)
                 seconds = drain_paused(
                     QUEUE,
@@ -126,42 +97,35 @@ def run(argv: list[str]) -> dict[str, Any]:
                 rates["replay"].append(n / seconds)
                 assert int(redis.get(counter) or 0) == n, "a duplicate ran its body"
 
-    plain = statistics.median(rates["plain"])
-    guarded = statistics.median(rates["idempotent"])
-    replay = statistics.median(rates["replay"])
-    # Each idempotent round ran right after a plain one, under the same machine load: the
-    # median of those pairwise ratios is steadier on a shared machine than a ratio of medians.
-    def paired(variant: str, base: str = "plain") -> float:
-        return statistics.median(
-            v / p for p, v in zip(rates[base], rates[variant], strict=True)
-        )
+    median = {variant: statistics.median(values) for variant, values in rates.items()}
+    ratio_to_handrolled = paired_ratio(rates, "idempotent", "handrolled")
 
-    ratio = paired("idempotent")
-    handrolled = statistics.median(rates["handrolled"])
-    ratio_to_handrolled = paired("idempotent", "handrolled")
+    def each(variant: str) -> str:
+        return ", ".join(f"{r:.0f}" for r in rates[variant])
+
     table(
         f"idempotency: {options.rounds} rounds x {n} messages, 1 worker x{options.concurrency}",
         ["variant", "median per second", "rounds"],
         [
-            ("plain no-op", plain, ", ".join(f"{r:.0f}" for r in rates["plain"])),
-            ("idempotent no-op", guarded, ", ".join(f"{r:.0f}" for r in rates["idempotent"])),
+            ("plain no-op", median["plain"], each("plain")),
+            ("idempotent no-op", median["idempotent"], each("idempotent")),
             (f"hand-rolled claim + update (idempotent / it: {ratio_to_handrolled:.3f})",
-             handrolled, ", ".join(f"{r:.0f}" for r in rates["handrolled"])),
-            ("duplicates replayed", replay, ", ".join(f"{r:.0f}" for r in rates["replay"])),
-            *[(f"steps: {LABELS[step]} (ratio {paired(step):.3f})",
-               statistics.median(rates[step]), ", ".join(f"{r:.0f}" for r in rates[step]))
-              for step in steps],
+             median["handrolled"], each("handrolled")),
+            ("duplicates replayed", median["replay"], each("replay")),
+            *[(f"steps: {LABELS[step]} (ratio {paired_ratio(rates, step):.3f})",
+               median[step], each(step)) for step in steps],
         ],
     )
     return {
-        "plain_per_s": round(plain, 1),
-        "idempotent_per_s": round(guarded, 1),
-        "ratio": round(ratio, 3),
-        "ratio_of_medians": round(guarded / plain, 3),
-        "replay_per_s": round(replay, 1),
-        "handrolled_per_s": round(handrolled, 1),
+        "plain_per_s": round(median["plain"], 1),
+        "idempotent_per_s": round(median["idempotent"], 1),
+        "ratio": round(paired_ratio(rates, "idempotent"), 3),
+        "ratio_of_medians": round(median["idempotent"] / median["plain"], 3),
+        "replay_per_s": round(median["replay"], 1),
+        "handrolled_per_s": round(median["handrolled"], 1),
         "ratio_to_handrolled": round(ratio_to_handrolled, 3),
         "messages": n,
         "rounds": options.rounds,
-        **({"breakdown": {step: round(paired(step), 3) for step in steps}} if steps else {}),
+        **({"breakdown": {step: round(paired_ratio(rates, step), 3) for step in steps}}
+           if steps else {}),
     }

@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from bench.harness import Stopwatch, percentile, platform, purge, queue_depth, summary, table
+from bench.harness import percentile, platform, purge, queue_depth, summary, table, wait_until
 from bench.harness import workers as start_workers
 
 
@@ -71,11 +71,8 @@ def critical_phase(redis: Any, run: str, per_second: float, seconds: float,
             time.sleep(pause)
         critical_probe.apply_async((run, time.time(), work_seconds))
     key = f"bench:isolation:{run}"
-    watch = Stopwatch()
-    while redis.llen(key) < total:
-        if watch.elapsed > 120:
-            raise TimeoutError(f"only {redis.llen(key)}/{total} critical probes ran")
-        time.sleep(0.05)
+    wait_until(lambda: redis.llen(key) >= total, timeout_seconds=120,
+               what=f"{total} critical probes", poll_seconds=0.05)
     return [float(value) for value in redis.lrange(key, 0, -1)]
 
 

@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Any
 
-from bench.harness import Stopwatch, platform, purge, table, workers
+from bench.harness import Stopwatch, platform, purge, table, wait_until, workers
 from resilience.ratelimit.algorithms import GCRA, SLIDING_WINDOW, Params
 
 
@@ -57,14 +57,11 @@ def observed(redis: Any, task: Any, jobs: int,
         (grants per second, most grants in any 1 s window, seconds, denials).
     """
     run = uuid.uuid4().hex
-    watch = Stopwatch()
     for n in range(jobs):
         task.delay(run, n)
     key = f"bench:ratelimit:{run}"
-    while redis.llen(key) < jobs:
-        if watch.elapsed > timeout_seconds:
-            raise TimeoutError(f"only {redis.llen(key)}/{jobs} grants in {timeout_seconds}s")
-        time.sleep(0.05)
+    wait_until(lambda: redis.llen(key) >= jobs, timeout_seconds=timeout_seconds,
+               what=f"{jobs} grants", poll_seconds=0.05)
     grants = sorted(float(value) for value in redis.lrange(key, 0, -1))
     denied = redis.llen(f"{key}:denied")
     span = grants[-1] - grants[0]

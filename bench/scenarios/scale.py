@@ -46,7 +46,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.harness import Stopwatch, platform, table, workers
+from bench.harness import Stopwatch, platform, psql, table, wait_until, workers
 
 QUEUE = "critical"
 APPLICATION_NAME = "bench-scale-worker"
@@ -141,19 +141,6 @@ def _admin_url(database_url: str) -> tuple[str, str]:
     return admin.render_as_string(hide_password=False), str(url.database)
 
 
-def _query(url: str, sql: str, parameters: Any = None) -> list[tuple[Any, ...]]:
-    import psycopg2
-
-    connection = psycopg2.connect(url)
-    connection.autocommit = True
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute(sql, parameters)
-            return cursor.fetchall() if cursor.description else []
-    finally:
-        connection.close()
-
-
 # -- parts 1 and 2: the payment stack ---------------------------------------------------------
 def _read_counts(directory: Path) -> tuple[int, Counter[str], int]:
     """(bodies run, statements by kind, processes reporting) summed over the pool's files."""
@@ -169,26 +156,23 @@ def _read_counts(directory: Path) -> tuple[int, Counter[str], int]:
     return bodies, statements, processes
 
 
-def _wait_bodies(directory: Path, target: int, on_poll: Any = None,
-                 timeout_seconds: float = 600) -> None:
-    watch = Stopwatch()
-    while _read_counts(directory)[0] < target:
-        if watch.elapsed > timeout_seconds:
-            raise TimeoutError(f"{target} payment jobs did not run in {timeout_seconds} s "
-                               f"(ran {_read_counts(directory)[0]}); see artifacts/workers")
+def _wait_bodies(directory: Path, target: int, on_poll: Any = None) -> None:
+    def done() -> bool:
         if on_poll is not None:
             on_poll()
-        time.sleep(0.02)
+        return _read_counts(directory)[0] >= target
+
+    wait_until(done, what=f"{target} payment jobs (see artifacts/workers)", poll_seconds=0.02)
 
 
 def _transactions(admin: str, database: str) -> int:
-    rows = _query(admin, "SELECT xact_commit + xact_rollback FROM pg_stat_database "
+    rows = psql(admin, "SELECT xact_commit + xact_rollback FROM pg_stat_database "
                          "WHERE datname = %s", (database,))
     return int(rows[0][0])
 
 
 def _backends(admin: str, database: str) -> int:
-    rows = _query(admin, "SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+    rows = psql(admin, "SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
                          "AND application_name = %s", (database, APPLICATION_NAME))
     return int(rows[0][0])
 
@@ -306,7 +290,7 @@ def _payment_stack(options: argparse.Namespace, database_url: str,
         while _backends(admin, database) and time.monotonic() < deadline:
             time.sleep(0.1)
         xacts_after = _transactions(admin, database)
-        ledger = _query(database_url.replace("postgresql+psycopg2", "postgresql"),
+        ledger = psql(database_url.replace("postgresql+psycopg2", "postgresql"),
                         "SELECT count(*) FROM ledger_entries WHERE order_id LIKE %s "
                         "OR order_id LIKE %s", (f"job-{run_id}-%", f"log-{run_id}-%"))[0][0]
     finally:
@@ -412,7 +396,7 @@ def _insert_loop(url: str, rate: float, batch: int, ttl: float, stop: Any,
 
 def _table_rows(url: str) -> tuple[int, int]:
     """(expired, total) rows of the cleanup bench's task."""
-    row = _query(url, "SELECT count(*) FILTER (WHERE expires_at < now()), count(*) "
+    row = psql(url, "SELECT count(*) FILTER (WHERE expires_at < now()), count(*) "
                       "FROM resilience_idempotency_records WHERE task_name = %s",
                  (CLEANUP_TASK,))[0]
     return int(row[0]), int(row[1])
