@@ -18,8 +18,8 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from resilience.connections.redis import redis_from_url
 from resilience.errors import ConfigurationError, StoreUnavailable
-from resilience.stores import redis_from_url
 
 POSTGRES_SYSTEM_USER = "pgserver"
 

@@ -27,9 +27,9 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from jobs.tiers import CRITICAL, OPTIONAL, STANDARD, TIERS
+from resilience.connections.redis import REDIS_SCHEMES
 from resilience.errors import ConfigurationError
 from resilience.redact import redact, redact_url
-from resilience.stores import REDIS_SCHEMES
 
 RejectionPolicy = Literal["abort", "discard", "caller_runs", "wait"]
 

@@ -22,10 +22,13 @@ which follows the redirection and refreshes the table.
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
+
+from redis.exceptions import AskError, NoScriptError, ResponseError, TryAgainError
+
+from resilience.connections.redis import is_cluster
 
 if TYPE_CHECKING:
     import redis
@@ -86,8 +89,6 @@ class RedisBatch:
         queued, self.queued = self.queued, []
         if not queued:
             return
-        from redis.exceptions import AskError, NoScriptError, TryAgainError
-
         cluster = is_cluster(self.client)
         try:
             if cluster:
@@ -143,22 +144,6 @@ class RedisBatch:
         return _send(self.client, commands)
 
 
-def is_cluster(client: Any) -> bool:
-    """Whether `client` is a Redis Cluster client (`redis.cluster.RedisCluster`), whose
-    multi-key commands, pipelines and connections work per master."""
-    module = sys.modules.get("redis.cluster")
-    return module is not None and isinstance(client, module.RedisCluster)
-
-
-def mget(client: Any, keys: Sequence[str]) -> list[Any]:
-    """The values of `keys` (None where missing), in order: one MGET on one server; on a
-    Redis Cluster, whose MGET must stay in one slot, one MGET per slot, pipelined per master
-    (redis-py's `mget_nonatomic`)."""
-    if is_cluster(client):
-        return list(client.mget_nonatomic(list(keys)))
-    return list(client.mget(list(keys)))
-
-
 def first_key(args: Sequence[Any]) -> Any:
     """The first key of a command as queued (`"GET", key`, `"EVALSHA", sha, n, *keys, ...`);
     None for a command without one."""
@@ -178,8 +163,6 @@ def _send(client: redis.Redis, commands: list[tuple[Any, ...]]) -> list[Any]:
     values, the client's response callbacks apply, and a connection error is retried
     under the client's own retry policy on a fresh connection.
     """
-    from redis.exceptions import ResponseError
-
     callbacks = client.response_callbacks
     pool = client.connection_pool
     connection = pool.get_connection()

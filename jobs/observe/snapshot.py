@@ -46,6 +46,7 @@ from resilience.admission import RedisBrokerDepth, depth_backend_for
 from resilience.batches import view as batches_view
 from resilience.cancel import view as cancel_view
 from resilience.circuit import view as circuit_view
+from resilience.connections.redis import redis_from_url
 from resilience.counters import read_all
 from resilience.idempotency import view as idempotency_view
 from resilience.locks import view as locks_view
@@ -54,7 +55,6 @@ from resilience.pause import view as pause_view
 from resilience.ratelimit import view as ratelimit_view
 from resilience.redact import redact, redact_url
 from resilience.retry import view as retry_view
-from resilience.stores import redis_from_url
 from resilience.views import Column, Family, Source, View, marked, number
 
 if TYPE_CHECKING:

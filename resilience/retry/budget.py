@@ -38,11 +38,12 @@ from typing import TYPE_CHECKING, Any
 from resilience import flushing
 from resilience.batch import for_client
 from resilience.connections import wrap_store_errors
+from resilience.connections.redis import read_hashes
 from resilience.errors import ConfigurationError, StorageError
 from resilience.keys import redis_key, stored_keys
 from resilience.scripts import LuaScript
 from resilience.store_down import StoreDown, store_down_policy
-from resilience.stores import read_hashes, stores_for
+from resilience.stores import stores_for
 
 if TYPE_CHECKING:
     import redis

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from jobs.settings import SettingsError, load_settings
+from resilience.connections.redis import redis_from_url
 from resilience.errors import ConfigurationError
-from resilience.stores import Stores, redis_from_url
+from resilience.stores import Stores
 
 SECRET = "s3cr3t-topology"
 

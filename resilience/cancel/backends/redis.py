@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from resilience.cancel.backends import Marks
-from resilience.connections import wrap_store_errors
+from resilience.connections import StoreBackend
 
 if TYPE_CHECKING:
     import redis
@@ -25,8 +25,10 @@ MARKS_KEY = "resilience:cancel:{marks}"
 VERSION_KEY = "resilience:cancel:{marks}:version"
 
 
-class RedisCancelBackend:
+class RedisCancelBackend(StoreBackend):
     """Args: client: a Redis client, or a callable returning the process's client."""
+
+    store_operation = "cancellations"
 
     def __init__(self, client: redis.Redis | Callable[[], redis.Redis]) -> None:
         self._client = client
@@ -35,29 +37,24 @@ class RedisCancelBackend:
     def client(self) -> redis.Redis:
         return self._client() if callable(self._client) else self._client  # type: ignore[return-value]
 
-    @wrap_store_errors("cancel")
     def cancel(self, target: str, *, reason: str, expires_at: float) -> None:
         mark = json.dumps({"reason": reason or "cancelled", "until": expires_at})
         with self.client.pipeline(transaction=True) as pipe:
             pipe.hset(MARKS_KEY, target, mark).set(VERSION_KEY, _new_version()).execute()
 
-    @wrap_store_errors("uncancel")
     def uncancel(self, target: str) -> bool:
         with self.client.pipeline(transaction=True) as pipe:
             removed, _ = pipe.hdel(MARKS_KEY, target).set(VERSION_KEY, _new_version()).execute()
         return bool(removed)
 
-    @wrap_store_errors("cancellations version")
     def version(self) -> str:
         return str(self.client.get(VERSION_KEY) or "")
 
-    @wrap_store_errors("cancellations")
     def load(self) -> tuple[str, Marks]:
         with self.client.pipeline(transaction=True) as pipe:
             version, raw = pipe.get(VERSION_KEY).hgetall(MARKS_KEY).execute()
         return str(version or ""), {target: _decode(value) for target, value in raw.items()}
 
-    @wrap_store_errors("cancellations")
     def reasons(self, targets: list[str], *, now: float) -> str | None:
         if not targets:
             return None
@@ -68,7 +65,6 @@ class RedisCancelBackend:
                     return reason
         return None
 
-    @wrap_store_errors("cancellations replace")
     def replace(self, marks: Marks) -> str:
         version = _new_version()
         with self.client.pipeline(transaction=True) as pipe:
@@ -80,7 +76,6 @@ class RedisCancelBackend:
             pipe.set(VERSION_KEY, version).execute()
         return version
 
-    @wrap_store_errors("cancellations prune")
     def prune(self, *, now: float) -> int:
         expired = [target for target, (_, until) in self.load()[1].items() if until <= now]
         if not expired:

@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 from resilience.batch import for_client
 from resilience.circuit.backends.base import BreakerState, Peek, Permission, Verdict
 from resilience.circuit.config import BreakerConfig, CountWindow
-from resilience.connections import translate_store_error, wrap_store_errors
+from resilience.connections import StoreBackend, translate_store_error, wrap_store_errors
+from resilience.connections.redis import read_hashes
 from resilience.counters import count
 from resilience.keys import redis_key, stored_keys
 from resilience.scripts import LuaScript
-from resilience.stores import read_hashes, stores_for
+from resilience.stores import stores_for
 
 if TYPE_CHECKING:
     import redis
@@ -47,13 +48,14 @@ def window_key(name: str) -> str:
     return redis_key(NAMESPACE, name, "window")
 
 
-class RedisBreakerBackend:
+class RedisBreakerBackend(StoreBackend):
     """Runs `acquire.lua`, `record.lua` and `force.lua`; scripts registered once per client.
 
     Args:
         client: a callable returning the process's Redis client (fork-safe).
     """
 
+    store_operation = "breaker"
     ACQUIRE = LuaScript.load(__file__, "acquire.lua")
     RECORD = LuaScript.load(__file__, "record.lua")
     FORCE = LuaScript.load(__file__, "force.lua")
@@ -201,8 +203,7 @@ class RedisBreakerBackend:
 
     def names(self) -> list[str]:
         """Every breaker that has state in Redis."""
-        with wrap_store_errors("breaker scan"):
-            return sorted(self._stored_keys().values())
+        return sorted(self._stored_keys().values())
 
     def describe(
         self, names: Iterable[str] = (), *, include_stored: bool = False
@@ -210,13 +211,11 @@ class RedisBreakerBackend:
         """Live state of `names` (plus every stored breaker with `include_stored`: one SCAN),
         read in one round trip on Redis server time. A name given keeps its spelling even
         when its key is a digest."""
-        with wrap_store_errors("breaker states"):
-            client = self._client()
-            keys = {state_key(name): name for name in names}
-            if include_stored:
-                keys = {**self._stored_keys(), **keys}
-            ordered = sorted(keys.items(), key=lambda item: item[1])
-            now_ms, hashes = read_hashes(client, [key for key, _ in ordered])
+        keys = {state_key(name): name for name in names}
+        if include_stored:
+            keys = {**self._stored_keys(), **keys}
+        ordered = sorted(keys.items(), key=lambda item: item[1])
+        now_ms, hashes = read_hashes(self._client(), [key for key, _ in ordered])
         return [
             decode_state(name, fields, now_ms=now_ms)
             for (_, name), fields in zip(ordered, hashes, strict=True)

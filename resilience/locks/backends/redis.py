@@ -14,14 +14,14 @@ name, `owned()` that this lease still does.
 
 from __future__ import annotations
 
-import os
 import secrets
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from resilience.connections import wrap_store_errors
+from redis.exceptions import NoScriptError
+
+from resilience.connections import StoreBackend, wrap_store_errors
 from resilience.errors import LockError, LockNotOwnedError
 from resilience.keys import redis_key
 from resilience.locks.backends import Lease, validate_ttl
@@ -84,90 +84,45 @@ def not_owned(lease: Lease) -> LockNotOwnedError:
     )
 
 
-class _Whole:
-    """A node `NodeConnections` cannot hold one connection of: its client, used whole."""
-
-    __slots__ = ("client",)
-
-    def __init__(self, client: Any) -> None:
-        self.client = client
-
-
-class NodeConnections:
-    """Free-list of connection sets, one connection per node, kept across calls.
-
-    Taking a whole set at once (instead of one pooled connection per node per call) saves
-    the pool's per-checkout health probe, which is a syscall per node; a set is used by one
-    thread at a time, so replies never interleave.
-    """
-
-    def __init__(self, clients: Sequence[redis.Redis]) -> None:
-        self.clients = list(clients)
-        self._free: list[list[Any]] = []
-        self._guard = threading.Lock()
-        self._pid = os.getpid()
-
-    def take(self) -> list[Any]:
-        """A connection per node, for one thread's use until `give_back`. A node that is a
-        Redis Cluster (no single connection serves every key) is its client itself, which
-        `run_on_nodes` calls the ordinary way."""
-        with self._guard:
-            if self._pid != os.getpid():  # never share sockets with a forked parent
-                self._free, self._pid = [], os.getpid()
-            if self._free:
-                return self._free.pop()
-        return [client.connection_pool.make_connection() if hasattr(client, "connection_pool")
-                else _Whole(client) for client in self.clients]
-
-    def give_back(self, connections: list[Any]) -> None:
-        """Keep `connections` for the next caller (dropped after a fork)."""
-        with self._guard:
-            if self._pid == os.getpid():
-                self._free.append(connections)
-
-    def close(self) -> None:
-        """Disconnect every kept connection."""
-        with self._guard:
-            for connections in self._free:
-                for connection in connections:
-                    if not isinstance(connection, _Whole):
-                        connection.disconnect()
-            self._free = []
-
-
 def run_on_nodes(
-    nodes: NodeConnections, script: LuaScript, key: str, args: Sequence[Any]
+    clients: Sequence[redis.Redis], script: LuaScript, key: str, args: Sequence[Any]
 ) -> list[Any]:
-    """Run `script` on every node concurrently: all requests go out before any reply is read.
+    """Run `script` on every node concurrently: all requests go out before any reply is read,
+    each on a connection of the node's own pool (a Redis Cluster node, which no single
+    connection serves, is called the ordinary way in the reply loop).
 
     Returns one entry per node: the script's reply, or the exception that node raised
     (connection refused, timeout, error reply). Never raises for a node failure, because
     the caller decides by quorum. A connection that failed is disconnected and reconnects
     on its next use.
     """
-    from redis.exceptions import NoScriptError
-
-    connections = nodes.take()
+    taken: list[tuple[Any, BaseException | None]] = []
     try:
-        sent: list[BaseException | None] = []
-        for connection in connections:
-            if isinstance(connection, _Whole):
-                sent.append(None)  # called in the reply loop
+        for client in clients:
+            pool = getattr(client, "connection_pool", None)
+            if pool is None:
+                taken.append((None, None))
+                continue
+            try:
+                connection = pool.get_connection()
+            except Exception as exc:  # noqa: BLE001 - a dead node is one vote lost
+                taken.append((None, exc))
                 continue
             try:
                 connection.send_command("EVALSHA", script.sha, 1, key, *args)
-                sent.append(None)
+                taken.append((connection, None))
             except Exception as exc:  # noqa: BLE001 - a dead node is one vote lost
                 connection.disconnect()
-                sent.append(exc)
+                pool.release(connection)
+                taken.append((None, exc))
         replies: list[Any] = []
-        for connection, failure in zip(connections, sent, strict=True):
+        for client, (connection, failure) in zip(clients, taken, strict=True):
             if failure is not None:
                 replies.append(failure)
                 continue
             try:
-                if isinstance(connection, _Whole):
-                    replies.append(script(connection.client, [key], args))
+                if connection is None:
+                    replies.append(script(client, [key], args))
                     continue
                 try:
                     replies.append(connection.read_response())
@@ -176,20 +131,25 @@ def run_on_nodes(
                     connection.send_command("EVAL", script.text, 1, key, *args)
                     replies.append(connection.read_response())
             except Exception as exc:  # noqa: BLE001 - counted as a failed node by the caller
-                connection.disconnect()
+                if connection is not None:
+                    connection.disconnect()
                 replies.append(exc)
         return replies
     finally:
-        nodes.give_back(connections)
+        for client, (connection, _) in zip(clients, taken, strict=False):
+            if connection is not None:
+                client.connection_pool.release(connection)
 
 
-class RedisLock:
+class RedisLock(StoreBackend):
     """A lock on one Redis node: simple and fast, but that node is a single point of failure.
 
     Args:
         client: the Redis holding the lock.
         clock: monotonic clock (injectable for tests).
     """
+
+    store_operation = "lock"
 
     def __init__(self, client: redis.Redis, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.client = client
@@ -252,13 +212,11 @@ class RedisLock:
 
     def locked(self, name: str) -> bool:
         """True when someone (anyone) holds lock `name`."""
-        with wrap_store_errors("checking lock", lock=name, node=self._node):
-            return bool(self.client.exists(lock_key(name)))
+        return bool(self.client.exists(lock_key(name)))
 
     def owned(self, lease: Lease) -> bool:
         """True when `lease` still holds its lock (its token is the one stored)."""
-        with wrap_store_errors("checking lock", lock=lease.name, node=self._node):
-            value = self.client.get(lock_key(lease.name))
+        value = self.client.get(lock_key(lease.name))
         if isinstance(value, bytes):
             value = value.decode()
         return value == lease.owner

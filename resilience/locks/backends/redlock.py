@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from resilience.connections.redis import check_redis_url, redis_from_url
 from resilience.errors import ConfigurationError, LockError, LockNotOwnedError, StoreUnavailable
 from resilience.holders import Holder
 from resilience.locks.backends import Claimant, Lease, Taken, validate_ttl
@@ -38,7 +39,6 @@ from resilience.locks.backends.redis import (
     ACQUIRE,
     EXTEND,
     RELEASE,
-    NodeConnections,
     describe,
     lock_key,
     new_owner_token,
@@ -124,7 +124,6 @@ class Redlock:
     ) -> None:
         require_node_count(len(clients))
         self.clients = list(clients)
-        self.connections = NodeConnections(self.clients)
         self.options = options or RedlockConfig()
         self.clock = clock
         self.sleep = sleep
@@ -149,8 +148,6 @@ class Redlock:
             ConfigurationError: fewer than 3 URLs, or a URL that is not redis://.
             StoreUnavailable: `check` and a node did not answer PING.
         """
-        from resilience.stores import check_redis_url, redis_from_url
-
         for url in urls:
             check_redis_url(url, "a Redlock node URL")
         clients = [
@@ -205,14 +202,14 @@ class Redlock:
                 self.sleep(self.rng() * self.options.retry_delay_seconds)
             owner = new_owner_token()
             started = self.clock()
-            replies = run_on_nodes(self.connections, ACQUIRE, key, [owner, ttl_ms])
+            replies = run_on_nodes(self.clients, ACQUIRE, key, [owner, ttl_ms])
             granted = sum(1 for reply in replies if reply == 1)
             validity = ttl - (self.clock() - started) - drift
             if granted >= self.quorum and validity > 0:
                 return Lease(name=name, owner=owner, ttl_seconds=ttl, acquired_at=started,
                              valid_until=started + ttl - drift, clock=self.clock)
             # Not ours: undo the partial grant everywhere, including nodes whose reply was lost.
-            run_on_nodes(self.connections, RELEASE, key, [owner])
+            run_on_nodes(self.clients, RELEASE, key, [owner])
             failures = self._failures(replies)
         if len(self.clients) - len(failures) < self.quorum:
             raise StoreUnavailable(
@@ -240,7 +237,7 @@ class Redlock:
         """One fan-out of the owner-checked PEXPIRE; the new validity discounts drift."""
         drift = ttl_seconds * self.options.clock_drift_factor + 0.002
         started = self.clock()
-        replies = run_on_nodes(self.connections, EXTEND, lock_key(lease.name),
+        replies = run_on_nodes(self.clients, EXTEND, lock_key(lease.name),
                                [lease.owner, max(1, int(ttl_seconds * 1000))])
         granted = sum(1 for reply in replies if reply == 1)
         validity = ttl_seconds - (self.clock() - started) - drift
@@ -263,7 +260,7 @@ class Redlock:
 
     def do_release(self, lease: Lease) -> bool:
         """One fan-out of the owner-checked DEL; True when a majority still held our token."""
-        replies = run_on_nodes(self.connections, RELEASE, lock_key(lease.name), [lease.owner])
+        replies = run_on_nodes(self.clients, RELEASE, lock_key(lease.name), [lease.owner])
         return sum(1 for reply in replies if reply == 1) >= self.quorum
 
     def owned(self, lease: Lease) -> bool:

@@ -1,7 +1,7 @@
 """Pause switches in Redis: one hash per switch, read for a whole call with one MGET-like
 pipeline; keys from `resilience.keys.redis_key`, so a task name cannot name another key.
 On a Redis Cluster the switches live in different slots: they are read per master
-(`resilience.batch.mget`)."""
+(`resilience.connections.redis.mget`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import json
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from resilience.batch import mget
-from resilience.connections import wrap_store_errors
+from resilience.connections import StoreBackend
+from resilience.connections.redis import mget
 from resilience.keys import redis_key, stored_keys
 from resilience.pause.backends import Paused
 
@@ -20,13 +20,15 @@ if TYPE_CHECKING:
 NAMESPACE = "resilience:pause"
 
 
-class RedisPauseBackend:
+class RedisPauseBackend(StoreBackend):
     """Switches as string keys holding `{"reason": ..., "since": ...}` (no TTL: a pause
     lasts until someone resumes it).
 
     Args:
         client: a Redis client, or a callable returning the process's client (fork-safe).
     """
+
+    store_operation = "pause switches"
 
     def __init__(self, client: redis.Redis | Callable[[], redis.Redis]) -> None:
         self._client = client
@@ -39,17 +41,14 @@ class RedisPauseBackend:
     def key(scope: str, name: str) -> str:
         return redis_key(NAMESPACE, f"{scope}:{name}")
 
-    @wrap_store_errors("pause")
     def pause(self, scope: str, name: str, *, reason: str) -> None:
         seconds, micros = self.client.time()
         value = json.dumps({"reason": reason, "since": seconds + micros / 1e6})
         self.client.set(self.key(scope, name), value)
 
-    @wrap_store_errors("resume")
     def resume(self, scope: str, name: str) -> bool:
         return bool(self.client.delete(self.key(scope, name)))
 
-    @wrap_store_errors("pause switches")
     def paused(self, switches: Sequence[tuple[str, str]]) -> list[Paused]:
         if not switches:
             return []
@@ -57,7 +56,6 @@ class RedisPauseBackend:
         return [_decode(scope, name, value)
                 for (scope, name), value in zip(switches, values, strict=True) if value]
 
-    @wrap_store_errors("pause switches")
     def all_paused(self) -> list[Paused]:
         stored = stored_keys(self.client, NAMESPACE, suffixed=True)
         values = mget(self.client, list(stored)) if stored else []

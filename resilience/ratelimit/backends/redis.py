@@ -17,8 +17,8 @@ from collections.abc import Callable
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from resilience.batch import is_cluster
-from resilience.connections import wrap_store_errors
+from resilience.connections import StoreBackend, wrap_store_errors
+from resilience.connections.redis import is_cluster
 from resilience.errors import ConfigurationError
 from resilience.keys import redis_key, stored_keys
 from resilience.ratelimit.algorithms import (
@@ -33,7 +33,6 @@ from resilience.scripts import LuaScript
 
 if TYPE_CHECKING:
     import redis
-
 
 
 @cache
@@ -61,13 +60,15 @@ _READERS: dict[Schema, tuple[Callable[[Any, str], None], Callable[[Any], Any]]] 
 }
 
 
-class RedisBackend:
+class RedisBackend(StoreBackend):
     """Limiter state in Redis.
 
     Args:
         client: a Redis client, or a callable returning the process's client (fork-safe).
         prefix: key prefix of all limiter state (no `{` or `}`).
     """
+
+    store_operation = "limiter"
 
     def __init__(
         self, client: redis.Redis | Callable[[], redis.Redis], *, prefix: str = "resilience:limits"
@@ -113,25 +114,22 @@ class RedisBackend:
         self, algorithm: Algorithm | None = None, key: str | None = None
     ) -> list[LimiterState]:
         chosen = [algorithm] if algorithm is not None else list(ALGORITHMS.values())
-        with wrap_store_errors("limiter state", key=key):
-            found = [
-                (each, one, stored) for each in chosen for one, stored in self._stored(each, key)
-            ]
-            # One round trip for the clock and every limiter's state and waiting line. A
-            # Redis Cluster's pipeline refuses TIME (no key, no slot): one more round trip
-            # reads it there, and the pipeline goes out per master.
-            client = self.client
-            cluster = is_cluster(client)
-            with client.pipeline(transaction=False) as pipe:
-                if not cluster:
-                    pipe.time()
-                for each, one, stored in found:
-                    _READERS[each.schema][0](pipe, stored)
-                    if each.waits:
-                        pipe.zcard(self.key(each, one, "waiting"))
-                replies = pipe.execute()
-            if cluster:
-                replies = [client.time(), *replies]
+        found = [(each, one, stored) for each in chosen for one, stored in self._stored(each, key)]
+        # One round trip for the clock and every limiter's state and waiting line. A Redis
+        # Cluster's pipeline refuses TIME (no key, no slot): one more round trip reads it
+        # there, and the pipeline goes out per master.
+        client = self.client
+        cluster = is_cluster(client)
+        with client.pipeline(transaction=False) as pipe:
+            if not cluster:
+                pipe.time()
+            for each, one, stored in found:
+                _READERS[each.schema][0](pipe, stored)
+                if each.waits:
+                    pipe.zcard(self.key(each, one, "waiting"))
+            replies = pipe.execute()
+        if cluster:
+            replies = [client.time(), *replies]
         replies = iter(replies)
         seconds, micros = next(replies)
         now = int(seconds) * 1_000_000 + int(micros)

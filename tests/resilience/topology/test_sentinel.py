@@ -17,9 +17,9 @@ import pytest
 from sqlalchemy import text
 
 from resilience.circuit import BreakerConfig, CircuitBreaker, RedisBreakerBackend
+from resilience.connections.redis import redis_from_url
 from resilience.ratelimit import RedisBackend
 from resilience.ratelimit.algorithms import ALGORITHMS, Params
-from resilience.stores import redis_from_url
 from tests.harness import Worker, running
 from tests.redis_topologies import SentinelProcesses
 from tests.resilience.topology.tasks import CREATE_TABLE, QUEUE

@@ -1,0 +1,238 @@
+"""Redis clients for every topology, and the client helpers that know a Cluster.
+
+`redis_from_url` builds one redis-py client from a URL: one server, a Sentinel-managed
+master or a Redis Cluster; `Stores` keeps the process's clients (dropped in a forked child
+by the one fork hook, `resilience.connections.on_fork`). A client of one server or
+Sentinel can share an `UnreachableHold`, so a partitioned server costs one timeout, not
+one per call. `is_cluster`, `mget` and `read_hashes` hide what a Cluster does differently
+(commands per slot, no TIME in a pipeline).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+from redis.sentinel import Sentinel, SentinelManagedConnection, SentinelManagedSSLConnection
+
+from resilience.errors import ConfigurationError
+from resilience.redact import redact_url
+
+#: URL schemes of the guard Redis: one server, a Sentinel-managed master, a Redis Cluster.
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://", "rediss+sentinel://",
+                 "redis+cluster://", "rediss+cluster://")
+
+
+def check_redis_url(url: str, what: str = "redis_url") -> None:
+    """Raise `ConfigurationError` unless `url` has a scheme `redis_from_url` accepts."""
+    if not isinstance(url, str) or not url.startswith(REDIS_SCHEMES):
+        raise ConfigurationError(
+            f"{what} must start with redis://, rediss://, unix://, redis+sentinel:// or "
+            f"redis+cluster://, got {redact_url(str(url))!r}"
+        )
+
+
+def _hosts(hostlist: str, default_port: int) -> list[tuple[str, int]]:
+    """`host:port[,host:port...]` (an IPv6 host in brackets) as (host, port) pairs."""
+    hosts = []
+    for part in (piece.strip() for piece in hostlist.split(",")):
+        host, port = part, ""
+        if part.startswith("["):
+            host, _, rest = part[1:].partition("]")
+            port = rest[1:] if rest.startswith(":") else ""
+        elif ":" in part:
+            host, _, port = part.rpartition(":")
+        if not host or (port and not port.isdigit()):
+            raise ConfigurationError(f"{part!r} is not host:port")
+        hosts.append((host, int(port) if port else default_port))
+    return hosts
+
+
+def redis_from_url(url: str, **options: Any) -> Any:
+    """A redis-py client for `url`, whatever the topology behind it.
+
+    - `redis://`, `rediss://`, `unix://`: one server (`redis.Redis.from_url`).
+    - `redis+sentinel://[[user]:password@]host:port[,host:port...]/<service>[/<db>]`: the
+      master Sentinel names for `<service>`, found again after a failover (redis-py's
+      `Sentinel.master_for`). The password is the data nodes'; a password for the
+      Sentinels themselves goes in `?sentinel_password=...`. Default port 26379.
+    - `redis+cluster://[[user]:password@]host:port[,host:port...]`: a Redis Cluster
+      (`redis.cluster.RedisCluster`; any reachable node discovers the rest). Default
+      port 6379. Guard keys carry hash tags, so every script's keys share a slot.
+
+    `rediss+sentinel://` and `rediss+cluster://` connect with TLS. `options` are
+    redis-py connection options (`decode_responses`, `socket_timeout`, ...), and
+    `hold_after_timeout_seconds` (one server or Sentinel): once a connect or a read of the
+    client has timed out, every call of the client fails at once with redis-py's
+    `TimeoutError` for that many seconds instead of waiting out its own timeout, and the
+    first call after it tries the network again (`UnreachableHold`). Not for a Cluster,
+    whose nodes fail one by one.
+
+    Raises:
+        ConfigurationError: the URL is malformed (no hosts, no Sentinel service name).
+    """
+    check_redis_url(url)
+    scheme = url.split("://", 1)[0]
+    hold_seconds = options.pop("hold_after_timeout_seconds", None)
+    hold = UnreachableHold(hold_seconds, redact_url(url)) if hold_seconds else None
+    if "+" not in scheme:
+        if hold is not None:
+            base = (redis.UnixDomainSocketConnection if scheme == "unix"
+                    else redis.SSLConnection if scheme == "rediss"
+                    else redis.Connection)
+            options["connection_class"] = _holding(base, hold)
+        return redis.Redis.from_url(url, **options)
+    parts = urlsplit(url)
+    # urlsplit cannot parse a host list for a port: take the netloc apart by hand.
+    userinfo, _, hostlist = parts.netloc.rpartition("@")
+    username, _, password = userinfo.partition(":")
+    if not hostlist:
+        raise ConfigurationError(f"{redact_url(url)!r} names no host")
+    query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+    if scheme.startswith("rediss"):
+        options["ssl"] = True
+    if username:
+        options["username"] = unquote(username)
+    if password:
+        options["password"] = unquote(password)
+    if scheme.endswith("+cluster"):
+        options.pop("health_check_interval", None)  # per-node pools check on their own
+        # redis-py retries CLUSTERDOWN / an uncovered slot 10 times, each after 0.25 s and a
+        # re-read of the layout: a guard call would stall ~4 s (14 s for one task's guards)
+        # while a master is down. One retry rides out a blip; beyond that the guard's own
+        # store-down policy decides at once.
+        if "retry" not in options:
+            options["retry"] = Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.25), 1)
+        nodes = [ClusterNode(host, port) for host, port in _hosts(hostlist, 6379)]
+        return RedisCluster(startup_nodes=nodes, **options)
+    path = [segment for segment in parts.path.split("/") if segment]
+    if not path:
+        raise ConfigurationError(
+            f"{redact_url(url)!r} names no Sentinel service: "
+            "redis+sentinel://host:26379[,host:26379...]/<service_name>[/<db>]"
+        )
+    service = unquote(path[0])
+    if len(path) > 1:
+        try:
+            options["db"] = int(path[1])
+        except ValueError:
+            raise ConfigurationError(f"{redact_url(url)!r}: {path[1]!r} is no db number") from None
+    sentinel_options = {
+        key: options[key] for key in ("socket_timeout", "socket_connect_timeout", "ssl")
+        if key in options
+    }
+    if query.get("sentinel_password"):
+        sentinel_options["password"] = query["sentinel_password"]
+    sentinel = Sentinel(_hosts(hostlist, 26379), sentinel_kwargs=sentinel_options, **options)
+    if hold is not None:
+        options["connection_class"] = _holding(
+            SentinelManagedSSLConnection if options.get("ssl") else SentinelManagedConnection,
+            hold)
+    return sentinel.master_for(service, **options)
+
+
+class UnreachableHold:
+    """One client's memory of its last timeout: after a connect or read that timed out,
+    its calls fail at once for `hold_seconds` (a partitioned server answers nothing, so each
+    call would wait out the full timeout again); an answer clears it.
+
+    Args:
+        hold_seconds: how long calls fail without trying after a timeout.
+        server: the server's redacted URL, for the error message.
+    """
+
+    def __init__(self, hold_seconds: float, server: str) -> None:
+        self.hold_seconds = float(hold_seconds)
+        self.server = server
+        self._timed_out_at: float | None = None
+
+    def check(self) -> None:
+        """Raise redis-py's `TimeoutError` while the hold lasts (no network touched)."""
+        timed_out_at = self._timed_out_at
+        if timed_out_at is None:
+            return
+        ago = time.monotonic() - timed_out_at
+        if ago < self.hold_seconds:
+            raise RedisTimeoutError(
+                f"{self.server} timed out {ago:.1f}s ago; its calls fail at once for "
+                f"{self.hold_seconds:g}s after a timeout (resilience_socket_timeout_seconds)")
+
+    def timed_out(self) -> None:
+        self._timed_out_at = time.monotonic()
+
+    def answered(self) -> None:
+        if self._timed_out_at is not None:
+            self._timed_out_at = None
+
+
+def _holding(base: type, hold: UnreachableHold) -> type:
+    """`base` (a redis-py connection class) whose instances share `hold`."""
+    class HoldingConnection(base):  # type: ignore[misc,valid-type]
+        def connect(self, *args: Any, **kwargs: Any) -> Any:
+            hold.check()
+            try:
+                return super().connect(*args, **kwargs)
+            except RedisTimeoutError:
+                hold.timed_out()
+                raise
+
+        def send_packed_command(self, *args: Any, **kwargs: Any) -> Any:
+            hold.check()  # a pooled connection still open would wait out its own timeout
+            return super().send_packed_command(*args, **kwargs)
+
+        def read_response(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                response = super().read_response(*args, **kwargs)
+            except RedisTimeoutError:
+                hold.timed_out()
+                raise
+            hold.answered()
+            return response
+
+    HoldingConnection.__name__ = HoldingConnection.__qualname__ = f"Holding{base.__name__}"
+    return HoldingConnection
+
+
+def is_cluster(client: Any) -> bool:
+    """Whether `client` is a Redis Cluster client (`redis.cluster.RedisCluster`), whose
+    multi-key commands, pipelines and connections work per master."""
+    return isinstance(client, RedisCluster)
+
+
+def mget(client: Any, keys: Sequence[str]) -> list[Any]:
+    """The values of `keys` (None where missing), in order: one MGET on one server; on a
+    Redis Cluster, whose MGET must stay in one slot, one MGET per slot, pipelined per master
+    (redis-py's `mget_nonatomic`)."""
+    if is_cluster(client):
+        return list(client.mget_nonatomic(list(keys)))
+    return list(client.mget(list(keys)))
+
+
+def read_hashes(client: Any, keys: Sequence[str]) -> tuple[int, list[dict[str, str]]]:
+    """Redis server time in ms and the fields of each hash of `keys`, in one round trip
+    (the `describe()` of the breakers and the retry budgets).
+
+    On a Redis Cluster, whose pipelines refuse TIME (it has no key, so no slot), the clock
+    is read from one master first and the hashes, which live on different masters, in one
+    cluster pipeline (one round trip per master).
+    """
+    if is_cluster(client):
+        seconds, micros = client.time()
+        with client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.hgetall(key)
+            hashes = pipe.execute() if keys else []
+        return int(seconds) * 1000 + int(micros) // 1000, list(hashes)
+    with client.pipeline(transaction=False) as pipe:
+        pipe.time()
+        for key in keys:
+            pipe.hgetall(key)
+        (seconds, micros), *hashes = pipe.execute()
+    return int(seconds) * 1000 + int(micros) // 1000, hashes
