@@ -22,6 +22,7 @@ import shlex
 import shutil
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -30,9 +31,11 @@ from rich.console import Console
 from rich.table import Table
 
 from jobs.admin.cancel import cancel as cancel_command
+from jobs.admin.status import show
 from jobs.settings import Settings, SettingsError, get_settings
 from jobs.tiers import TIERS
 from resilience.errors import ResilienceError
+from resilience.pause import view as pause_view
 from resilience.redact import redact, redact_url
 
 cli = typer.Typer(
@@ -545,15 +548,9 @@ def resume(
 
 
 @cli.command()
-def paused() -> None:
-    """List the pause switches that are on."""
-    table = Table(title="paused")
-    for column in ("scope", "name", "reason", "since"):
-        table.add_column(column)
-    for switch in _pause_switch().describe():
-        since = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(switch.since_epoch_seconds))
-        table.add_row(switch.scope, switch.name, switch.reason, f"{since} UTC")
-    console.print(table)
+def paused(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
+    """List the pause switches that are on (one SCAN: undeclared names too)."""
+    show(pause_view.VIEW, as_json=as_json, read=partial(pause_view.read, include_stored=True))
 
 
 cli.command("cancel")(cancel_command)

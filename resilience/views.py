@@ -90,10 +90,12 @@ class Family:
 class Action:
     """An operator action on a view's state: its CLI verb, page POST action and call."""
 
-    name: str
-    verb: str  #: `jobs <view> <verb>`
-    web: str | None = None  #: `/resilience/actions/<web>`, None when CLI only
-    call: Callable[..., Any]
+    name: str  #: the button's label
+    verb: str  #: `jobs <verb>`
+    web: str  #: the page's POST action: `/resilience/actions/<web>`
+    call: Callable[..., Any]  #: what both call
+    #: The form fields that name a row's target (a button on each row), None for none.
+    fields: Callable[[Row], dict[str, str]] | None = None
 
 
 @dataclass(kw_only=True)
@@ -155,6 +157,12 @@ class View:
     count: Callable[[Any], int] | None = None
     metrics: tuple[Family, ...] = ()
     actions: tuple[Action, ...] = ()
+    #: The page: a row's element id, its `data-*` attributes, and the badge of a row that
+    #: needs attention (FULL, OPEN), None when it does not.
+    row_id: Callable[[Row], str] | None = None
+    row_data: Callable[[Row], dict[str, str]] | None = None
+    alert: Callable[[Row], str | None] | None = None
+    empty: str = ""  #: what the page says for no rows (default `no <title>`)
 
     def columns_of(self, section: Any) -> tuple[Column, ...]:
         """The columns for `section` (a view may derive them from the data)."""

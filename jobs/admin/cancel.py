@@ -10,13 +10,18 @@ as CANCELLED first, so the revoke never makes it REVOKED (`resilience.cancel.res
 
 from __future__ import annotations
 
-import json
 import logging
+from functools import partial
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
+
+from jobs.admin.status import show
+from jobs.platform import cancellations
+from resilience.cancel import store_cancelled
+from resilience.cancel.view import VIEW, read
+from resilience.errors import StorageError
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -36,10 +41,6 @@ def cancel_job(app: Celery, task_id: str, *, reason: str) -> bool:
     Raises:
         StorageError: the cancellation could not be recorded.
     """
-    from jobs.platform import cancellations
-    from resilience.cancel import store_cancelled
-    from resilience.errors import StorageError
-
     cancellations(app).cancel_job(task_id, reason=reason)
     try:
         stored = store_cancelled(app, task_id, reason=reason)
@@ -60,8 +61,7 @@ def cancel(
 ) -> None:
     """Cancel a job (ID), or every job of --task NAME whose cancel_key is KEY: it will not
     start on any worker, after restarts and redeliveries too."""
-    from jobs import app
-    from jobs.platform import cancellations
+    from jobs import app  # lazy: `jobs --help` never builds the app
 
     if (task_id is None) == (task is None and key is None) or (task is None) != (key is None):
         errors.print("[red]give a task id (jobs cancel ID) or both --task NAME and --key KEY"
@@ -91,21 +91,8 @@ listing = typer.Typer(help="Live cancellations: list, withdraw one, restore the 
 def list_command(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False,
 ) -> None:
-    """Live cancellations, newest first."""
-    from jobs import app
-    from jobs.platform import cancellations
-
-    found = cancellations(app).describe()
-    if as_json:
-        console.print_json(json.dumps([c.__dict__ for c in found], default=str))
-        return
-    view = Table(title=f"cancellations ({len(found)})")
-    for column in ("target", "reason", "since", "until"):
-        view.add_column(column)
-    for entry in found:
-        view.add_row(entry.target, entry.reason, f"{entry.created_at:%Y-%m-%d %H:%M:%S}",
-                     f"{entry.expires_at:%Y-%m-%d %H:%M:%S}")
-    console.print(view)
+    """Live cancellations, newest first (the newest 1,000)."""
+    show(VIEW, as_json=as_json, read=partial(read, limit=1000))
 
 
 @listing.command("withdraw")
@@ -113,8 +100,7 @@ def withdraw_command(
     target: Annotated[str, typer.Argument(help="id:<task id> or key:<task>:<key>")],
 ) -> None:
     """Withdraw a cancellation: jobs it has not stopped yet run again."""
-    from jobs import app
-    from jobs.platform import cancellations
+    from jobs import app  # lazy: `jobs --help` never builds the app
 
     done = cancellations(app).uncancel(target)
     console.print(f"withdrawn {target}" if done else f"{target} was not cancelled")
@@ -123,7 +109,6 @@ def withdraw_command(
 @listing.command("restore")
 def restore_command() -> None:
     """Write the Redis copy of every live cancellation again (after a Redis flush)."""
-    from jobs import app
-    from jobs.platform import cancellations
+    from jobs import app  # lazy: `jobs --help` never builds the app
 
     console.print(f"restored {cancellations(app).restore()} cancellation(s)")

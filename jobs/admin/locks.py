@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+
+from jobs.admin.status import print_view, table
+from resilience.locks import force_release
+from resilience.locks.view import LOCKS, held_rows
+from resilience.stores import stores_for
 
 cli = typer.Typer(help="Exclusive-run locks: list held locks, force-release one.",
                   no_args_is_help=True)
 console = Console()
 
 
-def _context() -> tuple[object, list[str]]:
-    from jobs import app
-    from resilience.stores import stores_for
+def _context() -> tuple[Any, list[str]]:
+    from jobs import app  # lazy: `jobs --help` never builds the app
 
     stores = stores_for(app)
     urls = [u.strip() for u in os.environ.get("REDLOCK_URLS", "").split(",") if u.strip()]
@@ -27,21 +30,9 @@ def _context() -> tuple[object, list[str]]:
 def list_command(
     all_rows: Annotated[bool, typer.Option("--all", help="also show stale registry rows")] = False,
 ) -> None:
-    """Held locks: key, kind, holder task, age, fencing token."""
-    from resilience.locks import describe
-
-    stores, urls = _context()
-    view = Table(title="held locks")
-    for column in ("key", "kind", "holder", "age", "token", "state"):
-        view.add_column(column, no_wrap=column in ("key", "kind"))
-    for holder in describe(stores, urls):  # type: ignore[arg-type]
-        if not holder.alive and not all_rows:
-            continue
-        view.add_row(holder.key, holder.kind, holder.owner or "-",
-                     f"{holder.held_seconds or 0:.1f}s",
-                     "" if holder.token is None else str(holder.token),
-                     "held" if holder.alive else "stale")
-    console.print(view)
+    """Held locks (and the beat leader): key, kind, holder task, age, fencing token."""
+    rows = [row for row in held_rows(*_context()) if all_rows or not row["stale"]]
+    print_view(table(LOCKS, {"count": sum(not row["stale"] for row in rows), "held": rows}))
 
 
 @cli.command("release")
@@ -50,9 +41,7 @@ def release_command(
     yes: Annotated[bool, typer.Option("--yes", help="do not ask for confirmation")] = False,
 ) -> None:
     """Force-release KEY: delete it on the Redlock nodes or end the session holding it."""
-    from resilience.locks import force_release
-
     if not yes:
         typer.confirm(f"force-release {key!r}? its holder loses the lock", abort=True)
     stores, urls = _context()
-    console.print(f"{key}: {force_release(stores, key, urls)}")  # type: ignore[arg-type]
+    console.print(f"{key}: {force_release(stores, key, urls)}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -26,7 +27,8 @@ from rich.text import Text
 
 from jobs.observe.snapshot import VIEWS, collect, probe_stores, problem_lines, unreachable_snapshot
 from jobs.settings import get_settings
-from resilience.views import View, missing
+from jobs.tiers import TIERS
+from resilience.views import Source, View, missing
 
 cli = typer.Typer(help="Live resilience view: tiers, pauses, cancellations, breakers, "
                        "budgets, limits, locks.",
@@ -54,6 +56,21 @@ def table(view: View, section: Any) -> Table:
     for row in view.rows(section):
         shown.add_row(*(column.cell(row) for column in columns))
     return shown
+
+
+def show(view: View, *, as_json: bool = False, read: Callable[[Source], Any] | None = None,
+         app: Any = None) -> None:
+    """Read `view` now (or `read` it another way: with a SCAN, more rows) and print its
+    table, or with `as_json` its section as JSON: what `jobs <view> list` prints."""
+    if app is None:
+        from jobs import app  # lazy: `jobs --help` and the store probe never build the app
+
+        app.loader.import_default_modules()
+    section = (read or view.read)(Source(app=app, tiers=TIERS))
+    if as_json:
+        typer.echo(json.dumps(section, default=str))
+        return
+    print_view(table(view, section))
 
 
 def render(snapshot: dict[str, Any]) -> Group:

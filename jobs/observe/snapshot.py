@@ -392,7 +392,9 @@ def _tier_depth(row: dict[str, Any]) -> str:
 
 
 TIERS_VIEW = View(
-    name="tiers", title="tiers", store="",
+    name="tiers", title="tiers", store="", row_id=lambda r: f"tier-{r['tier']}",
+    row_data=lambda r: {"full": "true" if r["full"] else "false"},
+    alert=lambda r: "FULL" if r["full"] else None,
     read=lambda source: tiers_section(source.app, source.counters, source.cache["queue_depth"],
                                       source.cache["active"]),
     rows=lambda section: [{"tier": tier, **row} for tier, row in section.items()],

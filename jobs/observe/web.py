@@ -21,6 +21,7 @@ import atexit
 import contextlib
 import json
 import logging
+import re
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -32,8 +33,22 @@ from flower.views import BaseHandler
 from tornado import web
 from tornado.ioloop import IOLoop
 
-from jobs.observe.snapshot import collect, unavailable
+from jobs.admin.cancel import cancel_job
+from jobs.observe.snapshot import VIEWS, collect, queue_depths, unavailable
+from jobs.platform import cancellations, pause_backend
+from jobs.tiers import TIERS
+from resilience.deadletter import Selection, list_entries, requeue_many
+from resilience.deadletter.bulk import parse_since
+from resilience.deadletter.place import (  # `requeue` of place: the package shadows it
+    DeadLetterNotFound,
+    DeadLetterNotRunnable,
+    requeue,
+)
+from resilience.errors import AdmissionError, ResilienceError, StorageError
+from resilience.pause import PauseSwitch
 from resilience.redact import redact
+from resilience.stores import stores_for
+from resilience.views import missing
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -63,10 +78,6 @@ async def snapshot_of(app: Celery) -> dict[str, Any]:
 def page_extras(app: Celery) -> dict[str, Any]:
     """What only the page needs beyond the snapshot: the action forms' choices and the
     pending dead letters (one statement)."""
-    from jobs.tiers import TIERS
-    from resilience.deadletter import list_entries
-    from resilience.stores import stores_for
-
     _load_tasks(app)
     try:
         entries: Any = [
@@ -82,16 +93,42 @@ def page_extras(app: Celery) -> dict[str, Any]:
     return {"tiers": list(TIERS), "tasks": tasks, "dead_letters": entries}
 
 
+#: Rich markup the views put in cells (a red state, a yellow name): plain text on the page.
+_MARKUP = re.compile(r"\[/?(?:bold )?(?:red|yellow|bold)\]")
+
+
+def page_sections(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each view's section as the page shows it: plain cells, row ids, `data-*`, the
+    alert badge and the row's action buttons (the template knows no guard)."""
+    sections = []
+    for view in VIEWS:
+        section = snapshot[view.name]
+        reason = missing(section)
+        columns = () if reason else view.columns_of(section)
+        row_actions = [action for action in view.actions if action.fields]
+        sections.append({"view": view, "unavailable": reason,
+                         "headers": [column.header for column in columns],
+                         "actions": row_actions, "rows": [
+            {"id": view.row_id(row) if view.row_id else None,
+             "data": view.row_data(row) if view.row_data else {},
+             "alert": view.alert(row) if view.alert else None,
+             "cells": [_MARKUP.sub("", column.cell(row)) for column in columns],
+             "actions": [(action, action.fields(row)) for action in row_actions
+                         if action.fields]}
+            for row in ([] if reason else view.rows(section))]})
+    return sections
+
+
 class ResiliencePage(BaseHandler):
     """Tiers (FULL at the limit), pauses, cancellations, breakers, budgets, limits, locks,
     idempotency, beat leader, pending dead letters; and the forms of the operator actions."""
-
     @web.authenticated
     async def get(self) -> None:
         snapshot = await snapshot_of(self.capp)
         extras = await IOLoop.current().run_in_executor(None, page_extras, self.capp)
         self.render(PAGE_TEMPLATE, snapshot=snapshot, extras=extras,
-                    is_unavailable=_is_unavailable, refresh_seconds=_refresh_seconds(self),
+                    sections=page_sections(snapshot),
+                    is_unavailable=missing, refresh_seconds=_refresh_seconds(self),
                     flash=self._take_flash())
 
     def _take_flash(self) -> dict[str, Any] | None:
@@ -109,7 +146,6 @@ class ResiliencePage(BaseHandler):
 
 class ResilienceJson(BaseApiHandler):
     """The same snapshot as JSON (what `jobs status --json` prints)."""
-
     @web.authenticated
     async def get(self) -> None:
         snapshot = await snapshot_of(self.capp)
@@ -120,7 +156,6 @@ class ResilienceJson(BaseApiHandler):
 # -- operator actions ------------------------------------------------------------------------
 class BadAction(Exception):
     """Raised by an action adapter for input it refuses: a one-line message and an HTTP status."""
-
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.status = status
@@ -140,8 +175,6 @@ def _load_tasks(app: Celery) -> None:
 def _pause_target(app: Celery, form: Form, *, pausing: bool) -> tuple[str, str]:
     """(scope, name) of a pause form, checked as `jobs pause` checks it; an unknown task is
     refused too when pausing (a typo would pause nothing), never when resuming."""
-    from jobs.tiers import TIERS
-
     scope, name = form.get("scope") or "tier", form.get("name", "")
     if scope not in ("tier", "task") or not name:
         raise BadAction("name a tier (critical) or a task (scope task, its registered name)")
@@ -156,9 +189,6 @@ def _pause_target(app: Celery, form: Form, *, pausing: bool) -> tuple[str, str]:
 
 def pause_action(app: Celery, form: Form) -> str:
     """`jobs pause TIER` / `jobs pause --task NAME`."""
-    from jobs.platform import pause_backend
-    from resilience.pause import PauseSwitch
-
     scope, name = _pause_target(app, form, pausing=True)
     PauseSwitch(pause_backend(app)).pause(scope, name,
                                           reason=form.get("reason") or DEFAULT_REASON)
@@ -167,9 +197,6 @@ def pause_action(app: Celery, form: Form) -> str:
 
 def resume_action(app: Celery, form: Form) -> str:
     """`jobs resume TIER` / `jobs resume --task NAME`."""
-    from jobs.platform import pause_backend
-    from resilience.pause import PauseSwitch
-
     scope, name = _pause_target(app, form, pausing=False)
     was = PauseSwitch(pause_backend(app)).resume(scope, name)
     return f"resumed {scope} {name!r}" if was else f"{scope} {name!r} was not paused"
@@ -177,12 +204,9 @@ def resume_action(app: Celery, form: Form) -> str:
 
 def cancel_action(app: Celery, form: Form) -> str:
     """`jobs cancel ID` / `jobs cancel --task NAME --key KEY` (record, mark, and `revoke`)."""
-    from jobs.platform import cancellations
-
     task_id, task, key = form.get("task_id", ""), form.get("task", ""), form.get("key", "")
     reason = form.get("reason") or f"cancelled {DEFAULT_REASON}"
     if task_id and not (task or key):
-        from jobs.admin.cancel import cancel_job
 
         cancel_job(app, task_id, reason=reason)  # record, mark, CANCELLED result, revoke
         return f"cancelled job {task_id}: it will not start on any worker"
@@ -199,10 +223,6 @@ def cancel_action(app: Celery, form: Form) -> str:
 
 def requeue_action(app: Celery, form: Form) -> str:
     """`jobs dead-letters requeue ID`."""
-    # From place: the package's `requeue` name is shadowed by its `requeue` submodule.
-    from resilience.deadletter.place import requeue
-    from resilience.stores import stores_for
-
     text = form.get("id", "")
     if not text.isdigit():
         raise BadAction(f"a dead-letter id is a number, got {text!r}")
@@ -213,10 +233,6 @@ def requeue_action(app: Celery, form: Form) -> str:
 
 def requeue_bulk_action(app: Celery, form: Form) -> str:
     """`jobs dead-letters requeue --task NAME --reason TEXT [--since WHEN]`: once per row."""
-    from resilience.deadletter import Selection, requeue_many
-    from resilience.deadletter.bulk import parse_since
-    from resilience.stores import stores_for
-
     since = form.get("since")
     selection = Selection(task_name=form.get("task") or None,
                           reason=form.get("reason") or None,
@@ -251,9 +267,6 @@ def _one_line(exc: BaseException) -> str:
 
 def _status_of(exc: BaseException) -> int:
     """The HTTP status an action's error answers with."""
-    from resilience.deadletter.place import DeadLetterNotFound, DeadLetterNotRunnable
-    from resilience.errors import AdmissionError, ResilienceError, StorageError
-
     if isinstance(exc, BadAction):
         return exc.status
     if isinstance(exc, DeadLetterNotFound):
@@ -268,7 +281,6 @@ def _status_of(exc: BaseException) -> int:
 class ResilienceAction(BaseHandler):
     """`POST /resilience/actions/<action>`: one operator action, then back to the page with
     a one-line result (or that line as JSON for an `Accept: application/json` client)."""
-
     def check_xsrf_cookie(self) -> None:
         """Flower's cross-site refusals, then tornado's token check, whatever the auth."""
         super().check_xsrf_cookie()
@@ -312,12 +324,6 @@ class ResilienceAction(BaseHandler):
         return f"{page}?refresh={refresh}" if refresh and refresh.isdigit() else page
 
 
-def _is_unavailable(section: Any) -> str | None:
-    if isinstance(section, dict) and "unavailable" in section:
-        return str(section["unavailable"])
-    return None
-
-
 def _refresh_seconds(handler: BaseHandler) -> int:
     try:
         return max(0, int(handler.get_argument("refresh", "5")))
@@ -349,15 +355,12 @@ class QueueDepthCollector:
     events, never the broker's queues): messages waiting per tier queue, read from the
     broker at each scrape (`jobs.observe.snapshot.queue_depths`: one pipelined LLEN on
     Redis). A broker that cannot be read leaves the family empty for that scrape."""
-
     def __init__(self, app: Celery) -> None:
         self.app = app
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        from jobs.observe.snapshot import queue_depths
-        from jobs.tiers import TIERS
 
         family = GaugeMetricFamily("flower_queue_depth", "Messages waiting in the queue",
                                    labels=["queue"])

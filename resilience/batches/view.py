@@ -24,6 +24,7 @@ def read(source: Source) -> list[Row]:
 
 VIEW = View(
     name="batches", title="batches", store="database", read=read,
+    row_id=lambda r: f"batch-{r['id']}",
     columns=(
         Column(header="batch", key="id"),
         Column(header="description", text=lambda r: r["description"] or ""),

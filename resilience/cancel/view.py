@@ -10,8 +10,8 @@ from resilience.views import Column, Row, Source, View
 SHOWN = 50
 
 
-def read(source: Source) -> list[Row]:
-    """Live cancellations, newest first (`Cancellations.describe`: one statement)."""
+def read(source: Source, *, limit: int = SHOWN) -> list[Row]:
+    """Live cancellations, newest first, at most `limit` (one statement)."""
     stores = source.stores
     cancellations = Cancellations(stores.engine(), RedisCancelBackend(stores.redis))
     return [
@@ -19,12 +19,13 @@ def read(source: Source) -> list[Row]:
          "key": entry.key, "reason": entry.reason,
          "created_at": entry.created_at.isoformat(timespec="seconds"),
          "expires_at": entry.expires_at.isoformat(timespec="seconds")}
-        for entry in cancellations.describe(limit=SHOWN)
+        for entry in cancellations.describe(limit=limit)
     ]
 
 
 VIEW = View(
     name="cancellations", title="cancellations", store="database", read=read, count=len,
+    empty="no live cancellations", row_data=lambda r: {"target": r["target"]},
     columns=(
         Column(header="target", key="target"),
         Column(header="reason", key="reason"),

@@ -16,11 +16,11 @@ def _rounded(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def read(source: Source) -> list[Row]:
-    """Declared breakers' states: one pipeline, no SCAN (`jobs breakers list` shows the
-    undeclared ones too)."""
+def read(source: Source, *, include_stored: bool = False) -> list[Row]:
+    """Declared breakers' states: one pipeline, no SCAN; with `include_stored` every breaker
+    with state in Redis too (one SCAN: `jobs breakers list`)."""
     configs = {guard.config.name: guard.config for _, guard in source.guards_named("breaker")}
-    states = RedisBreakerBackend(source.redis).describe(configs)
+    states = RedisBreakerBackend(source.redis).describe(configs, include_stored=include_stored)
     return [
         {"name": state.name, "state": state.state, "open": state.open, "calls": state.calls,
          "failures": state.failures, "slow_calls": state.slow_calls,
@@ -48,6 +48,8 @@ def _each(field: str) -> Callable[[list[Row], Any], Iterator[tuple[list[str], fl
 
 VIEW = View(
     name="breakers", title="circuit breakers", store="redis", read=read,
+    row_id=lambda r: f"breaker-{r['name']}", row_data=lambda r: {"state": r["state"]},
+    alert=lambda r: "OPEN" if r["open"] else None,
     columns=(
         Column(header="breaker", key="name"),
         Column(header="state", text=lambda r: marked(r["state"], "bold red", r["open"])),

@@ -6,7 +6,8 @@ import datetime as dt
 import time
 
 from resilience.pause.backends.redis import RedisPauseBackend
-from resilience.views import Column, Row, Source, View
+from resilience.pause.guard import PauseSwitch
+from resilience.views import Action, Column, Row, Source, View
 
 
 def declared_switches(source: Source) -> list[tuple[str, str]]:
@@ -16,10 +17,13 @@ def declared_switches(source: Source) -> list[tuple[str, str]]:
     return [("tier", tier) for tier in source.tiers] + [("task", name) for name in sorted(tasks)]
 
 
-def read(source: Source) -> list[Row]:
-    """Declared switches that are on (one MGET), as `jobs paused` lists them."""
+def read(source: Source, *, include_stored: bool = False) -> list[Row]:
+    """Declared switches that are on (one MGET); with `include_stored` every switch that is
+    on, declared or not (one SCAN: `jobs paused`)."""
     now = time.time()
-    switches = sorted(RedisPauseBackend(source.stores.redis).paused(declared_switches(source)),
+    backend = RedisPauseBackend(source.stores.redis)
+    switches = sorted(backend.all_paused() if include_stored
+                      else backend.paused(declared_switches(source)),
                       key=lambda switch: (switch.scope, switch.name))
     return [
         {"scope": switch.scope, "name": switch.name, "reason": switch.reason,
@@ -32,6 +36,13 @@ def read(source: Source) -> list[Row]:
 
 VIEW = View(
     name="paused", title="paused", store="redis", read=read, count=len,
+    empty="nothing paused", row_id=lambda r: f"paused-{r['scope']}-{r['name']}",
+    alert=lambda _: "PAUSED",
+    actions=(
+        Action(name="Pause", verb="pause", web="pause", call=PauseSwitch.pause),
+        Action(name="Resume", verb="resume", web="resume", call=PauseSwitch.resume,
+               fields=lambda r: {"scope": r["scope"], "name": r["name"]}),
+    ),
     columns=(
         Column(header="scope", key="scope"),
         Column(header="name", text=lambda r: f"[bold yellow]{r['name']}[/bold yellow]"),
