@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery, signals
@@ -46,15 +47,19 @@ class JobTask(GuardedTask):
     #: tier's `JOBS_<TIER>__DEADLINE_SECONDS`.
     deadline_seconds: float | None = None
 
+    def _per_settings(self, name: str, build: Callable[[], Any]) -> Any:
+        """What `build()` returns, built once per settings object and deadline_seconds:
+        every `.delay()` and every job asks."""
+        cached = self.__dict__.get(name)
+        if (cached is None or cached[0] is not self.app.settings
+                or cached[1] != self.deadline_seconds):
+            cached = (self.app.settings, self.deadline_seconds, build())
+            setattr(self, name, cached)
+        return cached[2]
+
     def admission_config(self) -> BulkheadConfig:
-        """The tier bulkhead of this task, from the tier's settings (built once per settings
-        object: every `.delay()` asks)."""
-        cached = self.__dict__.get("_admission_config")
-        if cached is not None and cached[0] is self.app.settings:
-            return cached[1]
-        config = self._build_admission_config()
-        self._admission_config = (self.app.settings, config)
-        return config
+        """The tier bulkhead of this task, from the tier's settings."""
+        return self._per_settings("_admission_config", self._build_admission_config)
 
     def _build_admission_config(self) -> BulkheadConfig:
         limits = self.app.settings.tier(self.tier)
@@ -66,15 +71,8 @@ class JobTask(GuardedTask):
         )
 
     def deadline_policy(self) -> DeadlineConfig:
-        """When this task's jobs are shed: its own deadline_seconds, else the tier's (built
-        once per settings object and deadline: every `.delay()` and every job asks)."""
-        cached = self.__dict__.get("_deadline_policy")
-        if (cached is not None and cached[0] is self.app.settings
-                and cached[1] == self.deadline_seconds):
-            return cached[2]
-        policy = self._build_deadline_policy()
-        self._deadline_policy = (self.app.settings, self.deadline_seconds, policy)
-        return policy
+        """When this task's jobs are shed: its own deadline_seconds, else the tier's."""
+        return self._per_settings("_deadline_policy", self._build_deadline_policy)
 
     def _build_deadline_policy(self) -> DeadlineConfig:
         limits = self.app.settings.tier(self.tier)
