@@ -14,8 +14,9 @@ Who flushes, and why both:
   came to take (traffic stopped), so a count never sits longer than `interval` plus one
   tick, whatever the traffic.
 
-Per process: the registry is replaced in a forked child (`os.register_at_fork`, and a pid
-check), so a prefork child never sends its parent's counts again, and starts its own timer.
+Per process: the registry is replaced in a forked child (the connection layer's one fork
+hook, `resilience.connections.on_fork`), so a prefork child never sends its parent's counts
+again, and starts its own timer.
 At a normal end everything pending is flushed (`atexit`, and Celery's
 `worker_process_shutdown`, which a prefork child sends before it exits without running
 atexit). A SIGKILLed process loses what it held: at most one interval's counts.
@@ -30,11 +31,12 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol, TypeVar
+
+from resilience.connections import on_fork
 
 logger = logging.getLogger("resilience.flushing")
 
@@ -94,7 +96,6 @@ class _Registry:
     """This process's aggregates and its timer thread."""
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
         self.lock = threading.Lock()
         self.members: dict[Hashable, Aggregate] = {}
         self.thread: threading.Thread | None = None
@@ -106,26 +107,17 @@ class _Registry:
 _registry = _Registry()
 
 
-def _current() -> _Registry:
-    """The registry of this process (a fresh one after a fork)."""
-    global _registry
-    registry = _registry
-    if registry.pid != os.getpid():
-        registry = _registry = _Registry()
-    return registry
-
-
 def _after_fork_in_child() -> None:
     global _registry
     _registry = _Registry()  # the parent's counts are the parent's to send; its lock may be held
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+on_fork(_after_fork_in_child)
 
 
 def member(key: Hashable, make: Callable[[], A]) -> A:
     """The aggregate of `key` in this process, made on first use."""
-    registry = _current()
+    registry = _registry
     found = registry.members.get(key)
     if found is None:
         with registry.lock:
@@ -138,7 +130,7 @@ def member(key: Hashable, make: Callable[[], A]) -> A:
 def wake(interval: float) -> None:
     """Something became pending: make sure the timer runs (ticking at least every
     `interval` / 2 seconds)."""
-    registry = _current()
+    registry = _registry
     with registry.lock:
         registry.dirty = True
         registry.tick = min(registry.tick, max(MIN_TICK_SECONDS, interval / 2))
@@ -154,7 +146,7 @@ def _run(registry: _Registry) -> None:
     """The timer: flush what is due each tick; stop once nothing is pending."""
     while True:
         time.sleep(registry.tick)
-        if registry is not _registry or registry.pid != os.getpid():
+        if registry is not _registry:  # replaced (a forked child has its own)
             return
         with registry.lock:
             registry.dirty = False
@@ -179,7 +171,7 @@ def _flush(aggregate: Aggregate, now: float, *, force: bool) -> bool:
 
 def flush_all() -> None:
     """Send everything this process holds now (shutdown; tests)."""
-    registry = _current()
+    registry = _registry
     with registry.lock:
         members = list(registry.members.values())
     now = time.monotonic()
@@ -188,8 +180,7 @@ def flush_all() -> None:
 
 
 def _flush_at_exit(*_args: Any, **_kwargs: Any) -> None:
-    if _registry.pid == os.getpid():
-        flush_all()
+    flush_all()
 
 
 atexit.register(_flush_at_exit)

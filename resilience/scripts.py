@@ -69,7 +69,7 @@ class LuaScript:
         """Run the script on `client` (EVALSHA, loading it on NOSCRIPT); its reply.
 
         Raises:
-            redis.exceptions.RedisError: as the client raises it (callers wrap it with
-                `resilience.connections.wrap_store_errors`).
+            redis.exceptions.RedisError: as the client raises it (a backend's methods
+                translate it: `resilience.connections.StoreBackend`).
         """
         return self.for_client(client)(keys=keys, args=args)

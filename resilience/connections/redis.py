@@ -1,8 +1,9 @@
 """Redis clients for every topology, and the client helpers that know a Cluster.
 
 `redis_from_url` builds one redis-py client from a URL: one server, a Sentinel-managed
-master or a Redis Cluster; `Stores` keeps the process's clients (dropped in a forked child
-by the one fork hook, `resilience.connections.on_fork`). A client of one server or
+master or a Redis Cluster; `client_for` keeps one per URL and options for the process, dropped
+in a forked child by the one fork hook (`resilience.connections.on_fork`), as `Stores`
+drops its own. A client of one server or
 Sentinel can share an `UnreachableHold`, so a partitioned server costs one timeout, not
 one per call. `is_cluster`, `mget` and `read_hashes` hide what a Cluster does differently
 (commands per slot, no TIME in a pipeline).
@@ -10,8 +11,9 @@ one per call. `is_cluster`, `mget` and `read_hashes` hide what a Cluster does di
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -22,6 +24,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelManagedConnection, SentinelManagedSSLConnection
 
+from resilience.connections import StoreBackend, on_fork
 from resilience.errors import ConfigurationError
 from resilience.redact import redact_url
 
@@ -198,6 +201,48 @@ def _holding(base: type, hold: UnreachableHold) -> type:
 
     HoldingConnection.__name__ = HoldingConnection.__qualname__ = f"Holding{base.__name__}"
     return HoldingConnection
+
+
+class RedisStoreBackend(StoreBackend):
+    """A `StoreBackend` on Redis, built on a client or on a callable returning the
+    process's client (fork-safe: `Stores.redis`), asked again at each use."""
+
+    def __init__(self, client: redis.Redis | Callable[[], redis.Redis]) -> None:
+        self._client = client
+
+    @property
+    def client(self) -> redis.Redis:
+        return self._client() if callable(self._client) else self._client  # type: ignore[return-value]
+
+
+_clients: dict[tuple[str, tuple[tuple[str, Any], ...]], Any] = {}
+_clients_lock = threading.Lock()
+
+
+def client_for(url: str, **options: Any) -> Any:
+    """This process's client for `url` with `options` (see `redis_from_url`; hashable
+    values), made on first use: callers that name the same nodes share their pools.
+
+    Raises:
+        ConfigurationError: the URL is malformed.
+    """
+    key = (url, tuple(sorted(options.items())))
+    found = _clients.get(key)
+    if found is None:
+        with _clients_lock:
+            found = _clients.get(key)
+            if found is None:
+                found = _clients[key] = redis_from_url(url, **options)
+    return found
+
+
+def _forget_clients() -> None:
+    global _clients_lock
+    _clients_lock = threading.Lock()  # a parent's thread may have held it at the fork
+    _clients.clear()  # the parent's sockets stay the parent's
+
+
+on_fork(_forget_clients)
 
 
 def is_cluster(client: Any) -> bool:

@@ -8,14 +8,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from resilience.cancel.backends import Marks
-from resilience.connections import StoreBackend
-
-if TYPE_CHECKING:
-    import redis
+from resilience.connections.redis import RedisStoreBackend
 
 #: The marks and their version change together in one MULTI, so they share a hash tag:
 #: on a Redis Cluster a transaction must stay in one slot. (Before the tag they were
@@ -25,17 +20,10 @@ MARKS_KEY = "resilience:cancel:{marks}"
 VERSION_KEY = "resilience:cancel:{marks}:version"
 
 
-class RedisCancelBackend(StoreBackend):
+class RedisCancelBackend(RedisStoreBackend):
     """Args: client: a Redis client, or a callable returning the process's client."""
 
     store_operation = "cancellations"
-
-    def __init__(self, client: redis.Redis | Callable[[], redis.Redis]) -> None:
-        self._client = client
-
-    @property
-    def client(self) -> redis.Redis:
-        return self._client() if callable(self._client) else self._client  # type: ignore[return-value]
 
     def cancel(self, target: str, *, reason: str, expires_at: float) -> None:
         mark = json.dumps({"reason": reason or "cancelled", "until": expires_at})

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from resilience.batch import Rounds
     from resilience.circuit.config import BreakerConfig
     from resilience.errors import StorageError
-    from resilience.pipeline import Rounds
 
 #: The states a breaker can be in.
 STATES = ("closed", "open", "half_open", "forced_open", "forced_closed")

@@ -19,9 +19,9 @@ from resilience.circuit.backends.base import BreakerState, Peek, Permission, Ver
 from resilience.circuit.config import CountWindow
 
 if TYPE_CHECKING:
+    from resilience.batch import Rounds
     from resilience.circuit.config import BreakerConfig
     from resilience.errors import StorageError
-    from resilience.pipeline import Rounds
 
 
 @dataclass

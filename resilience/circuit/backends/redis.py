@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     import redis
     from celery import Celery
 
+    from resilience.batch import Rounds
     from resilience.errors import StorageError
-    from resilience.pipeline import Rounds
 
 NAMESPACE = "resilience:breaker"
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from resilience.connections.redis import check_redis_url, redis_from_url
+from resilience.connections.redis import check_redis_url, client_for
 from resilience.errors import ConfigurationError, LockError, LockNotOwnedError, StoreUnavailable
 from resilience.holders import Holder
 from resilience.locks.backends import Claimant, Lease, Taken, validate_ttl
@@ -142,7 +142,8 @@ class Redlock:
         timeout_seconds: float = 0.5,
         **kwargs: Any,
     ) -> Redlock:
-        """Build from node URLs; with `check`, refuse to start when any node is unreachable.
+        """Build on the process's clients of the node URLs (`connections.redis.client_for`);
+        with `check`, refuse to start when any node is unreachable.
 
         Raises:
             ConfigurationError: fewer than 3 URLs, or a URL that is not redis://.
@@ -150,11 +151,8 @@ class Redlock:
         """
         for url in urls:
             check_redis_url(url, "a Redlock node URL")
-        clients = [
-            redis_from_url(url, socket_timeout=timeout_seconds,
-                           socket_connect_timeout=timeout_seconds)
-            for url in urls
-        ]
+        clients = [client_for(url, socket_timeout=timeout_seconds,
+                              socket_connect_timeout=timeout_seconds) for url in urls]
         lock = cls(clients, **kwargs)
         if check:
             lock.check_nodes(require_all=True)

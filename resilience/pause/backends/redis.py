@@ -6,21 +6,16 @@ On a Redis Cluster the switches live in different slots: they are read per maste
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
-from resilience.connections import StoreBackend
-from resilience.connections.redis import mget
+from resilience.connections.redis import RedisStoreBackend, mget
 from resilience.keys import redis_key, stored_keys
 from resilience.pause.backends import Paused
-
-if TYPE_CHECKING:
-    import redis
 
 NAMESPACE = "resilience:pause"
 
 
-class RedisPauseBackend(StoreBackend):
+class RedisPauseBackend(RedisStoreBackend):
     """Switches as string keys holding `{"reason": ..., "since": ...}` (no TTL: a pause
     lasts until someone resumes it).
 
@@ -29,13 +24,6 @@ class RedisPauseBackend(StoreBackend):
     """
 
     store_operation = "pause switches"
-
-    def __init__(self, client: redis.Redis | Callable[[], redis.Redis]) -> None:
-        self._client = client
-
-    @property
-    def client(self) -> redis.Redis:
-        return self._client() if callable(self._client) else self._client  # type: ignore[return-value]
 
     @staticmethod
     def key(scope: str, name: str) -> str:

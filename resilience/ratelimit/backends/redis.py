@@ -17,8 +17,8 @@ from collections.abc import Callable
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from resilience.connections import StoreBackend, wrap_store_errors
-from resilience.connections.redis import is_cluster
+from resilience.connections import wrap_store_errors
+from resilience.connections.redis import RedisStoreBackend, is_cluster
 from resilience.errors import ConfigurationError
 from resilience.keys import redis_key, stored_keys
 from resilience.ratelimit.algorithms import (
@@ -60,7 +60,7 @@ _READERS: dict[Schema, tuple[Callable[[Any, str], None], Callable[[Any], Any]]] 
 }
 
 
-class RedisBackend(StoreBackend):
+class RedisBackend(RedisStoreBackend):
     """Limiter state in Redis.
 
     Args:
@@ -73,12 +73,8 @@ class RedisBackend(StoreBackend):
     def __init__(
         self, client: redis.Redis | Callable[[], redis.Redis], *, prefix: str = "resilience:limits"
     ) -> None:
-        self._client = client
+        super().__init__(client)
         self.prefix = prefix
-
-    @property
-    def client(self) -> redis.Redis:
-        return self._client() if callable(self._client) else self._client  # type: ignore[return-value]
 
     def key(self, algorithm: Algorithm, key: str, *suffixes: str) -> str:
         """The Redis key of limiter `key` of `algorithm`; its waiting line adds `waiting`."""
