@@ -39,10 +39,12 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Task
 from celery._state import _get_active_apps, connect_on_app_finalize
+from celery.utils.imports import symbol_by_name
+from celery.worker.request import Request
 
 from resilience.errors import ConfigurationError
 from resilience.pipeline import attached
-from resilience.results import keep_final_states
+from resilience.results import OutcomeRequest, keep_final_states
 from resilience.stores import from_app_conf
 from resilience.task import GuardedTask
 
@@ -215,11 +217,6 @@ def _request_for(original: type) -> type | None:
     otherwise silently replace the user's; both subclass Celery's `Request` and call
     `super()`, so one class derived from both keeps the behaviour of each.
     """
-    from celery.utils.imports import symbol_by_name
-    from celery.worker.request import Request
-
-    from resilience.results import OutcomeRequest
-
     own = symbol_by_name(original.Request)
     if own is Request or issubclass(own, OutcomeRequest):
         return None

@@ -9,7 +9,7 @@ Execution path (`__call__`, in the worker): the execution guards around `run`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from functools import partial
@@ -17,23 +17,14 @@ from typing import Any, ClassVar
 
 from celery import Task, states
 from celery._state import _task_stack
-from celery.app.task import get_actual_ignore_result
-from celery.exceptions import Retry
+from celery.app.task import Context, get_actual_ignore_result
+from celery.exceptions import Retry, SoftTimeLimitExceeded, TimeLimitExceeded
 from celery.utils.saferepr import saferepr
-from kombu import serialization
-from kombu.exceptions import EncodeError
-from kombu.utils.json import dumps as kombu_json
 
 from resilience.admission import depth_backend_for, queue_of
-from resilience.errors import (
-    AdmissionError,
-    InvalidTaskArguments,
-    JobDeferred,
-    JobStopped,
-    NonJsonArguments,
-    PayloadTooLarge,
-)
-from resilience.keys import check_binding, signature_of
+from resilience.arguments import celery_arguments, validate_arguments, validate_publish
+from resilience.errors import AdmissionError, JobDeferred, JobStopped
+from resilience.keys import signature_of
 from resilience.outbox.enqueue import delay_seconds_of, write
 from resilience.outcomes import (
     OUTCOME_REQUEST_ATTRIBUTE,
@@ -56,8 +47,6 @@ from resilience.pipeline import (
 
 logger = logging.getLogger("resilience.task")
 
-#: Default limit on the serialized size of a task's arguments, in bytes.
-DEFAULT_MAX_PAYLOAD_BYTES = 256 * 1024
 #: A republish the broker refused (full tier queue on RabbitMQ) is published again by the
 #: outbox relay no sooner than this.
 REFUSED_REPUBLISH_DELAY_SECONDS = 5.0
@@ -82,86 +71,6 @@ def pooled_producer(app: Any) -> Iterator[Any]:
         raise
     finally:
         producer.release()
-
-
-#: Largest int written without a second look (JSON-safe everywhere, at most 20 characters).
-_INT_BOUND = 2**63
-
-
-def scalar_payload_bound(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
-    """An upper bound on the JSON size of `[args, kwargs]` when every value is a plain
-    scalar JSON carries as is (str, bool, None, an int within 64 bits, a finite float);
-    None otherwise (the caller serializes to check). The common `.delay(id, "name")` then
-    skips a full serialization on the enqueue path: Celery serializes once anyway."""
-    size = 16
-    for values in (args, kwargs.values()):
-        for value in values:
-            kind = type(value)
-            if kind is str:
-                size += 6 * len(value) + 3  # a \uXXXX escape at worst, quotes, comma
-            elif kind is int:
-                if not -_INT_BOUND < value < _INT_BOUND:
-                    return None
-                size += 21
-            elif kind is float:
-                if value != value or value in (float("inf"), float("-inf")):
-                    return None  # NaN / infinity: refused by the full check
-                size += 25
-            elif value is None or kind is bool:
-                size += 6
-            else:
-                return None
-    for key in kwargs:
-        if type(key) is not str:
-            return None
-        size += 6 * len(key) + 4
-    return size
-
-
-def celery_arguments(args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """`args`/`kwargs` of `apply_async` as Celery takes them: None is empty, args a list or
-    tuple, kwargs a mapping (`celery/app/amqp.py` `as_task_v2`), so `apply_async("s", {})`
-    fails here instead of publishing `("s",)`.
-
-    Raises:
-        InvalidTaskArguments: a TypeError, with Celery's message.
-    """
-    args = args or ()
-    kwargs = kwargs or {}
-    if not isinstance(args, (list, tuple)):
-        raise InvalidTaskArguments(
-            f"task args must be a list or tuple, not {type(args).__name__}")
-    if not isinstance(kwargs, Mapping):
-        raise InvalidTaskArguments(
-            f"task keyword arguments must be a mapping, not {type(kwargs).__name__}")
-    return tuple(args), dict(kwargs)
-
-
-def serialized_size(args: tuple[Any, ...], kwargs: dict[str, Any],
-                    serializer: str | None) -> int:
-    """Bytes of `[args, kwargs]` as `serializer` writes them (None: JSON).
-
-    JSON is kombu's, so whatever Celery's JSON carries is accepted (`UUID`, `datetime`,
-    `date`, `time`, `Decimal`, bytes, registered types), except NaN and infinities: kombu
-    would write them as bare `NaN` / `Infinity`, which no JSON parser but Python's reads.
-
-    Raises:
-        NonJsonArguments: the serializer cannot carry an argument.
-    """
-    if serializer in (None, "json"):
-        try:
-            return len(kombu_json([list(args), kwargs], allow_nan=False))
-        except (TypeError, ValueError) as exc:
-            raise NonJsonArguments(
-                "arguments must be what Celery's JSON serializer carries (str, int, float, "
-                "bool, None, list, dict, UUID, datetime, date, time, Decimal, bytes): "
-                f"{exc}", cause=repr(exc)) from None
-    try:
-        _, _, payload = serialization.dumps([list(args), kwargs], serializer)
-    except EncodeError as exc:
-        raise NonJsonArguments(f"arguments cannot be serialized with {serializer}: {exc}",
-                               cause=repr(exc)) from None
-    return len(payload)
 
 
 class GuardedTask(Task):
@@ -199,7 +108,7 @@ class GuardedTask(Task):
             for guard in (*execution, *enqueue):
                 guard.bind(self)
             self._pipelines = (Pipeline(execution),
-                               EnqueuePipeline(enqueue, validate=self.validate_publish))
+                               EnqueuePipeline(enqueue, validate=validate_publish))
         return self._pipelines
 
     # -- enqueue path ------------------------------------------------------------------
@@ -286,7 +195,8 @@ class GuardedTask(Task):
                 return stop.result
             raise
         except Exception as exc:
-            if not publish.republish or outbox or self._broker_refused(exc, publish) is None:
+            if (not publish.republish or outbox or eager
+                    or self._broker_refused(exc, publish) is None):
                 raise
             options = {k: v for k, v in publish.options.items() if k not in ("countdown", "eta")}
             options["countdown"] = max(REFUSED_REPUBLISH_DELAY_SECONDS,
@@ -328,51 +238,15 @@ class GuardedTask(Task):
         delay = delay_seconds_of(options)
         return bool(limit) and delay is not None and delay > float(limit)
 
-    def validate_publish(self, publish: Publish) -> None:
-        """The enqueue pipeline's first VALIDATE step (`validate_arguments` on `publish`)."""
-        self.validate_arguments(publish.args, publish.kwargs,
-                                serializer=publish.options.get("serializer"))
-
-    def _app_payload_limit(self) -> int:
-        """`app.conf.resilience_max_payload_bytes`, read once per task (every `.delay()`
-        asks; Celery's settings lookup costs more than the check)."""
-        limit = self.__dict__.get("_payload_limit")
-        if limit is None:
-            limit = self._payload_limit = int(self.app.conf.get(
-                "resilience_max_payload_bytes", DEFAULT_MAX_PAYLOAD_BYTES))
-        return limit
-
     def validate_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any], *,
                            serializer: str | None = None) -> None:
-        """Refuse arguments that would fail in the worker or could not be sent at all.
-
-        The signature check follows Celery's `typing` (the task's `typing=`, else the app's
-        `strict_typing`): when it is off the arguments are not bound, as Celery does not
-        bind them. The serializer and size checks run whatever `typing` says: they protect
-        the broker and the worker's memory, which Celery leaves unbounded. (A guard that
-        keys on arguments, `@idempotent` or `@unique` say, still binds them to build its
-        key.)
-
-        Args:
-            serializer: the publish's `serializer` option; None takes the task's.
+        """Refuse arguments that would fail in the worker or could not be sent at all
+        (`resilience.arguments.validate_arguments`).
 
         Raises:
             ArgumentsDoNotBind, NonJsonArguments, PayloadTooLarge.
         """
-        if self.typing:
-            check_binding(self.run, args, kwargs)
-        limit = self.max_payload_bytes or self._app_payload_limit()
-        bound = scalar_payload_bound(args, kwargs)
-        if bound is not None and bound <= limit:
-            return  # plain scalars that cannot reach the limit: no need to serialize
-        size = serialized_size(args, kwargs, serializer or self.serializer)
-        if size > limit:
-            raise PayloadTooLarge(
-                f"{self.name}: arguments serialize to {size} bytes, over the {limit}-byte "
-                "limit; pass a reference (a row id, an object-store key) instead of the data",
-                size=size,
-                limit=limit,
-            )
+        validate_arguments(self, args, kwargs, serializer=serializer)
 
     # -- execution path ----------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -431,11 +305,9 @@ class GuardedTask(Task):
         try:
             signature_of(self.run).bind_partial(*call.args, **call.kwargs)
         except TypeError as exc:
-            from resilience.deadletter.giveup import give_up
-
             reason = f"arguments do not fit {self.name}{signature_of(self.run)}: {exc}"
-            raise give_up(call, guard="intake", reason=reason, attempts=1,
-                          exception=exc) from None
+            raise call.dead_letter(guard="intake", reason=reason, attempts=1,
+                                   exception=exc) from None
 
     def stopped(self, call: Call, stop: Stop) -> Any:
         """Turn a guard's `Stop` into what Celery records: a result, or a deferral.
@@ -514,8 +386,6 @@ class GuardedTask(Task):
         A message Celery requeues instead (`acks_on_timeout=False`) is left alone, and so is
         a hard limit that fired after the body had stored SUCCESS (`_ended_before_limit`).
         """
-        from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
-
         if isinstance(exc, TimeLimitExceeded):
             if self.acks_late and not self.acks_on_timeout:
                 return
@@ -530,7 +400,14 @@ class GuardedTask(Task):
             reason = f"soft time limit exceeded ({exc})"
         else:
             return
-        dead_letter_time_limit(self, task_id, args, kwargs, reason, exc)
+        call = Call(task=self, args=tuple(args or ()), kwargs=dict(kwargs or {}),
+                    request=Context(id=task_id))
+        try:
+            call.dead_letter(guard="time_limit", reason=reason, attempts=1, exception=exc,
+                             name=self.name)
+        except Exception:  # never raised into Celery's failure handling
+            logger.exception("dead letter NOT recorded for %s[%s] (%s)", self.name, task_id,
+                             reason)
 
     def _ended_before_limit(self, task_id: str) -> bool:
         """Whether the result backend already holds SUCCESS for `task_id`.
@@ -584,30 +461,3 @@ def _in_canvas(request: Any) -> bool:
     """Is this job part of a chain, group, chord or has links to call with its result?"""
     return any(getattr(request, name, None) for name in ("chain", "callbacks", "chord", "group"))
 
-
-def dead_letter_time_limit(task: Any, task_id: str, args: Any, kwargs: Any, reason: str,
-                           exc: BaseException) -> None:
-    """Record `task_id` in the dead-letter place (guard `time_limit`) and count it; a
-    store that cannot take the row is logged with the arguments (never raised: this runs
-    in Celery's failure handling)."""
-    from resilience.counters import count_outcome
-    from resilience.deadletter.giveup import dead_letter_place
-    from resilience.errors import StorageError
-    from resilience.stores import stores_for
-
-    tier = getattr(task, "tier", None)
-    try:
-        dead_letter_place(stores_for(task.app)).add(
-            task_name=task.name, task_id=task_id, args=args, kwargs=kwargs,
-            guard="time_limit", reason=reason, attempts=1, tier=tier,
-            queue=getattr(task, "queue", None), exception=exc)
-    except StorageError as error:
-        logger.error("dead letter NOT recorded for %s[%s] args=%r kwargs=%r (%s): %s",
-                     task.name, task_id, args, kwargs, reason, error)
-    except Exception:
-        logger.exception("dead letter NOT recorded for %s[%s] (%s)", task.name, task_id,
-                         reason)
-    else:
-        logger.warning("job dead-lettered: %s[%s]: %s", task.name, task_id, reason)
-    count_outcome(task.app, Outcome.DEAD_LETTERED.value, guard="time_limit", tier=tier,
-                  name=task.name, reason=reason)

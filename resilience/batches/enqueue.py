@@ -17,24 +17,28 @@ that does not exist, and a rolled-back batch leaves no job.
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections.abc import Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from celery import current_app
+from celery.canvas import Signature
+
 from resilience.batches.backends import BatchSummary, NewBatch, NewMember
+from resilience.batches.backends.memory import batch_backend
 from resilience.batches.callbacks import callback_argument
 from resilience.batches.errors import InvalidBatch
 from resilience.batches.guard import BATCH_HEADER, BatchGuard
 from resilience.errors import InvalidTaskArguments
 from resilience.keys import canonical_arguments, check_binding
+from resilience.outbox.backends.memory import MemoryTransaction
+from resilience.stores import MemoryStores, stores_for
 
 if TYPE_CHECKING:
     from celery import Celery, Task
-    from celery.canvas import Signature
     from celery.result import AsyncResult
-
-    from resilience.batches.backends import BatchBackend
 
 
 class BatchResult:
@@ -51,7 +55,7 @@ class BatchResult:
         Raises:
             BatchNotFound: the batch was rolled back (or purged).
         """
-        return _backend(self.app).summary(self.id)
+        return batch_backend(self.app).summary(self.id)
 
     def __repr__(self) -> str:
         return f"<BatchResult {self.id} ({len(self.results)} members)>"
@@ -85,8 +89,6 @@ class Batch:
     @property
     def app(self) -> Celery:
         if self._app is None:
-            from celery import current_app
-
             self._app = (self.members[0].type.app if self.members
                          else current_app._get_current_object())
         return self._app
@@ -119,12 +121,8 @@ class Batch:
                 was written.
             StorageError: PostgreSQL failed (nothing was written).
         """
-        from resilience.stores import MemoryStores, stores_for
-
         stores = stores_for(self.app)
         if isinstance(stores, MemoryStores):
-            from resilience.outbox.backends.memory import MemoryTransaction
-
             with MemoryTransaction() as transaction:
                 return self.apply_async_in(transaction)
         with stores.engine().begin() as connection:
@@ -153,7 +151,7 @@ class Batch:
             results.append(task.apply_async_in(session, tuple(signature.args),
                                                dict(signature.kwargs), headers=headers,
                                                **options))
-        _backend(self.app).create(session, NewBatch(
+        batch_backend(self.app).create(session, NewBatch(
             id=batch_id,
             description=self.description,
             members=[NewMember(task_id=result.id, task_name=task.name)
@@ -229,8 +227,6 @@ def batch(signatures: Iterable[Signature] = (), *, on_success: Signature | None 
 
 
 def _is_task_signature(value: Any) -> bool:
-    from celery.canvas import Signature
-
     return isinstance(value, Signature) and not value.subtask_type and bool(value.task)
 
 
@@ -239,15 +235,7 @@ def _kind(value: Any) -> str:
     return f"a {subtask_type}" if subtask_type else type(value).__name__
 
 
-def _backend(app: Celery) -> BatchBackend:
-    from resilience.batches.backends.memory import batch_backend
-
-    return batch_backend(app)
-
-
 def _empty_summary() -> BatchSummary:
-    import datetime as dt
-
     return BatchSummary(id="", description=None, total=0, pending=0, tallies={},
                         created_at=dt.datetime.now(dt.UTC), completed_at=None)
 

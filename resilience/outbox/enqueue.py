@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from resilience.errors import InvalidKey, InvalidTaskArguments
 from resilience.keys import canonical_json
-from resilience.outbox.backends import NewRow, OutboxBackend
+from resilience.outbox.backends import NewRow, OutboxBackend, outbox_backend
 
 if TYPE_CHECKING:
     from celery import Task
@@ -162,9 +162,5 @@ def write(task: Task, connection: Any, args: tuple[Any, ...] | list[Any],
         StorageError: the insert failed.
     """
     row = new_row(task, args, kwargs, options, task_id=task_id)
-    if backend is None:
-        from resilience.outbox.backends import outbox_backend
-
-        backend = outbox_backend(task.app)
-    backend.insert(connection, row)
+    (backend or outbox_backend(task.app)).insert(connection, row)
     return task.AsyncResult(row.task_id)
