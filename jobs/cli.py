@@ -32,9 +32,22 @@ from rich.table import Table
 
 from jobs.admin.cancel import cancel as cancel_command
 from jobs.admin.status import show
+from jobs.embedded import (
+    exec_postgres,
+    port_in_use,
+    postgres_ready,
+    redis_command,
+    redis_ready,
+    wait_until,
+)
+from jobs.observe.watchdog import EXIT_STALLED
+from jobs.pipeline_view import describe_pipelines
+from jobs.platform import pause_backend
 from jobs.settings import Settings, SettingsError, get_settings
 from jobs.tiers import TIERS
+from jobs.vendor import VendorControl, VendorError, serve
 from resilience.errors import ResilienceError
+from resilience.pause import PauseSwitch
 from resilience.pause import view as pause_view
 from resilience.redact import redact, redact_url
 
@@ -44,6 +57,7 @@ cli = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
 console = Console()
 errors = Console(stderr=True)
 
@@ -113,7 +127,6 @@ def procfile(settings: Settings) -> str:
 def up() -> None:
     """Start the whole platform under honcho; Ctrl-C stops every process."""
     settings = settings_or_exit()
-    from jobs.embedded import port_in_use
 
     ports = []
     if settings.embedded_redis:
@@ -167,7 +180,6 @@ def service(
 ) -> None:
     """Run one embedded service in the foreground (honcho supervises it)."""
     settings = settings_or_exit()
-    from jobs.embedded import exec_postgres, redis_command
 
     data = settings.data_dir.resolve()
     if name == "redis":
@@ -188,8 +200,8 @@ def service(
 
 def wait_for_services(settings: Settings, timeout_seconds: float = 60) -> None:
     """Block until Redis, the broker and PostgreSQL answer, then apply migrations."""
+    # lazy: jobs.db loads alembic and SQLAlchemy
     from jobs.db import migrate
-    from jobs.embedded import postgres_ready, redis_ready, wait_until
 
     wait_until(lambda: redis_ready(settings.effective_redis_url),
                timeout_seconds=timeout_seconds,
@@ -203,6 +215,7 @@ def wait_for_services(settings: Settings, timeout_seconds: float = 60) -> None:
 def migrate() -> None:
     """Create the database if needed and apply every migration."""
     settings = settings_or_exit()
+    # lazy: jobs.db loads alembic and SQLAlchemy
     from jobs.db import migrate as apply
 
     apply(settings.effective_locks_database_url)
@@ -242,7 +255,6 @@ def run_restarting_on_stall(args: list[str]) -> int:
     import signal
     import subprocess
 
-    from jobs.observe.watchdog import EXIT_STALLED
 
     child: subprocess.Popen[bytes] | None = None
     stopping = False
@@ -309,7 +321,6 @@ def require_broker(settings: Settings) -> None:
 def flower() -> None:
     """Run Flower; beyond loopback it requires FLOWER_BASIC_AUTH (never on the command line)."""
     settings = settings_or_exit()
-    from jobs.embedded import redis_ready, wait_until
 
     wait_until(lambda: redis_ready(settings.effective_redis_url), timeout_seconds=60,
                what="Redis")
@@ -319,7 +330,10 @@ def flower() -> None:
     else:
         # Loopback only (Settings refuses anything else without auth): the API may be open.
         os.environ["FLOWER_UNAUTHENTICATED_API"] = "true"
+    # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
     from jobs import app
+
+    # lazy: Flower and tornado, needed by `jobs flower` alone
     from jobs.observe.web import run_flower
 
     # Flower's own app and command, plus the resilience page (/resilience, /api/resilience).
@@ -350,6 +364,7 @@ def demo(
     """
     settings = settings_or_exit()
     require_broker(settings)
+    # lazy: the demo imports the example tasks, which build the Celery app
     from jobs.demo import DemoError, DemoOptions, ensure_vendor, run_steady, run_story
 
     try:
@@ -366,6 +381,7 @@ def demo(
             options = dataclasses.replace(options, flood=flood)
         if phase_seconds is not None:
             options = dataclasses.replace(options, phase_seconds=phase_seconds)
+        # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
         from jobs import app
 
         if not run_story(app, options=options, console=console):
@@ -390,13 +406,11 @@ cli.add_typer(vendor_cli, name="vendor")
 
 def _vendor_control() -> Any:
     settings = settings_or_exit()
-    from jobs.vendor import VendorControl
 
     return VendorControl(settings.effective_vendor_url)
 
 
 def _vendor_switch(mode: str, delay_seconds: float | None = None) -> None:
-    from jobs.vendor import VendorError
 
     try:
         state = _vendor_control().set_mode(mode, delay_seconds=delay_seconds)
@@ -415,7 +429,6 @@ def vendor_serve(
 ) -> None:
     """Run the simulated vendor on 127.0.0.1:JOBS_VENDOR_PORT (what `jobs up` starts)."""
     settings = settings_or_exit()
-    from jobs.vendor import serve
 
     try:
         serve(settings.vendor_port, host)
@@ -452,8 +465,6 @@ def vendor_slow(
 @vendor_cli.command("status")
 def vendor_status() -> None:
     """The vendor's mode, calls received and distinct charges."""
-    from jobs.vendor import VendorError
-
     try:
         state = _vendor_control().status()
     except VendorError as exc:
@@ -486,8 +497,8 @@ def pipeline(
 ) -> None:
     """Print a task's effective enqueue and execution pipelines, in order, with options."""
     settings_or_exit()
+    # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
     from jobs import app
-    from jobs.pipeline_view import describe_pipelines
 
     app.loader.import_default_modules()
     task = app.tasks.get(task_name)
@@ -515,9 +526,8 @@ def pipeline(
 
 def _pause_switch() -> Any:
     settings_or_exit()
+    # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
     from jobs import app
-    from jobs.platform import pause_backend
-    from resilience.pause import PauseSwitch
 
     return PauseSwitch(pause_backend(app))
 

@@ -13,13 +13,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from resilience.batches import describe, recent
+from resilience.stores import stores_for
+
 cli = typer.Typer(help="Batches: members' final states and callbacks.", no_args_is_help=True)
 console = Console()
 
 
 def _stores() -> Any:
+    # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
     from jobs import app
-    from resilience.stores import stores_for
 
     return stores_for(app)
 
@@ -28,6 +31,7 @@ def _callback_state(task_id: str | None) -> str | None:
     """The callback job's Celery state (SUCCESS, RETRY, ...), or None when unknown."""
     if task_id is None:
         return None
+    # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
     from jobs import app
 
     try:
@@ -43,8 +47,6 @@ def list_command(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """The newest batches: members, pending, failed, and which callbacks were written."""
-    from resilience.batches import recent
-
     found = recent(_stores(), limit=limit, incomplete_only=incomplete)
     if as_json:
         typer.echo(json.dumps([summary.as_dict() for summary in found]))
@@ -76,8 +78,6 @@ def show_command(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """One batch: members per final state, and each callback (written? its job's state)."""
-    from resilience.batches import describe
-
     summary = describe(_stores(), batch_id)
     view = summary.as_dict()
     for kind, task_id in (("success", summary.success_task_id),

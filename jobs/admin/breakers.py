@@ -22,7 +22,7 @@ Name = Annotated[str, typer.Argument(help="Breaker name.")]
 
 
 def _force(name: str, state: str) -> None:
-    from jobs import app  # lazy: `jobs --help` never builds the app
+    from jobs import app  # lazy: builds the Celery app; `jobs --help` must not
 
     backend = RedisBreakerBackend.of_app(app)
     previous = CircuitBreaker(BreakerConfig(name=name), backend).force(state)

@@ -61,7 +61,7 @@ def cancel(
 ) -> None:
     """Cancel a job (ID), or every job of --task NAME whose cancel_key is KEY: it will not
     start on any worker, after restarts and redeliveries too."""
-    from jobs import app  # lazy: `jobs --help` never builds the app
+    from jobs import app  # lazy: builds the Celery app; `jobs --help` must not
 
     if (task_id is None) == (task is None and key is None) or (task is None) != (key is None):
         errors.print("[red]give a task id (jobs cancel ID) or both --task NAME and --key KEY"
@@ -100,7 +100,7 @@ def withdraw_command(
     target: Annotated[str, typer.Argument(help="id:<task id> or key:<task>:<key>")],
 ) -> None:
     """Withdraw a cancellation: jobs it has not stopped yet run again."""
-    from jobs import app  # lazy: `jobs --help` never builds the app
+    from jobs import app  # lazy: builds the Celery app; `jobs --help` must not
 
     done = cancellations(app).uncancel(target)
     console.print(f"withdrawn {target}" if done else f"{target} was not cancelled")
@@ -109,6 +109,6 @@ def withdraw_command(
 @listing.command("restore")
 def restore_command() -> None:
     """Write the Redis copy of every live cancellation again (after a Redis flush)."""
-    from jobs import app  # lazy: `jobs --help` never builds the app
+    from jobs import app  # lazy: builds the Celery app; `jobs --help` must not
 
     console.print(f"restored {cancellations(app).restore()} cancellation(s)")

@@ -9,6 +9,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from resilience.deadletter.bulk import InvalidSelection, Selection, parse_since, requeue_many
+from resilience.deadletter.place import get, list_entries, requeue
+from resilience.stores import stores_for
+
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
@@ -18,8 +22,8 @@ errors = Console(stderr=True)
 
 
 def _engine() -> Engine:
+    # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
     from jobs import app
-    from resilience.stores import stores_for
 
     return stores_for(app).engine()
 
@@ -31,8 +35,6 @@ def list_command(
     pending: Annotated[bool, typer.Option(help="Only entries not requeued yet.")] = False,
 ) -> None:
     """The newest dead letters with their reason."""
-    from resilience.deadletter.place import list_entries
-
     entries = list_entries(_engine(), limit=limit, task_name=task, pending_only=pending)
     view = Table(title=f"dead letters ({len(entries)})")
     for column in ("id", "created", "task", "guard", "attempts", "reason", "requeued"):
@@ -55,7 +57,6 @@ def show_command(entry_id: Annotated[int, typer.Argument(help="Dead-letter id.")
     """Everything recorded about one dead letter (arguments, error, reason)."""
     from dataclasses import asdict
 
-    from resilience.deadletter.place import get
 
     entry = asdict(get(_engine(), entry_id))
     console.print_json(json.dumps(entry, default=str))
@@ -94,6 +95,7 @@ def requeue_command(
 
     Entries that cannot run are skipped, counted by reason, and stay pending.
     """
+    # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
     from jobs import app
 
     app.loader.import_default_modules()
@@ -104,12 +106,10 @@ def requeue_command(
             errors.print(f"[red]requeue ID takes no {', '.join(given) or 'other'} options; "
                          "select rows with the options instead of an ID[/red]")
             raise typer.Exit(2)
-        from resilience.deadletter.place import requeue
 
         task_id = requeue(_engine(), app, entry_id)
         console.print(f"dead letter {entry_id} requeued as task {task_id}")
         return
-    from resilience.deadletter.bulk import InvalidSelection, Selection, parse_since, requeue_many
 
     if all(value is None for value in selectors.values()):
         errors.print("[red]name the entries to requeue: an ID, or --task, --reason, --since "

@@ -17,7 +17,14 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from jobs.observe.health import DEFAULT_READY_MAX_AGE_SECONDS, Check
+from jobs.observe.health import (
+    DEFAULT_READY_MAX_AGE_SECONDS,
+    Check,
+    liveness,
+    local_liveness,
+    local_readiness,
+    readiness,
+)
 from jobs.observe.heartbeat import DEFAULT_MAX_AGE_SECONDS
 
 cli = typer.Typer(help="Health checks: live (worker's loop runs), ready (stores reachable).",
@@ -59,12 +66,11 @@ def live(
     `inspect ping`), 1 when it is not."""
     node = _node(node, tier)
     if local:  # no app, no broker: one stat of the heartbeat file
-        from jobs.observe.health import local_liveness
 
         _report(local_liveness(node, max_age_seconds=max_age))
     else:
+        # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
         from jobs import app
-        from jobs.observe.health import liveness
 
         _report(liveness(app, node, timeout_seconds=timeout))
 
@@ -86,10 +92,9 @@ def ready(
     """Exit 0 when Redis, the broker and PostgreSQL answer and migrations are applied
     (checked now, or with --local as the worker last recorded it), 1 when not."""
     if local:  # no app, no store: one read of the worker's readiness file
-        from jobs.observe.health import local_readiness
 
         _report(local_readiness(_node(node, tier), max_age_seconds=max_age))
+    # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
     from jobs import app
-    from jobs.observe.health import readiness
 
     _report(readiness(app))

@@ -9,6 +9,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from resilience.idempotency import describe, records_for
+from resilience.stores import stores_for
+
 cli = typer.Typer(
     help="Idempotency records: status, show one, list recent ones, purge a key.",
     no_args_is_help=True,
@@ -19,14 +22,13 @@ TaskOption = Annotated[str, typer.Option("--task", "-t", help="the task name (ke
 
 
 def _stores() -> Any:
+    # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
     from jobs import app
-    from resilience.stores import stores_for
 
     return stores_for(app)
 
 
 def _records() -> Any:
-    from resilience.idempotency import records_for
 
     return records_for(_stores())
 
@@ -51,8 +53,6 @@ def status_command(
 ) -> None:
     """What is on now: records by state (estimated on a large table), open claims and their
     holders; cached results only with --count-cache (a SCAN, too slow to run routinely)."""
-    from resilience.idempotency import describe
-
     state = describe(_stores(), holders_limit=limit, cache_size=count_cache)
     if as_json:
         console.print_json(json.dumps(state.as_dict()))

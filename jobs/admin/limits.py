@@ -7,7 +7,15 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+
+from jobs.admin.status import print_view, table
+from jobs.tiers import TIERS
+from resilience.admission import RedisBrokerDepth, depth_backend_for
+from resilience.counters import read_all
+from resilience.ratelimit import LEASE, RedisBackend
+from resilience.ratelimit.view import RATES, SEMAPHORES, stored
+from resilience.stores import stores_for
+from resilience.views import Column, Source, View
 
 cli = typer.Typer(
     help="Overload control: bulkheads, semaphores, rate limits.", no_args_is_help=True
@@ -16,66 +24,45 @@ console = Console()
 
 #: Guards whose counters this view shows.
 GUARDS = ("bulkhead", "concurrency", "rate-limit", "deadline")
-#: How `show` prints a rate algorithm's figures (`LimiterState.figures`); others as "N name".
-FIGURES = {"ahead_seconds": "{:.3f}s ahead", "in_window": "{} in window"}
+
+
+def bulkheads(source: Source) -> list[dict[str, Any]]:
+    """Each tier's queue depth and reservations against its limit and rejection policy."""
+    depth = depth_backend_for(source.app)
+    return [{"tier": tier, "depth": depth.depth(tier),
+             "reserved": depth.reserved(tier) if isinstance(depth, RedisBrokerDepth) else 0,
+             "max_queue_depth": source.app.settings.tier(tier).max_queue_depth,
+             "policy": source.app.settings.tier(tier).rejection_policy,
+             "wait_timeout_seconds": source.app.settings.tier(tier).wait_timeout_seconds}
+            for tier in source.tiers]
+
+
+def decisions(source: Source) -> list[dict[str, Any]]:
+    """The fleet-wide counters of the overload guards, by guard, outcome and name."""
+    return sorted(({**labels, "count": value} for labels, value in read_all(source.redis())
+                   if labels.get("guard") in GUARDS),
+                  key=lambda r: (r["guard"], r["outcome"], r["name"]))
+
+
+BULKHEADS = View(
+    name="tiers", title="tier bulkheads", store="broker", read=bulkheads,
+    columns=(*(Column(header=h, key=k) for h, k in (
+        ("tier", "tier"), ("depth", "depth"), ("reserved", "reserved"),
+        ("limit", "max_queue_depth"), ("policy", "policy"))),
+        Column(header="wait s", text=lambda r: f"{r['wait_timeout_seconds']:g}")),
+)
+DECISIONS = View(
+    name="counters", title="decisions (fleet-wide counters)", store="redis", read=decisions,
+    columns=tuple(Column(header=h, key=h) for h in ("guard", "outcome", "tier", "name", "count")),
+)
 
 
 def snapshot() -> dict[str, Any]:
     """Everything `jobs limits show` prints, as plain data."""
-    from jobs import app
-    from jobs.tiers import TIERS
-    from resilience.admission import RedisBrokerDepth, depth_backend_for
-    from resilience.counters import read_all
-    from resilience.ratelimit import ALGORITHMS, RedisBackend
-    from resilience.stores import stores_for
+    from jobs import app  # lazy: builds the Celery app; `jobs --help` must not
 
-    stores = stores_for(app)
-    depth = depth_backend_for(app)
-    tiers = []
-    for tier in TIERS:
-        limits = app.settings.tier(tier)
-        reserved = depth.reserved(tier) if isinstance(depth, RedisBrokerDepth) else 0
-        tiers.append(
-            {
-                "tier": tier,
-                "depth": depth.depth(tier),
-                "reserved": reserved,
-                "max_queue_depth": limits.max_queue_depth,
-                "policy": limits.rejection_policy,
-                "wait_timeout_seconds": limits.wait_timeout_seconds,
-            }
-        )
-    # Every limiter with state in Redis, decoded by the backend (a key too long to keep
-    # readable shows as its digest, `#<sha256>`); lease times on Redis server time.
-    states = RedisBackend(stores.redis).describe()
-    semaphores = [
-        {
-            "key": state.key,
-            "holders": {
-                lease.owner: round(lease.expires_in_seconds, 3)
-                for lease in state.holders
-                if lease.alive
-            },
-        }
-        for state in states
-        if ALGORITHMS[state.algorithm].holds
-    ]
-    rates = [
-        {
-            "key": state.key,
-            "algorithm": ALGORITHMS[state.algorithm].namespace,
-            **state.figures,
-            "waiting": state.waiting,
-        }
-        for state in states
-        if not ALGORITHMS[state.algorithm].holds
-    ]
-    counters = [
-        {**labels, "count": value}
-        for labels, value in read_all(stores.redis())
-        if labels.get("guard") in GUARDS
-    ]
-    return {"tiers": tiers, "semaphores": semaphores, "rates": rates, "counters": counters}
+    source = Source(app=app, tiers=TIERS)
+    return {"tiers": bulkheads(source), **stored(source), "counters": decisions(source)}
 
 
 @cli.command("show")
@@ -83,49 +70,10 @@ def show(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = F
     """Tier queue depth against its limit, semaphore holders, rate limiter state, counters."""
     state = snapshot()
     if as_json:
-        console.print_json(json.dumps(state))
+        typer.echo(json.dumps(state))
         return
-    view = Table(title="tier bulkheads")
-    for column in ("tier", "depth", "reserved", "limit", "policy", "wait s"):
-        view.add_column(column)
-    for tier in state["tiers"]:
-        view.add_row(
-            tier["tier"],
-            str(tier["depth"]),
-            str(tier["reserved"]),
-            str(tier["max_queue_depth"]),
-            tier["policy"],
-            f"{tier['wait_timeout_seconds']:g}",
-        )
-    console.print(view)
-    view = Table(title="concurrency limits (lease semaphores)")
-    for column in ("key", "holders", "lease left (s) per holder"):
-        view.add_column(column)
-    for semaphore in state["semaphores"]:
-        holders = semaphore["holders"]
-        view.add_row(
-            semaphore["key"],
-            str(len(holders)),
-            ", ".join(f"{h}: {left:.1f}" for h, left in holders.items()),
-        )
-    console.print(view)
-    view = Table(title="rate limits")
-    for column in ("key", "algorithm", "state", "waiting"):
-        view.add_column(column)
-    for rate in state["rates"]:
-        figure = ", ".join(
-            FIGURES.get(name, f"{{:g}} {name}").format(rate[name])
-            for name in rate
-            if name not in ("key", "algorithm", "waiting")
-        )
-        view.add_row(rate["key"], rate["algorithm"], figure, str(rate["waiting"]))
-    console.print(view)
-    view = Table(title="decisions (fleet-wide counters)")
-    for column in ("guard", "outcome", "tier", "name", "count"):
-        view.add_column(column)
-    for row in sorted(state["counters"], key=lambda r: (r["guard"], r["outcome"], r["name"])):
-        view.add_row(row["guard"], row["outcome"], row["tier"], row["name"], str(row["count"]))
-    console.print(view)
+    for view in (BULKHEADS, SEMAPHORES, RATES, DECISIONS):
+        print_view(table(view, state[view.name]))
 
 
 @cli.command("release")
@@ -134,9 +82,7 @@ def release(
     holder: Annotated[str, typer.Argument(help="holder id, as `show` prints it")],
 ) -> None:
     """Free one holder's slot by hand (a holder known dead whose lease is long)."""
-    from jobs import app
-    from resilience.ratelimit import LEASE, RedisBackend
-    from resilience.stores import stores_for
+    from jobs import app  # lazy: builds the Celery app; `jobs --help` must not
 
     released = RedisBackend(stores_for(app).redis).release(LEASE, key, holder)
     console.print(f"{key}: {holder} {'released' if released else 'was not holding a slot'}")

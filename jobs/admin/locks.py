@@ -19,7 +19,7 @@ console = Console()
 
 
 def _context() -> tuple[Any, list[str]]:
-    from jobs import app  # lazy: `jobs --help` never builds the app
+    from jobs import app  # lazy: builds the Celery app; `jobs --help` must not
 
     stores = stores_for(app)
     urls = [u.strip() for u in os.environ.get("REDLOCK_URLS", "").split(",") if u.strip()]

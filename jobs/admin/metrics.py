@@ -12,7 +12,13 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from jobs.observe.metrics import DEFAULT_ADDRESS, DEFAULT_PORT
+from jobs.observe.metrics import (
+    DEFAULT_ADDRESS,
+    DEFAULT_PORT,
+    multiprocess_dir,
+    registry_for,
+    serve,
+)
 
 cli = typer.Typer(help="Prometheus metrics: serve /metrics (shared state + workers).",
                   invoke_without_command=True)
@@ -26,8 +32,8 @@ def metrics(
     once: Annotated[bool, typer.Option("--once", help="Print one scrape and exit.")] = False,
 ) -> None:
     """Serve /metrics until Ctrl-C (prometheus-client's own HTTP server)."""
+    # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
     from jobs import app
-    from jobs.observe.metrics import multiprocess_dir, registry_for, serve
 
     app.loader.import_default_modules()
     if once:

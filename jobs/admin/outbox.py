@@ -15,7 +15,10 @@ import typer
 from rich.console import Console
 
 from jobs.admin.status import table
+from jobs.cli import settings_or_exit, wait_for_services
+from resilience.outbox import Relay, RelayConfig, describe
 from resilience.outbox.view import VIEW
+from resilience.stores import stores_for
 
 cli = typer.Typer(help="Transactional enqueue: the relay and its backlog.", no_args_is_help=True)
 console = Console()
@@ -33,12 +36,10 @@ def relay_command(
 
     Several relays may run at once: each locks its rows with SKIP LOCKED.
     """
-    from jobs.cli import settings_or_exit, wait_for_services
-
     settings = settings_or_exit()
     wait_for_services(settings)
+    # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
     from jobs import app
-    from resilience.outbox import Relay, RelayConfig
 
     logging.basicConfig(level=settings.log_level,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -62,9 +63,8 @@ def status_command(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Pending rows (due now, scheduled later), lag, published in the last minute."""
+    # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
     from jobs import app
-    from resilience.outbox import describe
-    from resilience.stores import stores_for
 
     state = describe(stores_for(app)).as_dict()
     if as_json:

@@ -63,7 +63,7 @@ def show(view: View, *, as_json: bool = False, read: Callable[[Source], Any] | N
     """Read `view` now (or `read` it another way: with a SCAN, more rows) and print its
     table, or with `as_json` its section as JSON: what `jobs <view> list` prints."""
     if app is None:
-        from jobs import app  # lazy: `jobs --help` and the store probe never build the app
+        from jobs import app  # lazy: builds the Celery app; `jobs --help` must not
 
         app.loader.import_default_modules()
     section = (read or view.read)(Source(app=app, tiers=TIERS))

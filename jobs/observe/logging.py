@@ -19,6 +19,8 @@ import logging
 import os
 from typing import Any
 
+from resilience.errors import ConfigurationError
+
 #: Attributes every LogRecord has; anything else on a record came from `extra=`.
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 #: Celery's task logger adds these; they are shown under their own names.
@@ -63,7 +65,6 @@ def _logfmt_value(value: Any) -> str:
 
 class LogfmtFormatter(logging.Formatter):
     """Celery's human line followed by the record's fields as `key=value` pairs."""
-
     skipped = frozenset({"data"})
 
     def __init__(self, fmt: str | None = None) -> None:
@@ -83,7 +84,6 @@ class LogfmtFormatter(logging.Formatter):
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message, process, and the fields."""
-
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
             "time": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(
@@ -104,7 +104,6 @@ def log_format() -> str:
     """The chosen format, from `JOBS_LOG_FORMAT` (logfmt, json or text)."""
     chosen = os.environ.get("JOBS_LOG_FORMAT", "logfmt").strip().lower()
     if chosen not in FORMATS:
-        from resilience.errors import ConfigurationError
 
         raise ConfigurationError(
             f"JOBS_LOG_FORMAT={chosen!r} is not a log format; use one of {', '.join(FORMATS)}")

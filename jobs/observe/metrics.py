@@ -75,6 +75,7 @@ class SharedStateCollector(Collector):
         except StorageError as exc:
             logger.warning("oldest message ages not read: %s", exc)
             ages, ages_read = {}, False
+        yield from queue_metrics(snapshot["tiers"])
         yield from queue_age_metrics(ages)
         yield from counter_metrics(snapshot)
         up = GaugeMetricFamily(
@@ -102,6 +103,20 @@ def view_metrics(view: View, snapshot: dict[str, Any]) -> Iterator[Metric]:
             for labels, value in family.samples(section, snapshot):
                 metric.add_metric(list(labels), value)
         yield metric
+
+
+def queue_metrics(tiers: Any) -> Iterator[Metric]:
+    """Each tier's queue depth (absent when the broker was not read) and bulkhead limit."""
+    depth = GaugeMetricFamily("jobs_queue_depth", "Messages waiting in the tier queue",
+                              labels=["tier"])
+    limit = GaugeMetricFamily("jobs_queue_max_depth", "The tier's bulkhead limit",
+                              labels=["tier"])
+    for tier, row in ({} if missing(tiers) else tiers).items():
+        limit.add_metric([tier], row["max_queue_depth"])
+        if row["depth"] is not None:
+            depth.add_metric([tier], row["depth"])
+    yield depth
+    yield limit
 
 
 def queue_age_metrics(ages: dict[str, float | None]) -> Iterator[Metric]:

@@ -55,7 +55,7 @@ from resilience.pause import view as pause_view
 from resilience.ratelimit import view as ratelimit_view
 from resilience.redact import redact, redact_url
 from resilience.retry import view as retry_view
-from resilience.views import Column, Family, Source, View, marked, number
+from resilience.views import Column, Source, View, marked, number
 
 if TYPE_CHECKING:
     import redis
@@ -404,15 +404,6 @@ TIERS_VIEW = View(
              Column(header="active", key="active", justify="right"),
              *(Column(header=column.replace("_", "-"), key=column, justify="right")
                for column in TIER_OUTCOMES)),
-    metrics=(
-        Family(name="jobs_queue_depth", help="Messages waiting in the tier queue",
-               labels=("tier",), samples=lambda section, _: (
-                   ([tier], row["depth"]) for tier, row in section.items()
-                   if row["depth"] is not None)),
-        Family(name="jobs_queue_max_depth", help="The tier's bulkhead limit", labels=("tier",),
-               samples=lambda section, _: (([tier], row["max_queue_depth"])
-                                           for tier, row in section.items())),
-    ),
 )
 
 #: Every section, in the order views show them: the registry the status screen, metrics,

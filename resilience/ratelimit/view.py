@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from resilience.ratelimit.algorithms import LEASE
+from resilience.ratelimit.algorithms import ALGORITHMS, LEASE
 from resilience.ratelimit.backends.redis import RedisBackend
 from resilience.views import Column, Family, Row, Source, View, counted, number
 
@@ -85,4 +85,49 @@ VIEW = View(
                                            for row in section["concurrency"]
                                            if row["limit"] is not None)),
     ),
+)
+
+
+#: How a rate algorithm's figures read in a cell (`LimiterState.figures`); others as "N name".
+FIGURES = {"ahead_seconds": "{:.3f}s ahead", "in_window": "{} in window"}
+
+
+def stored(source: Source) -> dict[str, list[Row]]:
+    """Every limiter with state in Redis (one SCAN: `jobs limits show`), decoded by the
+    backend (a key too long to keep readable shows as its digest, `#<sha256>`); lease times
+    on Redis server time. Lapsed leases are not shown."""
+    states = RedisBackend(source.redis()).describe()
+    return {
+        "semaphores": [
+            {"key": state.key, "holders": {lease.owner: round(lease.expires_in_seconds, 3)
+                                           for lease in state.holders if lease.alive}}
+            for state in states if ALGORITHMS[state.algorithm].holds],
+        "rates": [
+            {"key": state.key, "algorithm": ALGORITHMS[state.algorithm].namespace,
+             **state.figures, "waiting": state.waiting}
+            for state in states if not ALGORITHMS[state.algorithm].holds],
+    }
+
+
+def _figures(row: Row) -> str:
+    return ", ".join(FIGURES.get(name, f"{{:g}} {name}").format(value)
+                     for name, value in row.items() if name not in ("key", "algorithm", "waiting"))
+
+
+SEMAPHORES = View(
+    name="semaphores", title="concurrency limits (lease semaphores)", store="redis",
+    read=lambda source: stored(source)["semaphores"],
+    columns=(
+        Column(header="key", key="key"),
+        Column(header="holders", text=lambda r: str(len(r["holders"]))),
+        Column(header="lease left (s) per holder", text=lambda r: ", ".join(
+            f"{holder}: {left:.1f}" for holder, left in r["holders"].items())),
+    ),
+)
+
+RATES = View(
+    name="rates", title="rate limits", store="redis",
+    read=lambda source: stored(source)["rates"],
+    columns=(Column(header="key", key="key"), Column(header="algorithm", key="algorithm"),
+             Column(header="state", text=_figures), Column(header="waiting", key="waiting")),
 )

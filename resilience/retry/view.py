@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from resilience.retry.budget import RedisBudgetBackend
@@ -24,9 +25,9 @@ def read(source: Source) -> list[Row]:
     ]
 
 
-def _gauge(name: str, help: str, field: str) -> Family:
-    return Family(name=name, help=help, labels=("dependency",),
-                  samples=lambda rows, _: (([row["dependency"]], row[field]) for row in rows))
+def _each(field: str) -> Callable[[list[Row], Any], Iterator[tuple[list[str], float]]]:
+    """Samples of `field` labelled by dependency."""
+    return lambda rows, _: (([row["dependency"]], row[field]) for row in rows)
 
 
 VIEW = View(
@@ -41,10 +42,11 @@ VIEW = View(
         Column(header="window", text=lambda r: f"{r['window_seconds']:g}s"),
     ),
     metrics=(
-        _gauge("jobs_retry_budget_used_ratio",
-               "Retries in the window / retries the budget allows", "used"),
-        _gauge("jobs_retry_budget_requests", "Executions counted in the budget window",
-               "requests"),
-        _gauge("jobs_retry_budget_retries", "Retries spent in the budget window", "retries"),
+        Family(name="jobs_retry_budget_used_ratio", labels=("dependency",),
+               help="Retries in the window / retries the budget allows", samples=_each("used")),
+        Family(name="jobs_retry_budget_requests", labels=("dependency",),
+               help="Executions counted in the budget window", samples=_each("requests")),
+        Family(name="jobs_retry_budget_retries", labels=("dependency",),
+               help="Retries spent in the budget window", samples=_each("retries")),
     ),
 )

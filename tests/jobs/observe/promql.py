@@ -69,16 +69,28 @@ def metric_names(expr: str) -> set[str]:
     return names
 
 
+#: Where the views declare their families (`resilience.views.Family`), which metrics.py exports.
+VIEW_SOURCES = tuple((ROOT / "resilience").rglob("view.py"))
+
+
 def exported_metric_names(source: Path = METRICS_SOURCE) -> set[str]:
-    """Every series name `jobs metrics` can expose, from the families metrics.py declares."""
+    """Every series name `jobs metrics` can expose: the families metrics.py declares and
+    those of the views it exports (`Family(name=..., kind=...)`)."""
     names: set[str] = set()
-    for node in ast.walk(ast.parse(source.read_text())):
-        if not isinstance(node, ast.Call):
-            continue
-        kind = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
-        if kind in _SUFFIXES and node.args and isinstance(node.args[0], ast.Constant):
-            family = str(node.args[0].value)
-            names.update(family + suffix for suffix in _SUFFIXES[kind])
+    for path in (source, *VIEW_SOURCES):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            kind = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+            if kind in _SUFFIXES and node.args and isinstance(node.args[0], ast.Constant):
+                family = str(node.args[0].value)
+                names.update(family + suffix for suffix in _SUFFIXES[kind])
+            if kind == "Family":
+                fields = {k.arg: k.value for k in node.keywords
+                          if isinstance(k.value, ast.Constant)}
+                if "name" in fields:
+                    counter = getattr(fields.get("kind"), "value", "gauge") == "counter"
+                    names.add(str(fields["name"].value) + ("_total" if counter else ""))
     return names
 
 
