@@ -16,14 +16,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from resilience.headers import OUTBOX_HEADER
 from resilience.outbox.backends import NewRow, OutboxBackend, OutboxRow, OutboxState
-from resilience.outbox.enqueue import (
-    ORDERING_KEY_OPTION,
-    OUTBOX_HEADER,
-    delay_seconds_of,
-    outbox_id_of,
-    write,
-)
+from resilience.outbox.enqueue import ORDERING_KEY_OPTION, delay_seconds_of, write
 from resilience.outbox.relay import Relay, RelayConfig, RelayReport
 
 if TYPE_CHECKING:
@@ -54,6 +49,5 @@ __all__ = [
     "RelayReport",
     "delay_seconds_of",
     "describe",
-    "outbox_id_of",
     "write",
 ]

@@ -9,92 +9,31 @@ without an explicit key keys on `outbox:<row id>`, so a row published twice (a r
 between publishing and marking) takes effect once.
 
 When tracing records, the row's headers also carry the enqueuing caller's trace context
-(W3C `traceparent`), and the relay publishes inside it: the job's spans join the caller's
-trace however much later the relay sends it.
+(`resilience.outbox.trace`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import sys
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from resilience.errors import InvalidKey, InvalidTaskArguments
 from resilience.keys import canonical_json
 from resilience.outbox.backends import NewRow, OutboxBackend, outbox_backend
+from resilience.outbox.trace import with_trace_context
 
 if TYPE_CHECKING:
     from celery import Task
     from celery.result import AsyncResult
 
-#: Message header carrying the outbox row id of a job the relay published.
-OUTBOX_HEADER = "outbox_id"
 #: `apply_async_in` option: rows with the same key are published in id order.
 ORDERING_KEY_OPTION = "ordering_key"
 
 #: Options that never go into a row: a producer object is the relay's own; countdown/eta
 #: become `due_at`; the task id has its own column.
 _NOT_STORED = ("producer", "countdown", "eta", "task_id", ORDERING_KEY_OPTION)
-
-
-def with_trace_context(options: Mapping[str, Any]) -> dict[str, Any]:
-    """`options` with the current trace context added to its headers (a copy), or as they
-    are when no span records (or OpenTelemetry is not installed)."""
-    # Never imported here: a span exists only where OpenTelemetry was imported already.
-    if "opentelemetry.trace" not in sys.modules:
-        return dict(options)
-    from opentelemetry import propagate, trace
-
-    if not trace.get_current_span().get_span_context().is_valid:
-        return dict(options)
-    headers = dict(options.get("headers") or {})
-    propagate.inject(headers)
-    return {**options, "headers": headers}
-
-
-@contextlib.contextmanager
-def trace_context_of(headers: Mapping[str, Any]) -> Iterator[None]:
-    """Make the trace context stored in a row's headers current while publishing it, so the
-    publish (and the job's execution) continues the enqueuing caller's trace.
-
-    A relay that does not trace leaves the stored `traceparent` in the message headers
-    untouched, so the execution still joins the caller's trace.
-    """
-    if "opentelemetry.trace" not in sys.modules:
-        yield
-        return
-    from opentelemetry import context, propagate, trace
-
-    carrier = {key: value for key, value in headers.items() if isinstance(value, str)}
-    stored = propagate.extract(carrier)
-    if not trace.get_current_span(stored).get_span_context().is_valid:
-        yield
-        return
-    token = context.attach(stored)
-    try:
-        yield
-    finally:
-        context.detach(token)
-
-
-def outbox_id_of(request: Any) -> int | None:
-    """The outbox row id a task request carries in its headers, or None."""
-    if request is None:
-        return None
-    headers = getattr(request, "headers", None) or {}
-    value = headers.get(OUTBOX_HEADER) if isinstance(headers, Mapping) else None
-    if value is None:
-        # Celery also lifts custom headers onto the request itself.
-        value = getattr(request, OUTBOX_HEADER, None)
-    if isinstance(value, bool):
-        return None
-    try:
-        return int(value) if value is not None else None
-    except (TypeError, ValueError):
-        return None
 
 
 def _aware(eta: Any) -> dt.datetime:

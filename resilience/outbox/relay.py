@@ -60,8 +60,9 @@ from resilience.errors import (
     StoreRejected,
     StoreUnavailable,
 )
+from resilience.headers import OUTBOX_HEADER
 from resilience.outbox.backends import Batch, OutboxBackend, OutboxRow
-from resilience.outbox.enqueue import OUTBOX_HEADER, trace_context_of
+from resilience.outbox.trace import trace_context_of
 from resilience.outcomes import Outcome
 
 if TYPE_CHECKING:
