@@ -17,9 +17,11 @@ in `app.conf`, or `use_memory_stores()` for every app of the process (the pytest
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from resilience.connections import on_fork, postgres
@@ -120,7 +122,7 @@ class Stores:
             )
         self.transactions = transactions
         self.django_database = django_database
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._cache: dict[str, Any] = {}
         on_fork(self._forget)
 
@@ -165,11 +167,10 @@ class Stores:
         database_url = conf.get("resilience_database_url") or None
         transactions = conf.get("resilience_transactions") or "sqlalchemy"
         django_database = conf.get("resilience_django_database") or "default"
-        if database_url is None and transactions == "django":
+        integration = _integrations.get(transactions)
+        if database_url is None and integration is not None:
             # Read now, not at startup: Django's test runner renames the test database.
-            from resilience.contrib.django.apps import database_url as django_url
-
-            database_url = django_url(django_database, required=False)
+            database_url = integration.database_url(django_database)
         return cls(
             redis_url=redis_url,
             database_url=database_url,
@@ -184,17 +185,46 @@ class Stores:
         )
 
     def backend(self, kind: str, build: Callable[[Stores], _Backend],
-                memory: Callable[[], _Backend] | None = None) -> _Backend:
-        """The backend a guard keeps its state in: `build(self)` here (Redis, PostgreSQL);
-        `MemoryStores` returns its one `memory()` instance of `kind` instead.
+                memory: Callable[[], _Backend] | None = None, *,
+                variant: Hashable = None) -> _Backend:
+        """The backend a guard keeps its state in: `build(self)` (Redis, PostgreSQL), built
+        once per process for each `kind` and `variant` (a forked child builds its own), so
+        a guard may resolve it once at `bind()`; `MemoryStores` returns its one `memory()`
+        instance of `kind` instead.
 
         Args:
             kind: what the backend holds ("idempotency", "circuit", ...), one name per
                 state shared by every task of the app.
             build: makes the backend on these stores' servers.
             memory: makes the in-memory backend (no argument); None: the guard has none.
+            variant: what else `build` depends on (a guard's options), when it does.
         """
-        return build(self)
+        key = ("backend", kind, variant)
+        found = self._cache.get(key)
+        if found is None:
+            with self._lock:
+                found = self._cache.get(key)
+                if found is None:
+                    found = self._cache[key] = build(self)
+        return found
+
+    def begin_transaction(self) -> Callable[[], Any] | None:
+        """What opens a `transactional=True` body's transaction when an integration runs
+        it (`transactions="django"`: `transaction.atomic` on `django_database`); None: a
+        SQLAlchemy Session on `engine()`.
+
+        Raises:
+            ConfigurationError: the integration never registered itself (its app is not
+                installed).
+        """
+        if self.transactions == "sqlalchemy":
+            return None
+        integration = _integrations.get(self.transactions)
+        if integration is None:
+            raise ConfigurationError(
+                f"transactions={self.transactions!r} but no such integration registered: add "
+                f"'resilience.contrib.{self.transactions}' to INSTALLED_APPS")
+        return functools.partial(integration.begin, self.django_database)
 
     @property
     def database_url(self) -> str:
@@ -231,6 +261,7 @@ class Stores:
             if engine is not None:
                 engine.dispose(close=False)  # never touch the parent's connections
         self._cache = {}
+        self._lock = threading.RLock()  # a parent's thread may have held it at the fork
 
     def redis(self) -> redis.Redis:
         """The process's client for the shared Redis (decoded responses).
@@ -252,6 +283,19 @@ class Stores:
             )
             self._cache["redis"] = client
         return client
+
+    def redlock_clients(self) -> list[redis.Redis]:
+        """One client per Redlock node, short timeouts so a dead node costs little."""
+        clients = self._cache.get("redlock")
+        if clients is None:
+            clients = [
+                redis_from_url(
+                    url, decode_responses=True, socket_timeout=0.5, socket_connect_timeout=0.5
+                )
+                for url in self.redlock_urls
+            ]
+            self._cache["redlock"] = clients
+        return clients
 
     def engine(self) -> Engine:
         """The process's SQLAlchemy engine for the durable store (pooled, pinged)."""
@@ -344,14 +388,15 @@ class MemoryStores(Stores):
         self.pool_mode = "none"
         self.transactions = "sqlalchemy"
         self.django_database = "default"
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._cache = {}
         #: kind -> (its factory, the instance handed out).
         self._backends: dict[str, tuple[Callable[[], Any], Any]] = {}
 
     def backend(self, kind: str, build: Callable[[Stores], _Backend],
-                memory: Callable[[], _Backend] | None = None) -> _Backend:
-        """The one in-memory backend of `kind` (made on first use).
+                memory: Callable[[], _Backend] | None = None, *,
+                variant: Hashable = None) -> _Backend:
+        """The one in-memory backend of `kind` (made on first use), whatever `variant`.
 
         Raises:
             ConfigurationError: the guard has no in-memory backend.
@@ -386,6 +431,10 @@ class MemoryStores(Stores):
     def redis(self) -> redis.Redis:
         """Raises `ConfigurationError`: there is no Redis."""
         raise self._no_server("Redis")
+
+    def redlock_clients(self) -> list[redis.Redis]:
+        """Raises `ConfigurationError`: there are no Redlock nodes."""
+        raise self._no_server("Redlock nodes")
 
     def engine(self) -> Engine:
         """Raises `ConfigurationError`: there is no PostgreSQL."""
@@ -428,6 +477,30 @@ def _no_database(name: str) -> ConfigurationError:
         "app.conf.resilience_database_url (Django: CELERY_RESILIENCE_DATABASE_URL), or "
         "Stores(database_url=...)"
     )
+
+
+@dataclass(frozen=True)
+class Integration:
+    """A framework that runs transactional bodies in its own transactions.
+
+    Args:
+        database_url: the URL of the framework's database `alias` (None: not PostgreSQL).
+        begin: opens a body's transaction on database `alias` (an idempotency
+            `Transaction`).
+    """
+
+    database_url: Callable[[str], str | None]
+    begin: Callable[[str], Any]
+
+
+#: Integrations by the name `resilience_transactions` gives them.
+_integrations: dict[str, Integration] = {}
+
+
+def register_integration(name: str, integration: Integration) -> None:
+    """Let `Stores(transactions=name)` use `integration` (`resilience.contrib.django`
+    registers "django" when its app is ready): the core never imports a framework."""
+    _integrations[name] = integration
 
 
 #: Set on an app by `from_app_conf`: its stores are built from `app.conf` on first use.

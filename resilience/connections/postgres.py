@@ -32,6 +32,9 @@ from sqlalchemy.pool import NullPool
 from resilience.connections import ProcessLocal, translate_store_error, wrap_store_errors
 from resilience.prepared import PreparedStatement
 
+#: TCP user timeout of every connection, both ends (ms): unacknowledged data, or keepalive
+#: probes unanswered, for this long end the connection.
+TCP_USER_TIMEOUT_MS = 10_000
 #: Client-side TCP settings of every PostgreSQL connection the library opens (libpq
 #: parameters, nothing sent to the server, so poolers accept them): a partition surfaces
 #: as a connection error within ~10 s (unacknowledged data or unanswered keepalive probes
@@ -39,7 +42,7 @@ from resilience.prepared import PreparedStatement
 #: task's hard time limit. A guard then applies its store-down policy.
 PG_CLIENT_TCP: dict[str, int] = {
     "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
-    "tcp_user_timeout": 10_000,
+    "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
 }
 #: Server-side TCP settings of each direct (unpooled) session, set in its first statement
 #: rather than as startup options, which poolers refuse: without them the server keeps a
@@ -50,7 +53,7 @@ PG_SERVER_TCP = (
     "SELECT set_config('tcp_keepalives_idle', '5', false), "
     "set_config('tcp_keepalives_interval', '2', false), "
     "set_config('tcp_keepalives_count', '3', false), "
-    "set_config('tcp_user_timeout', '10000', false)"
+    f"set_config('tcp_user_timeout', '{TCP_USER_TIMEOUT_MS}', false)"
 )
 
 #: Execution option that marks a connection of `Stores.guard_engine()`: every transaction

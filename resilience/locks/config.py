@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from resilience.connections.postgres import TCP_USER_TIMEOUT_MS
 from resilience.errors import ConfigurationError
 from resilience.locks.backends import validate_ttl
-from resilience.locks.backends.postgres import TCP_USER_TIMEOUT_MS
 from resilience.locks.backends.redlock import RedlockConfig, require_node_count
 from resilience.locks.heartbeat import HeartbeatConfig
 from resilience.store_down import StoreDown, store_down_policy

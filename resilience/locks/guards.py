@@ -330,7 +330,8 @@ class SingletonGuard(LockGuard):
             SESSION_POOL.idle_seconds = float(idle)
         stores = stores_for(task.app)
         return stores.backend("singleton", build,
-                              memory=lambda: MemoryLockBackend("singleton", stores))
+                              memory=lambda: MemoryLockBackend("singleton", stores),
+                              variant=(self.options.database_url, self.options.pool_mode))
 
 
 class ExclusiveGuard(LockGuard):
@@ -371,7 +372,8 @@ class ExclusiveGuard(LockGuard):
 
         stores = stores_for(task.app)
         shared = stores.backend("exclusive", lambda real: self._redlock_backend(task, real),
-                                memory=lambda: MemoryLockBackend("exclusive", stores))
+                                memory=lambda: MemoryLockBackend("exclusive", stores),
+                                variant=self)
         if isinstance(shared, MemoryLockBackend):
             return shared.leased(self.options.ttl_seconds, fencing=self.options.fencing)
         return shared

@@ -19,10 +19,25 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import MetaData
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util import CommandError
+from sqlalchemy import MetaData, create_engine, make_url, text
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
+from sqlalchemy.pool import NullPool
 
+import resilience.batches.models
+import resilience.cancel.models
+import resilience.deadletter.models
+import resilience.idempotency.models
+import resilience.locks.models
+import resilience.outbox.models  # noqa: F401 - each registers its tables
 from resilience.errors import ConfigurationError, StoreUnavailable
 from resilience.redact import redact, redact_url
+from resilience.schema import metadata
+from resilience.stores import _sqlalchemy_url
 
 __all__ = [
     "LOCK_ID",
@@ -46,14 +61,6 @@ _HERE = Path(__file__).parent
 
 def library_metadata() -> MetaData:
     """The metadata with every library table declared (each guard's `models.py` imported)."""
-    import resilience.batches.models
-    import resilience.cancel.models
-    import resilience.deadletter.models
-    import resilience.idempotency.models
-    import resilience.locks.models
-    import resilience.outbox.models  # noqa: F401 - each registers its tables
-    from resilience.schema import metadata
-
     return metadata
 
 
@@ -85,8 +92,6 @@ def current(database_url: str) -> str | None:
     Raises:
         ConfigurationError, StoreUnavailable: as `upgrade`.
     """
-    from alembic.runtime.migration import MigrationContext
-
     with _connection(database_url) as connection:
         context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
         return context.get_current_revision()
@@ -94,8 +99,6 @@ def current(database_url: str) -> str | None:
 
 def head() -> str:
     """The newest revision of the library's history."""
-    from alembic.script import ScriptDirectory
-
     head_revision = ScriptDirectory.from_config(_config("postgresql://")).get_current_head()
     assert head_revision is not None
     return head_revision
@@ -104,8 +107,6 @@ def head() -> str:
 def sql(database_url: str = "postgresql://", revision: str = "head") -> str:
     """The SQL `upgrade` would run from an empty database to `revision` (Alembic's offline
     mode), for a DBA to review or apply by hand."""
-    from alembic import command
-
     config = _config(database_url)
     config.output_buffer = io.StringIO()
     with _translated(database_url):
@@ -114,9 +115,6 @@ def sql(database_url: str = "postgresql://", revision: str = "head") -> str:
 
 
 def _run(action: str, database_url: str, revision: str) -> None:
-    from alembic import command
-    from sqlalchemy import text
-
     with _connection(database_url) as connection:
         lock = {"id": LOCK_ID}
         connection.execute(text("SELECT pg_advisory_lock(:id)"), lock)
@@ -136,10 +134,6 @@ def _run(action: str, database_url: str, revision: str) -> None:
 
 
 def _config(database_url: str) -> Any:
-    from alembic.config import Config
-
-    from resilience.stores import _sqlalchemy_url
-
     config = Config()
     config.set_main_option("script_location", str(_HERE))
     config.set_main_option("sqlalchemy.url", _sqlalchemy_url(database_url).replace("%", "%%"))
@@ -149,11 +143,6 @@ def _config(database_url: str) -> Any:
 @contextlib.contextmanager
 def _connection(database_url: str) -> Iterator[Any]:
     """A connection to `database_url`; errors leave as the library's, one line, redacted."""
-    from sqlalchemy import create_engine, make_url
-    from sqlalchemy.pool import NullPool
-
-    from resilience.stores import _sqlalchemy_url
-
     if not isinstance(database_url, str) or not database_url.strip():
         raise ConfigurationError("no database URL given for the resilience migrations")
     with _translated(database_url):
@@ -178,9 +167,6 @@ def _connection(database_url: str) -> Iterator[Any]:
 @contextlib.contextmanager
 def _translated(database_url: str) -> Iterator[None]:
     """Alembic's and the driver's errors as the library's: one line, no password."""
-    from alembic.util import CommandError
-    from sqlalchemy.exc import DBAPIError, SQLAlchemyError
-
     where = _where(database_url)
     try:
         yield
@@ -202,15 +188,11 @@ def _translated(database_url: str) -> Iterator[None]:
 
 
 def _is_connection_error(exc: Any) -> bool:
-    from sqlalchemy.exc import InterfaceError, OperationalError
-
     return isinstance(exc, OperationalError | InterfaceError)
 
 
 def _where(database_url: str) -> str:
     """`host:port/database` of a URL, for messages (never its password)."""
-    from sqlalchemy import make_url
-
     try:
         url = make_url(database_url)
     except Exception:  # noqa: BLE001 - a malformed URL: show it redacted

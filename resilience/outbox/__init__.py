@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 from resilience.headers import OUTBOX_HEADER
 from resilience.outbox.backends import NewRow, OutboxBackend, OutboxRow, OutboxState
+from resilience.outbox.backends.memory import MemoryOutboxBackend
+from resilience.outbox.backends.postgres import backend_for
 from resilience.outbox.enqueue import ORDERING_KEY_OPTION, delay_seconds_of, write
 from resilience.outbox.relay import Relay, RelayConfig, RelayReport
 
@@ -31,9 +33,6 @@ def describe(stores: Stores) -> OutboxState:
     Raises:
         StoreUnavailable, StorageError: the outbox cannot be read.
     """
-    from resilience.outbox.backends.memory import MemoryOutboxBackend
-    from resilience.outbox.backends.postgres import backend_for
-
     return stores.backend("outbox", backend_for, memory=MemoryOutboxBackend).describe()
 
 

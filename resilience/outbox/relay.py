@@ -61,7 +61,8 @@ from resilience.errors import (
     StoreUnavailable,
 )
 from resilience.headers import OUTBOX_HEADER
-from resilience.outbox.backends import Batch, OutboxBackend, OutboxRow
+from resilience.outbox.backends import outbox_backend
+from resilience.outbox.backends.base import Batch, OutboxBackend, OutboxRow
 from resilience.outbox.trace import trace_context_of
 from resilience.outcomes import Outcome
 
@@ -160,11 +161,7 @@ class Relay:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.app = app
         self.config = config or RelayConfig()
-        if backend is None:
-            from resilience.outbox.backends import outbox_backend
-
-            backend = outbox_backend(app)
-        self.backend = backend
+        self.backend = backend or outbox_backend(app)
         self.clock = clock
         limit = app.conf.get("resilience_max_countdown_seconds")
         # A remainder beyond the app's longest countdown would go back into the outbox.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -23,8 +24,12 @@ from resilience.batches.backends import (
     NewBatch,
     Recorded,
 )
+from resilience.batches.backends.postgres import backend_for
 from resilience.batches.callbacks import COMPLETE, SUCCESS, callback_row, due_callbacks
 from resilience.batches.errors import BatchNotFound
+from resilience.outbox.backends import outbox_backend
+from resilience.outbox.backends.memory import on_transaction_end
+from resilience.stores import stores_for
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -51,14 +56,10 @@ class MemoryBatchBackend:
 
     def bind(self, app: Celery) -> MemoryBatchBackend:
         """Write callbacks to `app`'s outbox (every call site passes the app)."""
-        import weakref
-
         self._app = weakref.ref(app)
         return self
 
     def _outbox(self) -> Any:
-        from resilience.outbox.backends import outbox_backend
-
         app = self._app() if self._app is not None else None
         if app is None:
             raise RuntimeError("in-memory batches: no app bound (internal error)")
@@ -67,8 +68,6 @@ class MemoryBatchBackend:
     def create(self, connection: Any, batch: NewBatch) -> None:
         """Keep the batch and its members now; removed if `connection`'s transaction
         rolls back. An empty batch completes at once (callbacks on commit)."""
-        from resilience.outbox.backends.memory import on_transaction_end
-
         summary = BatchSummary(
             id=batch.id, description=batch.description, total=len(batch.members),
             pending=len(batch.members), tallies={state.value: 0 for state in FINAL_STATES},
@@ -151,9 +150,6 @@ class MemoryBatchBackend:
 
 def batch_backend(app: Celery) -> Any:
     """The batches of `app`'s stores: PostgreSQL, or in memory with `MemoryStores`."""
-    from resilience.batches.backends.postgres import backend_for
-    from resilience.stores import stores_for
-
     backend = stores_for(app).backend(KIND, backend_for, memory=MemoryBatchBackend)
     if isinstance(backend, MemoryBatchBackend):
         backend.bind(app)

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from kombu.utils.json import JSONEncoder
 from sqlalchemy import text
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
 
 from resilience.batches.backends import (
     FINAL_STATES,
@@ -31,6 +33,7 @@ from resilience.batches.callbacks import COMPLETE, SUCCESS, callback_row, due_ca
 from resilience.batches.errors import BatchNotFound
 from resilience.batches.models import BATCHES_TABLE, MEMBERS_TABLE
 from resilience.connections import wrap_store_errors
+from resilience.outbox.backends.postgres import PostgresOutboxBackend
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -177,8 +180,6 @@ class PostgresBatchBackend:
         if session.execute(_COMPLETE, {"id": batch_id}).first() is None:
             return False
         summary = _summary(session.execute(_SUMMARY, {"id": batch_id}).one())
-        from resilience.outbox.backends.postgres import PostgresOutboxBackend
-
         outbox = PostgresOutboxBackend(self.engine)
         fired: dict[str, str | None] = {SUCCESS: None, COMPLETE: None}
         for kind, signature in due_callbacks(summary):
@@ -191,9 +192,6 @@ class PostgresBatchBackend:
 
     def joins(self, session: Any) -> bool:
         """True for a SQLAlchemy Session or Connection on this backend's database."""
-        from sqlalchemy.engine import Connection
-        from sqlalchemy.orm import Session
-
         if isinstance(session, Session):
             bind = session.get_bind()
         elif isinstance(session, Connection):

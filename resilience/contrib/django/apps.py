@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from celery import Celery, _state
 from django.apps import AppConfig
+from django.conf import settings
+from django.db import connections
+from django.utils.module_loading import import_string
+from sqlalchemy.engine import URL
 
+import resilience
+from resilience.contrib.django.transaction import DjangoTransaction
 from resilience.errors import ConfigurationError
-
-if TYPE_CHECKING:
-    from celery import Celery
+from resilience.stores import Integration, register_integration
 
 logger = logging.getLogger("resilience.contrib.django")
 
@@ -45,16 +50,16 @@ class ResilienceConfig(AppConfig):
     celery_app: Celery | None = None
 
     def ready(self) -> None:
-        """Find the Celery app, give it the Django database, and call `init_app`.
+        """Register the Django integration (its database, `transaction.atomic` bodies),
+        find the Celery app, give it the Django database, and call `init_app`.
 
         Raises:
             ConfigurationError: `RESILIENCE_CELERY_APP` does not name a Celery app, or
                 `CELERY_RESILIENCE_DJANGO_DATABASE` names a missing or non-PostgreSQL one.
         """
-        from django.conf import settings
-
-        import resilience
-
+        register_integration("django", Integration(
+            database_url=lambda alias: database_url(alias, required=False),
+            begin=DjangoTransaction))
         app = self.celery_app = celery_app(getattr(settings, "RESILIENCE_CELERY_APP", None))
         conf = app.conf
         explicit = conf.get("resilience_django_database")
@@ -76,11 +81,7 @@ def celery_app(path: str | None) -> Celery:
         ConfigurationError: `path` cannot be imported or is no Celery app, or no app was
             created (Celery's fallback default app is never the project's).
     """
-    from celery import Celery, _state
-
     if path:
-        from django.utils.module_loading import import_string
-
         try:
             app = import_string(path.replace(":", "."))
         except ImportError as exc:
@@ -113,8 +114,6 @@ def database_url(alias: str = "default", *, required: bool = True) -> str | None
     Raises:
         ConfigurationError: `required` and `alias` is missing or not PostgreSQL.
     """
-    from django.db import connections
-
     try:
         settings_dict = connections.settings[alias]
     except Exception:  # noqa: BLE001 - Django raises its own ConnectionDoesNotExist
@@ -136,8 +135,6 @@ def database_url(alias: str = "default", *, required: bool = True) -> str | None
 
 def url_of(settings_dict: dict[str, Any]) -> str | None:
     """The PostgreSQL URL of one Django database's settings; None when not PostgreSQL."""
-    from sqlalchemy.engine import URL
-
     if not str(settings_dict.get("ENGINE", "")).endswith(("postgresql", "postgis")):
         return None
     host = settings_dict.get("HOST") or None

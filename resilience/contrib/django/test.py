@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.apps import apps
 from django.test.runner import DiscoverRunner as _DjangoRunner
 
 
@@ -21,8 +22,6 @@ class DiscoverRunner(_DjangoRunner):
 def close_connections() -> None:
     """Close the library's PostgreSQL connections of this thread and process: the
     idempotency backend's thread connection and the stores' engines (Redis is untouched)."""
-    from django.apps import apps
-
     app = getattr(apps.get_app_config("resilience"), "celery_app", None)
     stores = getattr(app, "resilience_stores", None) if app is not None else None
     cache = getattr(stores, "_cache", None) or {}

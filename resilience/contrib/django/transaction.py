@@ -6,6 +6,8 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from django.db import DatabaseError, connections, transaction
+
 from resilience.connections import translate_store_error
 from resilience.idempotency.backends import Claim
 from resilience.idempotency.backends.postgres import COMPLETE_SQL
@@ -20,8 +22,6 @@ class _RolledBack(Exception):
 @contextmanager
 def _database_errors(action: str) -> Iterator[None]:
     """Django's database errors leave as the library's `StorageError`s."""
-    from django.db import DatabaseError
-
     try:
         yield
     except DatabaseError as exc:
@@ -46,8 +46,6 @@ class DjangoTransaction:
     session = None
 
     def __init__(self, alias: str = "default") -> None:
-        from django.db import connections, transaction
-
         self.alias = alias
         self._connection = connections[alias]
         self._atomic = transaction.atomic(using=alias)

@@ -564,16 +564,11 @@ def backend_for(
     statements are off whatever `prepared` says when `stores` declares a transaction or
     statement pooler (`Stores.transaction_pooled`): they would not survive it.
     """
-    transactions = None
-    if getattr(stores, "transactions", "sqlalchemy") == "django":
-        from resilience.contrib.django.transaction import DjangoTransaction
-
-        transactions = functools.partial(DjangoTransaction, stores.django_database)
     return PostgresIdempotencyBackend(
         stores.statements(),
         prepared=prepared and not stores.transaction_pooled,
         transaction_engine=stores.engine,
         synchronous_commit=synchronous_commit,
         transaction_pooled=stores.transaction_pooled,
-        transactions=transactions,
+        transactions=stores.begin_transaction(),
     )

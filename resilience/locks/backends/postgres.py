@@ -40,7 +40,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from resilience.connections import wrap_store_errors
+from resilience.connections import ProcessLocal, on_fork, wrap_store_errors
+from resilience.connections.postgres import PG_SERVER_TCP, connect
 from resilience.errors import (
     ConfigurationError,
     LockNotOwnedError,
@@ -72,45 +73,16 @@ def lock_parts(lock_id: int) -> tuple[int, int]:
     return unsigned >> 32, unsigned & 0xFFFFFFFF
 
 
-def connect_arguments(database_url: str) -> dict[str, Any]:
-    """psycopg2 keyword arguments of a SQLAlchemy/libpq URL."""
-    from sqlalchemy import make_url
-
-    url = make_url(database_url)
-    arguments: dict[str, Any] = {
-        "host": url.host or "127.0.0.1",
-        "port": url.port or 5432,
-        "user": url.username or "postgres",
-        "dbname": url.database or "postgres",
-    }
-    if url.password:
-        arguments["password"] = url.password
-    arguments.update({k: v for k, v in url.query.items() if isinstance(v, str)})
-    return arguments
-
-
 def session_owner(application_name: str | None, backend_pid: int) -> str:
     """The holder a lock session names: its task id (or label), else its backend pid."""
     return (application_name or "").removeprefix(SESSION_PREFIX) or f"backend {backend_pid}"
 
 
-#: TCP user timeout of lock sessions, both ends (ms): unacknowledged data, or keepalive
-#: probes unanswered, for this long end the connection.
-TCP_USER_TIMEOUT_MS = 10_000
-
 # -- SQL -------------------------------------------------------------------------------------
-#: The server side of a lock session's keepalives (user-settable, PostgreSQL 12+): after
-#: 5 s without a packet from the holder the server probes every 2 s, and ends the session,
-#: freeing its locks, 10 s after the holder's last packet (~11 s with the probe timing).
-#: Set with set_config in the session's first statement rather than as startup options,
-#: which poolers refuse. Returns the backend pid last.
-_SERVER_KEEPALIVES = f"""
-    SELECT set_config('tcp_keepalives_idle', '5', false),
-           set_config('tcp_keepalives_interval', '2', false),
-           set_config('tcp_keepalives_count', '3', false),
-           set_config('tcp_user_timeout', '{TCP_USER_TIMEOUT_MS}', false),
-           pg_backend_pid()
-"""
+#: The server side of a lock session's keepalives (`PG_SERVER_TCP`): the server ends a
+#: session whose holder vanished ~11 s after its last packet, freeing its locks. Returns
+#: the backend pid last.
+_SERVER_KEEPALIVES = PG_SERVER_TCP + ", pg_backend_pid()"
 
 #: Sessions holding an advisory lock, by pg_locks' (classid, objid) of its id.
 _SESSION_HOLDERS = """
@@ -227,23 +199,14 @@ class AdvisorySession:
                 "the singleton guard at a session-mode pool.",
                 pool_mode=mode,
             )
-        import psycopg2
-
         #: One statement at a time: the watcher's probes and the holder's release may come
         #: from two threads, and a psycopg2 connection must not run two at once.
         self.lock = threading.Lock()
-        with wrap_store_errors("advisory lock session"):
-            self.connection = psycopg2.connect(
-                # Our end: a vanished server (host crash, partition) is noticed in ~11 s,
-                # and a statement sent into a partition fails after the user timeout
-                # instead of retransmitting for ~15 minutes. The URL may override them.
-                **{"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2,
-                   "keepalives_count": 3, "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
-                   **connect_arguments(database_url)},
-                application_name=f"{SESSION_PREFIX}{label}"[:63],
-                connect_timeout=max(1, int(connect_timeout_seconds)),
-            )
-        self.connection.autocommit = True
+        # Our end: a vanished server (host crash, partition) is noticed in ~11 s, and a
+        # statement sent into a partition fails after the user timeout instead of
+        # retransmitting for ~15 minutes (`PG_CLIENT_TCP`).
+        self.connection = connect(database_url, connect_timeout_seconds=connect_timeout_seconds,
+                                  application_name=f"{SESSION_PREFIX}{label}")
         # The server's end (the one that holds the locks), set per session in the first
         # round trip: without it a holder cut off by a partition keeps its backend, and the
         # lock, for the kernel's default keepalive time (two hours).
@@ -411,15 +374,14 @@ class LockSessionPool:
         self.idle_seconds = idle_seconds
         self._lock = threading.Lock()
         self._idle: list[tuple[float, str, AdvisorySession]] = []
-        self._pid = os.getpid()
         self._reaper: threading.Thread | None = None
+        on_fork(self._forked)
 
     def _forked(self) -> None:
-        """Forget the parent's sessions and reaper (call with the lock held)."""
-        if self._pid != os.getpid():
-            self._pid = os.getpid()
-            self._idle = []
-            self._reaper = None
+        """In a forked child: forget the parent's sessions and reaper."""
+        self._lock = threading.Lock()
+        self._idle = []
+        self._reaper = None
 
     def take(self, database_url: str, pool_mode: str | None = None) -> AdvisorySession:
         """An idle session of `database_url` (the most recently released), else a new one.
@@ -429,7 +391,6 @@ class LockSessionPool:
             StoreUnavailable: PostgreSQL cannot be reached.
         """
         with self._lock:
-            self._forked()
             for index in range(len(self._idle) - 1, -1, -1):
                 if self._idle[index][1] == database_url:
                     session = self._idle.pop(index)[2]
@@ -443,7 +404,6 @@ class LockSessionPool:
             session.close()
             return
         with self._lock:
-            self._forked()
             self._idle.append((time.monotonic(), database_url, session))
             if self._reaper is None:
                 self._reaper = threading.Thread(target=self._reap, name="lock-session-reaper",
@@ -453,14 +413,12 @@ class LockSessionPool:
     def idle_count(self) -> int:
         """Sessions open now that hold no lock."""
         with self._lock:
-            self._forked()
             return len(self._idle)
 
     def close_idle(self, older_than_seconds: float = 0.0) -> int:
         """Close the idle sessions released more than `older_than_seconds` ago; how many."""
         cutoff = time.monotonic() - older_than_seconds
         with self._lock:
-            self._forked()
             expired = [entry for entry in self._idle if entry[0] <= cutoff]
             self._idle = [entry for entry in self._idle if entry[0] > cutoff]
         for _, _, session in expired:
@@ -469,13 +427,10 @@ class LockSessionPool:
 
     def _reap(self) -> None:
         """Close sessions idle past `idle_seconds`; exit once none is idle."""
-        pid = os.getpid()
         while True:
             time.sleep(max(0.05, min(self.idle_seconds, 1.0) / 2))
             self.close_idle(self.idle_seconds)
             with self._lock:
-                if self._pid != pid:
-                    return  # a forked child's copy of this thread cannot run; be safe
                 if not self._idle:
                     self._reaper = None
                     return
@@ -485,16 +440,14 @@ class LockSessionPool:
 SESSION_POOL = LockSessionPool()
 
 #: Per thread: the lock sessions this thread took and has not given back (`in_use`), and
-#: the last one taken (`session`, as (pid, database url, session)).
-_SESSIONS = threading.local()
+#: the last one taken (`session`); a forked child starts with none.
+_SESSIONS = ProcessLocal()
 
 
 def _in_use() -> list[AdvisorySession]:
-    sessions: list[AdvisorySession] | None = getattr(_SESSIONS, "in_use", None)
-    if sessions is None or getattr(_SESSIONS, "pid", None) != os.getpid():
-        sessions = _SESSIONS.in_use = []
-        _SESSIONS.pid = os.getpid()
-        _SESSIONS.session = None
+    sessions: list[AdvisorySession] | None = getattr(_SESSIONS.local, "in_use", None)
+    if sessions is None:
+        sessions = _SESSIONS.local.in_use = []
     return sessions
 
 
@@ -502,7 +455,7 @@ def take_session(database_url: str, pool_mode: str | None = None) -> AdvisorySes
     """A lock session for one acquisition on this thread (`LockSessionPool.take`)."""
     session = SESSION_POOL.take(database_url, pool_mode)
     _in_use().append(session)
-    _SESSIONS.session = (os.getpid(), database_url, session)
+    _SESSIONS.local.session = session
     return session
 
 
@@ -522,8 +475,8 @@ def discard_thread_session() -> None:
     """Close this thread's lock sessions (whatever they hold is freed) and the process's
     idle ones."""
     sessions = _in_use()
-    _SESSIONS.in_use = []
-    _SESSIONS.session = None
+    _SESSIONS.local.in_use = []
+    _SESSIONS.local.session = None
     for session in sessions:
         session.close()
     SESSION_POOL.close_idle()

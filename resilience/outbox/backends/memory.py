@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from resilience.errors import ConfigurationError
-from resilience.outbox.backends import NewRow, OutboxRow, OutboxState
+from resilience.outbox.backends.base import NewRow, OutboxRow, OutboxState
 
 if TYPE_CHECKING:
     from celery import Celery

@@ -8,12 +8,14 @@
   rows this one holds); the marks commit with the batch's transaction.
 - wait: LISTEN on a connection of its own, `select()` on its socket. LISTEN is session
   state: behind a transaction pooler (PgBouncer) it goes to the direct lock URL
-  (`Stores.locks_engine`), one connection per relay process; the rest runs on the pooler.
+  (`Stores.locks_database_url`), one connection per relay process
+  (`resilience.connections.postgres.connect`); the rest runs on the pooler.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import select
@@ -26,7 +28,9 @@ from kombu.utils.json import JSONEncoder
 from sqlalchemy import text
 
 from resilience.connections import wrap_store_errors
-from resilience.outbox.backends import NewRow, OutboxRow, OutboxState
+from resilience.connections.postgres import connect
+from resilience.deadletter.place import dead_letter
+from resilience.outbox.backends.base import NewRow, OutboxRow, OutboxState
 from resilience.outbox.models import TABLE_NAME
 
 if TYPE_CHECKING:
@@ -191,16 +195,16 @@ class PostgresOutboxBackend:
     Args:
         engine: a callable returning the engine (the stores' engine, re-created per process).
         sleep: waits when the LISTEN connection is down (injectable).
-        listen_engine: a callable returning the engine of the LISTEN connection, which
-            needs a session of its own (`Stores.locks_engine`); None: `engine`.
+        listen: opens the LISTEN connection, a session of its own (a direct one:
+            `Stores.locks_database_url`); None: the relay polls.
     """
 
     def __init__(self, engine: Callable[[], Engine],
                  sleep: Callable[[float], None] = time.sleep,
-                 listen_engine: Callable[[], Engine] | None = None) -> None:
+                 listen: Callable[[], Any] | None = None) -> None:
         self.engine = engine
         self.sleep = sleep
-        self.listen_engine = listen_engine or engine
+        self.listen = listen
         self._listener: Any = None
 
     # -- producer side ---------------------------------------------------------------------
@@ -244,8 +248,6 @@ class PostgresOutboxBackend:
 
         An error inside the block rolls every mark back: the rows stay pending.
         """
-        from resilience.deadletter.place import dead_letter
-
         with wrap_store_errors("outbox: open relay connection"):
             connection = self.engine().connect()
         try:
@@ -291,6 +293,9 @@ class PostgresOutboxBackend:
         """
         if timeout_seconds <= 0:
             return False
+        if self.listen is None:
+            self.sleep(timeout_seconds)
+            return False
         try:
             listener = self._listen()
             if not listener.notifies:
@@ -309,11 +314,8 @@ class PostgresOutboxBackend:
 
     def _listen(self) -> Any:
         if self._listener is None or self._listener.closed:
-            # Out of the pool: this connection stays in autocommit, LISTENing, for good.
-            raw = self.listen_engine().raw_connection()
-            raw.detach()
-            connection = raw.dbapi_connection
-            connection.autocommit = True
+            # Out of any pool: this connection stays in autocommit, LISTENing, for good.
+            connection = self.listen()
             with connection.cursor() as cursor:
                 cursor.execute(f"LISTEN {CHANNEL}")
             self._listener = connection
@@ -347,4 +349,6 @@ def backend_for(stores: Stores) -> PostgresOutboxBackend:
     """The outbox in the PostgreSQL of `stores` (LISTEN on its direct lock URL); its own
     statements (relay batches, purges, inserts outside a caller's transaction) are bounded
     (`Stores.guard_engine`)."""
-    return PostgresOutboxBackend(stores.guard_engine, listen_engine=stores.locks_engine)
+    return PostgresOutboxBackend(stores.guard_engine, listen=functools.partial(
+        connect, stores.locks_database_url, server_tcp=stores.locks_pool_mode == "none",
+        connect_timeout_seconds=stores.socket_timeout_seconds))

@@ -341,11 +341,11 @@ class TestIdleSession:
         from tests.resilience.locks.tasks import singleton_run
 
         assert singleton_run(run_id, "idle")["ran"] is True
-        _, _, session = _SESSIONS.session
+        session = _SESSIONS.local.session
         with engine.connect() as connection:
             assert connection.execute(text("SELECT pg_terminate_backend(:pid)"),
                                       {"pid": session.backend_pid}).scalar_one()
         time.sleep(0.2)
         assert singleton_run(run_id, "idle")["ran"] is True
-        assert _SESSIONS.session[2] is not session
+        assert _SESSIONS.local.session is not session
         assert len([row for row in runs(engine, run_id) if row.slot == "idle"]) == 2

@@ -178,7 +178,7 @@ def loses_lock(self: Any, run_id: str, key: str, session: Any = None,
     from resilience.locks.backends.postgres import _SESSIONS
 
     _write(session, run_id, key, self.request.id)
-    _, _, lock_session = _SESSIONS.session
+    lock_session = _SESSIONS.local.session
     lock_session.connection.close()  # as a PostgreSQL restart would
     checkpoint()
     return key

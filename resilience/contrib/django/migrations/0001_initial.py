@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.apps import apps as global_apps
 from django.db import migrations
+
+from resilience.contrib.django.apps import url_of
+from resilience.migrations import downgrade, upgrade
 
 
 def _url(schema_editor: Any) -> str | None:
-    from django.apps import apps as global_apps
-
-    from resilience.contrib.django.apps import url_of
-
     connection = schema_editor.connection
     alias = global_apps.get_app_config("resilience").database_alias
     if connection.alias != alias:
@@ -27,16 +27,12 @@ def _url(schema_editor: Any) -> str | None:
 def forward(apps: Any, schema_editor: Any) -> None:
     url = _url(schema_editor)
     if url is not None:
-        from resilience.migrations import upgrade
-
         upgrade(url)
 
 
 def reverse(apps: Any, schema_editor: Any) -> None:
     url = _url(schema_editor)
     if url is not None:
-        from resilience.migrations import downgrade
-
         downgrade(url, "base")
 
 
