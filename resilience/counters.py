@@ -13,6 +13,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from resilience.outcomes import counted
+from resilience.stores import stores_for
 
 if TYPE_CHECKING:
     import redis
@@ -69,8 +70,6 @@ def counters_client(app: Any) -> redis.Redis | MemoryCounters:
     Raises:
         ConfigurationError: the app has no stores (never initialised).
     """
-    from resilience.stores import stores_for
-
     return stores_for(app).backend("counters", lambda stores: stores.redis(),
                                    memory=MemoryCounters)
 
@@ -86,8 +85,8 @@ def count_outcome(app: Any, outcome: str, *, guard: str, tier: str | None = None
                   retry_after_seconds: float | None = None) -> None:
     """Count one guard decision fleet-wide in the app's shared Redis; never raises.
 
-    The one counting helper every guard calls: it finds the app's stores, and a missing
-    store or a Redis error is logged and dropped (a lost count beats a lost job). The
+    Execution guards reach it through `call.count`; enqueue guards and services call it.
+    A missing store or a Redis error is logged and dropped (a lost count beats a lost job). The
     decision is also a span event when tracing records (`resilience.outcomes.counted`);
     `reason` and `retry_after_seconds` go only there (a guard that raises `Stop` need not
     pass them: the Stop carries them).
@@ -101,12 +100,3 @@ def count_outcome(app: Any, outcome: str, *, guard: str, tier: str | None = None
         logger.warning("cannot count %s: %s", outcome, exc)
         return
     count(client, amount, outcome=outcome, tier=tier, guard=guard, name=name)
-
-
-def count_call(call: Any, outcome: str, *, guard: str, name: str | None = None,
-               reason: str | None = None, retry_after_seconds: float | None = None) -> None:
-    """`count_outcome` for one execution: the app and tier come from the call's task."""
-    task = call.task
-    count_outcome(task.app, outcome, guard=guard, tier=getattr(task, "tier", None),
-                  name=name if name is not None else task.name, reason=reason,
-                  retry_after_seconds=retry_after_seconds)

@@ -7,11 +7,12 @@ import contextvars
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
 
 from celery.exceptions import Ignore
+
+from resilience.headers import epoch_seconds
 
 
 class Outcome(str, Enum):
@@ -250,16 +251,6 @@ def _take(span: Any) -> _Decision | None:
     return None
 
 
-def _eta_seconds(decision: _Decision, eta: str) -> float | None:
-    try:
-        due = datetime.fromisoformat(eta)
-    except ValueError:
-        return None
-    if due.tzinfo is None:
-        due = due.replace(tzinfo=timezone.utc)
-    return round(max(0.0, due.timestamp() - decision.timestamp_ns / 1e9), 3)
-
-
 def flush_decisions(span: Any = None, *, eta: str | None = None,
                     task_id: str | None = None) -> None:
     """Write the decision waiting in `span` (default: the current span) as it is.
@@ -277,9 +268,10 @@ def flush_decisions(span: Any = None, *, eta: str | None = None,
         return
     if (eta and task_id is not None and task_id == decision.task_id
             and "retry_after" not in decision.attributes):
-        seconds = _eta_seconds(decision, eta)
-        if seconds is not None:
-            decision.attributes["retry_after"] = seconds
+        due = epoch_seconds(eta)
+        if due is not None:
+            decision.attributes["retry_after"] = round(
+                max(0.0, due - decision.timestamp_ns / 1e9), 3)
     _write(decision)
 
 

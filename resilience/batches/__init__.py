@@ -28,17 +28,17 @@ from resilience.batches.backends import (
     NewMember,
     Recorded,
 )
+from resilience.batches.backends.memory import MemoryBatchBackend
+from resilience.batches.backends.postgres import backend_for
 from resilience.batches.callbacks import CALLBACK_HEADER, CALLBACK_KEY, COMPLETE, SUCCESS
 from resilience.batches.enqueue import Batch, BatchResult, batch
 from resilience.batches.errors import BatchNotFound, InvalidBatch
 from resilience.batches.guard import (
-    BATCH_HEADER,
     BatchConfig,
     BatchGuard,
     BatchStage,
     BatchTransactionGuard,
     batch_guards,
-    batch_id_of,
     state_of_error,
     state_of_stop,
 )
@@ -53,9 +53,6 @@ def describe(stores: Stores, batch_id: str) -> BatchSummary:
     Raises:
         BatchNotFound: no batch has this id.  StorageError: PostgreSQL cannot be read.
     """
-    from resilience.batches.backends.memory import MemoryBatchBackend
-    from resilience.batches.backends.postgres import backend_for
-
     return stores.backend("batches", backend_for, memory=MemoryBatchBackend).summary(batch_id)
 
 
@@ -66,15 +63,11 @@ def recent(stores: Stores, *, limit: int = 50,
     Raises:
         StorageError: PostgreSQL cannot be read.
     """
-    from resilience.batches.backends.memory import MemoryBatchBackend
-    from resilience.batches.backends.postgres import backend_for
-
     backend = stores.backend("batches", backend_for, memory=MemoryBatchBackend)
     return backend.recent(limit=limit, incomplete_only=incomplete_only)
 
 
 __all__ = [
-    "BATCH_HEADER",
     "CALLBACK_HEADER",
     "CALLBACK_KEY",
     "COMPLETE",
@@ -97,7 +90,6 @@ __all__ = [
     "Recorded",
     "batch",
     "batch_guards",
-    "batch_id_of",
     "describe",
     "recent",
     "state_of_error",

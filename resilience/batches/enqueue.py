@@ -30,8 +30,9 @@ from resilience.batches.backends import BatchSummary, NewBatch, NewMember
 from resilience.batches.backends.memory import batch_backend
 from resilience.batches.callbacks import callback_argument
 from resilience.batches.errors import InvalidBatch
-from resilience.batches.guard import BATCH_HEADER, BatchGuard
+from resilience.batches.guard import BatchGuard
 from resilience.errors import InvalidTaskArguments
+from resilience.headers import BATCH_HEADER
 from resilience.keys import canonical_arguments, check_binding
 from resilience.outbox.backends.memory import MemoryTransaction
 from resilience.stores import MemoryStores, stores_for

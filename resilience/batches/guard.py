@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from resilience.batches.backends import BatchBackend, MemberState, Recorded
+from resilience.batches.backends.memory import batch_backend
 from resilience.errors import ConfigurationError, DeadLettered, StorageError
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Guard, Stage
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("resilience.batches")
 
 #: Message header carrying the batch id of a member job.
-BATCH_HEADER = "batch_id"
 GUARD_NAME = "batch"
 
 
@@ -86,18 +86,6 @@ def state_of_error(error: BaseException) -> MemberState | None:
     if isinstance(outcome, str) and outcome in Outcome._value2member_map_:
         return state_of_stop(outcome)
     return MemberState.FAILED
-
-
-def batch_id_of(request: Any) -> str | None:
-    """The batch id a task request carries in its headers, or None."""
-    if request is None:
-        return None
-    headers = getattr(request, "headers", None) or {}
-    value = headers.get(BATCH_HEADER) if isinstance(headers, Mapping) else None
-    if value is None:
-        # Celery also lifts custom headers onto the request itself.
-        value = getattr(request, BATCH_HEADER, None)
-    return value if isinstance(value, str) and value else None
 
 
 # The job ids whose outcome a guard handled in this thread, so the Celery signal that
@@ -156,15 +144,13 @@ class BatchGuard(Guard):
     def backend(self, task: Task) -> BatchBackend:
         """The batch store of `task`'s app."""
         if self._backend is None:
-            from resilience.batches.backends.memory import batch_backend
-
             return batch_backend(task.app)
         if callable(self._backend):
             return self._backend(task)
         return self._backend
 
     def before_run(self, call: Call) -> None:
-        batch_id = batch_id_of(call.request)
+        batch_id = call.headers.batch_id
         if batch_id is not None:
             call.keep(self, batch_id)
 

@@ -27,13 +27,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from resilience.batches.backends import MemberState
+from resilience.batches.backends.memory import batch_backend
 from resilience.batches.guard import (
-    BATCH_HEADER,
-    batch_id_of,
     handled,
     log_recorded,
     state_of_error,
 )
+from resilience.headers import BATCH_HEADER, Headers
 from resilience.idempotency.unique import job_deduplicated
 
 logger = logging.getLogger("resilience.batches")
@@ -46,8 +46,6 @@ def _record(sender: Any, task_id: str | None, state: MemberState | None,
     if task_id is None or state is None or sender is None:
         return
     try:
-        from resilience.batches.backends.memory import batch_backend
-
         done = batch_backend(sender.app).record(None, task_id=task_id, state=state,
                                                 batch_id=batch_id)
     except Exception as exc:  # noqa: BLE001 - a signal handler must not break the worker
@@ -75,7 +73,7 @@ def on_task_failure(sender: Any = None, task_id: str | None = None,
     request = getattr(sender, "request", None)
     if getattr(request, "id", None) != task_id:
         return
-    batch_id = batch_id_of(request)
+    batch_id = Headers(request).batch_id
     if batch_id is not None:
         _record(sender, task_id, state_of_error(exception), batch_id)
 
@@ -99,8 +97,6 @@ def on_job_deduplicated(sender: Any = None, task_id: str | None = None,
     batch_id = headers.get(BATCH_HEADER) if isinstance(headers, Mapping) else None
     if sender is None or task_id is None or not isinstance(batch_id, str) or not batch_id:
         return
-    from resilience.batches.backends.memory import batch_backend
-
     done = batch_backend(sender.app).record(
         None, task_id=task_id, state=MemberState.SKIPPED, batch_id=batch_id)
     if done.recorded:

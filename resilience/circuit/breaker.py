@@ -30,7 +30,7 @@ from resilience.outcomes import Outcome
 from resilience.store_down import StoreDown
 
 if TYPE_CHECKING:
-    from resilience.pipeline import Rounds
+    from resilience.batch import Rounds
 
 logger = logging.getLogger("resilience.circuit")
 

@@ -38,9 +38,9 @@ from resilience.circuit.backends import Permission, Verdict
 from resilience.errors import StorageError
 
 if TYPE_CHECKING:
+    from resilience.batch import Rounds
     from resilience.circuit.backends import BreakerBackend
     from resilience.circuit.config import BreakerConfig
-    from resilience.pipeline import Rounds
 
 logger = logging.getLogger("resilience.circuit")
 

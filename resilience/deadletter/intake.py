@@ -51,8 +51,10 @@ from typing import Any
 from celery.worker.consumer import Consumer
 
 from resilience.counters import count_outcome
+from resilience.deadletter.place import dead_letter
 from resilience.errors import ConfigurationError, StoreUnavailable
 from resilience.outcomes import Outcome
+from resilience.stores import stores_for
 
 logger = logging.getLogger("resilience.deadletter.intake")
 
@@ -142,9 +144,6 @@ def record(app: Any, message: Any, reason: str, exc: BaseException | None = None
     A row refused for its content (PostgreSQL's or psycopg2's refusal: a NUL in a text) is
     written again cut down (`_bare_row`), so only an unreachable PostgreSQL returns False.
     """
-    from resilience.deadletter.place import dead_letter
-    from resilience.stores import stores_for
-
     headers = message.headers if isinstance(message.headers, dict) else {}
     call = _decoded_call(message)
     task_name = str(headers.get("task") or UNKNOWN_TASK)

@@ -27,16 +27,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from resilience.config import configured
-from resilience.deadletter.giveup import give_up
 from resilience.errors import ConfigurationError
 from resilience.keys import redis_key
 from resilience.pipeline import Call, Guard, Stage, attach
 from resilience.scripts import LuaScript
-from resilience.stores import stores_for
 
 if TYPE_CHECKING:
     import redis
-    from celery import Task
 
 logger = logging.getLogger("resilience.deadletter.poison")
 
@@ -81,13 +78,8 @@ class PoisonGuard(Guard):
         self.policy = policy
         self._client = client
 
-    def bind(self, task: Task) -> None:
-        if self._client is None:
-            self._client = lambda: stores_for(task.app).redis()
-
-    def _redis(self) -> redis.Redis:
-        assert self._client is not None, "PoisonGuard used before bind()"
-        return self._client()
+    def _redis(self, call: Call) -> redis.Redis:
+        return self._client() if self._client is not None else call.stores.redis()
 
     def before_run(self, call: Call) -> None:
         task_id = call.task_id
@@ -97,7 +89,7 @@ class PoisonGuard(Guard):
             return
         try:
             deliveries = int(
-                self.SCRIPT(self._redis(), [deliveries_key(task_id)],
+                self.SCRIPT(self._redis(call), [deliveries_key(task_id)],
                             [int(self.policy.ttl_seconds * 1000)])
             )
         except Exception as exc:  # noqa: BLE001 - fail open: the job runs, with a warning
@@ -107,9 +99,8 @@ class PoisonGuard(Guard):
         deliveries += 1
         call.keep(self, deliveries)
         if deliveries > self.policy.max_deliveries:
-            self._forget(task_id)
-            raise give_up(
-                call,
+            self._forget(call)
+            raise call.dead_letter(
                 guard=self.name,
                 reason=(
                     f"poison message: delivered {deliveries} times, the previous "
@@ -118,18 +109,16 @@ class PoisonGuard(Guard):
                 attempts=deliveries - 1,
             )
 
-    def _forget(self, task_id: str | None) -> None:
-        if not task_id:
-            return
+    def _forget(self, call: Call) -> None:
         try:
-            self._redis().delete(deliveries_key(task_id))
+            self._redis(call).delete(deliveries_key(call.task_id))
         except Exception as exc:  # noqa: BLE001 - a stale count only expires later
-            logger.warning("delivery counter of %s not cleared: %s", task_id, exc)
+            logger.warning("delivery counter of %s not cleared: %s", call.task_id, exc)
 
     def release(self, call: Call) -> None:
         """Any normal end of the execution clears the count (see the module doc)."""
         if call.take_back(self) is not None:
-            self._forget(call.task_id)
+            self._forget(call)
 
 
 def redelivered(request: Any) -> bool:

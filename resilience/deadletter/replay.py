@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from resilience.circuit.backends.redis import RedisBreakerBackend
 from resilience.connections import wrap_store_errors
 from resilience.deadletter.bulk import (
     STOPPED_BY_ADMIT,
@@ -40,7 +41,9 @@ from resilience.deadletter.models import dead_letters
 from resilience.deadletter.place import DeadLetter
 from resilience.errors import ConfigurationError
 from resilience.ratelimit.algorithms import GCRA, Params
+from resilience.ratelimit.backends.redis import RedisBackend
 from resilience.ratelimit.rates import parse
+from resilience.stores import stores_for
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -146,10 +149,6 @@ class AutoReplay:
     @classmethod
     def of_app(cls, app: Celery, config: ReplayConfig) -> AutoReplay:
         """Breakers and pace on the app's shared Redis, rows in its PostgreSQL."""
-        from resilience.circuit.backends.redis import RedisBreakerBackend
-        from resilience.ratelimit.backends.redis import RedisBackend
-        from resilience.stores import stores_for
-
         stores = stores_for(app)
         return cls(stores.engine(), app, config, breakers=RedisBreakerBackend.of_app(app),
                    limiter=RedisBackend(lambda: stores_for(app).redis()))

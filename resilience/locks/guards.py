@@ -50,16 +50,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from resilience.config import configured
-from resilience.counters import count_call
 from resilience.errors import ConfigurationError, LockNotOwnedError, StorageError
 from resilience.holders import Holder
 from resilience.keys import GuardKey, KeyOption, KeySpec
 from resilience.locks.backends import Claimant, LockBackend, SessionLockBackend, Taken
+from resilience.locks.backends.memory import MemoryLockBackend
+from resilience.locks.backends.postgres import SESSION_POOL, AdvisoryLockBackend, HeldLockRegistry
+from resilience.locks.backends.redlock import Redlock, RedlockBackend
 from resilience.locks.config import (
     ExclusiveConfig,
     LockConfig,
     SingletonConfig,
 )
+from resilience.locks.fencing import FencingTokens
 from resilience.locks.heartbeat import Heartbeat
 from resilience.locks.watcher import SessionWatcher
 from resilience.outcomes import Outcome, Stop
@@ -211,7 +214,7 @@ class LockGuard(Guard):
                 # session up without a statement rather than wait out its TCP timeout.
                 logger.warning("%s: lock %s lost while the job ran: %s", self.name,
                                hold.key.full, hold.watcher.lost_reason or "probe unanswered")
-                count_call(call, "LOCK-LOST", guard=self.name)
+                call.count("LOCK-LOST", guard=self.name)
                 cast(SessionLockBackend, hold.backend).abandon(hold.taken)
                 return
         try:
@@ -219,7 +222,7 @@ class LockGuard(Guard):
         except (LockNotOwnedError, StorageError) as exc:
             logger.warning("%s: lock %s was no longer held at release: %s", self.name,
                            hold.key.full, exc)
-            count_call(call, "LOCK-LOST", guard=self.name)
+            call.count("LOCK-LOST", guard=self.name)
 
     # steps -------------------------------------------------------------------------------
     def _try_acquire(self, backend: LockBackend, call: Call, key: GuardKey) -> Hold | None:
@@ -270,7 +273,7 @@ class LockGuard(Guard):
                 details["holder_token"] = holder.token
             details["held_seconds"] = holder.held_seconds
         outcome = Outcome.SKIPPED if self.options.policy == "skip" else Outcome.DEFERRED
-        count_call(call, outcome.value, guard=self.name)
+        call.count(outcome, guard=self.name)
         raise Stop(
             outcome,
             guard=self.name,
@@ -312,9 +315,6 @@ class SingletonGuard(LockGuard):
     def default_backend(self, task: Task) -> LockBackend:
         """Advisory locks on the option's database, else on the app's direct lock URL
         (`Stores.locks_database_url`); registry and holder reports on the pooled engine."""
-        from resilience.locks.backends.memory import MemoryLockBackend
-        from resilience.locks.backends.postgres import AdvisoryLockBackend
-
         def build(stores: Stores) -> LockBackend:
             if self.options.database_url:
                 return AdvisoryLockBackend(self.options.database_url, engine=stores.guard_engine,
@@ -325,8 +325,6 @@ class SingletonGuard(LockGuard):
 
         idle = task.app.conf.get("resilience_lock_session_idle_seconds")
         if idle is not None:
-            from resilience.locks.backends.postgres import SESSION_POOL
-
             SESSION_POOL.idle_seconds = float(idle)
         stores = stores_for(task.app)
         return stores.backend("singleton", build,
@@ -368,8 +366,6 @@ class ExclusiveGuard(LockGuard):
     def default_backend(self, task: Task) -> LockBackend:
         """This process's Redlock backend for the nodes (rebuilt after fork or change);
         with in-memory stores, a lease of `ttl_seconds` in memory."""
-        from resilience.locks.backends.memory import MemoryLockBackend
-
         stores = stores_for(task.app)
         shared = stores.backend("exclusive", lambda real: self._redlock_backend(task, real),
                                 memory=lambda: MemoryLockBackend("exclusive", stores),
@@ -382,10 +378,6 @@ class ExclusiveGuard(LockGuard):
         urls = self.node_urls(task.app)
         built = self._built
         if built is None or built[0] != os.getpid() or built[1] != urls:
-            from resilience.locks.backends.postgres import HeldLockRegistry
-            from resilience.locks.backends.redlock import Redlock, RedlockBackend
-            from resilience.locks.fencing import FencingTokens
-
             with self._lock:
                 backend = RedlockBackend(
                     Redlock.from_urls(urls, check=False, options=self.options.redlock_options),
@@ -421,14 +413,23 @@ class LockKeyGuard(EnqueueGuard):
 
 
 # -- decorators ------------------------------------------------------------------------------------
-def _key_and_config(
-    config_class: type[Any], key: Any, overrides: dict[str, Any], where: str
-) -> tuple[KeyOption, Any]:
-    """`key` is the key option, or a config (then the key comes from `overrides` only)."""
+def _decorator(guard_class: type[LockGuard], config_class: type[Any], key: Any,
+               overrides: dict[str, Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Attach `guard_class` (and its enqueue key check) built from `key` and `overrides`;
+    `key` is the key option (as keyword too), or a config (then the key comes from
+    `overrides` only)."""
+    overrides = dict(overrides)
     config = key if isinstance(key, LockConfig) else None
-    if config is not None:
+    if config is not None or "key" in overrides:
         key = overrides.pop("key", None)
-    return key, configured(config_class, config, overrides, where=where)
+    options = configured(config_class, config, overrides, where=guard_class.kind)
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        guard = guard_class(func, key, options)
+        attach(func, LockKeyGuard(guard))
+        return attach(func, guard)
+
+    return decorate
 
 
 def singleton(
@@ -443,17 +444,7 @@ def singleton(
         ConfigurationError: an unknown option, a bad policy, delay or key template (at
             definition time).
     """
-    overrides = dict(overrides)
-    if not isinstance(key, LockConfig) and "key" in overrides:
-        key = overrides.pop("key")
-    key, options = _key_and_config(SingletonConfig, key, overrides, "singleton")
-
-    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        guard = SingletonGuard(func, key, options)
-        attach(func, LockKeyGuard(guard))
-        return attach(func, guard)
-
-    return decorate
+    return _decorator(SingletonGuard, SingletonConfig, key, overrides)
 
 
 def exclusive(
@@ -468,14 +459,4 @@ def exclusive(
         ConfigurationError: an unknown option, TTL <= 0, fewer than 3 nodes, a bad policy
             or key template.
     """
-    overrides = dict(overrides)
-    if not isinstance(key, LockConfig) and "key" in overrides:
-        key = overrides.pop("key")
-    key, options = _key_and_config(ExclusiveConfig, key, overrides, "exclusive")
-
-    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        guard = ExclusiveGuard(func, key, options)
-        attach(func, LockKeyGuard(guard))
-        return attach(func, guard)
-
-    return decorate
+    return _decorator(ExclusiveGuard, ExclusiveConfig, key, overrides)

@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from resilience.counters import counters_client, read_all
+from resilience.deadletter.giveup import MemoryDeadLetters, dead_letter_place
 from resilience.errors import ConfigurationError
 from resilience.stores import MemoryStores, memory_stores_in_use, stores_for, use_memory_stores
 
@@ -49,8 +51,6 @@ class MemoryMode:
     def outcomes(self, app: Celery, task: str | None = None) -> Counter[str]:
         """How many times each guard decision (`REPLAYED`, `DEFERRED`, ...) was counted on
         `app` in this test, for one task name or all."""
-        from resilience.counters import counters_client, read_all
-
         found: Counter[str] = Counter()
         for labels, value in read_all(counters_client(app)):
             if task is None or labels.get("name") == task:
@@ -59,8 +59,6 @@ class MemoryMode:
 
     def dead_letters(self, app: Celery) -> list[dict[str, Any]]:
         """The jobs dead-lettered on `app` in this test (their `dead_letter` fields)."""
-        from resilience.deadletter.giveup import MemoryDeadLetters, dead_letter_place
-
         place = dead_letter_place(self.stores(app))
         return list(place.rows) if isinstance(place, MemoryDeadLetters) else []
 

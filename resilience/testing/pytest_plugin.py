@@ -31,13 +31,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture
 def resilience_memory(request: pytest.FixtureRequest) -> Iterator[MemoryMode]:
     """Guards of every app in memory for this test, empty at its start and end."""
-    import resilience
-    from resilience.testing import memory_mode
+    # lazy: every pytest run loads this plugin; Celery and the stores load when it is used
+    from resilience import init_app, testing
 
-    with memory_mode() as mode:
+    with testing.memory_mode() as mode:
         for name in ("celery_app", "celery_session_app"):
             if name in request.fixturenames:
-                resilience.init_app(request.getfixturevalue(name))
+                init_app(request.getfixturevalue(name))
         yield mode
 
 
