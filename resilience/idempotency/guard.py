@@ -337,9 +337,12 @@ class IdempotencyGuard(Guard):
             ) from None
         if self.config.transactional:
             self._commit_transaction(call, taken, result_json)
+            if claim is not None:
+                self.backend.succeeded(call, key, result_json)
         elif claim is not None:
             try:
-                done = self.backend.complete(claim, result_json, self.config.ttl_seconds)
+                done = self.backend.complete(call, key, claim, result_json,
+                                             self.config.ttl_seconds)
             except StorageError as exc:
                 # The effect happened; the record stays open until its lease ends.
                 logger.error("idempotency completion of %s not recorded: %s", key.full, exc)
@@ -355,8 +358,6 @@ class IdempotencyGuard(Guard):
                 return
         # Committed: nothing is left to give back, whatever an outer guard does next.
         taken.claim = None
-        if claim is not None:
-            self.backend.succeeded(call, key, result_json)
 
     def _commit_transaction(self, call: Call, taken: _Taken, result_json: str) -> None:
         """The body's writes and the record's completion commit as one, after proving every
