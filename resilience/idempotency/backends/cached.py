@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from resilience.batch import for_client
 from resilience.connections import wrap_store_errors
-from resilience.idempotency.backends import SUCCEEDED, ClaimResult, IdempotencyBackend
+from resilience.idempotency.backends import SUCCEEDED, Claim, ClaimResult, IdempotencyBackend
 from resilience.idempotency.backends.memory import MemoryIdempotencyBackend
 from resilience.idempotency.backends.postgres import backend_for
 from resilience.idempotency.config import DEFAULT_CACHE_TTL_SECONDS
@@ -172,9 +172,10 @@ class ResultCache:
 class CachedBackend:
     """An idempotency backend with the Redis fast path in front; what the guard binds.
 
-    `claim` asks the cache first and fills it after a replay from the records, `succeeded`
-    fills it after a completion, `purge` drops the cached copy; every other step is the
-    records' own. One per guard: the "auto" state is a task's.
+    `claim` asks the cache first and fills it after a replay from the records, `complete`
+    (or `succeeded`, after a transaction's commit) fills it after a completion, `purge`
+    drops the cached copy; every other step is the records' own. One per guard: the "auto"
+    state is a task's.
 
     Args:
         records: where the records live (the truth).
@@ -190,8 +191,8 @@ class CachedBackend:
         self.cache = cache if mode else None
         self.mode = mode
         self.ttl_seconds = ttl_seconds
-        #: `mode="auto"`: monotonic time until which the fast path is on in this process,
-        #: and the fresh keys claimed since the last replay.
+        #: `mode="auto"`: monotonic time until which the fast path is on in this process
+        #: (0 once `HOT_FRESH_CALLS` fresh keys were claimed since the last replay).
         self._hot_until = 0.0
         self._fresh_in_a_row = 0
 
@@ -204,12 +205,8 @@ class CachedBackend:
 
     def cache_on(self) -> bool:
         """Whether a call reads and fills the fast path now (see the module's docstring)."""
-        if self.cache is None:
-            return False
-        if self.mode == "auto":
-            return (self._fresh_in_a_row < HOT_FRESH_CALLS
-                    and time.monotonic() < self._hot_until)
-        return True
+        return self.cache is not None and (
+            self.mode != "auto" or time.monotonic() < self._hot_until)
 
     def prefetch(self, call: Call, key: GuardKey) -> None:
         """Queue the cache read of `key` in the call's read round (while the fast path is
@@ -228,7 +225,7 @@ class CachedBackend:
             StoreUnavailable, StoreRejected, StorageError: from the records.
         """
         if self.cache is not None:
-            arrived = call.take_back(self)
+            arrived = call.slots.pop(self, None)  # the prefetched read, if there was one
             cached = (arrived[0] if arrived
                       else self.cache.get(key.namespace, key.value) if self.cache_on()
                       else None)
@@ -245,6 +242,8 @@ class CachedBackend:
         )
         if found.claim is not None:
             self._fresh_in_a_row += 1
+            if self._fresh_in_a_row >= HOT_FRESH_CALLS:
+                self._hot_until = 0.0
         elif found.state == SUCCEEDED and found.fingerprint == key.fingerprint:
             self._replayed()
             # Warm the fast path so the next duplicate costs one Redis round trip.
@@ -256,9 +255,22 @@ class CachedBackend:
                                      task_id=found.task_id, ttl_seconds=ttl)
         return found
 
+    def complete(self, call: Call, key: GuardKey, claim: Claim, result_json: str,
+                 ttl_seconds: float) -> bool:
+        """Record success (`IdempotencyBackend.complete`), then `succeeded`; False when the
+        claim was taken over (stale).
+
+        Raises:
+            StoreUnavailable, StoreRejected, StorageError: from the records.
+        """
+        done = self.records.complete(claim, result_json, ttl_seconds)
+        if done:
+            self.succeeded(call, key, result_json)
+        return done
+
     def succeeded(self, call: Call, key: GuardKey, result_json: str) -> None:
         """`key`'s record holds `result_json` now: cache it while the fast path is on."""
-        if self.cache is not None and self.cache_on():
+        if self.cache_on():
             self.cache.put_later(call.writes, key.namespace, key.value,
                                  fingerprint=key.fingerprint, result_json=result_json,
                                  task_id=call.task_id, ttl_seconds=self.ttl_seconds)
