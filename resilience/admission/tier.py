@@ -149,12 +149,14 @@ class DiscardedResult:
 
 
 @dataclass(frozen=True)
-class _Bounded:
-    """A publish the transport bounds itself (nothing reserved, nothing to release)."""
+class _Taken:
+    """What an admitted publish holds: a reservation to release, or None when the broker
+    bounds the queue itself as it takes the message (nothing reserved)."""
 
     config: BulkheadConfig
     queue: str
     backend: DepthBackend
+    reservation: str | None
 
 
 ConfigSource = BulkheadConfig | Callable[["Task"], "BulkheadConfig | None"]
@@ -225,20 +227,15 @@ class AdmissionGuard(EnqueueGuard):
                 headers = dict(publish.options.get("headers") or {})
                 headers[BOUND_HEADER] = bound
                 publish.options["headers"] = headers
-            publish.state[_STATE] = _Bounded(config, queue, backend)
+            publish.state[_STATE] = _Taken(config, queue, backend, None)
             return
         reservation = new_reservation()
         decision = self._try(backend, publish, config, queue, reservation)
-        if decision.admitted:
-            publish.state[_STATE] = (backend, queue, reservation)
-            return
-        if config.policy is RejectionPolicy.WAIT:
+        if not decision.admitted and config.policy is RejectionPolicy.WAIT:
             decision = self._wait(backend, publish, config, queue, reservation)
-            if decision.admitted:
-                publish.state[_STATE] = (backend, queue, reservation)
-                return
-        publish.state[_STATE] = None
-        self._reject(publish, config, queue, decision)
+        if not decision.admitted:
+            self._reject(publish, config, queue, decision)
+        publish.state[_STATE] = _Taken(config, queue, backend, reservation)
 
     def _try(self, backend: DepthBackend, publish: Publish, config: BulkheadConfig,
              queue: str, reservation: str) -> Admission:
@@ -315,41 +312,31 @@ class AdmissionGuard(EnqueueGuard):
         instead of counting against the tier until it expires.
 
         Raises:
-            TierFull / Stop: the transport refused a bounded publish (`QueueFull`): the
-                tier's policy answers in its place, as it would have before publishing.
+            TierFull / Stop: the broker refused the publish for a full queue (`QueueFull`:
+                the transport's bound, RabbitMQ's own, or a race the check could not see):
+                the tier's policy answers in its place, as it would have before publishing.
         """
-        taken = publish.state.get(_STATE)
-        if isinstance(taken, _Bounded):
-            publish.state.pop(_STATE, None)
-            for header in HEADERS:  # an inline run (caller_runs) must not carry them
-                (publish.options.get("headers") or {}).pop(header, None)
-            full = taken.backend.refusal(error, taken.queue, taken.config.max_queue_depth)
-            if full is not None:
-                self._reject(publish, taken.config, taken.queue,
-                             Admission(False, int(full.depth), int(full.reserved)))
+        taken = self._release(publish)
+        if taken is None:
             return
-        reserved = publish.state.get(_STATE)
-        self._release(publish)
-        if reserved:
-            # Admitted by the check, refused by the broker (RabbitMQ's own bound when it
-            # differs from this guard's limit, or a race the check could not see).
-            backend, queue, _ = reserved
-            config = self.config_for(publish.task)
-            full = backend.refusal(error, queue, config.max_queue_depth) if config else None
-            if config is not None and full is not None:
-                self._reject(publish, config, queue,
-                             Admission(False, int(full.depth), int(full.reserved)))
+        for header in HEADERS:  # an inline run (caller_runs) must not carry them
+            (publish.options.get("headers") or {}).pop(header, None)
+        full = taken.backend.refusal(error, taken.queue, taken.config.max_queue_depth)
+        if full is not None:
+            self._reject(publish, taken.config, taken.queue,
+                         Admission(False, int(full.depth), int(full.reserved)))
 
-    def _release(self, publish: Publish) -> None:
-        taken = publish.state.pop(_STATE, None)
-        if not taken or isinstance(taken, _Bounded):
-            return
-        backend, queue, reservation = taken
-        try:
-            backend.release(queue, reservation)
-        except StorageError as error:
-            # The reservation expires on its own after reservation_ttl_seconds.
-            logger.warning("admission reservation on %s not released: %s", queue, error)
+    def _release(self, publish: Publish) -> _Taken | None:
+        """Give the publish's reservation back (if it holds one); what it held."""
+        taken: _Taken | None = publish.state.pop(_STATE, None)
+        if taken is not None and taken.reservation is not None:
+            try:
+                taken.backend.release(taken.queue, taken.reservation)
+            except StorageError as error:
+                # The reservation expires on its own after reservation_ttl_seconds.
+                logger.warning("admission reservation on %s not released: %s", taken.queue,
+                               error)
+        return taken
 
     def _count(self, publish: Publish, config: BulkheadConfig, outcome: str, name: str) -> None:
         count_outcome(publish.task.app, outcome, guard=self.name, tier=config.tier, name=name)
