@@ -43,7 +43,6 @@ from resilience.keys import KeySpec
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Guard, Stage
 from resilience.store_down import StoreDown, store_down_policy, store_failed
-from resilience.stores import stores_for
 
 if TYPE_CHECKING:
     from celery import Task
@@ -121,11 +120,11 @@ class CancelGuard(Guard):
     def backend(self, task: Task) -> CancelBackend:
         return self._backend(task) if callable(self._backend) else self._backend
 
-    def record(self, task: Task) -> Cancellations:
+    def record(self, call: Call) -> Cancellations:
         """The record that restores a lost copy."""
         if self._record is None:
-            return Cancellations(stores_for(task.app).guard_engine(), self.backend(task))
-        return self._record(task) if callable(self._record) else self._record
+            return Cancellations(call.stores.guard_engine(), self.backend(call.task))
+        return self._record(call.task) if callable(self._record) else self._record
 
     def targets(self, call: Call) -> list[str]:
         """What a cancellation of this job would name: its id, and its task and key."""
@@ -141,7 +140,7 @@ class CancelGuard(Guard):
                 found.append(key_target(name, key))
         return found
 
-    def _marks(self, task: Task) -> Marks:
+    def _marks(self, call: Call) -> Marks:
         """This process's copy, refreshed as the module doc says.
 
         Raises:
@@ -153,7 +152,7 @@ class CancelGuard(Guard):
         if copy is not None and now - copy[0] < self.config.refresh_seconds:
             return copy[2]
         try:
-            version, marks = self._read(task, copy)
+            version, marks = self._read(call, copy)
             fresh = (now, version, marks)
         except StorageError as error:
             if copy is None:
@@ -164,10 +163,10 @@ class CancelGuard(Guard):
             self._copy = fresh
         return fresh[2]
 
-    def _read(self, task: Task, copy: tuple[float, str, Marks] | None) -> tuple[str, Marks]:
+    def _read(self, call: Call, copy: tuple[float, str, Marks] | None) -> tuple[str, Marks]:
         """The store's version and marks: the copy's own when the version has not moved, a
         reload when it moved, a restore from the record when it is gone."""
-        backend = self.backend(task)
+        backend = self.backend(call.task)
         version = backend.version()
         if version and copy is not None and version == copy[1]:
             return version, copy[2]
@@ -175,9 +174,9 @@ class CancelGuard(Guard):
             version, marks = backend.load()
             if version:
                 return version, marks
-        return self._restored(task, backend)
+        return self._restored(call, backend)
 
-    def _restored(self, task: Task, backend: CancelBackend) -> tuple[str, Marks]:
+    def _restored(self, call: Call, backend: CancelBackend) -> tuple[str, Marks]:
         """The copy restored from PostgreSQL after the store lost it.
 
         Raises:
@@ -189,7 +188,7 @@ class CancelGuard(Guard):
             raise StorageError("the cancellation store lost its copy; restore failed, "
                                "tried again later")
         try:
-            self.record(task).restore_if_lost()
+            self.record(call).restore_if_lost()
             version, marks = backend.load()
         except StorageError as error:
             self._restore_failed_at = self.clock()
@@ -208,7 +207,7 @@ class CancelGuard(Guard):
         if not targets:
             return
         try:
-            marks = self._marks(call.task)
+            marks = self._marks(call)
         except StorageError as error:
             store_failed(call, error, guard=self.name, policy=self.config.on_store_down,
                          retry_after_seconds=self.config.retry_seconds)
