@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from resilience.admission.broker import RedisBrokerDepth, depth_backend_for
 from resilience.connections import translate_store_error
-from resilience.deadline.guard import finite_seconds
+from resilience.headers import finite_seconds
 
 if TYPE_CHECKING:
     from celery import Celery
