@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from jobs.admin.status import show
 from resilience.deadletter.bulk import InvalidSelection, Selection, parse_since, requeue_many
-from resilience.deadletter.place import get, list_entries, requeue
+from resilience.deadletter.place import get, requeue
+from resilience.deadletter.view import VIEW, read
 from resilience.stores import stores_for
 
 if TYPE_CHECKING:
@@ -35,21 +38,8 @@ def list_command(
     pending: Annotated[bool, typer.Option(help="Only entries not requeued yet.")] = False,
 ) -> None:
     """The newest dead letters with their reason."""
-    entries = list_entries(_engine(), limit=limit, task_name=task, pending_only=pending)
-    view = Table(title=f"dead letters ({len(entries)})")
-    for column in ("id", "created", "task", "guard", "attempts", "reason", "requeued"):
-        view.add_column(column, no_wrap=column in ("name", "state", "id", "task"))
-    for entry in entries:
-        view.add_row(
-            str(entry.id),
-            entry.created_at.strftime("%Y-%m-%d %H:%M:%S"),
-            entry.task_name,
-            entry.guard,
-            str(entry.attempts),
-            entry.reason,
-            entry.requeued_task_id or "",
-        )
-    console.print(view)
+    show(replace(VIEW, title="dead letters"), read=partial(
+        read, limit=limit, task_name=task, pending_only=pending))
 
 
 @cli.command("show")

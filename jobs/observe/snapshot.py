@@ -48,6 +48,7 @@ from resilience.cancel import view as cancel_view
 from resilience.circuit import view as circuit_view
 from resilience.connections.redis import redis_from_url
 from resilience.counters import read_all
+from resilience.deadletter import view as deadletter_view
 from resilience.idempotency import view as idempotency_view
 from resilience.locks import view as locks_view
 from resilience.outbox import view as outbox_view
@@ -411,7 +412,7 @@ TIERS_VIEW = View(
 VIEWS: tuple[View, ...] = (
     TIERS_VIEW, pause_view.VIEW, cancel_view.VIEW, circuit_view.VIEW, retry_view.VIEW,
     ratelimit_view.VIEW, locks_view.LOCKS, idempotency_view.VIEW, outbox_view.VIEW,
-    batches_view.VIEW, locks_view.BEAT_LEADER_VIEW,
+    batches_view.VIEW, deadletter_view.VIEW, locks_view.BEAT_LEADER_VIEW,
 )
 #: Section names in the order views show them.
 SECTIONS = tuple(view.name for view in VIEWS)

@@ -34,10 +34,10 @@ from tornado import web
 from tornado.ioloop import IOLoop
 
 from jobs.admin.cancel import cancel_job
-from jobs.observe.snapshot import VIEWS, collect, queue_depths, unavailable
+from jobs.observe.snapshot import VIEWS, collect, queue_depths
 from jobs.platform import cancellations, pause_backend
 from jobs.tiers import TIERS
-from resilience.deadletter import Selection, list_entries, requeue_many
+from resilience.deadletter import Selection, requeue_many
 from resilience.deadletter.bulk import parse_since
 from resilience.deadletter.place import (  # `requeue` of place: the package shadows it
     DeadLetterNotFound,
@@ -59,8 +59,6 @@ if TYPE_CHECKING:
 PAGE_TEMPLATE = str(Path(__file__).parent / "templates" / "resilience.html")
 #: Seconds the workers get to answer `inspect active` from the web view.
 INSPECT_TIMEOUT_SECONDS = 0.5
-#: Pending dead letters the page lists, newest first (each with a requeue button).
-DEAD_LETTERS_SHOWN = 20
 #: Signed cookie carrying an action's one-line result to the page it redirects to.
 FLASH_COOKIE = "resilience_flash"
 #: The reason recorded when the operator gives none (as the CLI's default).
@@ -76,21 +74,10 @@ async def snapshot_of(app: Celery) -> dict[str, Any]:
 
 
 def page_extras(app: Celery) -> dict[str, Any]:
-    """What only the page needs beyond the snapshot: the action forms' choices and the
-    pending dead letters (one statement)."""
+    """What only the page needs beyond the snapshot: the action forms' choices."""
     _load_tasks(app)
-    try:
-        entries: Any = [
-            {"id": entry.id, "task_name": entry.task_name, "guard": entry.guard,
-             "reason": entry.reason, "attempts": entry.attempts,
-             "created_at": entry.created_at.isoformat(timespec="seconds")}
-            for entry in list_entries(stores_for(app).engine(), limit=DEAD_LETTERS_SHOWN,
-                                      pending_only=True)
-        ]
-    except Exception as exc:  # noqa: BLE001 - the page still shows the rest
-        entries = unavailable(_one_line(exc))
     tasks = sorted(name for name, task in app.tasks.items() if hasattr(task, "pipelines"))
-    return {"tiers": list(TIERS), "tasks": tasks, "dead_letters": entries}
+    return {"tiers": list(TIERS), "tasks": tasks}
 
 
 #: Rich markup the views put in cells (a red state, a yellow name): plain text on the page.
@@ -128,7 +115,7 @@ class ResiliencePage(BaseHandler):
         extras = await IOLoop.current().run_in_executor(None, page_extras, self.capp)
         self.render(PAGE_TEMPLATE, snapshot=snapshot, extras=extras,
                     sections=page_sections(snapshot),
-                    is_unavailable=missing, refresh_seconds=_refresh_seconds(self),
+                    refresh_seconds=_refresh_seconds(self),
                     flash=self._take_flash())
 
     def _take_flash(self) -> dict[str, Any] | None:
