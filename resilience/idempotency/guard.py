@@ -206,10 +206,9 @@ class IdempotencyGuard(Guard):
         return key
 
     def _taken(self, call: Call) -> _Taken:
-        taken: _Taken | None = call.kept(self)
+        taken: _Taken | None = call.slots.get(self)
         if taken is None:
-            taken = _Taken(self.call_key(call))
-            call.keep(self, taken)
+            taken = call.slots[self] = _Taken(self.call_key(call))
         return taken
 
     # -- take: key, claim ------------------------------------------------------------------

@@ -206,14 +206,14 @@ class CachedBackend:
     def cache_on(self) -> bool:
         """Whether a call reads and fills the fast path now (see the module's docstring)."""
         return self.cache is not None and (
-            self.mode != "auto" or time.monotonic() < self._hot_until)
+            self.mode != "auto" or (self._hot_until > 0 and time.monotonic() < self._hot_until))
 
     def prefetch(self, call: Call, key: GuardKey) -> None:
         """Queue the cache read of `key` in the call's read round (while the fast path is
         on), for `claim` to use."""
         if self.cache_on():
             arrived: list[CachedResult | None] = []
-            call.keep(self, arrived)
+            call.slots[self] = arrived
             self.cache.get_later(call.reads, key.namespace, key.value, arrived.append)
 
     def claim(self, call: Call, key: GuardKey, *, owner: str, lease_seconds: float,
@@ -249,10 +249,7 @@ class CachedBackend:
             # Warm the fast path so the next duplicate costs one Redis round trip.
             ttl = min(found.expires_in_seconds, self.ttl_seconds)
             if self.cache is not None and ttl > 0:
-                self.cache.put_later(call.writes, key.namespace, key.value,
-                                     fingerprint=key.fingerprint,
-                                     result_json=canonical_json(found.result),
-                                     task_id=found.task_id, ttl_seconds=ttl)
+                self._fill(call, key, canonical_json(found.result), found.task_id, ttl)
         return found
 
     def complete(self, call: Call, key: GuardKey, claim: Claim, result_json: str,
@@ -264,16 +261,20 @@ class CachedBackend:
             StoreUnavailable, StoreRejected, StorageError: from the records.
         """
         done = self.records.complete(claim, result_json, ttl_seconds)
-        if done:
-            self.succeeded(call, key, result_json)
+        if done and self.cache_on():
+            self._fill(call, key, result_json, call.task_id, self.ttl_seconds)
         return done
 
     def succeeded(self, call: Call, key: GuardKey, result_json: str) -> None:
         """`key`'s record holds `result_json` now: cache it while the fast path is on."""
         if self.cache_on():
-            self.cache.put_later(call.writes, key.namespace, key.value,
-                                 fingerprint=key.fingerprint, result_json=result_json,
-                                 task_id=call.task_id, ttl_seconds=self.ttl_seconds)
+            self._fill(call, key, result_json, call.task_id, self.ttl_seconds)
+
+    def _fill(self, call: Call, key: GuardKey, result_json: str, task_id: str | None,
+              ttl_seconds: float) -> None:
+        assert self.cache is not None
+        self.cache.put_later(call.writes, key.namespace, key.value, fingerprint=key.fingerprint,
+                             result_json=result_json, task_id=task_id, ttl_seconds=ttl_seconds)
 
     def _replayed(self) -> None:
         self._hot_until = time.monotonic() + HOT_SECONDS
