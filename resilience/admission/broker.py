@@ -31,17 +31,15 @@ enqueue route sends a refused republish to the outbox (nothing is lost).
 
 from __future__ import annotations
 
-import os
-import threading
 import uuid
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-import redis as redis_lib
 from kombu.utils.imports import symbol_by_name
 
 from resilience.connections import translate_store_error
+from resilience.connections.redis import client_for
 from resilience.errors import DuplicateJob, QueueFull, StorageError
 from resilience.keys import redis_key
 from resilience.scripts import LuaScript
@@ -123,21 +121,11 @@ class RedisBrokerDepth:
         self.separator = options.get("sep", PRIORITY_SEPARATOR)
         self.prefix = options.get("global_keyprefix", "")
         self._reservation_keys: dict[str, str] = {}
-        self._lock = threading.Lock()
-        self._pid = -1
-        self._client: redis.Redis | None = None
 
     def client(self) -> redis.Redis:
-        """The process's broker client (re-created after a fork)."""
-        if self._pid != os.getpid() or self._client is None:
-            with self._lock:
-                if self._pid != os.getpid() or self._client is None:
-                    self._client = redis_lib.Redis.from_url(
-                        self.broker_url, decode_responses=True,
-                        socket_timeout=5, socket_connect_timeout=5,
-                    )
-                    self._pid = os.getpid()
-        return self._client
+        """The process's broker client (`client_for`: a forked child makes its own)."""
+        return client_for(self.broker_url, decode_responses=True, socket_timeout=5,
+                          socket_connect_timeout=5)
 
     def lists(self, queue: str) -> list[str]:
         """The Redis lists holding `queue`'s messages, one per priority step."""
