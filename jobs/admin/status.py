@@ -21,6 +21,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
@@ -54,7 +55,9 @@ def table(view: View, section: Any) -> Table:
     for column in columns:
         shown.add_column(column.header, justify=column.justify)
     for row in view.rows(section):
-        shown.add_row(*(column.cell(row) for column in columns))
+        # A plain cell is data (a reason, a key): never read as rich markup.
+        shown.add_row(*(column.cell(row) if column.text else escape(column.cell(row))
+                        for column in columns))
     return shown
 
 

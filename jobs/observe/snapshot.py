@@ -402,6 +402,7 @@ TIERS_VIEW = View(
     columns=(Column(header="tier", key="tier"), Column(header="depth", text=_tier_depth,
                                                        justify="right"),
              Column(header="max", key="max_queue_depth", justify="right"),
+             Column(header="policy", key="rejection_policy"),
              Column(header="active", key="active", justify="right"),
              *(Column(header=column.replace("_", "-"), key=column, justify="right")
                for column in TIER_OUTCOMES)),
