@@ -182,6 +182,12 @@ class Call:
         return Headers(self.request)
 
     @property
+    def queue(self) -> str | None:
+        """The queue the message came from, else the task's own."""
+        info = getattr(self.request, "delivery_info", None) or {}
+        return info.get("routing_key") or getattr(self.task, "queue", None)
+
+    @property
     def attempt(self) -> int:
         """This execution's attempt number, 1 for the first delivery."""
         return int(getattr(self.request, "retries", 0) or 0) + 1

@@ -11,7 +11,6 @@ from resilience.counters import count_outcome
 from resilience.deadletter.place import dead_letter
 from resilience.errors import DeadLettered, StorageError
 from resilience.outcomes import Outcome
-from resilience.stores import stores_for
 
 logger = logging.getLogger("resilience.deadletter")
 
@@ -72,11 +71,9 @@ def give_up(
     error says the record is missing (the log line has the arguments).
     """
     task = call.task
-    request = call.request
-    delivery_info = getattr(request, "delivery_info", None) or {}
-    queue = delivery_info.get("routing_key") or getattr(task, "queue", None)
+    queue = call.queue
     tier = getattr(task, "tier", None)
-    stores = stores_for(task.app)
+    stores = call.stores
     entry_id: int | None = None
     try:
         entry_id = dead_letter_place(stores).add(

@@ -187,7 +187,7 @@ class DeadlineGuard(Guard):
         effective, pressure = deadline, False
         policy = _resolve(self.policy, call.task)
         if policy is not None and policy.pressure_queue_depth and start is not None:
-            queue = _queue_of(call)
+            queue = call.queue
             depth = self.queue_depth(call.task, queue) if queue else None
             if depth is not None and depth > policy.pressure_queue_depth:
                 pressure = True
@@ -208,8 +208,3 @@ class DeadlineGuard(Guard):
             details={"deadline": deadline, "effective_deadline": effective,
                      "late_seconds": round(late, 6), "pressure": pressure, "tier": tier},
         )
-
-
-def _queue_of(call: Call) -> str | None:
-    info = getattr(call.request, "delivery_info", None) or {}
-    return info.get("routing_key") or getattr(call.task, "queue", None)
