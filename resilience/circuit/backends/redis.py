@@ -31,11 +31,9 @@ if TYPE_CHECKING:
 
     from resilience.batch import Rounds
     from resilience.errors import StorageError
+    from resilience.stores import Stores
 
 NAMESPACE = "resilience:breaker"
-
-#: `RedisBreakerBackend.of_app`'s backends (apps live as long as the process).
-_BY_APP: dict[Any, RedisBreakerBackend] = {}
 
 
 def state_key(name: str) -> str:
@@ -65,13 +63,20 @@ class RedisBreakerBackend(StoreBackend):
 
     @classmethod
     def of_app(cls, app: Celery) -> RedisBreakerBackend:
-        """The backend on the app's shared Redis (`resilience.stores.install`), one per app,
-        so every task naming a breaker shares the process's local copy of it
-        (`resilience.circuit.local`)."""
-        backend = _BY_APP.get(app)
-        if backend is None:
-            backend = _BY_APP.setdefault(app, cls(lambda: stores_for(app).redis()))
-        return backend
+        """The backend on the app's shared Redis, one per process (`Stores.backend`), so
+        every task naming a breaker shares the process's local copy of it
+        (`resilience.circuit.local`).
+
+        Raises:
+            ConfigurationError: the app's stores are in memory (`backend_of_app` then gives
+                the in-memory breakers).
+        """
+        return stores_for(app).backend("circuit", cls.on_stores)
+
+    @classmethod
+    def on_stores(cls, stores: Stores) -> RedisBreakerBackend:
+        """A backend on `stores`' shared Redis (`Stores.redis`, fork-safe)."""
+        return cls(stores.redis)
 
     def client(self) -> redis.Redis:
         return self._client()
