@@ -224,6 +224,8 @@ class IdempotencyGuard(Guard):
                                        ttl_seconds=self.config.ttl_seconds)
         except StorageError as exc:
             self._store_down(call, taken, exc)
+            if self.config.transactional:  # failing open: the body still gets its transaction
+                self._begin(call, taken)
             return
         if found.claim is not None:
             taken.claim = found.claim
@@ -237,18 +239,9 @@ class IdempotencyGuard(Guard):
         call.count(Outcome.DEFERRED, guard=GUARD_NAME)
         remaining = found.lease_remaining_seconds if found.state == IN_PROGRESS else None
         wait = min(self.config.poll_seconds, max(0.05, remaining or self.config.poll_seconds))
-        raise Stop(
-            Outcome.DEFERRED,
-            guard=GUARD_NAME,
-            reason=f"key {key.value!r} is being run by task {found.task_id}",
-            retry_after_seconds=wait,
-            details={
-                "key": key.value,
-                "holder_task_id": found.task_id,
-                "attempt": found.attempt,
-                "state": found.state,
-            },
-        )
+        raise _deferred(f"key {key.value!r} is being run by task {found.task_id}", wait,
+                        key=key.value, holder_task_id=found.task_id, attempt=found.attempt,
+                        state=found.state)
 
     def _reused(self, call: Call, key: GuardKey) -> None:
         call.count(Outcome.REJECTED, guard=GUARD_NAME)
@@ -270,18 +263,12 @@ class IdempotencyGuard(Guard):
             details={"key": key.value, "original_task_id": found.task_id, "source": source},
         )
 
-    def _store_down(self, call: Call, taken: _Taken, exc: StorageError) -> None:
-        store_failed(
-            call,
-            exc,
-            guard=GUARD_NAME,
-            policy=self.config.on_store_down,
-            retry_after_seconds=self.config.store_down_retry_seconds,
-            name=self.task_name,
-            details={"key": taken.key.value},
-        )
-        if self.config.transactional:  # failing open: the body still gets its transaction
-            self._begin(call, taken)
+    def _store_down(self, call: Call, taken: _Taken, error: StorageError,
+                    policy: StoreDown | None = None) -> None:
+        """Apply the store-down policy (the configured one unless `policy`) to `error`."""
+        store_failed(call, error, guard=GUARD_NAME, policy=policy or self.config.on_store_down,
+                     retry_after_seconds=self.config.store_down_retry_seconds,
+                     name=self.task_name, details={"key": taken.key.value})
 
     def _begin(self, call: Call, taken: _Taken) -> None:
         """Open the body's transaction and hand its session to the body; when none can be
@@ -297,13 +284,8 @@ class IdempotencyGuard(Guard):
                 self._release_later(taken, error)
             else:
                 self._release(taken)
-            raise Stop(
-                Outcome.DEFERRED,
-                guard=GUARD_NAME,
-                reason=str(error),
-                retry_after_seconds=self.config.store_down_retry_seconds,
-                details={"store_down": True},
-            ) from exc
+            raise _deferred(str(error), self.config.store_down_retry_seconds,
+                            store_down=True) from exc
         if self._passes_session:
             call.inject["session"] = taken.transaction.session
         elif taken.transaction.session is not None:
@@ -348,11 +330,8 @@ class IdempotencyGuard(Guard):
                 call.count("UNRECORDED", guard=GUARD_NAME)
                 return
             if not done:
-                logger.warning(
-                    "idempotency claim on %s was taken over before completion (attempt %s)",
-                    key.full,
-                    claim.attempt,
-                )
+                logger.warning("idempotency claim on %s was taken over before completion "
+                               "(attempt %s)", key.full, claim.attempt)
                 call.count("STALE", guard=GUARD_NAME)
                 return
         # Committed: nothing is left to give back, whatever an outer guard does next.
@@ -367,21 +346,15 @@ class IdempotencyGuard(Guard):
             if not transaction.complete(claim, result_json, self.config.ttl_seconds):
                 assert claim is not None
                 raise self._rolled_back(
-                    call,
-                    taken,
-                    "STALE",
-                    {"attempt": claim.attempt, "stale": True},
+                    call, taken, "STALE",
                     f"claim on {key.value!r} was taken over (attempt {claim.attempt})",
-                )
+                    attempt=claim.attempt, stale=True)
             try:
                 call.checkpoint()
             except Exception as lost:
                 raise self._rolled_back(
-                    call,
-                    taken,
-                    "LOCK-LOST",
-                    {"lock_lost": True},
-                    f"a lock or lease was lost before the commit ({lost})",
+                    call, taken, "LOCK-LOST",
+                    f"a lock or lease was lost before the commit ({lost})", lock_lost=True,
                 ) from lost
             transaction.commit()
         except StorageError as error:
@@ -391,31 +364,17 @@ class IdempotencyGuard(Guard):
             # a write PostgreSQL rejects (too long, a constraint) is dead-lettered instead of
             # deferred forever. The body's writes are part of this commit, so "down" never
             # means "run unguarded" here.
-            store_failed(
-                call,
-                error,
-                guard=GUARD_NAME,
-                policy=StoreDown.FAIL_CLOSED,
-                retry_after_seconds=self.config.store_down_retry_seconds,
-                name=self.task_name,
-                details={"key": key.value},
-            )
+            self._store_down(call, taken, error, StoreDown.FAIL_CLOSED)
         finally:
             self._close(taken)
 
-    def _rolled_back(
-        self, call: Call, taken: _Taken, counter: str, details: dict[str, Any], why: str
-    ) -> Stop:
+    def _rolled_back(self, call: Call, taken: _Taken, counter: str, why: str,
+                     **details: Any) -> Stop:
         """Roll this run's writes back and say so: DEFERRED, counted under `counter`."""
         self._close(taken)
         call.count(counter, guard=GUARD_NAME)
-        return Stop(
-            Outcome.DEFERRED,
-            guard=GUARD_NAME,
-            reason=f"{why}; this run's writes were rolled back",
-            retry_after_seconds=self.config.poll_seconds,
-            details={"key": taken.key.value, **details},
-        )
+        return _deferred(f"{why}; this run's writes were rolled back", self.config.poll_seconds,
+                         key=taken.key.value, **details)
 
     # -- give back -------------------------------------------------------------------------
     def on_error(self, call: Call, exc: BaseException) -> None:
@@ -436,14 +395,9 @@ class IdempotencyGuard(Guard):
                 self._fail(taken, f"{type(exc).__name__}: {exc}")
         if outage:
             call.count(Outcome.DEFERRED, guard=GUARD_NAME)
-            raise Stop(
-                Outcome.DEFERRED,
-                guard=GUARD_NAME,
-                reason=f"the database went away under the transactional body "
-                f"({type(exc).__name__}); its writes were rolled back",
-                retry_after_seconds=self.config.store_down_retry_seconds,
-                details={"store_down": True},
-            ) from exc
+            raise _deferred(f"the database went away under the transactional body "
+                            f"({type(exc).__name__}); its writes were rolled back",
+                            self.config.store_down_retry_seconds, store_down=True) from exc
 
     def after_run(self, call: Call, result: Any) -> None:
         """Nothing to give back: `commit` completed the claim and closed the transaction."""
@@ -516,6 +470,12 @@ class IdempotencyGuard(Guard):
         except StorageError as exc:
             # The lease ends on its own; only the record's view is late.
             logger.warning("idempotency %s not recorded: %s", what, exc)
+
+
+def _deferred(reason: str, retry_after_seconds: float, **details: Any) -> Stop:
+    """The guard's DEFERRED stop."""
+    return Stop(Outcome.DEFERRED, guard=GUARD_NAME, reason=reason,
+                retry_after_seconds=retry_after_seconds, details=details)
 
 
 def _session_parameter(func: Callable[..., Any]) -> inspect.Parameter | None:
