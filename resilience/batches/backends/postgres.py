@@ -32,7 +32,7 @@ from resilience.batches.backends import (
 from resilience.batches.callbacks import COMPLETE, SUCCESS, callback_row, due_callbacks
 from resilience.batches.errors import BatchNotFound
 from resilience.batches.models import BATCHES_TABLE, MEMBERS_TABLE
-from resilience.connections import wrap_store_errors
+from resilience.connections import StoreBackend, wrap_store_errors
 from resilience.outbox.backends.postgres import PostgresOutboxBackend
 
 if TYPE_CHECKING:
@@ -111,12 +111,14 @@ def _summary(row: Any) -> BatchSummary:
     )
 
 
-class PostgresBatchBackend:
+class PostgresBatchBackend(StoreBackend):
     """Batches in PostgreSQL (tables `resilience_batches`, `resilience_batch_members`).
 
     Args:
         engine: a callable returning the engine (the stores' engine, re-created per process).
     """
+
+    store_operation = "batches"
 
     def __init__(self, engine: Callable[[], Engine]) -> None:
         self.engine = engine
@@ -214,7 +216,7 @@ class PostgresBatchBackend:
         return _summary(row)
 
     def recent(self, *, limit: int = 50, incomplete_only: bool = False) -> list[BatchSummary]:
-        with wrap_store_errors("batches: list"), self.engine().connect() as connection:
+        with self.engine().connect() as connection:
             rows = connection.execute(
                 _RECENT, {"limit": int(limit), "incomplete_only": bool(incomplete_only)}
             ).all()

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from resilience.connections import translate_store_error
+from resilience.connections import StoreBackend, translate_store_error
 from resilience.connections.postgres import HeldConnection, StatementRunner
 from resilience.errors import ConfigurationError, StorageError, StoreUnavailable
 from resilience.holders import Holder
@@ -305,7 +305,7 @@ class PostgresTransaction:
             self._connection.close()
 
 
-class PostgresIdempotencyBackend:
+class PostgresIdempotencyBackend(StoreBackend):
     """Claims, completes, fails and releases idempotency records in PostgreSQL.
 
     Args:
@@ -322,6 +322,8 @@ class PostgresIdempotencyBackend:
         transactions: opens the body's transaction instead of `transaction_engine` (the
             Django one of `resilience.contrib.django`); None: a SQLAlchemy Session.
     """
+
+    store_operation = "idempotency store"
 
     def __init__(
         self,

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from resilience.connections import ProcessLocal, on_fork, wrap_store_errors
+from resilience.connections import ProcessLocal, StoreBackend, on_fork, wrap_store_errors
 from resilience.connections.postgres import PG_SERVER_TCP, connect
 from resilience.errors import (
     ConfigurationError,
@@ -483,22 +483,22 @@ def discard_thread_session() -> None:
 
 
 # -- the registry ----------------------------------------------------------------------------
-class HeldLockRegistry:
+class HeldLockRegistry(StoreBackend):
     """The `resilience_held_locks` table: one row per held key, for holder reports.
 
     Args:
         engine: returns the process's SQLAlchemy engine (`Stores.engine`).
     """
 
+    store_operation = "held-lock registry"
+
     def __init__(self, engine: Callable[[], Engine]) -> None:
         self._engine = engine
 
     def _rows(self, sql: str, parameters: dict[str, Any], *, write: bool = False) -> list[Any]:
-        with wrap_store_errors("held-lock registry"):
-            opened = self._engine().begin() if write else self._engine().connect()
-            with opened as connection:
-                result = connection.exec_driver_sql(sql, parameters)
-                return list(result) if result.returns_rows else []
+        with self._engine().begin() if write else self._engine().connect() as connection:
+            result = connection.exec_driver_sql(sql, parameters)
+            return list(result) if result.returns_rows else []
 
     def register(self, key: str, *, kind: str, owner: str, claimant: Claimant,
                  token: int | None, ttl_seconds: float | None) -> None:
@@ -515,7 +515,7 @@ class HeldLockRegistry:
 
     def remove(self, key: str) -> int:
         """Delete `key`'s row whoever holds it (admin); the rows deleted."""
-        with wrap_store_errors("held-lock registry"), self._engine().begin() as connection:
+        with self._engine().begin() as connection:
             return int(connection.exec_driver_sql(
                 "DELETE FROM resilience_held_locks WHERE key = %(key)s", {"key": key}).rowcount)
 
@@ -541,7 +541,7 @@ def _holder(row: Any, *, alive: bool = True) -> Holder:
 
 
 # -- the backend -----------------------------------------------------------------------------
-class AdvisoryLockBackend:
+class AdvisoryLockBackend(StoreBackend):
     """`@singleton`'s store: session advisory locks, one session per lock held.
 
     A session comes from the process's `SESSION_POOL` at acquire and goes back at release
@@ -556,6 +556,7 @@ class AdvisoryLockBackend:
     """
 
     kind = "singleton"
+    store_operation = "advisory locks"
 
     def __init__(self, database_url: str, *, engine: Callable[[], Engine],
                  pool_mode: str | None = None) -> None:
@@ -651,7 +652,7 @@ class AdvisoryLockBackend:
 
     def holders(self) -> list[Holder]:
         """Every registered singleton, alive while its advisory lock is held."""
-        with wrap_store_errors("advisory locks"), self.engine().connect() as connection:
+        with self.engine().connect() as connection:
             held = {(int(classid), int(objid))
                     for classid, objid in connection.exec_driver_sql(_HELD_ADVISORY)}
         return self.registry.holders(
@@ -660,7 +661,7 @@ class AdvisoryLockBackend:
     def terminate_holders(self, key: str) -> int:
         """End every session holding `key`'s lock (admin), which frees it; sessions ended."""
         classid, objid = lock_parts(advisory_id(key))
-        with wrap_store_errors("advisory locks"), self.engine().begin() as connection:
+        with self.engine().begin() as connection:
             return len(connection.exec_driver_sql(
                 _TERMINATE_HOLDERS, {"classid": classid, "objid": objid}).all())
 

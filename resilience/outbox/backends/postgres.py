@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from kombu.utils.json import JSONEncoder
 from sqlalchemy import text
 
-from resilience.connections import wrap_store_errors
+from resilience.connections import StoreBackend, wrap_store_errors
 from resilience.connections.postgres import connect
 from resilience.deadletter.place import dead_letter
 from resilience.outbox.backends.base import NewRow, OutboxRow, OutboxState
@@ -189,7 +189,7 @@ class PostgresBatch:
             self._published = []
 
 
-class PostgresOutboxBackend:
+class PostgresOutboxBackend(StoreBackend):
     """The outbox in PostgreSQL (table `resilience_outbox`).
 
     Args:
@@ -198,6 +198,8 @@ class PostgresOutboxBackend:
         listen: opens the LISTEN connection, a session of its own (a direct one:
             `Stores.locks_database_url`); None: the relay polls.
     """
+
+    store_operation = "outbox"
 
     def __init__(self, engine: Callable[[], Engine],
                  sleep: Callable[[float], None] = time.sleep,
@@ -274,12 +276,12 @@ class PostgresOutboxBackend:
                 connection.close()  # rolls back whatever was not committed
 
     def next_due_in_seconds(self) -> float | None:
-        with wrap_store_errors("outbox: next due"), self.engine().connect() as connection:
+        with self.engine().connect() as connection:
             value = connection.execute(_NEXT_DUE).scalar()
         return None if value is None else float(value)
 
     def purge_published(self, *, older_than_seconds: float, limit: int = 1000) -> int:
-        with wrap_store_errors("outbox: purge"), self.engine().begin() as connection:
+        with self.engine().begin() as connection:
             result = connection.execute(
                 _PURGE, {"older_than_seconds": older_than_seconds, "limit": limit}
             )
@@ -330,7 +332,7 @@ class PostgresOutboxBackend:
 
     # -- operator side ---------------------------------------------------------------------
     def describe(self) -> OutboxState:
-        with wrap_store_errors("outbox: describe"), self.engine().connect() as connection:
+        with self.engine().connect() as connection:
             row = connection.execute(_DESCRIBE).one()
         pending, due = int(row.pending), int(row.due)
         return OutboxState(
