@@ -168,7 +168,7 @@ def check_broker(app: Celery) -> Check:
 
 
 @lru_cache(maxsize=4)
-def _heads(database_url: str) -> dict[str, frozenset[str]]:
+def migration_heads(database_url: str) -> dict[str, frozenset[str]]:
     """Each version table and its history's heads (read from the scripts once per process):
     the library's and the platform's."""
     # lazy: jobs.db loads alembic and SQLAlchemy, which the local probes never need
@@ -188,7 +188,7 @@ def check_postgres(app: Celery) -> list[Check]:
             connection.execute(text("SELECT 1"))
             missing = sorted(
                 head
-                for table, heads in _heads(stores.database_url).items()
+                for table, heads in migration_heads(stores.database_url).items()
                 for head in heads - set(MigrationContext.configure(
                     connection, opts={"version_table": table}).get_current_heads())
             )

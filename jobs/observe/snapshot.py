@@ -1,12 +1,14 @@
 """One function collecting the whole platform state as a JSON-able dict.
 
-`collect(app)` is what `jobs status`, the Flower page and `/api/resilience` show. Each
-section is gathered on its own, in its own `try`: a store that is down or a guard package
-that is not installed turns that section into `{"unavailable": "<reason>"}` and the other
-sections still show. Cost: one HGETALL for every counter, one pipelined LLEN per broker,
-one MGET / pipeline per Redis-held guard kind (pause switches, breakers, budgets) plus one
-small pipeline per declared concurrency limit, four SQL statements (live cancellations
-included), one broadcast.
+`collect(app)` is what `jobs status`, the Flower page, `/metrics` and `/api/resilience`
+show: one section per view of `VIEWS` (each package's `view.py` declares how to read its
+rows, its columns, metric families and actions; the tiers view is the platform's own).
+Each section is read on its own, in its own `try`: a store that is down turns that section
+into `{"unavailable": "<reason>"}` and the other sections still show. Cost: one HGETALL
+for every counter, one pipelined LLEN per broker, one MGET / pipeline per Redis-held guard
+kind (pause switches, breakers, budgets) plus one small pipeline per declared concurrency
+limit, six SQL statements (live cancellations and pending dead letters included), one
+broadcast.
 
 No SCAN: this runs on every metrics scrape, `jobs status` and web page refresh, and a SCAN
 walks the whole keyspace whatever its pattern (~170 ms per 200k keys, on the Redis every
@@ -34,12 +36,13 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from functools import lru_cache, partial
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from jobs.observe.health import migration_heads
 from jobs.settings import Settings
 from jobs.tiers import TIERS
 from resilience.admission import RedisBrokerDepth, depth_backend_for
@@ -184,16 +187,6 @@ def _probe_amqp(url: str, timeout_seconds: float) -> None:
                                      timeout=timeout_seconds)
 
 
-@lru_cache(maxsize=4)
-def _migration_heads(database_url: str) -> dict[str, frozenset[str]]:
-    """Each version table and its history's heads (the library's and the platform's), read
-    from the scripts once per process."""
-    # lazy: jobs.db loads alembic and SQLAlchemy, which `jobs status` needs only here
-    from jobs.db import expected_versions
-
-    return expected_versions(database_url)
-
-
 def _probe_database(url: str, timeout_seconds: float) -> tuple[str, str, str] | None:
     """Connect with psycopg2 alone (no engine, no pool: SQLAlchemy's import alone costs
     more than the probe) and compare the applied migrations with the code's heads.
@@ -208,7 +201,7 @@ def _probe_database(url: str, timeout_seconds: float) -> tuple[str, str, str] | 
     dsn = re.sub(r"^postgres(?:ql)?(?:\+\w+)?://", "postgresql://", url)
     bound = max(2, math.ceil(timeout_seconds))
     connection = psycopg2.connect(dsn, connect_timeout=bound, tcp_user_timeout=bound * 1000)
-    expected = _migration_heads(url)
+    expected = migration_heads(url)
     applied: set[str] = set()
     try:
         with connection.cursor() as cursor:
