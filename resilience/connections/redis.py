@@ -1,12 +1,16 @@
 """Redis clients for every topology, and the client helpers that know a Cluster.
 
 `redis_from_url` builds one redis-py client from a URL: one server, a Sentinel-managed
-master or a Redis Cluster; `client_for` keeps one per URL and options for the process, dropped
-in a forked child by the one fork hook (`resilience.connections.on_fork`), as `Stores`
-drops its own. A client of one server or
-Sentinel can share an `UnreachableHold`, so a partitioned server costs one timeout, not
-one per call. `is_cluster`, `mget` and `read_hashes` hide what a Cluster does differently
-(commands per slot, no TIME in a pipeline).
+master or a Redis Cluster. `client_for` keeps one per URL and options for the process,
+dropped in a forked child by the one fork hook (`resilience.connections.on_fork`), as
+`Stores` drops its own. A client of one server or Sentinel can share an `UnreachableHold`,
+so a partitioned server costs one timeout, not one per call. `RedisStoreBackend` is the
+base of the Redis backends (errors translated by `StoreBackend`). `is_cluster`, `mget` and
+`read_hashes` hide what a Cluster does differently (commands per slot, no TIME in a
+pipeline).
+
+The verdicts on redis-py's errors stay with the others in `resilience.connections` (the
+one translation, which this module's backends import).
 """
 
 from __future__ import annotations
