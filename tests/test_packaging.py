@@ -67,7 +67,9 @@ except ImportError:
 folder = os.path.dirname(resilience.__file__)
 print(json.dumps({"failed": failed, "version": resilience.__version__,
                   "file": resilience.__file__, "jobs": jobs_found,
-                  "files": sorted(os.listdir(folder))}))
+                  "files": sorted(os.listdir(folder)) + sorted(
+                      "admission/" + name
+                      for name in os.listdir(os.path.join(folder, "admission")))}))
 """
 
 #: The user's own tasks module: a guarded task on the installed platform's app.
@@ -266,7 +268,7 @@ class TestLibraryWheel:
         assert Path(imports["file"]).is_relative_to(installation.venv)
         assert imports["version"] == "0.1.0"
         files = set(imports["files"])
-        assert {"py.typed", "publish.lua", "__init__.py"} <= files
+        assert {"py.typed", "admission/publish.lua", "__init__.py"} <= files
         assert not {"setup.py", "pyproject.toml", "LICENSE"} & files
 
 
