@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from resilience.errors import InvalidKey, InvalidTaskArguments
 from resilience.keys import canonical_json
-from resilience.outbox.backends import NewRow, OutboxBackend, outbox_backend
+from resilience.outbox.backends import NewRow, OutboxBackend
+from resilience.outbox.relay import outbox_backend
 from resilience.outbox.trace import with_trace_context
 
 if TYPE_CHECKING:

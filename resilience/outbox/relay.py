@@ -61,10 +61,12 @@ from resilience.errors import (
     StoreUnavailable,
 )
 from resilience.headers import OUTBOX_HEADER
-from resilience.outbox.backends import outbox_backend
 from resilience.outbox.backends.base import Batch, OutboxBackend, OutboxRow
+from resilience.outbox.backends.memory import MemoryOutboxBackend
+from resilience.outbox.backends.postgres import backend_for
 from resilience.outbox.trace import trace_context_of
 from resilience.outcomes import Outcome
+from resilience.stores import stores_for
 
 if TYPE_CHECKING:
     from celery import Celery, Task
@@ -289,3 +291,12 @@ class Relay:
         if next_due is not None:
             timeout = min(timeout, max(0.0, next_due - self.lookahead_seconds))
         return timeout
+
+
+def outbox_backend(app: Any) -> OutboxBackend:
+    """The outbox of `app`'s stores: PostgreSQL, or the in-memory one (publishing through
+    `app` when the caller's transaction commits) with `MemoryStores`."""
+    backend = stores_for(app).backend("outbox", backend_for, memory=MemoryOutboxBackend)
+    if isinstance(backend, MemoryOutboxBackend):
+        backend.bind(app, Relay)
+    return backend

@@ -27,8 +27,8 @@ from resilience.batches.backends import (
 from resilience.batches.backends.postgres import backend_for
 from resilience.batches.callbacks import COMPLETE, SUCCESS, callback_row, due_callbacks
 from resilience.batches.errors import BatchNotFound
-from resilience.outbox.backends import outbox_backend
 from resilience.outbox.backends.memory import on_transaction_end
+from resilience.outbox.relay import outbox_backend
 from resilience.stores import stores_for
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """The outbox's storage: the Protocol and values (`base`), the PostgreSQL backend for
-production (`postgres`), the in-memory one for unit tests (`memory`), and `outbox_backend`,
-which picks the app's.
+production (`postgres`), the in-memory one for unit tests (`memory`);
+`resilience.outbox.relay.outbox_backend` picks the app's.
 
 The relay's flow (`resilience.outbox.relay`) never sees SQL: it asks the backend for a
 batch of publishable rows (locked for it alone), and tells the batch what became of each.
@@ -11,8 +11,6 @@ memory backend publishes them when the caller's transaction commits (`resilience
 
 from __future__ import annotations
 
-from typing import Any
-
 from resilience.outbox.backends.base import (
     Batch,
     NewRow,
@@ -20,17 +18,5 @@ from resilience.outbox.backends.base import (
     OutboxRow,
     OutboxState,
 )
-from resilience.outbox.backends.memory import MemoryOutboxBackend
-from resilience.outbox.backends.postgres import backend_for
-from resilience.stores import stores_for
 
-__all__ = ["Batch", "NewRow", "OutboxBackend", "OutboxRow", "OutboxState", "outbox_backend"]
-
-
-def outbox_backend(app: Any) -> OutboxBackend:
-    """The outbox of `app`'s stores: PostgreSQL, or the in-memory one (publishing through
-    `app` when the caller's transaction commits) with `MemoryStores`."""
-    backend = stores_for(app).backend("outbox", backend_for, memory=MemoryOutboxBackend)
-    if isinstance(backend, MemoryOutboxBackend):
-        backend.bind(app)
-    return backend
+__all__ = ["Batch", "NewRow", "OutboxBackend", "OutboxRow", "OutboxState"]

@@ -1,5 +1,6 @@
 """The outbox's atomic steps (`OutboxBackend`) and the values they exchange; the
-backends (`memory`, `postgres`) implement them, the package picks one (`outbox_backend`).
+backends (`memory`, `postgres`) implement them, `resilience.outbox.relay.outbox_backend`
+picks the app's.
 
 The relay's flow (`resilience.outbox.relay`) never sees SQL: it asks the backend for a
 batch of publishable rows (locked for it alone), and tells the batch what became of each.

@@ -170,10 +170,13 @@ class MemoryOutboxBackend:
         self._next_id = 1
         self._rows: dict[int, _Row] = {}
         self._app: Any = None  # a weakref to the app whose relay publishes the rows
+        self._relay: Callable[..., Any] | None = None
 
-    def bind(self, app: Celery) -> MemoryOutboxBackend:
-        """Publish through `app` (the stores' app: every call site passes it)."""
+    def bind(self, app: Celery, relay: Callable[..., Any]) -> MemoryOutboxBackend:
+        """Publish through `app` (the stores' app: every call site passes it) with the
+        relay's flow (`relay(app, backend=self)`: `resilience.outbox.relay.Relay`)."""
         self._app = weakref.ref(app)
+        self._relay = relay
         return self
 
     @property
@@ -208,9 +211,7 @@ class MemoryOutboxBackend:
         app = self._app() if self._app is not None else None
         if app is None:
             return
-        from resilience.outbox.relay import Relay
-
-        relay = Relay(app, backend=self)
+        relay = self._relay(app, backend=self)
         while relay.relay_once().published:
             pass
 
@@ -307,7 +308,3 @@ class _MemoryBatch:
                            errors=[reason])
         return None
 
-
-def memory_outbox(app: Celery) -> MemoryOutboxBackend:
-    """A fresh in-memory outbox publishing through `app` (`Stores.backend`'s `memory=`)."""
-    return MemoryOutboxBackend().bind(app)

@@ -22,8 +22,8 @@ from resilience.batches.backends.memory import MemoryBatchBackend, batch_backend
 from resilience.errors import JobDeferred, StaleFencingToken
 from resilience.locks import exclusive, singleton
 from resilience.locks.fencing import FencingTokens
-from resilience.outbox.backends import outbox_backend
 from resilience.outbox.backends.memory import MemoryOutboxBackend
+from resilience.outbox.relay import outbox_backend
 from resilience.task import GuardedTask
 from resilience.testing import memory_mode
 from tests.resilience.testing.test_memory_mode import dead_app
