@@ -42,7 +42,6 @@ from jobs.embedded import (
 )
 from jobs.observe.watchdog import EXIT_STALLED
 from jobs.pipeline_view import describe_pipelines
-from jobs.platform import pause_backend
 from jobs.settings import Settings, SettingsError, get_settings
 from jobs.tiers import TIERS
 from jobs.vendor import VendorControl, VendorError, serve
@@ -528,6 +527,9 @@ def _pause_switch() -> Any:
     settings_or_exit()
     # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
     from jobs import app
+
+    # lazy: jobs.platform reads the settings when imported (after settings_or_exit here)
+    from jobs.platform import pause_backend
 
     return PauseSwitch(pause_backend(app))
 

@@ -18,7 +18,6 @@ import typer
 from rich.console import Console
 
 from jobs.admin.status import show
-from jobs.platform import cancellations
 from resilience.cancel import store_cancelled
 from resilience.cancel.view import VIEW, read
 from resilience.errors import StorageError
@@ -26,9 +25,19 @@ from resilience.errors import StorageError
 if TYPE_CHECKING:
     from celery import Celery
 
+    from resilience.cancel import Cancellations
+
 console = Console()
 errors = Console(stderr=True)
 logger = logging.getLogger("jobs.admin.cancel")
+
+
+def _cancellations(app: Celery) -> Cancellations:
+    # A bad environment must reach main()'s one-line error, not fail every command's import.
+    # lazy: jobs.platform reads the settings when imported
+    from jobs.platform import cancellations
+
+    return cancellations(app)
 
 
 def cancel_job(app: Celery, task_id: str, *, reason: str) -> bool:
@@ -41,7 +50,7 @@ def cancel_job(app: Celery, task_id: str, *, reason: str) -> bool:
     Raises:
         StorageError: the cancellation could not be recorded.
     """
-    cancellations(app).cancel_job(task_id, reason=reason)
+    _cancellations(app).cancel_job(task_id, reason=reason)
     try:
         stored = store_cancelled(app, task_id, reason=reason)
     except StorageError as error:
@@ -68,7 +77,7 @@ def cancel(
                      "[/red]")
         raise typer.Exit(2)
     app.loader.import_default_modules()
-    store = cancellations(app)
+    store = _cancellations(app)
     if task_id is not None:
         cancel_job(app, task_id, reason=reason)
         console.print(f"cancelled job {task_id}: it will not start on any worker")
@@ -102,7 +111,7 @@ def withdraw_command(
     """Withdraw a cancellation: jobs it has not stopped yet run again."""
     from jobs import app  # lazy: builds the Celery app; `jobs --help` must not
 
-    done = cancellations(app).uncancel(target)
+    done = _cancellations(app).uncancel(target)
     console.print(f"withdrawn {target}" if done else f"{target} was not cancelled")
 
 
@@ -111,4 +120,4 @@ def restore_command() -> None:
     """Write the Redis copy of every live cancellation again (after a Redis flush)."""
     from jobs import app  # lazy: builds the Celery app; `jobs --help` must not
 
-    console.print(f"restored {cancellations(app).restore()} cancellation(s)")
+    console.print(f"restored {_cancellations(app).restore()} cancellation(s)")
