@@ -48,7 +48,7 @@ from resilience.stores import stores_for
 if TYPE_CHECKING:
     import redis
 
-    from resilience.pipeline import Rounds
+    from resilience.batch import Rounds
 
 logger = logging.getLogger("resilience.retry.budget")
 
