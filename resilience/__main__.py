@@ -19,6 +19,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from resilience import migrations
 from resilience.errors import ConfigurationError, ResilienceError
 from resilience.redact import redact
 
@@ -112,8 +113,6 @@ def _load_app(name: str) -> object:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; the exit status (0, or 2: a mistake or an unreachable database)."""
-    from resilience import migrations
-
     try:
         arguments = parser().parse_args(argv)
         if arguments.command == "migrate" and arguments.sql:
