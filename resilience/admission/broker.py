@@ -31,7 +31,6 @@ enqueue route sends a refused republish to the outbox (nothing is lost).
 
 from __future__ import annotations
 
-import uuid
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -72,9 +71,6 @@ class Admission:
 class DepthBackend(Protocol):
     """Reads queue depth and admits publishes against a limit."""
 
-    #: Most messages by which concurrent admitted producers can push the queue past its limit.
-    overshoot_bound: str
-
     def depth(self, queue: str) -> int:
         """Messages waiting in `queue`."""
 
@@ -107,7 +103,6 @@ class RedisBrokerDepth:
         transport_options: the app's `broker_transport_options` (priority steps, key prefix).
     """
 
-    overshoot_bound = "0 for producers admitted through this guard (reservation TTL aside)"
     ADMIT = LuaScript.load(__file__, "admit.lua")
     PUBLISH = LuaScript.load(__file__, "publish.lua")
 
@@ -198,9 +193,6 @@ class AmqpBrokerDepth:
     `x-max-length` with `reject-publish` and publisher confirms (see the module docstring),
     else check-then-publish."""
 
-    overshoot_bound = ("0 where the queue is declared with x-max-length = the limit and "
-                       "reject-publish under publisher confirms; else concurrent producers - 1")
-
     def __init__(self, app: Celery) -> None:
         self.app = app
         self._limits: dict[str, int | None] = {}
@@ -285,10 +277,6 @@ def depth_backend_for(app: Celery) -> RedisBrokerDepth | AmqpBrokerDepth:
             backend = AmqpBrokerDepth(app)
         _BACKENDS[app] = backend
     return backend
-
-
-def new_reservation() -> str:
-    return uuid.uuid4().hex
 
 
 _SUPPORTED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -26,7 +27,6 @@ from resilience.admission.broker import (
     Admission,
     DepthBackend,
     depth_backend_for,
-    new_reservation,
 )
 from resilience.config import configured
 from resilience.counters import count_outcome
@@ -229,7 +229,7 @@ class AdmissionGuard(EnqueueGuard):
                 publish.options["headers"] = headers
             publish.state[_STATE] = _Taken(config, queue, backend, None)
             return
-        reservation = new_reservation()
+        reservation = uuid.uuid4().hex
         decision = self._try(backend, publish, config, queue, reservation)
         if not decision.admitted and config.policy is RejectionPolicy.WAIT:
             decision = self._wait(backend, publish, config, queue, reservation)
