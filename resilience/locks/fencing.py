@@ -22,10 +22,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from celery._state import get_current_task
 from sqlalchemy import text
 
 from resilience.connections import wrap_store_errors
 from resilience.errors import StaleFencingToken
+from resilience.locks.backends.memory import memory_fencing
+from resilience.stores import MemoryStores, stores_for
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine
@@ -111,10 +114,6 @@ class FencingTokens:
 def _memory_twin() -> MemoryFencingTokens | None:
     """The in-memory fencing marks of the running task's app when its stores are in
     memory; None otherwise (no task running, or real stores)."""
-    from celery._state import get_current_task
-
-    from resilience.stores import MemoryStores, stores_for
-
     task = get_current_task()
     if task is None or getattr(task, "app", None) is None:
         return None
@@ -124,6 +123,4 @@ def _memory_twin() -> MemoryFencingTokens | None:
         return None
     if not isinstance(stores, MemoryStores):
         return None
-    from resilience.locks.backends.memory import memory_fencing
-
     return memory_fencing(stores)
