@@ -63,13 +63,13 @@ class IdempotencyRecords:
 
     def find(self, task_name: str, key: str) -> Record | None:
         """The record of `key` under `task_name`, or None."""
-        return self.backend.read(task_name, key)
+        return self.backend.records.read(task_name, key)
 
     def recent(
         self, *, limit: int = 20, task_name: str | None = None, state: str | None = None
     ) -> list[Record]:
         """The most recently updated records, newest first, optionally of one task or state."""
-        return self.backend.recent(limit=limit, task_name=task_name, state=state)
+        return self.backend.records.recent(limit=limit, task_name=task_name, state=state)
 
     def purge(self, task_name: str, key: str, *, force: bool = False) -> bool:
         """Delete one record and its cached copy so the key runs again; an open claim only
@@ -83,8 +83,9 @@ class IdempotencyRecords:
         states from the planner's statistics once the table is large) does, so a status view
         or a metrics scrape never scans the whole table.
         """
-        estimate = None if exact else getattr(self.backend, "estimate_by_state", None)
-        return estimate() if estimate is not None else self.backend.count_by_state()
+        records = self.backend.records
+        estimate = None if exact else getattr(records, "estimate_by_state", None)
+        return estimate() if estimate is not None else records.count_by_state()
 
     def describe(
         self, *, holders_limit: int = 20, cache_size: bool = True, exact_counts: bool = False
@@ -110,7 +111,7 @@ class IdempotencyRecords:
                 logger.warning("idempotency cache size unknown: %s", exc)
         return IdempotencyState(
             by_state=self.count_by_state(exact=exact_counts),
-            holders=self.backend.holders(limit=holders_limit),
+            holders=self.backend.records.holders(limit=holders_limit),
             cached_results=cached,
         )
 

@@ -31,7 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 from resilience.batch import for_client
 from resilience.connections import wrap_store_errors
-from resilience.idempotency.backends import SUCCEEDED, Claim, ClaimResult, IdempotencyBackend
+from resilience.idempotency.backends import (
+    SUCCEEDED,
+    Claim,
+    ClaimResult,
+    IdempotencyBackend,
+    Transaction,
+)
 from resilience.idempotency.backends.memory import MemoryIdempotencyBackend
 from resilience.idempotency.backends.postgres import backend_for
 from resilience.idempotency.config import DEFAULT_CACHE_TTL_SECONDS
@@ -174,8 +180,8 @@ class CachedBackend:
 
     `claim` asks the cache first and fills it after a replay from the records, `complete`
     (or `succeeded`, after a transaction's commit) fills it after a completion, `purge`
-    drops the cached copy; every other step is the records' own. One per guard: the "auto"
-    state is a task's.
+    drops the cached copy; the other steps are the records' own (`records`, for the
+    operator's reads). One per guard: the "auto" state is a task's.
 
     Args:
         records: where the records live (the truth).
@@ -195,13 +201,6 @@ class CachedBackend:
         #: (0 once `HOT_FRESH_CALLS` fresh keys were claimed since the last replay).
         self._hot_until = 0.0
         self._fresh_in_a_row = 0
-
-    def __getattr__(self, name: str) -> Any:
-        # The steps the cache has no part in (complete, fail, release, begin, read, ...)
-        # are the records' own, looked up when used.
-        if name.startswith("_") or name == "records":
-            raise AttributeError(name)
-        return getattr(self.records, name)
 
     def cache_on(self) -> bool:
         """Whether a call reads and fills the fast path now (see the module's docstring)."""
@@ -275,6 +274,23 @@ class CachedBackend:
         assert self.cache is not None
         self.cache.put_later(call.writes, key.namespace, key.value, fingerprint=key.fingerprint,
                              result_json=result_json, task_id=task_id, ttl_seconds=ttl_seconds)
+
+    # -- the records' own steps (no `__getattr__`: it slows every attribute of the hot path)
+    def fail(self, claim: Claim, error: str, ttl_seconds: float) -> bool:
+        """Record a non-retryable failure (`IdempotencyBackend.fail`)."""
+        return self.records.fail(claim, error, ttl_seconds)
+
+    def release(self, claim: Claim) -> bool:
+        """End the claim's lease now (`IdempotencyBackend.release`)."""
+        return self.records.release(claim)
+
+    def begin(self) -> Transaction:
+        """Open the body's transaction (`IdempotencyBackend.begin`)."""
+        return self.records.begin()
+
+    def unavailable(self, error: BaseException) -> bool:
+        """Is `error` the records' store being unreachable (`IdempotencyBackend.unavailable`)?"""
+        return self.records.unavailable(error)
 
     def _replayed(self) -> None:
         self._hot_until = time.monotonic() + HOT_SECONDS
