@@ -284,19 +284,6 @@ class Stores:
             self._cache["redis"] = client
         return client
 
-    def redlock_clients(self) -> list[redis.Redis]:
-        """One client per Redlock node, short timeouts so a dead node costs little."""
-        clients = self._cache.get("redlock")
-        if clients is None:
-            clients = [
-                redis_from_url(
-                    url, decode_responses=True, socket_timeout=0.5, socket_connect_timeout=0.5
-                )
-                for url in self.redlock_urls
-            ]
-            self._cache["redlock"] = clients
-        return clients
-
     def engine(self) -> Engine:
         """The process's SQLAlchemy engine for the durable store (pooled, pinged)."""
         engine = self._cache.get("engine")
@@ -431,10 +418,6 @@ class MemoryStores(Stores):
     def redis(self) -> redis.Redis:
         """Raises `ConfigurationError`: there is no Redis."""
         raise self._no_server("Redis")
-
-    def redlock_clients(self) -> list[redis.Redis]:
-        """Raises `ConfigurationError`: there are no Redlock nodes."""
-        raise self._no_server("Redlock nodes")
 
     def engine(self) -> Engine:
         """Raises `ConfigurationError`: there is no PostgreSQL."""

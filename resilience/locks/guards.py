@@ -42,8 +42,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -342,8 +340,6 @@ class ExclusiveGuard(LockGuard):
                  backend: BackendOption = None) -> None:
         super().__init__(func, key, options, backend)
         self.options: ExclusiveConfig = options
-        self._built: tuple[int, tuple[str, ...], LockBackend] | None = None
-        self._lock = threading.Lock()
 
     def bind(self, task: Task) -> None:
         super().bind(task)
@@ -375,18 +371,14 @@ class ExclusiveGuard(LockGuard):
         return shared
 
     def _redlock_backend(self, task: Task, stores: Stores) -> LockBackend:
-        urls = self.node_urls(task.app)
-        built = self._built
-        if built is None or built[0] != os.getpid() or built[1] != urls:
-            with self._lock:
-                backend = RedlockBackend(
-                    Redlock.from_urls(urls, check=False, options=self.options.redlock_options),
-                    registry=HeldLockRegistry(stores.guard_engine),
-                    tokens=FencingTokens(stores.guard_engine()) if self.options.fencing else None,
-                    ttl_seconds=self.options.ttl_seconds,
-                )
-                self._built = built = (os.getpid(), urls, backend)
-        return built[2]
+        """Built once per process by `Stores.backend` (keyed by this guard)."""
+        return RedlockBackend(
+            Redlock.from_urls(self.node_urls(task.app), check=False,
+                              options=self.options.redlock_options),
+            registry=HeldLockRegistry(stores.guard_engine),
+            tokens=FencingTokens(stores.guard_engine()) if self.options.fencing else None,
+            ttl_seconds=self.options.ttl_seconds,
+        )
 
     def _heartbeat(self, backend: LockBackend, taken: Taken) -> Heartbeat | None:
         if taken.lease is None:
