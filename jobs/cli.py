@@ -49,6 +49,7 @@ from resilience.errors import ResilienceError
 from resilience.pause import PauseSwitch
 from resilience.pause import view as pause_view
 from resilience.redact import redact, redact_url
+from resilience.views import Source
 
 cli = typer.Typer(
     help="Run and administer the job platform.",
@@ -523,15 +524,12 @@ def pipeline(
         console.print(table)
 
 
-def _pause_switch() -> Any:
+def _pause_switch() -> PauseSwitch:
     settings_or_exit()
     # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
     from jobs import app
 
-    # lazy: jobs.platform reads the settings when imported (after settings_or_exit here)
-    from jobs.platform import pause_backend
-
-    return PauseSwitch(pause_backend(app))
+    return pause_view.switch(Source(app=app))
 
 
 @cli.command()

@@ -86,16 +86,61 @@ class Family:
     needs_section: bool = True
 
 
+#: The reason an action records when the operator gives none.
+PAGE_REASON = "by an operator on /resilience"
+#: An action's submitted fields: name -> value ('' when left empty).
+Submitted = dict[str, str]
+
+
+class ActionRefused(Exception):
+    """Raised by an action for input it refuses: a one-line message and an HTTP status."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True, kw_only=True)
+class Input:
+    """One field of an action's form on the page."""
+
+    name: str  #: the form field's name (what the action reads)
+    hint: str = ""  #: the placeholder
+    width: int = 4  #: of the form row's 12 columns
+    choices: tuple[str, ...] = ()  #: a select of these (the first selected)
+    required: bool = False
+    numeric: bool = False
+    #: The suggestions offered: `tasks` (registered tasks) or `names` (tiers and tasks).
+    suggest: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Form:
+    """A form on the page that submits one action (its button says `button`)."""
+
+    id: str  #: the form's element id
+    button: str
+    inputs: tuple[Input, ...]
+    title: str = ""  #: a heading above the form, if any
+
+
 @dataclass(frozen=True, kw_only=True)
 class Action:
-    """An operator action on a view's state: its CLI verb, page POST action and call."""
+    """An operator action on a view's state: the page's POST action, its forms and a button
+    on each row it applies to; the CLI command it mirrors calls the same library function."""
 
-    name: str  #: the button's label
-    verb: str  #: `jobs <verb>`
+    name: str  #: the row button's label
     web: str  #: the page's POST action: `/resilience/actions/<web>`
-    call: Callable[..., Any]  #: what both call
+    #: Performs the action for a submitted form; returns its one-line result.
+    #: Raises ActionRefused for input it refuses.
+    run: Callable[[Source, Submitted], str]
+    forms: tuple[Form, ...] = ()
     #: The form fields that name a row's target (a button on each row), None for none.
     fields: Callable[[Row], dict[str, str]] | None = None
+    #: Bootstrap's colour of its buttons.
+    style: str = "primary"
+    #: Another action's form this action adds its button to (`formaction`), if any.
+    joins: str = ""
 
 
 @dataclass(kw_only=True)

@@ -10,55 +10,19 @@ as CANCELLED first, so the revoke never makes it REVOKED (`resilience.cancel.res
 
 from __future__ import annotations
 
-import logging
 from functools import partial
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
 from jobs.admin.status import show
-from resilience.cancel import store_cancelled
-from resilience.cancel.view import VIEW, read
-from resilience.errors import StorageError
-
-if TYPE_CHECKING:
-    from celery import Celery
-
-    from resilience.cancel import Cancellations
+from resilience.cancel.view import VIEW, cancel_job, cancel_key, cancellations, read
+from resilience.views import ActionRefused
 
 console = Console()
 errors = Console(stderr=True)
-logger = logging.getLogger("jobs.admin.cancel")
 
-
-def _cancellations(app: Celery) -> Cancellations:
-    # A bad environment must reach main()'s one-line error, not fail every command's import.
-    # lazy: jobs.platform reads the settings when imported
-    from jobs.platform import cancellations
-
-    return cancellations(app)
-
-
-def cancel_job(app: Celery, task_id: str, *, reason: str) -> bool:
-    """Cancel job `task_id`: the record and mark, its CANCELLED result if no worker started
-    it, then Celery's `revoke` (running workers drop it now; the record outlives them).
-
-    Returns:
-        True when its result was stored as CANCELLED now (it had not started).
-
-    Raises:
-        StorageError: the cancellation could not be recorded.
-    """
-    _cancellations(app).cancel_job(task_id, reason=reason)
-    try:
-        stored = store_cancelled(app, task_id, reason=reason)
-    except StorageError as error:
-        # The mark still stops the job; only its result may read REVOKED before CANCELLED.
-        logger.warning("%s", error)
-        stored = False
-    app.control.revoke(task_id)
-    return stored
 
 def cancel(
     task_id: Annotated[str | None, typer.Argument(help="the job's task id")] = None,
@@ -77,18 +41,16 @@ def cancel(
                      "[/red]")
         raise typer.Exit(2)
     app.loader.import_default_modules()
-    store = _cancellations(app)
     if task_id is not None:
         cancel_job(app, task_id, reason=reason)
         console.print(f"cancelled job {task_id}: it will not start on any worker")
         return
     assert task is not None and key is not None
-    known = app.tasks.get(task)
-    if known is not None and not getattr(known, "cancel_key", None):
-        errors.print(f"[red]task {task!r} declares no cancel_key, so no job of it has a key; "
-                     "cancel by task id, or add cancel_key=\"{...}\" to its @app.task[/red]")
-        raise typer.Exit(2)
-    store.cancel_key(task, key, reason=reason)
+    try:
+        cancel_key(app, task, key, reason=reason)
+    except ActionRefused as refused:
+        errors.print(f"[red]{refused}, or add cancel_key=\"{{...}}\" to its @app.task[/red]")
+        raise typer.Exit(2) from None
     console.print(f"cancelled the jobs of {task} with key {key!r}")
 
 
@@ -111,7 +73,7 @@ def withdraw_command(
     """Withdraw a cancellation: jobs it has not stopped yet run again."""
     from jobs import app  # lazy: builds the Celery app; `jobs --help` must not
 
-    done = _cancellations(app).uncancel(target)
+    done = cancellations(app).uncancel(target)
     console.print(f"withdrawn {target}" if done else f"{target} was not cancelled")
 
 
@@ -120,4 +82,4 @@ def restore_command() -> None:
     """Write the Redis copy of every live cancellation again (after a Redis flush)."""
     from jobs import app  # lazy: builds the Celery app; `jobs --help` must not
 
-    console.print(f"restored {_cancellations(app).restore()} cancellation(s)")
+    console.print(f"restored {cancellations(app).restore()} cancellation(s)")

@@ -8,11 +8,12 @@ use), the JSON endpoint follows Flower's API rule (open without auth only with
 banner) with the handlers added to the application before it starts serving.
 
 Operator actions (`POST /resilience/actions/<action>`: pause, resume, cancel, requeue,
-requeue-bulk) call the library functions the `jobs` CLI commands call; each adapter below
-is a few lines, so it can be re-pointed when the library moves. Every POST needs tornado's
-XSRF token (the `_xsrf` cookie echoed in the form field `_xsrf` or the `X-XSRFToken`
-header), whatever Flower's auth: Flower's own check skips the token under basic auth, and
-a browser sends cached basic credentials on a cross-site POST too. GET never changes state.
+requeue-bulk) are the views' `Action`s: one handler runs them, one template loop draws
+their forms, and each calls the library functions the `jobs` CLI commands call. Every POST
+needs tornado's XSRF token (the `_xsrf` cookie echoed in the form field `_xsrf` or the
+`X-XSRFToken` header), whatever Flower's auth: Flower's own check skips the token under
+basic auth, and a browser sends cached basic credentials on a cross-site POST too. GET never
+changes state.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import logging
 import re
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,22 +34,12 @@ from flower.views import BaseHandler
 from tornado import web
 from tornado.ioloop import IOLoop
 
-from jobs.admin.cancel import cancel_job
 from jobs.observe.snapshot import VIEWS, collect, queue_depths
-from jobs.platform import cancellations, pause_backend
 from jobs.tiers import TIERS
-from resilience.deadletter import Selection, requeue_many
-from resilience.deadletter.bulk import parse_since
-from resilience.deadletter.place import (  # `requeue` of place: the package shadows it
-    DeadLetterNotFound,
-    DeadLetterNotRunnable,
-    requeue,
-)
+from resilience.deadletter.place import DeadLetterNotFound, DeadLetterNotRunnable
 from resilience.errors import AdmissionError, ResilienceError, StorageError
-from resilience.pause import PauseSwitch
 from resilience.redact import redact
-from resilience.stores import stores_for
-from resilience.views import missing
+from resilience.views import Action, ActionRefused, Source, Submitted, missing
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -61,8 +52,6 @@ PAGE_TEMPLATE = str(Path(__file__).parent / "templates" / "resilience.html")
 INSPECT_TIMEOUT_SECONDS = 0.5
 #: Signed cookie carrying an action's one-line result to the page it redirects to.
 FLASH_COOKIE = "resilience_flash"
-#: The reason recorded when the operator gives none (as the CLI's default).
-DEFAULT_REASON = "by an operator on /resilience"
 
 logger = logging.getLogger("jobs.observe.web")
 
@@ -73,11 +62,11 @@ async def snapshot_of(app: Celery) -> dict[str, Any]:
         None, lambda: collect(app, inspect_timeout_seconds=INSPECT_TIMEOUT_SECONDS))
 
 
-def page_extras(app: Celery) -> dict[str, Any]:
-    """What only the page needs beyond the snapshot: the action forms' choices."""
+def suggestions(app: Celery) -> dict[str, list[str]]:
+    """What the action forms suggest (`Input.suggest`): task names, tiers and task names."""
     _load_tasks(app)
     tasks = sorted(name for name, task in app.tasks.items() if hasattr(task, "pipelines"))
-    return {"tiers": list(TIERS), "tasks": tasks}
+    return {"tasks": tasks, "names": [*TIERS, *tasks]}
 
 
 #: Rich markup the views put in cells (a red state, a yellow name): plain text on the page.
@@ -112,9 +101,9 @@ class ResiliencePage(BaseHandler):
     @web.authenticated
     async def get(self) -> None:
         snapshot = await snapshot_of(self.capp)
-        extras = await IOLoop.current().run_in_executor(None, page_extras, self.capp)
-        self.render(PAGE_TEMPLATE, snapshot=snapshot, extras=extras,
-                    sections=page_sections(snapshot),
+        suggested = await IOLoop.current().run_in_executor(None, suggestions, self.capp)
+        self.render(PAGE_TEMPLATE, snapshot=snapshot, suggestions=suggested,
+                    cards=page_forms(), sections=page_sections(snapshot),
                     refresh_seconds=_refresh_seconds(self),
                     flash=self._take_flash())
 
@@ -141,14 +130,8 @@ class ResilienceJson(BaseApiHandler):
 
 
 # -- operator actions ------------------------------------------------------------------------
-class BadAction(Exception):
-    """Raised by an action adapter for input it refuses: a one-line message and an HTTP status."""
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-Form = dict[str, str]
+#: POST name -> action: what the views offer (`View.actions`).
+ACTIONS: dict[str, Action] = {action.web: action for view in VIEWS for action in view.actions}
 
 
 def _load_tasks(app: Celery) -> None:
@@ -159,91 +142,24 @@ def _load_tasks(app: Celery) -> None:
         app._resilience_web_loaded = True  # type: ignore[attr-defined]
 
 
-def _pause_target(app: Celery, form: Form, *, pausing: bool) -> tuple[str, str]:
-    """(scope, name) of a pause form, checked as `jobs pause` checks it; an unknown task is
-    refused too when pausing (a typo would pause nothing), never when resuming."""
-    scope, name = form.get("scope") or "tier", form.get("name", "")
-    if scope not in ("tier", "task") or not name:
-        raise BadAction("name a tier (critical) or a task (scope task, its registered name)")
-    if scope == "tier" and name not in TIERS:
-        raise BadAction(f"unknown tier {name!r}; tiers are {', '.join(TIERS)}")
-    if scope == "task" and pausing:
-        _load_tasks(app)
-        if name not in app.tasks:
-            raise BadAction(f"unknown task {name!r}: no task of that name is registered")
-    return scope, name
-
-
-def pause_action(app: Celery, form: Form) -> str:
-    """`jobs pause TIER` / `jobs pause --task NAME`."""
-    scope, name = _pause_target(app, form, pausing=True)
-    PauseSwitch(pause_backend(app)).pause(scope, name,
-                                          reason=form.get("reason") or DEFAULT_REASON)
-    return f"paused {scope} {name!r}: its jobs wait (within 1 s on every worker)"
-
-
-def resume_action(app: Celery, form: Form) -> str:
-    """`jobs resume TIER` / `jobs resume --task NAME`."""
-    scope, name = _pause_target(app, form, pausing=False)
-    was = PauseSwitch(pause_backend(app)).resume(scope, name)
-    return f"resumed {scope} {name!r}" if was else f"{scope} {name!r} was not paused"
-
-
-def cancel_action(app: Celery, form: Form) -> str:
-    """`jobs cancel ID` / `jobs cancel --task NAME --key KEY` (record, mark, and `revoke`)."""
-    task_id, task, key = form.get("task_id", ""), form.get("task", ""), form.get("key", "")
-    reason = form.get("reason") or f"cancelled {DEFAULT_REASON}"
-    if task_id and not (task or key):
-
-        cancel_job(app, task_id, reason=reason)  # record, mark, CANCELLED result, revoke
-        return f"cancelled job {task_id}: it will not start on any worker"
-    if not task_id and task and key:
-        _load_tasks(app)
-        known = app.tasks.get(task)
-        if known is not None and not getattr(known, "cancel_key", None):
-            raise BadAction(f"task {task!r} declares no cancel_key, so no job of it has a "
-                            "key; cancel by task id")
-        cancellations(app).cancel_key(task, key, reason=reason)
-        return f"cancelled the jobs of {task} with key {key!r}"
-    raise BadAction("give a task id, or both a task name and a key")
-
-
-def requeue_action(app: Celery, form: Form) -> str:
-    """`jobs dead-letters requeue ID`."""
-    text = form.get("id", "")
-    if not text.isdigit():
-        raise BadAction(f"a dead-letter id is a number, got {text!r}")
+def run_action(app: Celery, action: Action, form: Submitted) -> str:
+    """Run `action` on a submitted form (the app's tasks loaded first)."""
     _load_tasks(app)
-    task_id = requeue(stores_for(app).engine(), app, int(text))
-    return f"dead letter {text} requeued as task {task_id}"
+    return action.run(Source(app=app, tiers=TIERS), form)
 
 
-def requeue_bulk_action(app: Celery, form: Form) -> str:
-    """`jobs dead-letters requeue --task NAME --reason TEXT [--since WHEN]`: once per row."""
-    since = form.get("since")
-    selection = Selection(task_name=form.get("task") or None,
-                          reason=form.get("reason") or None,
-                          since=parse_since(since) if since else None)
-    if selection.empty:
-        raise BadAction("name the dead letters to requeue: a task, a reason text or a since")
-    _load_tasks(app)
-    report = requeue_many(stores_for(app).engine(), app, selection)
-    message = (f"requeued {len(report.requeued)} dead letters (written to the outbox; the "
-               "relay publishes them)")
-    if report.skipped:
-        reasons = "; ".join(f"{len(ids)} {why}" for why, ids in sorted(report.skipped.items()))
-        message += f"; skipped {report.skipped_count}, left pending: {reasons}"
-    return message
-
-
-#: URL name -> adapter: the actions the page offers.
-ACTIONS: dict[str, Callable[[Celery, Form], str]] = {
-    "pause": pause_action,
-    "resume": resume_action,
-    "cancel": cancel_action,
-    "requeue": requeue_action,
-    "requeue-bulk": requeue_bulk_action,
-}
+def page_forms() -> list[list[dict[str, Any]]]:
+    """The action forms, one card per view that has any: each form with the action it
+    submits, the actions that join it (a second button) and its button's width."""
+    cards = []
+    for view in VIEWS:
+        forms = [{"form": form, "action": action,
+                  "joined": [other for other in view.actions if other.joins == form.id],
+                  "button_width": 12 - sum(i.width for i in form.inputs) or 12}
+                 for action in view.actions for form in action.forms]
+        if forms:
+            cards.append(forms)
+    return cards
 
 
 def _one_line(exc: BaseException) -> str:
@@ -254,7 +170,7 @@ def _one_line(exc: BaseException) -> str:
 
 def _status_of(exc: BaseException) -> int:
     """The HTTP status an action's error answers with."""
-    if isinstance(exc, BadAction):
+    if isinstance(exc, ActionRefused):
         return exc.status
     if isinstance(exc, DeadLetterNotFound):
         return 404
@@ -287,11 +203,12 @@ class ResilienceAction(BaseHandler):
         form = {key: self.get_body_argument(key, "") for key in self.request.body_arguments
                 if key != "_xsrf"}
         try:
-            message = await IOLoop.current().run_in_executor(None, action, self.capp, form)
+            message = await IOLoop.current().run_in_executor(None, run_action, self.capp,
+                                                             action, form)
             ok, status = True, 200
         except Exception as exc:  # noqa: BLE001 - every failure becomes one line, not a trace
             ok, status, message = False, _status_of(exc), (
-                str(exc) if isinstance(exc, BadAction) else _one_line(exc))
+                str(exc) if isinstance(exc, ActionRefused) else _one_line(exc))
             log = logger.exception if status == 500 else logger.warning
             log("resilience action %s refused: %s", name, message)
         else:
