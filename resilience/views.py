@@ -66,6 +66,7 @@ class Column:
     text: Callable[[Row], str] | None = None
     key: str = ""
     justify: Literal["left", "right"] = "left"
+    no_wrap: bool = False  #: a key or a time: never broken over lines
 
     def cell(self, row: Row) -> str:
         """The text of `row` in this column."""
@@ -208,6 +209,7 @@ class View:
     row_data: Callable[[Row], dict[str, str]] | None = None
     alert: Callable[[Row], str | None] | None = None
     empty: str = ""  #: what the page says for no rows (default `no <title>`)
+    headers: bool = True  #: False: a table of (field, value) rows shows no header line
 
     def columns_of(self, section: Any) -> tuple[Column, ...]:
         """The columns for `section` (a view may derive them from the data)."""

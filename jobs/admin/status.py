@@ -51,9 +51,9 @@ def table(view: View, section: Any) -> Table:
         unread.add_row(reason)
         return unread
     columns = view.columns_of(section)
-    shown = Table(title=view.title_of(section), title_justify="left")
+    shown = Table(title=view.title_of(section), title_justify="left", show_header=view.headers)
     for column in columns:
-        shown.add_column(column.header, justify=column.justify)
+        shown.add_column(column.header, justify=column.justify, no_wrap=column.no_wrap)
     for row in view.rows(section):
         # A plain cell is data (a reason, a key): never read as rich markup.
         shown.add_row(*(column.cell(row) if column.text else escape(column.cell(row))
