@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import importlib.util
 import json
 import os
 import shlex
@@ -72,7 +71,7 @@ ADMIN_COMMANDS = {
     "health": "jobs.admin.health",
     "metrics": "jobs.admin.metrics",
     "outbox": "jobs.admin.outbox",
-    "cancellations": "jobs.admin.cancellations",
+    "cancellations": "jobs.admin.cancel",
     "batches": "jobs.admin.batches",
 }
 
@@ -205,7 +204,7 @@ def wait_for_services(settings: Settings, timeout_seconds: float = 60) -> None:
 
     wait_until(lambda: redis_ready(settings.effective_redis_url),
                timeout_seconds=timeout_seconds,
-               what=f"Redis at {_masked(settings.effective_redis_url)}")
+               what=f"Redis at {redact_url(settings.effective_redis_url)}")
     wait_until(lambda: postgres_ready(settings.effective_database_url),
                timeout_seconds=timeout_seconds, what="PostgreSQL")
     migrate(settings.effective_locks_database_url)
@@ -286,19 +285,9 @@ def beat(loglevel: Annotated[str, typer.Option()] = "INFO") -> None:
     data.mkdir(parents=True, exist_ok=True)
     args = [sys.executable, "-m", "celery", "-A", "jobs", "beat", "--loglevel", loglevel,
             "-s", str(data / "celerybeat-schedule")]
-    scheduler = _leader_scheduler()
-    if scheduler:
-        args += ["-S", scheduler]
+    # One leader among N beats: the others wait on the leader lock (resilience.locks.beat).
+    args += ["-S", "resilience.locks.beat:LeaderElectedScheduler"]
     os.execv(sys.executable, args)
-
-
-def _leader_scheduler() -> str | None:
-    """The leader-elected scheduler class, when the locks package provides it."""
-    try:
-        found = importlib.util.find_spec("resilience.locks.beat") is not None
-    except ModuleNotFoundError:
-        found = False
-    return "resilience.locks.beat:LeaderElectedScheduler" if found else None
 
 
 def require_broker(settings: Settings) -> None:
@@ -310,7 +299,7 @@ def require_broker(settings: Settings) -> None:
             connection.ensure_connection(max_retries=1)
     except Exception as exc:  # noqa: BLE001 - any failure means: not reachable
         errors.print(
-            f"[red]cannot reach the broker at {_masked(settings.effective_broker_url)}: "
+            f"[red]cannot reach the broker at {redact_url(settings.effective_broker_url)}: "
             f"{redact(str(exc))}[/red]"
             "\nStart the platform first (`make run`), or set BROKER_URL/REDIS_URL."
         )
@@ -480,10 +469,10 @@ def config() -> None:
     table = Table(title="configuration")
     table.add_column("setting")
     table.add_column("value")
-    table.add_row("redis", _masked(settings.effective_redis_url))
-    table.add_row("database", _masked(settings.effective_database_url))
-    table.add_row("broker", _masked(settings.effective_broker_url))
-    table.add_row("redlock", ", ".join(_masked(u) for u in settings.effective_redlock_urls))
+    table.add_row("redis", redact_url(settings.effective_redis_url))
+    table.add_row("database", redact_url(settings.effective_database_url))
+    table.add_row("broker", redact_url(settings.effective_broker_url))
+    table.add_row("redlock", ", ".join(redact_url(u) for u in settings.effective_redlock_urls))
     table.add_row("visibility timeout", f"{settings.visibility_timeout_seconds}s")
     for tier in TIERS:
         table.add_row(f"tier {tier}", str(settings.tier(tier).model_dump()))
@@ -578,15 +567,9 @@ def _pause_target(tier: str | None, task: str | None) -> tuple[str, str]:
     return "task", str(task)
 
 
-def _masked(url: str) -> str:
-    # Not SQLAlchemy's make_url: it keeps `?password=` and fails on malformed URLs.
-    return redact_url(url)
-
-
 def _register_admin_commands() -> None:
     for name, module in ADMIN_COMMANDS.items():
-        if importlib.util.find_spec(module) is not None:
-            cli.add_typer(importlib.import_module(module).cli, name=name)
+        cli.add_typer(importlib.import_module(module).cli, name=name)
 
 
 def main() -> None:
@@ -598,5 +581,3 @@ def main() -> None:
         errors.print(f"[red]{type(exc).__name__}: {redact(str(exc))}[/red]")
         sys.exit(2)
 
-
-_ = time  # re-exported for admin modules' live views

@@ -54,11 +54,11 @@ def cancel(
     console.print(f"cancelled the jobs of {task} with key {key!r}")
 
 
-listing = typer.Typer(help="Live cancellations: list, withdraw one, restore the Redis copies.",
+cli = typer.Typer(help="Live cancellations: list, withdraw one, restore the Redis copies.",
                       no_args_is_help=True)
 
 
-@listing.command("list")
+@cli.command("list")
 def list_command(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False,
 ) -> None:
@@ -66,7 +66,7 @@ def list_command(
     show(VIEW, as_json=as_json, read=partial(read, limit=1000))
 
 
-@listing.command("withdraw")
+@cli.command("withdraw")
 def withdraw_command(
     target: Annotated[str, typer.Argument(help="id:<task id> or key:<task>:<key>")],
 ) -> None:
@@ -77,7 +77,7 @@ def withdraw_command(
     console.print(f"withdrawn {target}" if done else f"{target} was not cancelled")
 
 
-@listing.command("restore")
+@cli.command("restore")
 def restore_command() -> None:
     """Write the Redis copy of every live cancellation again (after a Redis flush)."""
     from jobs import app  # lazy: builds the Celery app; `jobs --help` must not

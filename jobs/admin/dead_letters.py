@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 from functools import partial
 from typing import TYPE_CHECKING, Annotated
 
@@ -45,9 +45,6 @@ def list_command(
 @cli.command("show")
 def show_command(entry_id: Annotated[int, typer.Argument(help="Dead-letter id.")]) -> None:
     """Everything recorded about one dead letter (arguments, error, reason)."""
-    from dataclasses import asdict
-
-
     entry = asdict(get(_engine(), entry_id))
     console.print_json(json.dumps(entry, default=str))
 

@@ -6,22 +6,18 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
-from jobs.admin.status import table
+from jobs.admin.status import show
 from jobs.cli import settings_or_exit, wait_for_services
-from resilience.outbox import Relay, RelayConfig, describe
+from resilience.outbox import Relay, RelayConfig
 from resilience.outbox.view import VIEW
-from resilience.stores import stores_for
 
 cli = typer.Typer(help="Transactional enqueue: the relay and its backlog.", no_args_is_help=True)
-console = Console()
 
 
 @cli.command("relay")
@@ -63,11 +59,4 @@ def status_command(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Pending rows (due now, scheduled later), lag, published in the last minute."""
-    # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
-    from jobs import app
-
-    state = describe(stores_for(app)).as_dict()
-    if as_json:
-        typer.echo(json.dumps(state))
-        return
-    console.print(table(VIEW, state))
+    show(VIEW, as_json=as_json)
