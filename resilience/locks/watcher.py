@@ -24,15 +24,23 @@ So a cut-off holder stops believing it holds the lock about 5 s before PostgreSQ
 it to another — on this process's monotonic clock, which also makes a holder paused longer
 than the bound (SIGSTOP, swap) learn it on resuming. The bound must stay below the lock
 session's TCP user timeout; `SingletonConfig` refuses a longer one.
+
+A watcher's own thread starts only when it is needed: when its first background probe
+falls due (one process-wide thread, `_FirstProbes`, starts it then) or when `check()` asks
+for a probe. Most bodies end before the first probe is due, so they cost no thread start
+(a thread per call was the dearest step of a guarded call).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable
 
+from resilience.connections import on_fork
 from resilience.errors import LockNotOwnedError
 
 logger = logging.getLogger("resilience.locks.watcher")
@@ -75,10 +83,10 @@ class SessionWatcher:
         self.probes = 0
         self.lost_reason: str | None = None
         self._requested = float("-inf")  # the newest check() waiting for a fresh answer
+        self._watching = False  # start() was called
         self._stopped = False
         self._changed = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name=f"lock-watcher:{key}"[:60],
-                                        daemon=True)
+        self._thread: threading.Thread | None = None  # started when first needed
 
     @property
     def bound_seconds(self) -> float:
@@ -86,7 +94,10 @@ class SessionWatcher:
         return self.period_seconds + self.timeout_seconds
 
     def start(self) -> SessionWatcher:
-        self._thread.start()
+        """Watch from now on: the probing thread starts when the first probe falls due."""
+        self._watching = True
+        _FIRST_PROBES.add(self, time.monotonic() + max(
+            0.0, self.answered_sent_at + self.period_seconds - self.clock()))
         return self
 
     def stop(self, wait_seconds: float = 1.0) -> bool:
@@ -98,9 +109,12 @@ class SessionWatcher:
         with self._changed:
             self._stopped = True
             self._changed.notify_all()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=wait_seconds)
-        return not self._thread.is_alive()
+            thread = self._thread
+        if thread is None:
+            return True
+        if thread.is_alive() and thread is not threading.current_thread():
+            thread.join(timeout=wait_seconds)
+        return not thread.is_alive()
 
     def lost(self) -> bool:
         """True when the hold is known lost or silent past the bound (no probe sent)."""
@@ -117,7 +131,8 @@ class SessionWatcher:
             LockNotOwnedError: the lock may be another holder's; do not commit.
         """
         with self._changed:
-            if self._lost_now() is None and self._thread.is_alive() and not self._stopped:
+            if self._lost_now() is None and self._watching and not self._stopped:
+                self._start_probing()
                 asked = self.clock()
                 self._requested = max(self._requested, asked)
                 self._changed.notify_all()
@@ -131,6 +146,13 @@ class SessionWatcher:
                 "commits", key=self.key, token=self.token)
 
     # -- inside, with `_changed` held ----------------------------------------------------------
+    def _start_probing(self) -> None:
+        """Start the probing thread once, unless stopped or lost meanwhile."""
+        if self._thread is None and not self._stopped and self.lost_reason is None:
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name=f"lock-watcher:{self.key}"[:60])
+            self._thread.start()
+
     def _lost_now(self) -> str | None:
         """The reason the hold is lost, deciding silence past the bound is loss."""
         if self.lost_reason is None:
@@ -180,3 +202,43 @@ class SessionWatcher:
                 self.probes += 1
                 self._changed.notify_all()
             due = sent + self.period_seconds
+
+
+class _FirstProbes:
+    """One thread per process that starts each watcher's probing thread when its first
+    probe falls due; a watcher stopped before then is dropped without a thread."""
+
+    def __init__(self) -> None:
+        self._forget()
+        on_fork(self._forget)
+
+    def _forget(self) -> None:
+        """A fresh, empty schedule (also in a forked child: the parent's thread is gone)."""
+        self._due: list[tuple[float, int, SessionWatcher]] = []
+        self._order = itertools.count()
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, watcher: SessionWatcher, due: float) -> None:
+        """Start `watcher`'s thread at `due` (monotonic seconds) unless it stopped."""
+        with self._changed:
+            heapq.heappush(self._due, (due, next(self._order), watcher))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="lock-watchers",
+                                                daemon=True)
+                self._thread.start()
+            elif self._due[0][2] is watcher:
+                self._changed.notify()
+
+    def _run(self) -> None:
+        changed = self._changed
+        while True:
+            with changed:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    changed.wait(self._due[0][0] - time.monotonic() if self._due else None)
+                watcher = heapq.heappop(self._due)[2]
+            with watcher._changed:
+                watcher._start_probing()
+
+
+_FIRST_PROBES = _FirstProbes()
