@@ -89,9 +89,10 @@ def unavailable(reason: str) -> dict[str, str]:
     return {"unavailable": reason}
 
 
-def _reason(exc: BaseException) -> str:
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """`Type: first line of the message` (redacted, at most `limit` characters)."""
     text = redact(str(exc).strip().splitlines()[0]) if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__
+    return f"{type(exc).__name__}: {text}"[:limit] if text else type(exc).__name__
 
 
 def _section(name: str, errors: dict[str, str], read: Callable[[], Any]) -> Any:
@@ -99,7 +100,7 @@ def _section(name: str, errors: dict[str, str], read: Callable[[], Any]) -> Any:
         return read()
     except Exception as exc:  # noqa: BLE001 - one broken section must not hide the others
         logger.warning("snapshot section %s unavailable: %s", name, redact(str(exc)))
-        errors[name] = _reason(exc)
+        errors[name] = one_line(exc)
         return unavailable(errors[name])
 
 

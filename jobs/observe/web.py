@@ -34,11 +34,10 @@ from flower.views import BaseHandler
 from tornado import web
 from tornado.ioloop import IOLoop
 
-from jobs.observe.snapshot import VIEWS, collect, queue_depths
+from jobs.observe.snapshot import VIEWS, collect, one_line, queue_depths
 from jobs.tiers import TIERS
 from resilience.deadletter.place import DeadLetterNotFound, DeadLetterNotRunnable
 from resilience.errors import AdmissionError, ResilienceError, StorageError
-from resilience.redact import redact
 from resilience.views import Action, ActionRefused, Source, Submitted, missing
 
 if TYPE_CHECKING:
@@ -162,12 +161,6 @@ def page_forms() -> list[list[dict[str, Any]]]:
     return cards
 
 
-def _one_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    text = redact(lines[0]) if lines else ""
-    return f"{type(exc).__name__}: {text}"[:500] if text else type(exc).__name__
-
-
 def _status_of(exc: BaseException) -> int:
     """The HTTP status an action's error answers with."""
     if isinstance(exc, ActionRefused):
@@ -208,7 +201,7 @@ class ResilienceAction(BaseHandler):
             ok, status = True, 200
         except Exception as exc:  # noqa: BLE001 - every failure becomes one line, not a trace
             ok, status, message = False, _status_of(exc), (
-                str(exc) if isinstance(exc, ActionRefused) else _one_line(exc))
+                str(exc) if isinstance(exc, ActionRefused) else one_line(exc, 500))
             log = logger.exception if status == 500 else logger.warning
             log("resilience action %s refused: %s", name, message)
         else:
