@@ -324,8 +324,13 @@ class SingletonGuard(LockGuard):
 
     def default_backend(self, task: Task) -> LockBackend:
         """Advisory locks on the option's database, else on the app's direct lock URL
-        (`Stores.locks_database_url`); registry and holder reports on the pooled engine."""
+        (`Stores.locks_database_url`); registry and holder reports on the pooled engine.
+        The app's `resilience_lock_session_idle_seconds` is read when it is built (once per
+        process), not at every call."""
         def build(stores: Stores) -> LockBackend:
+            idle = task.app.conf.get("resilience_lock_session_idle_seconds")
+            if idle is not None:
+                SESSION_POOL.idle_seconds = float(idle)
             if self.options.database_url:
                 return AdvisoryLockBackend(self.options.database_url, engine=stores.guard_engine,
                                            pool_mode=self.options.pool_mode)
@@ -333,9 +338,6 @@ class SingletonGuard(LockGuard):
                 stores.locks_database_url, engine=stores.guard_engine,
                 pool_mode=self.options.pool_mode or stores.locks_pool_mode)
 
-        idle = task.app.conf.get("resilience_lock_session_idle_seconds")
-        if idle is not None:
-            SESSION_POOL.idle_seconds = float(idle)
         stores = stores_for(task.app)
         return stores.backend("singleton", build,
                               memory=lambda: MemoryLockBackend("singleton", stores),
