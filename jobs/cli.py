@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jobs.admin.cancel import cancel as cancel_command
-from jobs.admin.status import show
+from jobs.admin.status import platform_source, show
 from jobs.embedded import (
     exec_postgres,
     port_in_use,
@@ -48,7 +48,6 @@ from resilience.errors import ResilienceError
 from resilience.pause import PauseSwitch
 from resilience.pause import view as pause_view
 from resilience.redact import redact, redact_url
-from resilience.views import Source
 
 cli = typer.Typer(
     help="Run and administer the job platform.",
@@ -515,10 +514,7 @@ def pipeline(
 
 def _pause_switch() -> PauseSwitch:
     settings_or_exit()
-    # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
-    from jobs import app
-
-    return pause_view.switch(Source(app=app))
+    return pause_view.switch(platform_source())
 
 
 @cli.command()

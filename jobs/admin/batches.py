@@ -13,9 +13,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from jobs.admin.status import print_view, show, table
+from jobs.admin.status import platform_source, print_view, show, table
 from resilience.batches.view import CALLBACKS, LIST, MEMBERS, detail, listed, status
-from resilience.views import Source
 
 cli = typer.Typer(help="Batches: members' final states and callbacks.", no_args_is_help=True)
 console = Console()
@@ -37,9 +36,7 @@ def show_command(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """One batch: members per final state, and each callback (written? its job's state)."""
-    from jobs import app  # lazy: builds the Celery app; `jobs --help` must not
-
-    batch = detail(Source(app=app), batch_id)
+    batch = detail(platform_source(), batch_id)
     if as_json:
         typer.echo(json.dumps(batch))
         return

@@ -5,30 +5,19 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, replace
 from functools import partial
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from jobs.admin.status import show
+from jobs.admin.status import platform_source, show
 from resilience.deadletter.bulk import InvalidSelection, Selection, parse_since, requeue_many
-from resilience.deadletter.place import get, requeue
-from resilience.deadletter.view import VIEW, read
-from resilience.stores import stores_for
-
-if TYPE_CHECKING:
-    from sqlalchemy.engine import Engine
+from resilience.deadletter.place import get
+from resilience.deadletter.view import VIEW, read, requeue_one
 
 cli = typer.Typer(help="Jobs given up on: list, show, requeue.", no_args_is_help=True)
 console = Console()
 errors = Console(stderr=True)
-
-
-def _engine() -> Engine:
-    # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
-    from jobs import app
-
-    return stores_for(app).engine()
 
 
 @cli.command("list")
@@ -45,7 +34,7 @@ def list_command(
 @cli.command("show")
 def show_command(entry_id: Annotated[int, typer.Argument(help="Dead-letter id.")]) -> None:
     """Everything recorded about one dead letter (arguments, error, reason)."""
-    entry = asdict(get(_engine(), entry_id))
+    entry = asdict(get(platform_source().stores.engine(), entry_id))
     console.print_json(json.dumps(entry, default=str))
 
 
@@ -82,10 +71,7 @@ def requeue_command(
 
     Entries that cannot run are skipped, counted by reason, and stay pending.
     """
-    # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
-    from jobs import app
-
-    app.loader.import_default_modules()
+    source = platform_source()
     selectors = {"--task": task, "--reason": reason, "--since": since, "--guard": guard}
     if entry_id is not None:
         given = [name for name, value in selectors.items() if value is not None]
@@ -93,9 +79,7 @@ def requeue_command(
             errors.print(f"[red]requeue ID takes no {', '.join(given) or 'other'} options; "
                          "select rows with the options instead of an ID[/red]")
             raise typer.Exit(2)
-
-        task_id = requeue(_engine(), app, entry_id)
-        console.print(f"dead letter {entry_id} requeued as task {task_id}")
+        console.print(requeue_one(source, {"id": str(entry_id)}))
         return
 
     if all(value is None for value in selectors.values()):
@@ -108,8 +92,8 @@ def requeue_command(
     except InvalidSelection as exc:
         errors.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
-    report = requeue_many(_engine(), app, selection, limit=limit, batch_size=batch_size,
-                          dry_run=dry_run)
+    report = requeue_many(source.stores.engine(), source.app, selection, limit=limit,
+                          batch_size=batch_size, dry_run=dry_run)
     verb = "would requeue" if dry_run else "requeued"
     where = "" if dry_run else " (written to the outbox; the relay publishes them)"
     console.print(f"{verb} {len(report.requeued)} dead letters{where}")

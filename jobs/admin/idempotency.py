@@ -5,16 +5,14 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from functools import partial
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from jobs.admin.status import print_view, show, table
+from jobs.admin.status import platform_source, print_view, show, table
 from resilience.idempotency import describe, records_for
 from resilience.idempotency.view import CLAIMS, RECENT, RECORD, record, summary
-from resilience.stores import stores_for
-from resilience.views import Source
 
 cli = typer.Typer(
     help="Idempotency records: status, show one, list recent ones, purge a key.",
@@ -23,13 +21,6 @@ cli = typer.Typer(
 console = Console()
 
 TaskOption = Annotated[str, typer.Option("--task", "-t", help="the task name (key namespace)")]
-
-
-def _stores() -> Any:
-    # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
-    from jobs import app
-
-    return stores_for(app)
 
 
 @cli.command("status")
@@ -48,7 +39,8 @@ def status_command(
 ) -> None:
     """What is on now: records by state (estimated on a large table), open claims and their
     holders; cached results only with --count-cache (a SCAN, too slow to run routinely)."""
-    state = describe(_stores(), holders_limit=limit, cache_size=count_cache).as_dict()
+    state = describe(platform_source().stores, holders_limit=limit,
+                     cache_size=count_cache).as_dict()
     if as_json:
         console.print_json(json.dumps(state))
         return
@@ -62,9 +54,7 @@ def show_command(
     task: TaskOption,
 ) -> None:
     """One record: state, attempt (fencing number), lease, result or error, expiry."""
-    from jobs import app  # lazy: builds the Celery app; `jobs --help` must not
-
-    rows = record(Source(app=app), task, key)
+    rows = record(platform_source(), task, key)
     if rows is None:
         console.print(f"no record for {task}:{key}")
         raise typer.Exit(1)
@@ -98,7 +88,7 @@ def purge_command(
     """Delete one record (and its cached copy), so the next delivery of KEY runs again."""
     if not yes:
         typer.confirm(f"purge {task}:{key}? the next job with this key runs again", abort=True)
-    deleted = records_for(_stores()).purge(task, key, force=force)
+    deleted = records_for(platform_source().stores).purge(task, key, force=force)
     if not deleted:
         console.print(f"{task}:{key}: nothing deleted (no record, or an open claim: --force)")
         raise typer.Exit(1)

@@ -8,8 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from jobs.admin.status import print_view, table
-from jobs.tiers import TIERS
+from jobs.admin.status import platform_source, print_view, table
 from resilience.admission import RedisBrokerDepth, depth_backend_for
 from resilience.counters import read_all
 from resilience.ratelimit import LEASE, RedisBackend
@@ -59,10 +58,8 @@ DECISIONS = View(
 
 def snapshot() -> dict[str, Any]:
     """Everything `jobs limits show` prints, as plain data."""
-    from jobs import app  # lazy: builds the Celery app; `jobs --help` must not
-
-    source = Source(app=app, tiers=TIERS)
-    return {"tiers": bulkheads(source), **stored(source), "counters": decisions(source)}
+    read = platform_source()
+    return {"tiers": bulkheads(read), **stored(read), "counters": decisions(read)}
 
 
 @cli.command("show")

@@ -61,15 +61,19 @@ def table(view: View, section: Any) -> Table:
     return shown
 
 
-def show(view: View, *, as_json: bool = False, read: Callable[[Source], Any] | None = None,
-         app: Any = None) -> None:
+def platform_source() -> Source:
+    """What an admin command's view reads: the platform's app (its task modules loaded)."""
+    from jobs import app  # lazy: builds the Celery app; `jobs --help` must not
+
+    app.loader.import_default_modules()
+    return Source(app=app, tiers=TIERS)
+
+
+def show(view: View, *, as_json: bool = False,
+         read: Callable[[Source], Any] | None = None) -> None:
     """Read `view` now (or `read` it another way: with a SCAN, more rows) and print its
     table, or with `as_json` its section as JSON: what `jobs <view> list` prints."""
-    if app is None:
-        from jobs import app  # lazy: builds the Celery app; `jobs --help` must not
-
-        app.loader.import_default_modules()
-    section = (read or view.read)(Source(app=app, tiers=TIERS))
+    section = (read or view.read)(platform_source())
     if as_json:
         typer.echo(json.dumps(section, default=str))
         return
