@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from jobs import app
-from jobs.platform import cancellations
 from jobs.settings import get_settings
+from resilience.cancel.view import cancellations
 from resilience.deadletter.replay import AutoReplay, ReplayConfig
 from resilience.idempotency.cleanup import CleanupConfig, reap_abandoned, run_cleanup
 from resilience.locks.guards import singleton

@@ -18,13 +18,7 @@ from resilience.admission import AdmissionGuard, BulkheadConfig, depth_backend_f
 from resilience.app import init_app
 from resilience.batches import batch_guards
 from resilience.batches.signals import connect as connect_batch_signals
-from resilience.cancel import (
-    DEFAULT_TTL_SECONDS,
-    CancelConfig,
-    CancelGuard,
-    Cancellations,
-    RedisCancelBackend,
-)
+from resilience.cancel import CancelConfig, CancelGuard, RedisCancelBackend
 from resilience.deadletter.poison import PoisonConfig, PoisonGuard
 from resilience.deadline import DeadlineConfig, DeadlineGuard, DeadlineStampGuard
 from resilience.errors import ConfigurationError
@@ -351,15 +345,3 @@ def pause_backend(app: Celery) -> RedisPauseBackend:
 def cancel_backend(app: Celery) -> RedisCancelBackend:
     """The fleet's cancellation marks, in the app's shared Redis."""
     return RedisCancelBackend(stores_for(app).redis)
-
-
-def cancellations(app: Celery) -> Cancellations:
-    """The operator's side of cancellation: the PostgreSQL record and the fleet's marks.
-
-    A cancellation lasts a week or, if longer, the broker's visibility timeout plus the
-    longest countdown, so no delivery of the job can outlive it.
-    """
-    settings: Settings = getattr(app, "settings", None) or get_settings()
-    ttl = max(DEFAULT_TTL_SECONDS,
-              settings.visibility_timeout_seconds + settings.max_countdown_seconds)
-    return Cancellations(stores_for(app).engine(), cancel_backend(app), ttl_seconds=ttl)

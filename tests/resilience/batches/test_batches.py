@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from jobs.platform import cancellations
 from resilience.batches import batch
+from resilience.cancel.view import cancellations
 from resilience.counters import read_all
 from resilience.outbox import OUTBOX_HEADER
 from tests.resilience.batches import tasks

@@ -47,7 +47,7 @@ class TestBackend:
 
 @pytest.fixture()
 def cancellations(app: Any, redis_client: Any) -> Any:
-    from jobs.platform import cancellations as build
+    from resilience.cancel.view import cancellations as build
 
     return build(app)
 
