@@ -15,9 +15,9 @@ from typing import Any
 
 import psycopg2
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.pool import NullPool
+from sqlalchemy import text
 
+from resilience.connections.postgres import StatementRunner
 from resilience.errors import ConfigurationError, StorageError
 from resilience.idempotency.backends import FAILED, SUCCEEDED
 from resilience.idempotency.backends.postgres import PostgresIdempotencyBackend, backend_for
@@ -86,11 +86,10 @@ class TestPgBouncerItself:
     ) -> None:
         """SQL-level prepared statements on two client connections collide on PgBouncer's
         shared server connections; `backend_for` turns them off for a transaction pooler."""
-        engines = [create_engine(pgbouncer.url, isolation_level="AUTOCOMMIT",
-                                 poolclass=NullPool) for _ in range(2)]
+        runners = [StatementRunner(pgbouncer.url) for _ in range(2)]  # two client connections
         failures = []
         try:
-            prepared = [PostgresIdempotencyBackend(engine, prepared=True) for engine in engines]
+            prepared = [PostgresIdempotencyBackend(runner, prepared=True) for runner in runners]
             for _ in range(5):
                 for backend in prepared:
                     try:
@@ -98,8 +97,8 @@ class TestPgBouncerItself:
                     except StorageError as exc:
                         failures.append(str(exc))
         finally:
-            for engine in engines:
-                engine.dispose()
+            for runner in runners:
+                runner.close()
         assert failures and all("prepared statement" in failure for failure in failures)
         assert backend_for(pgbouncer_stores).prepared is False
         unprepared = [backend_for(pgbouncer_stores) for _ in range(2)]
