@@ -142,6 +142,9 @@ class Action:
     style: str = "primary"
     #: Another action's form this action adds its button to (`formaction`), if any.
     joins: str = ""
+    #: The HTTP status the page answers for an error `run` raises, by error class
+    #: (others: 400 for a ResilienceError, 503 for a StorageError, 500 for the rest).
+    statuses: dict[type[Exception], int] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)

@@ -36,7 +36,6 @@ from tornado.ioloop import IOLoop
 
 from jobs.observe.snapshot import VIEWS, collect, one_line, queue_depths
 from jobs.tiers import TIERS
-from resilience.deadletter.place import DeadLetterNotFound, DeadLetterNotRunnable
 from resilience.errors import AdmissionError, ResilienceError, StorageError
 from resilience.views import Action, ActionRefused, Source, Submitted, missing
 
@@ -161,13 +160,14 @@ def page_forms() -> list[list[dict[str, Any]]]:
     return cards
 
 
-def _status_of(exc: BaseException) -> int:
+def _status_of(action: Action, exc: BaseException) -> int:
     """The HTTP status an action's error answers with."""
     if isinstance(exc, ActionRefused):
         return exc.status
-    if isinstance(exc, DeadLetterNotFound):
-        return 404
-    if isinstance(exc, DeadLetterNotRunnable | AdmissionError):
+    declared = [status for kind, status in action.statuses.items() if isinstance(exc, kind)]
+    if declared:
+        return declared[0]
+    if isinstance(exc, AdmissionError):
         return 409
     if isinstance(exc, StorageError):
         return 503
@@ -200,7 +200,7 @@ class ResilienceAction(BaseHandler):
                                                              action, form)
             ok, status = True, 200
         except Exception as exc:  # noqa: BLE001 - every failure becomes one line, not a trace
-            ok, status, message = False, _status_of(exc), (
+            ok, status, message = False, _status_of(action, exc), (
                 str(exc) if isinstance(exc, ActionRefused) else one_line(exc, 500))
             log = logger.exception if status == 500 else logger.warning
             log("resilience action %s refused: %s", name, message)

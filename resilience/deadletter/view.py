@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from resilience.deadletter.bulk import Selection, parse_since, requeue_many
-from resilience.deadletter.place import list_entries, requeue
+from resilience.deadletter.place import (
+    DeadLetterNotFound,
+    DeadLetterNotRunnable,
+    list_entries,
+    requeue,
+)
 from resilience.views import (
     Action,
     ActionRefused,
@@ -73,6 +78,7 @@ VIEW = View(
     ),
     actions=(
         Action(name="Requeue", web="requeue", run=requeue_one,
+               statuses={DeadLetterNotFound: 404, DeadLetterNotRunnable: 409},
                fields=lambda r: {"id": str(r["id"])}, forms=(Form(
                    id="requeue-form", title="Requeue dead letters", button="Requeue",
                    inputs=(Input(name="id", hint="dead-letter id", required=True,
