@@ -4,7 +4,8 @@ a CLI renders, declared once by each package.
 A `View` names a section (`breakers`), says which store it reads, how to read its rows
 (`read(source)`: JSON-able, the `/api/resilience` document's section), how a table shows
 them (`columns`), which metric families they export (`metrics`) and which operator actions
-act on them (`actions`). Renderers (the platform's `jobs status`, `/metrics`, page and CLI)
+act on them (`actions`: each with its page forms, its row button and what it runs).
+Renderers (the platform's `jobs status`, `/metrics`, page and CLI)
 walk a list of views and know no guard: adding a guard adds its view to that list.
 """
 
