@@ -28,7 +28,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Retry
@@ -62,7 +61,7 @@ from resilience.keys import GuardKey, KeyOption, KeySpec, canonical_arguments, r
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, EnqueueGuard, EnqueueStage, Guard, Publish, Stage, attach
 from resilience.store_down import StoreDown, store_failed
-from resilience.stores import stores_for
+from resilience.stores import Stores, stores_for
 
 if TYPE_CHECKING:
     from celery import Task
@@ -137,6 +136,7 @@ class IdempotencyGuard(Guard):
     def __init__(self, config: IdempotencyConfig, backend: BackendOption = None) -> None:
         self.config = config
         self._backend = backend
+        self._resolved: tuple[Stores, CachedBackend] | None = None
         self._task: Task | None = None
         self.task_name = ""
         self.tier: str | None = None
@@ -170,20 +170,27 @@ class IdempotencyGuard(Guard):
                 task=task.name,
             )
 
-    @cached_property
+    @property
     def backend(self) -> CachedBackend:
         """The records' backend behind its Redis fast path, resolved on the task's first
-        call and kept (binding needs no stores: an app may be initialised before its
-        settings exist), as every guard keeps the stores it first bound."""
+        call (binding needs no stores: an app may be initialised before its settings
+        exist) and again only when the app's stores were replaced (a test installing
+        others, `use_memory_stores()`): one identity check per use."""
         task = self._task
         assert task is not None, "guard used before bind()"
+        stores = stores_for(task.app)
+        resolved = self._resolved
+        if resolved is not None and resolved[0] is stores:
+            return resolved[1]
         config = self.config
-        return cached_backend(
-            stores_for(task.app),
+        backend = cached_backend(
+            stores,
             self._backend(task) if callable(self._backend) else self._backend,
             cache=config.cache, cache_ttl_seconds=config.cache_ttl_seconds,
             synchronous_commit=config.synchronous_commit, prepared=config.prepared_statements,
         )
+        self._resolved = (stores, backend)
+        return backend
 
     def key_for(self, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> GuardKey:
         """The call's key and fingerprint.
