@@ -16,8 +16,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from jobs.admin.status import show
-from resilience.cancel.view import VIEW, cancel_job, cancel_key, cancellations, read
+from jobs.admin.status import platform_source, show
+from resilience.cancel.view import VIEW, cancellations, read
+from resilience.cancel.view import cancel as run_cancel
 from resilience.views import ActionRefused
 
 console = Console()
@@ -34,24 +35,16 @@ def cancel(
 ) -> None:
     """Cancel a job (ID), or every job of --task NAME whose cancel_key is KEY: it will not
     start on any worker, after restarts and redeliveries too."""
-    from jobs import app  # lazy: builds the Celery app; `jobs --help` must not
-
     if (task_id is None) == (task is None and key is None) or (task is None) != (key is None):
         errors.print("[red]give a task id (jobs cancel ID) or both --task NAME and --key KEY"
                      "[/red]")
         raise typer.Exit(2)
-    app.loader.import_default_modules()
-    if task_id is not None:
-        cancel_job(app, task_id, reason=reason)
-        console.print(f"cancelled job {task_id}: it will not start on any worker")
-        return
-    assert task is not None and key is not None
+    form = {"task_id": task_id or "", "task": task or "", "key": key or "", "reason": reason}
     try:
-        cancel_key(app, task, key, reason=reason)
+        console.print(run_cancel(platform_source(), form))
     except ActionRefused as refused:
         errors.print(f"[red]{refused}, or add cancel_key=\"{{...}}\" to its @app.task[/red]")
         raise typer.Exit(2) from None
-    console.print(f"cancelled the jobs of {task} with key {key!r}")
 
 
 cli = typer.Typer(help="Live cancellations: list, withdraw one, restore the Redis copies.",

@@ -108,6 +108,7 @@ def status(batch: dict[str, Any]) -> str:
             f"{batch['total']} members, {done}")
 
 
+# MEMBERS and CALLBACKS are tables of `detail`'s document (never collected: no read of their own).
 MEMBERS = View(
     name="members", title="members", store="database", read=lambda _: {},
     rows=lambda batch: [{"state": "pending", "members": batch["pending"]},

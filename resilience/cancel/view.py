@@ -68,19 +68,6 @@ def cancel_job(app: Celery, task_id: str, *, reason: str) -> bool:
     return stored
 
 
-def cancel_key(app: Celery, task: str, key: str, *, reason: str) -> None:
-    """Cancel every job of `task` whose cancel key is `key`.
-
-    Raises:
-        ActionRefused: `task` is registered and declares no cancel_key.
-    """
-    known = app.tasks.get(task)
-    if known is not None and not getattr(known, "cancel_key", None):
-        raise ActionRefused(f"task {task!r} declares no cancel_key, so no job of it has a key; "
-                            "cancel by task id")
-    cancellations(app).cancel_key(task, key, reason=reason)
-
-
 def cancel(source: Source, form: Submitted) -> str:
     """`jobs cancel ID` / `jobs cancel --task NAME --key KEY` (record, mark, and `revoke`)."""
     task_id, task, key = form.get("task_id", ""), form.get("task", ""), form.get("key", "")
@@ -89,7 +76,11 @@ def cancel(source: Source, form: Submitted) -> str:
         cancel_job(source.app, task_id, reason=reason)
         return f"cancelled job {task_id}: it will not start on any worker"
     if not task_id and task and key:
-        cancel_key(source.app, task, key, reason=reason)
+        known = source.app.tasks.get(task)
+        if known is not None and not getattr(known, "cancel_key", None):
+            raise ActionRefused(f"task {task!r} declares no cancel_key, so no job of it has a "
+                                "key; cancel by task id")
+        cancellations(source.app).cancel_key(task, key, reason=reason)
         return f"cancelled the jobs of {task} with key {key!r}"
     raise ActionRefused("give a task id, or both a task name and a key")
 
