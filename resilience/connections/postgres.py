@@ -230,8 +230,7 @@ class StatementRunner:
             StoreUnavailable, StoreRejected, StorageError, SchemaMissing.
         """
         for attempt in (1, 2):
-            with wrap_store_errors(action):
-                connection = self.connection()
+            connection = self.connection()  # `connect` translates its own errors
             text, settle = prefix(connection) if prefix is not None else ("", None)
             try:
                 cursor = connection.cursor

@@ -207,6 +207,10 @@ class AdvisorySession:
         # retransmitting for ~15 minutes (`PG_CLIENT_TCP`).
         self.connection = connect(database_url, connect_timeout_seconds=connect_timeout_seconds,
                                   application_name=f"{SESSION_PREFIX}{label}")
+        # One cursor and one error translation for every statement of the session (under
+        # `lock`), rather than a new pair per statement.
+        self._cursor = self.connection.cursor()
+        self._translated = wrap_store_errors("advisory lock session")
         # The server's end (the one that holds the locks), set per session in the first
         # round trip: without it a holder cut off by a partition keeps its backend, and the
         # lock, for the kernel's default keepalive time (two hours).
@@ -232,8 +236,8 @@ class AdvisorySession:
             StoreUnavailable: the session is gone.  StoreRejected, StorageError: the
                 statement failed.
         """
-        with (self.lock, wrap_store_errors("advisory lock session"),
-              self.connection.cursor() as cursor):
+        with self.lock, self._translated:
+            cursor = self._cursor
             cursor.execute(sql, parameters)
             return cursor.fetchall() if cursor.description else None
 
