@@ -237,8 +237,12 @@ class _FirstProbes:
                 while not self._due or self._due[0][0] > time.monotonic():
                     changed.wait(self._due[0][0] - time.monotonic() if self._due else None)
                 watcher = heapq.heappop(self._due)[2]
-            with watcher._changed:
-                watcher._start_probing()
+            try:
+                with watcher._changed:
+                    watcher._start_probing()
+            except RuntimeError as exc:  # no thread to be had: that hold goes silent, lost
+                logger.warning("singleton lock %s: its watcher did not start: %s",
+                               watcher.key, exc)
 
 
 _FIRST_PROBES = _FirstProbes()
