@@ -287,18 +287,6 @@ class LockGuard(Guard):
                      details={"key": key.full, "error": type(exc).__name__})
 
 
-_SESSION_KINDS: dict[type, bool] = {}
-
-
-def _has_sessions(kind: type, backend: LockBackend) -> bool:
-    """Whether backends of `kind` are `SessionLockBackend`s, decided once per type (a
-    runtime Protocol check walks every member at each call)."""
-    known = _SESSION_KINDS.get(kind)
-    if known is None:
-        known = _SESSION_KINDS[kind] = isinstance(backend, SessionLockBackend)
-    return known
-
-
 class SingletonGuard(LockGuard):
     """At most one run per key on a PostgreSQL session advisory lock."""
 
@@ -314,7 +302,9 @@ class SingletonGuard(LockGuard):
                  asked_at: float) -> SessionWatcher | None:
         """A started `SessionWatcher` on the held session (advisory backends only: the
         in-memory one has no session), unless `probe_seconds` turns it off."""
-        if not self.options.watched or not _has_sessions(type(backend), backend):
+        # A `SessionLockBackend` is one that can probe (a runtime Protocol check would walk
+        # every member of the Protocol at each call).
+        if not self.options.watched or not hasattr(backend, "probe"):
             return None
         return SessionWatcher(
             taken.key, lambda: backend.probe(taken),

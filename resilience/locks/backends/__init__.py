@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from resilience.errors import ConfigurationError
 from resilience.holders import Holder
@@ -124,7 +124,6 @@ class LockBackend(Protocol):
         """Every registered lock of this kind, `alive` checked against the lock itself."""
 
 
-@runtime_checkable
 class SessionLockBackend(LockBackend, Protocol):
     """A backend whose locks live as long as a session (advisory locks): the guard watches
     that session while the body runs (`resilience.locks.watcher`)."""
