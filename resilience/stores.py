@@ -256,10 +256,9 @@ class Stores:
 
     def _forget(self) -> None:
         """In a forked child: drop the parent's clients and engines."""
-        for name in ("engine", "locks_engine"):
-            engine = self._cache.get(name)
-            if engine is not None:
-                engine.dispose(close=False)  # never touch the parent's connections
+        engine = self._cache.get("engine")
+        if engine is not None:
+            engine.dispose(close=False)  # never touch the parent's connections
         self._cache = {}
         self._lock = threading.RLock()  # a parent's thread may have held it at the fork
 
@@ -337,22 +336,6 @@ class Stores:
         (direct) URL, else `pool_mode`."""
         return self.pool_mode if self._locks_database_url == self._database_url else "none"
 
-    def locks_engine(self) -> Engine:
-        """An engine on `locks_database_url` for session-bound work done through SQLAlchemy
-        (the outbox relay's `LISTEN`): `engine()` itself unless `locks_database_url` names
-        another server than `database_url`. It keeps no idle connection (`NullPool`).
-        Advisory-lock sessions open their own connections to `locks_database_url`
-        (`resilience.locks.backends.postgres.LockSessionPool`).
-        """
-        if self._locks_database_url == self._database_url:
-            return self.engine()
-        engine = self._cache.get("locks_engine")
-        if engine is None:
-            engine = self._cache["locks_engine"] = postgres.engine(
-                self.locks_database_url, connect_timeout_seconds=self.socket_timeout_seconds,
-                server_tcp=True, pooled=False)  # a direct URL (no pooler)
-        return engine
-
 
 class MemoryStores(Stores):
     """Guard state in this process's memory: no Redis, no PostgreSQL (unit tests, eager mode,
@@ -428,10 +411,6 @@ class MemoryStores(Stores):
         raise self._no_server("PostgreSQL")
 
     def statements(self) -> postgres.StatementRunner:
-        """Raises `ConfigurationError`: there is no PostgreSQL."""
-        raise self._no_server("PostgreSQL")
-
-    def locks_engine(self) -> Engine:
         """Raises `ConfigurationError`: there is no PostgreSQL."""
         raise self._no_server("PostgreSQL")
 

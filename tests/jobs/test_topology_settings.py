@@ -79,12 +79,12 @@ class TestLocksDatabaseUrl:
                                  locks_database_url="postgresql://postgres@127.0.0.1:5432/test")
         assert settings.effective_locks_database_url.endswith(":5432/test")
 
-    def test_locks_engine_is_the_pooled_engine_when_no_direct_url(self) -> None:
+    def test_lock_sessions_use_the_database_url_when_no_direct_url(self) -> None:
         stores = Stores(redis_url="redis://127.0.0.1:6379/0",
                         database_url="postgresql://postgres@127.0.0.1:5432/test")
-        assert stores.locks_engine() is stores.engine()
+        assert stores.locks_database_url == stores.database_url
         direct = Stores(redis_url="redis://127.0.0.1:6379/0",
                         database_url="postgresql://postgres@127.0.0.1:6432/test",
                         locks_database_url="postgresql://postgres@127.0.0.1:5432/test")
-        assert direct.locks_engine() is not direct.engine()
-        assert direct.locks_engine().url.port == 5432
+        assert direct.locks_database_url != direct.database_url
+        assert direct.locks_database_url.endswith(":5432/test")

@@ -27,7 +27,6 @@ def close_connections() -> None:
     cache = getattr(stores, "_cache", None) or {}
     if cache.get("statements") is not None:
         cache["statements"].close()
-    for name in ("engine", "locks_engine"):
-        engine = cache.get(name)
-        if engine is not None:
-            engine.dispose()
+    engine = cache.get("engine")
+    if engine is not None:
+        engine.dispose()
