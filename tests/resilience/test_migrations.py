@@ -69,7 +69,7 @@ class TestUpgrade:
         assert migrations.current(database_url) is None
         migrations.upgrade(database_url)
         assert _tables(database_url) == LIBRARY_TABLES | {migrations.VERSION_TABLE}
-        assert migrations.current(database_url) == migrations.head() == "0001_baseline"
+        assert migrations.current(database_url) == migrations.head() == "0003_schedules"
         migrations.upgrade(database_url)
         assert _tables(database_url) == LIBRARY_TABLES | {migrations.VERSION_TABLE}
 
@@ -147,10 +147,10 @@ class TestCommand:
         prints the revision; `downgrade --revision base` drops them."""
         done = _run("migrate", "--database-url", database_url)
         assert done.returncode == 0, done.stderr
-        assert "0001_baseline" in done.stdout
+        assert "0003_schedules" in done.stdout
         assert _tables(database_url) >= LIBRARY_TABLES
         done = _run("current", "--database-url", database_url)
-        assert done.stdout.strip() == "0001_baseline", done.stderr
+        assert done.stdout.strip() == "0003_schedules", done.stderr
         done = _run("downgrade", "--revision", "base", "--database-url", database_url)
         assert done.returncode == 0, done.stderr
         assert _tables(database_url) == {migrations.VERSION_TABLE}
@@ -163,7 +163,7 @@ class TestCommand:
         assert done.returncode == 0, done.stderr
         assert migrations.current(database_url) == migrations.head()
         done = _run("current", RESILIENCE_DATABASE_URL=database_url)
-        assert done.stdout.strip() == "0001_baseline", done.stderr
+        assert done.stdout.strip() == "0003_schedules", done.stderr
 
     @pytest.mark.parametrize(("argv", "says"), [
         (["migrate", "--database-url", f"postgresql://app:{PASSWORD}@127.0.0.1:1/x"],
