@@ -1,0 +1,299 @@
+"""Workflows: Celery's canvas plain against the same canvas started durably (issue 27).
+
+The same `--chains` chains of 3 no-op steps and `--chords` chords of 10 no-op header steps
+plus a body, three ways (`bench.tasks_workflows`):
+- `plain`: Celery's own tasks in Celery's canvas, results in the Redis result backend, the
+  stock chord (the Redis backend's counter: the header's last task applies the body);
+- `platform`: the platform's task (its default guards) in Celery's canvas, same backend:
+  what the guards cost before any workflow machinery;
+- `durable`: `resilience.workflows.durable(<the same canvas>).apply_async()` on the
+  platform task with no result backend: the graph, the steps' state and results in
+  PostgreSQL, a step's completion and the publish of what it releases in one transaction.
+
+Each round runs the variants in turn for each shape (rounds alternate, so every variant sees
+the same machine load) on one worker of `--concurrency` pool processes: consumers paused,
+every workflow started, consumers resumed, time until the last chain step / chord body ran
+(a Redis counter each INCRs). A durable round also checks that every workflow reached
+`succeeded` in PostgreSQL. `durable_chain_ratio` / `durable_chord_ratio` are the medians of
+each round's durable/plain workflow rate (targets: chains >= 0.7, chords >= 1.0); steps per
+second count every step (3 per chain, 11 per chord). `start_per_s` is the producer's rate
+of starting workflows while the consumers are paused (not part of the drain time).
+
+PostgreSQL per durable step (`pg_statements_per_step`): after the timed rounds, a worker
+whose pool processes count every query they send (`bench.tasks_scale`'s client-side psycopg2
+counter: each execute, the BEGIN psycopg2 sends itself, each COMMIT/ROLLBACK; one query is
+one round trip) runs `--statement-workflows` chains and a fifth as many chords, unpaused;
+the totals per step, by statement kind, are in the JSON (`pg_statements_by_kind`). What the
+producer sends to start a workflow is not counted there.
+
+Sizes: the defaults are the issue's (1,000 chains, 200 chords, 3 rounds: about 5 minutes on
+a 2-core box); `--quick` is a smoke-sized run (100 chains, 20 chords, 1 round):
+
+    python -m bench workflows                   # the issue's sizes
+    python -m bench workflows --quick
+    python -m bench workflows --chains 1000 --chords 200 --rounds 3 --variants plain,durable
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from bench.harness import (
+    Stopwatch,
+    drain_paused,
+    paired_ratio,
+    platform,
+    psql,
+    purge,
+    table,
+    wait_until,
+    workers,
+)
+
+QUEUE = "standard"
+VARIANTS = ("plain", "platform", "durable")
+SHAPES = ("chain", "chord")
+CHAIN_LENGTH = 3
+CHORD_WIDTH = 10
+#: Steps of one workflow of each shape (a chord's body is a step).
+STEPS = {"chain": CHAIN_LENGTH, "chord": CHORD_WIDTH + 1}
+
+
+def _options(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench workflows")
+    parser.add_argument("--chains", type=int, default=1000, help="chains of 3 per round")
+    parser.add_argument("--chords", type=int, default=200, help="chords of 10 per round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of each variant")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke size: 100 chains, 20 chords, 1 round (overrides those)")
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated subset of {', '.join(VARIANTS)}")
+    parser.add_argument("--statement-workflows", type=int, default=100,
+                        help="chains run to count PostgreSQL statements per durable step "
+                             "(and a fifth as many chords); 0 skips the count")
+    options = parser.parse_args(argv)
+    if options.quick:
+        options.chains, options.chords, options.rounds = 100, 20, 1
+    options.variants = [v for v in VARIANTS if v in options.variants.split(",")]
+    if "plain" not in options.variants:
+        parser.error("--variants must include plain (the ratios' base)")
+    if min(options.chains, options.chords, options.rounds) < 1:
+        parser.error("--chains, --chords and --rounds must be at least 1")
+    return options
+
+
+class Starter:
+    """Builds and starts one workflow of a shape for a variant, counted by `counter`."""
+
+    def __init__(self, variant: str, tasks: dict[str, Any]) -> None:
+        self.variant = variant
+        self.task = tasks[variant]
+
+    def signature(self, shape: str, counter: str) -> Any:
+        from celery import chain, chord
+
+        step = self.task
+        if shape == "chain":
+            return chain(*[step.s() for _ in range(CHAIN_LENGTH - 1)], step.s(counter=counter))
+        return chord([step.s() for _ in range(CHORD_WIDTH)], step.s(counter=counter))
+
+    def start(self, shape: str, counter: str) -> str:
+        """Start one workflow; its id (the durable run's, else the Celery result's)."""
+        signature = self.signature(shape, counter)
+        if self.variant == "durable":
+            from resilience.workflows import durable
+
+            return str(durable(signature, name=f"bench-{shape}").apply_async().id)
+        return str(signature.apply_async().id)
+
+
+def _durable_states(database_url: str, ids: list[str]) -> Counter[str]:
+    rows = psql(database_url, "SELECT state, count(*) FROM resilience_workflows "
+                              "WHERE id::text = ANY(%s) GROUP BY state", (ids,))
+    return Counter({str(state): int(count) for state, count in rows})
+
+
+def _await_succeeded(database_url: str, ids: list[str]) -> None:
+    """Every durable workflow in `ids` reached `succeeded` (the last step's record commits
+    just after its body INCRs the counter).
+
+    Raises:
+        RuntimeError: some did not within 30 s (their states are named).
+    """
+    states: Counter[str] = Counter()
+
+    def done() -> bool:
+        nonlocal states
+        states = _durable_states(database_url, ids)
+        return states["succeeded"] == len(ids)
+
+    try:
+        wait_until(done, timeout_seconds=30, what="durable workflows", poll_seconds=0.05)
+    except TimeoutError:
+        raise RuntimeError(f"of {len(ids)} durable workflows: {dict(states)}") from None
+
+
+def _read_statements(directory: Path) -> Counter[str]:
+    """Statements by kind, summed over the counting worker's pool processes' files."""
+    total: Counter[str] = Counter()
+    for path in directory.glob("*.json"):
+        try:
+            total.update(json.loads(path.read_text())["statements"])
+        except (OSError, ValueError, KeyError):
+            continue  # being replaced right now
+    total.pop("(connections opened)", None)
+    return total
+
+
+def _count_statements(options: argparse.Namespace, starter: Starter, redis: Any,
+                      database_url: str) -> dict[str, Any]:
+    """PostgreSQL statements per durable step, by kind, counted in a worker's pool."""
+    from bench.tasks_scale import STATEMENTS_DIR_ENV
+
+    directory = Path(tempfile.mkdtemp(prefix="bench-workflows-statements-"))
+    sizes = {"chain": options.statement_workflows,
+             "chord": max(1, options.statement_workflows // 5)}
+    by_shape: dict[str, Counter[str]] = {}
+    try:
+        with workers(QUEUE, concurrency=options.concurrency,
+                     env={STATEMENTS_DIR_ENV: str(directory)}):
+            _run_unpaused(starter, "chain", min(10, sizes["chain"]), redis, database_url)
+            for shape, n in sizes.items():
+                before = _read_statements(directory)
+                _run_unpaused(starter, shape, n, redis, database_url)
+                by_shape[shape] = _read_statements(directory) - before
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    per_step = {shape: {kind: count / (sizes[shape] * STEPS[shape])
+                        for kind, count in found.most_common()}
+                for shape, found in by_shape.items()}
+    return {"sizes": sizes, "per_step": per_step}
+
+
+def _run_unpaused(starter: Starter, shape: str, n: int, redis: Any, database_url: str) -> None:
+    """Start `n` workflows while the workers run and wait for all of them."""
+    counter = f"bench:workflows:{uuid.uuid4().hex}"
+    ids = [starter.start(shape, counter) for _ in range(n)]
+    wait_until(lambda: int(redis.get(counter) or 0) >= n, timeout_seconds=120,
+               what=f"{n} {starter.variant} {shape}s", poll_seconds=0.01)
+    if starter.variant == "durable":
+        _await_succeeded(database_url, ids)
+
+
+def run(argv: list[str]) -> dict[str, Any]:
+    options = _options(argv)
+    sizes = {"chain": options.chains, "chord": options.chords}
+    messages = max(sizes["chain"], sizes["chord"] * CHORD_WIDTH)
+    # The standard tier's bulkhead: room for a whole round of first steps, with margin.
+    env = {"JOBS_STANDARD__MAX_QUEUE_DEPTH": str(max(10_000, 4 * messages))}
+
+    with platform(env) as services:
+        from bench.tasks_workflows import (
+            workflows_bench_durable,
+            workflows_bench_plain,
+            workflows_bench_platform,
+        )
+        from jobs import app
+        from resilience.stores import stores_for
+
+        tasks = {"plain": workflows_bench_plain, "platform": workflows_bench_platform,
+                 "durable": workflows_bench_durable}
+        starters = {variant: Starter(variant, tasks) for variant in options.variants}
+        redis = stores_for(app).redis()
+        database_url = services.database_url.replace("postgresql+psycopg2", "postgresql")
+        purge([QUEUE])
+        # rates[shape][variant]: workflows per second, one per round; starts likewise.
+        rates = {shape: {v: [] for v in options.variants} for shape in SHAPES}
+        starts = {shape: {v: [] for v in options.variants} for shape in SHAPES}
+        with workers(QUEUE, concurrency=options.concurrency) as started:
+            names = [worker.nodename for worker in started]
+            for starter in starters.values():
+                for shape in SHAPES:
+                    _run_unpaused(starter, shape, min(20, sizes[shape]), redis,
+                                  database_url)  # warm-up: connections, imports, scripts
+            for _ in range(options.rounds):
+                for shape in SHAPES:
+                    for variant, starter in starters.items():
+                        n = sizes[shape]
+                        seconds, start_seconds = _drain(starter, shape, n, redis,
+                                                        database_url, names)
+                        rates[shape][variant].append(n / seconds)
+                        starts[shape][variant].append(n / start_seconds)
+        statements = None
+        if "durable" in starters and options.statement_workflows > 0:
+            statements = _count_statements(options, starters["durable"], redis, database_url)
+
+    return _report(options, sizes, rates, starts, statements)
+
+
+def _drain(starter: Starter, shape: str, n: int, redis: Any, database_url: str,
+           names: list[str]) -> tuple[float, float]:
+    """(seconds the paused workers take to finish `n` workflows, seconds to start them)."""
+    counter = f"bench:workflows:{uuid.uuid4().hex}"
+    ids: list[str] = []
+    start_seconds = 0.0
+
+    def enqueue() -> None:
+        nonlocal start_seconds
+        watch = Stopwatch()
+        ids.extend(starter.start(shape, counter) for _ in range(n))
+        start_seconds = watch.elapsed
+
+    def done() -> bool:
+        return int(redis.get(counter) or 0) >= n
+
+    seconds = drain_paused(QUEUE, enqueue, done, names)
+    if starter.variant == "durable":
+        _await_succeeded(database_url, ids)
+    return seconds, start_seconds
+
+
+def _report(options: argparse.Namespace, sizes: dict[str, int],
+            rates: dict[str, dict[str, list[float]]], starts: dict[str, dict[str, list[float]]],
+            statements: dict[str, Any] | None) -> dict[str, Any]:
+    def median(values: list[float]) -> float:
+        return statistics.median(values)
+
+    table(
+        f"workflows: {options.chains} chains of {CHAIN_LENGTH}, {options.chords} chords of "
+        f"{CHORD_WIDTH} x {options.rounds} rounds, 1 worker x{options.concurrency}",
+        ["shape", "variant", "workflows/s", "steps/s", "min", "max", "vs plain", "starts/s"],
+        [(shape, variant, median(rates[shape][variant]),
+          median(rates[shape][variant]) * STEPS[shape], min(rates[shape][variant]),
+          max(rates[shape][variant]), paired_ratio(rates[shape], variant),
+          median(starts[shape][variant]))
+         for shape in SHAPES for variant in options.variants],
+    )
+    figures: dict[str, Any] = {"chains": sizes["chain"], "chords": sizes["chord"],
+                               "rounds": options.rounds, "concurrency": options.concurrency}
+    for shape in SHAPES:
+        for variant in options.variants:
+            figures[f"{variant}_{shape}_steps_per_s"] = round(
+                median(rates[shape][variant]) * STEPS[shape], 1)
+            figures[f"{variant}_{shape}_start_per_s"] = round(median(starts[shape][variant]), 1)
+            if variant != "plain":
+                figures[f"{variant}_{shape}_ratio"] = round(
+                    paired_ratio(rates[shape], variant), 3)
+    if statements is not None:
+        per_step = statements["per_step"]
+        table(f"durable: PostgreSQL statements per step (worker pool, client-side count; "
+              f"{statements['sizes']['chain']} chains, {statements['sizes']['chord']} chords)",
+              ["statement", *SHAPES],
+              [(kind, *(per_step[shape].get(kind, 0.0) for shape in SHAPES))
+               for kind in sorted({k for found in per_step.values() for k in found})]
+              + [("total", *(sum(per_step[shape].values()) for shape in SHAPES))])
+        figures["pg_statements_per_step"] = {
+            shape: round(sum(found.values()), 2) for shape, found in per_step.items()}
+        figures["pg_statements_by_kind"] = {
+            shape: {kind: round(count, 3) for kind, count in found.items()}
+            for shape, found in per_step.items()}
+    return figures
