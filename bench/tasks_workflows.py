@@ -16,9 +16,10 @@ Redis, which is how the scenario sees a workflow end.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 
 from jobs import app
 from resilience.stores import stores_for
@@ -48,3 +49,29 @@ def workflows_bench_platform(*values: Any, counter: str | None = None) -> int:
 def workflows_bench_durable(*values: Any, counter: str | None = None) -> int:
     """A no-op step (platform task, no result backend); INCR `counter` when given."""
     return _step(values, counter)
+
+
+# -- profiling (only when `BENCH_PROFILE_DIR` is set in a worker's environment) -------------
+#: Where pool processes write their cProfile stats (`<dir>/<pid>.prof`); unset: no profiling.
+PROFILE_DIR_ENV = "BENCH_PROFILE_DIR"
+
+_profile: Any = None
+
+
+def _start_profile(**_: Any) -> None:
+    """A pool process profiles everything it runs from its start (cProfile, wall clock)."""
+    global _profile
+    import cProfile
+
+    _profile = cProfile.Profile()
+    _profile.enable()
+
+
+def _dump_profile(**_: Any) -> None:
+    if _profile is not None:
+        _profile.dump_stats(os.path.join(os.environ[PROFILE_DIR_ENV], f"{os.getpid()}.prof"))
+
+
+if os.environ.get(PROFILE_DIR_ENV):
+    signals.worker_process_init.connect(_start_profile, weak=False)
+    signals.worker_process_shutdown.connect(_dump_profile, weak=False)

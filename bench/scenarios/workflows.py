@@ -80,6 +80,9 @@ def _options(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--statement-workflows", type=int, default=100,
                         help="chains run to count PostgreSQL statements per durable step "
                              "(and a fifth as many chords); 0 skips the count")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="also run each variant's chains and chords (the statement "
+                             "count's sizes) on a worker profiled with cProfile, stats in DIR")
     options = parser.parse_args(argv)
     if options.quick:
         options.chains, options.chords, options.rounds = 100, 20, 1
@@ -160,8 +163,7 @@ def _count_statements(options: argparse.Namespace, starter: Starter, redis: Any,
     from bench.tasks_scale import STATEMENTS_DIR_ENV
 
     directory = Path(tempfile.mkdtemp(prefix="bench-workflows-statements-"))
-    sizes = {"chain": options.statement_workflows,
-             "chord": max(1, options.statement_workflows // 5)}
+    sizes = _phase_sizes(options)
     by_shape: dict[str, Counter[str]] = {}
     try:
         with workers(QUEUE, concurrency=options.concurrency,
@@ -177,6 +179,27 @@ def _count_statements(options: argparse.Namespace, starter: Starter, redis: Any,
                         for kind, count in found.most_common()}
                 for shape, found in by_shape.items()}
     return {"sizes": sizes, "per_step": per_step}
+
+
+def _phase_sizes(options: argparse.Namespace) -> dict[str, int]:
+    return {"chain": options.statement_workflows,
+            "chord": max(1, options.statement_workflows // 5)}
+
+
+def _profile(options: argparse.Namespace, starters: dict[str, Starter], redis: Any,
+             database_url: str) -> None:
+    """Each variant's workflows once more on a worker whose pool processes run under
+    cProfile; the stats land in `<--profile>/<variant>/<pid>.prof` (read them with pstats)."""
+    from bench.tasks_workflows import PROFILE_DIR_ENV
+
+    sizes = _phase_sizes(options)
+    for variant, starter in starters.items():
+        directory = Path(options.profile) / variant
+        directory.mkdir(parents=True, exist_ok=True)
+        with workers(QUEUE, concurrency=options.concurrency,
+                     env={PROFILE_DIR_ENV: str(directory)}):
+            for shape, n in sizes.items():
+                _run_unpaused(starter, shape, n, redis, database_url)
 
 
 def _run_unpaused(starter: Starter, shape: str, n: int, redis: Any, database_url: str) -> None:
@@ -231,6 +254,8 @@ def run(argv: list[str]) -> dict[str, Any]:
         statements = None
         if "durable" in starters and options.statement_workflows > 0:
             statements = _count_statements(options, starters["durable"], redis, database_url)
+        if options.profile:
+            _profile(options, starters, redis, database_url)
 
     return _report(options, sizes, rates, starts, statements)
 
