@@ -59,7 +59,9 @@ _profile: Any = None
 
 
 def _start_profile(**_: Any) -> None:
-    """A pool process profiles everything it runs from its start (cProfile, wall clock)."""
+    """This process profiles everything it runs from now on (cProfile): the worker's main
+    process (consumer, event loop, acks, events) from `worker_init`, each pool process
+    from its start."""
     global _profile
     import cProfile
 
@@ -67,11 +69,18 @@ def _start_profile(**_: Any) -> None:
     _profile.enable()
 
 
-def _dump_profile(**_: Any) -> None:
-    if _profile is not None:
-        _profile.dump_stats(os.path.join(os.environ[PROFILE_DIR_ENV], f"{os.getpid()}.prof"))
+def _dump_profile(role: str) -> Any:
+    def dump(**_: Any) -> None:
+        if _profile is not None:
+            _profile.disable()
+            _profile.dump_stats(
+                os.path.join(os.environ[PROFILE_DIR_ENV], f"{role}-{os.getpid()}.prof"))
+
+    return dump
 
 
 if os.environ.get(PROFILE_DIR_ENV):
+    signals.worker_init.connect(_start_profile, weak=False)
+    signals.worker_shutdown.connect(_dump_profile("main"), weak=False)
     signals.worker_process_init.connect(_start_profile, weak=False)
-    signals.worker_process_shutdown.connect(_dump_profile, weak=False)
+    signals.worker_process_shutdown.connect(_dump_profile("pool"), weak=False)

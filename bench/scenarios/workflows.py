@@ -188,8 +188,9 @@ def _phase_sizes(options: argparse.Namespace) -> dict[str, int]:
 
 def _profile(options: argparse.Namespace, starters: dict[str, Starter], redis: Any,
              database_url: str) -> None:
-    """Each variant's workflows once more on a worker whose pool processes run under
-    cProfile; the stats land in `<--profile>/<variant>/<pid>.prof` (read them with pstats)."""
+    """Each variant's workflows once more on a worker profiled with cProfile (its main
+    process and each pool process): `<--profile>/<variant>/{main,pool}-<pid>.prof`, read
+    them with pstats."""
     from bench.tasks_workflows import PROFILE_DIR_ENV
 
     sizes = _phase_sizes(options)
