@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import calendar
 import re
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -194,6 +194,31 @@ class Cron:
                 return instant
             wall += timedelta(minutes=1)
 
+    def latest_at_or_before(self, moment: datetime) -> datetime:
+        """The newest slot at or before `moment`, as an aware UTC datetime (the catch-up's
+        "newest missed slot" without walking every slot since the last fire).
+
+        Raises:
+            InvalidSchedule: `moment` is naive.
+        """
+        if moment.tzinfo is None or moment.utcoffset() is None:
+            raise InvalidSchedule(f"a naive datetime cannot place a slot: {moment!r} (give an "
+                                  "aware datetime; UTC is datetime.UTC)")
+        at = moment.astimezone(UTC)
+        shown = at.astimezone(self._zone)
+        wall = shown.replace(tzinfo=None, second=0, microsecond=0, fold=0)
+        if shown.fold:
+            # The second pass of a repeated hour: every wall time of that hour fired at its
+            # first occurrence, before `moment`; start from the hour's end.
+            first = wall.replace(tzinfo=self._zone)
+            wall += first.utcoffset() - shown.utcoffset()
+        while True:
+            wall = self._previous_wall(wall)
+            instant = _instant(wall, self._zone)
+            if instant <= at:
+                return instant
+            wall -= timedelta(minutes=1)
+
     def fires(self, after: datetime) -> Iterator[datetime]:
         """The slots strictly after `after`, in order, without end (aware UTC datetimes)."""
         moment = after
@@ -236,21 +261,60 @@ class Cron:
         raise InvalidSchedule(f"cron expression {self.expression!r} never fires",
                               expression=self.expression)
 
+    def _previous_wall(self, wall: datetime) -> datetime:
+        """The last naive local time at or before `wall` that the fields match (skips by
+        field, as `_next_wall` does forward)."""
+        limit = wall.year - _SEARCH_YEARS
+        while wall.year >= limit:
+            month_index = bisect_right(self._months, wall.month) - 1
+            if month_index < 0:
+                wall = _last_minute(wall.year - 1, self._months[-1])
+                continue
+            if self._months[month_index] != wall.month:
+                wall = _last_minute(wall.year, self._months[month_index])
+            day = self._last_day(wall.year, wall.month, wall.day)
+            if day is None:
+                wall = datetime(wall.year, wall.month, 1) - timedelta(minutes=1)
+                continue
+            if day != wall.day:
+                wall = datetime(wall.year, wall.month, day, 23, 59)
+            hour_index = bisect_right(self._hours, wall.hour) - 1
+            if hour_index < 0:
+                wall = datetime(wall.year, wall.month, wall.day) - timedelta(minutes=1)
+                continue
+            if self._hours[hour_index] != wall.hour:
+                wall = wall.replace(hour=self._hours[hour_index], minute=59)
+            minute_index = bisect_right(self._minutes, wall.minute) - 1
+            if minute_index < 0:
+                wall = wall.replace(minute=0) - timedelta(minutes=1)
+                continue
+            return wall.replace(minute=self._minutes[minute_index])
+        raise InvalidSchedule(f"cron expression {self.expression!r} never fires",
+                              expression=self.expression)
+
     def _first_day(self, year: int, month: int, start: int) -> int | None:
         """The first day of `year`-`month` from `start` on that the day fields match."""
-        first_weekday, length = calendar.monthrange(year, month)
+        length = calendar.monthrange(year, month)[1]
         for day in range(start, length + 1):
-            # calendar counts Monday as 0; cron counts Sunday as 0.
-            weekday = (first_weekday + day) % 7
-            if self._day_rule == "day":
-                matches = day in self._days
-            elif self._day_rule == "weekday":
-                matches = weekday in self._weekdays
-            else:
-                matches = day in self._days or weekday in self._weekdays
-            if matches:
+            if self._day_matches(year, month, day):
                 return day
         return None
+
+    def _last_day(self, year: int, month: int, end: int) -> int | None:
+        """The last day of `year`-`month` up to `end` that the day fields match."""
+        for day in range(min(end, calendar.monthrange(year, month)[1]), 0, -1):
+            if self._day_matches(year, month, day):
+                return day
+        return None
+
+    def _day_matches(self, year: int, month: int, day: int) -> bool:
+        if self._day_rule == "day":
+            return day in self._days
+        # date.weekday() counts Monday as 0; cron counts Sunday as 0.
+        weekday = (calendar.weekday(year, month, day) + 1) % 7
+        if self._day_rule == "weekday":
+            return weekday in self._weekdays
+        return day in self._days or weekday in self._weekdays
 
 
 def next_fires(every: Schedule, after: datetime, n: int = 5) -> list[datetime]:
@@ -324,6 +388,11 @@ def _zone(name: str) -> ZoneInfo:
 def _longest_month(month: int) -> int:
     """The most days `month` can have (February: 29)."""
     return 29 if month == 2 else calendar.monthrange(2001, month)[1]
+
+
+def _last_minute(year: int, month: int) -> datetime:
+    """23:59 on the last day of `year`-`month`."""
+    return datetime(year, month, calendar.monthrange(year, month)[1], 23, 59)
 
 
 def _first_of_next_month(wall: datetime) -> datetime:

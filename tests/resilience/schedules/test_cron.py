@@ -183,6 +183,23 @@ class TestAgainstCroniter:
             assert cron.next_after(fire - timedelta(microseconds=1)) == fire
 
 
+    @settings(max_examples=100, deadline=None)
+    @given(data=st.data(), expression=expressions(), zone=st.sampled_from(ZONES))
+    def test_latest_at_or_before_is_the_slot_before(self, data: st.DataObject,
+                                                    expression: str, zone: str) -> None:
+        """The newest slot at or before a moment is a slot, and the next slot is after the
+        moment (none lies between)."""
+        try:
+            cron = Cron(expression, timezone=zone)
+        except InvalidSchedule:
+            assume(False)
+        moment = data.draw(starts(zone))
+        latest = cron.latest_at_or_before(moment)
+        assert latest <= moment < cron.next_after(latest)
+        assert cron.next_after(latest - timedelta(microseconds=1)) == latest
+        assert cron.latest_at_or_before(latest) == latest
+
+
 class TestDaylightSaving:
     def test_paris_spring_gap_fires_at_the_end_of_the_gap(self) -> None:
         """02:30 does not exist in Paris on 2026-03-29: that day's slot fires at 03:00 CEST,
@@ -217,6 +234,16 @@ class TestDaylightSaving:
         second_0210 = local(PARIS, 2026, 10, 25, 2, 10, fold=1)
         assert second_0210.astimezone(UTC) == utc(2026, 10, 25, 1, 10)
         assert cron.next_after(second_0210) == utc(2026, 10, 25, 2, 0)
+
+    def test_latest_at_or_before_around_the_transitions(self) -> None:
+        """From the second 02:10 (CET) the newest slot is the first 02:40 (CEST); just after
+        the spring gap it is the gap's end, where the gap's slots fired."""
+        cron = Cron("*/20 2 * * *", timezone="Europe/Paris")
+        second_0210 = local(PARIS, 2026, 10, 25, 2, 10, fold=1)
+        assert cron.latest_at_or_before(second_0210) == utc(2026, 10, 25, 0, 40)
+        assert cron.latest_at_or_before(utc(2026, 3, 29, 1, 5)) == utc(2026, 3, 29, 1, 0)
+        assert cron.latest_at_or_before(utc(2026, 3, 29, 0, 59)) == (
+            local(PARIS, 2026, 3, 28, 2, 40).astimezone(UTC))
 
     def test_new_york_spring_and_fall(self) -> None:
         """New York: 02:30 on 2026-03-08 fires at 03:00 EDT; 01:30 on 2026-11-01 fires once,
@@ -300,6 +327,14 @@ class TestFields:
         assert cron.next_after(utc(2026, 1, 1, 0, 4, 59, 999999)) == utc(2026, 1, 1, 0, 5)
         paris_moment = local(PARIS, 2026, 1, 1, 1, 2)
         assert cron.next_after(paris_moment) == utc(2026, 1, 1, 0, 5)
+
+    def test_latest_at_or_before(self) -> None:
+        cron = Cron("*/5 * * * *")
+        assert cron.latest_at_or_before(utc(2026, 1, 1, 0, 5)) == utc(2026, 1, 1, 0, 5)
+        assert cron.latest_at_or_before(utc(2026, 1, 1, 0, 9, 59)) == utc(2026, 1, 1, 0, 5)
+        assert Cron("0 0 29 2 *").latest_at_or_before(utc(2104, 2, 28)) == utc(2096, 2, 29)
+        with pytest.raises(InvalidSchedule, match="naive datetime"):
+            cron.latest_at_or_before(datetime(2026, 1, 1))
 
     def test_fires_iterates(self) -> None:
         fires = Cron("0 * * * *").fires(utc(2026, 1, 1))
