@@ -280,12 +280,10 @@ def beat(loglevel: Annotated[str, typer.Option()] = "INFO") -> None:
     """Run Celery beat with the platform's schedule (jobs/schedule.py)."""
     settings = settings_or_exit()
     wait_for_services(settings)
-    data = settings.data_dir.resolve()
-    data.mkdir(parents=True, exist_ok=True)
+    # One leader among N beats (resilience.locks.beat); the schedules live in PostgreSQL
+    # (resilience.schedules), so beat keeps no local schedule file.
     args = [sys.executable, "-m", "celery", "-A", "jobs", "beat", "--loglevel", loglevel,
-            "-s", str(data / "celerybeat-schedule")]
-    # One leader among N beats: the others wait on the leader lock (resilience.locks.beat).
-    args += ["-S", "resilience.locks.beat:LeaderElectedScheduler"]
+            "-S", "resilience.schedules.scheduler:Scheduler"]
     os.execv(sys.executable, args)
 
 

@@ -24,6 +24,7 @@ from resilience.deadline import DeadlineConfig, DeadlineGuard, DeadlineStampGuar
 from resilience.errors import ConfigurationError
 from resilience.pause import PauseConfig, PauseGuard, RedisPauseBackend
 from resilience.results import FINAL_STATE_BACKENDS
+from resilience.schedules import ScheduleRunGuard
 from resilience.stores import stores_for
 from resilience.task import GuardedTask
 
@@ -100,6 +101,7 @@ class JobTask(GuardedTask):
         PauseGuard(PauseConfig(), lambda task: pause_backend(task.app)),
         CancelGuard(CancelConfig(), lambda task: cancel_backend(task.app)),
         *batch_guards(),  # a batch member's final state, recorded once (resilience.batches)
+        ScheduleRunGuard(),  # a scheduled run's outcome on its run row (resilience.schedules)
     )
 
 

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 class Stage(IntEnum):
     """Where an execution guard sits; lower runs first (outermost). See `STAGES`."""
 
+    SCHEDULE = 0
     BATCH = 1
     UNIQUE = 5
     CANCEL = 6
@@ -96,6 +97,7 @@ class StageRule:
 
 #: The execution order, in one place (DESIGN.md "The path of one job").
 STAGES: dict[Stage, StageRule] = {
+    Stage.SCHEDULE: StageRule("record a scheduled run's outcome, whatever stopped it"),
     Stage.BATCH: StageRule("record a batch member's final state, whatever stopped it"),
     Stage.UNIQUE: StageRule("give the @unique key back when the job starts (or ends)"),
     Stage.CANCEL: StageRule("stop a job an operator cancelled (jobs cancel)"),

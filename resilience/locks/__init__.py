@@ -12,7 +12,7 @@
     heartbeat.py    Heartbeat: renews a lease while the body runs
     watcher.py      SessionWatcher: probes a singleton's session while the body runs
     registry.py     describe(), force_release() (`jobs locks`)
-    beat.py         LeaderElectedScheduler: celery beat that only schedules while it leads
+    beat.py         BeatLeadership: the beat leader lock (resilience.schedules' Scheduler)
 """
 
 from resilience.locks.backends import Claimant, Lease, LockBackend, Taken

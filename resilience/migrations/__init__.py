@@ -33,7 +33,8 @@ import resilience.cancel.models
 import resilience.deadletter.models
 import resilience.idempotency.models
 import resilience.locks.models
-import resilience.outbox.models  # noqa: F401 - each registers its tables
+import resilience.outbox.models
+import resilience.schedules.models  # noqa: F401 - each registers its tables
 from resilience.errors import ConfigurationError, StoreUnavailable
 from resilience.redact import redact, redact_url
 from resilience.schema import metadata

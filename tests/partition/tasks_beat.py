@@ -4,9 +4,9 @@
 this module): a fast entry every `PARTITION_BEAT_PERIOD_SECONDS` and a slow one every
 `PARTITION_BEAT_SLOW_PERIOD_SECONDS` (an hour unless set: then never due in a short test),
 on the standard queue, which worker `b` consumes (the leader's node `a` is the one cut).
-Each execution records the slot beat claimed for it and the beat process that sent it
-(message headers, resilience.locks.beat) as one row in PostgreSQL, with no unique
-constraint: a slot sent twice shows as two rows.
+Each execution records its slot and the beat process that fired it (read from its run row,
+whose id the message carries: resilience.schedules) as one row in PostgreSQL, with no
+unique constraint: a slot sent twice shows as two rows.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import text
 
 from jobs import app
-from resilience.locks.beat import SENDER_HEADER, SLOT_HEADER
+from resilience.schedules import SCHEDULE_RUN_HEADER
 from resilience.stores import stores_for
 
 TIER = "standard"
@@ -52,15 +52,19 @@ SCHEDULE = {
 
 @app.task(tier=TIER, bind=True, name="tests.partition.beat_tick")
 def beat_tick(self: Any, run_id: str) -> None:
-    """Record this execution: the slot and the sender its message carries."""
+    """Record this execution: its slot (`<entry>:<period index>`) and the beat that fired it."""
     headers = getattr(self.request, "headers", None) or {}
-
-    def header(name: str) -> Any:
-        return getattr(self.request, name, None) or headers.get(name)
-
+    run = getattr(self.request, SCHEDULE_RUN_HEADER, None) or headers.get(SCHEDULE_RUN_HEADER)
     with stores_for(app).engine().begin() as connection:
+        fired = connection.execute(
+            text("SELECT schedule, extract(epoch FROM slot)::float8 AS slot, "
+                 "detail->>'sender' AS sender FROM resilience_schedule_runs WHERE id = :id"),
+            {"id": int(run) if run is not None else None}).first()
+        slot = sender = None
+        if fired is not None:
+            slot = f"{fired.schedule}:{round(fired.slot / PERIODS[fired.schedule])}"
+            sender = fired.sender
         connection.execute(
             text("INSERT INTO partition_beat_sends (run_id, slot, sender, task_id) "
                  "VALUES (:run_id, :slot, :sender, :task_id)"),
-            {"run_id": run_id, "slot": header(SLOT_HEADER), "sender": header(SENDER_HEADER),
-             "task_id": self.request.id})
+            {"run_id": run_id, "slot": slot, "sender": sender, "task_id": self.request.id})

@@ -36,13 +36,6 @@ CREATE TABLE IF NOT EXISTS locks_test_writes (
     outcome text NOT NULL,
     written_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-CREATE TABLE IF NOT EXISTS locks_test_beat (
-    id bigserial PRIMARY KEY,
-    run_id text NOT NULL,
-    task_id text,
-    slot text,
-    ran_at timestamptz NOT NULL DEFAULT clock_timestamp()
-);
 """
 
 
@@ -150,20 +143,6 @@ def checkpointed(
             )
         return {"committed": False}
     return {"committed": True}
-
-
-@app.task(tier=TIER, bind=True, name="tests.locks.beat_tick")
-def beat_tick(self: Any, run_id: str) -> None:
-    """A periodic task: record each execution with the schedule slot beat claimed for it."""
-    headers = getattr(self.request, "headers", None) or {}
-    slot = getattr(self.request, "resilience_beat_slot", None) or headers.get(
-        "resilience_beat_slot")
-    with _engine().begin() as connection:
-        connection.execute(
-            text("INSERT INTO locks_test_beat (run_id, task_id, slot) "
-                 "VALUES (:run_id, :task_id, :slot)"),
-            {"run_id": run_id, "task_id": self.request.id, "slot": slot},
-        )
 
 
 @app.task(tier=TIER, bind=True, name="tests.locks.retrying_singleton", max_retries=3)

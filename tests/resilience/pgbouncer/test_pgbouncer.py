@@ -22,7 +22,7 @@ from resilience.errors import ConfigurationError, StorageError
 from resilience.idempotency.backends import FAILED, SUCCEEDED
 from resilience.idempotency.backends.postgres import PostgresIdempotencyBackend, backend_for
 from resilience.locks.backends.postgres import SESSION_POOL, AdvisoryLockBackend
-from resilience.locks.beat import LeaderElectedScheduler
+from resilience.locks.beat import BeatLeadership
 from resilience.prepared import PreparedStatement
 from tests.harness import wait_for
 from tests.resilience.pgbouncer import tasks
@@ -236,25 +236,22 @@ class TestLocksDirect:
         with pytest.raises(ConfigurationError, match="LOCKS_DATABASE_URL"):
             backend.acquire("tests.pgbouncer.refused", Claimant(task_id="t", task_name="n"))
 
-    def test_beat_leadership_and_handover(self, app: Any, engine: Any, tmp_path: Any) -> None:
-        """Two beat schedulers: one leads on a direct session, the other stands by; when
+    def test_beat_leadership_and_handover(self, app: Any, engine: Any) -> None:
+        """Two beats' leader locks: one leads on a direct session, the other stands by; when
         the leader steps down the other leads."""
-        first = LeaderElectedScheduler(app, lazy=True,
-                                       schedule_filename=str(tmp_path / "first"))
-        second = LeaderElectedScheduler(app, lazy=True,
-                                        schedule_filename=str(tmp_path / "second"))
+        first, second = BeatLeadership(app), BeatLeadership(app)
         try:
-            assert first.ensure_leadership() is True
-            assert second.ensure_leadership() is False
-            assert first.ensure_leadership() is True  # verified on its own session
+            assert first.ensure() is True
+            assert second.ensure() is False
+            assert first.ensure() is True  # verified on its own session
             with engine.connect() as connection:
                 name = connection.execute(text(
                     "SELECT application_name FROM pg_stat_activity WHERE pid = :pid"),
                     {"pid": first.session.backend_pid}).scalar_one()
             assert name == f"lock:{first.node}"  # a direct session, not a pooled one
             first.step_down()
-            assert second.ensure_leadership() is True
-            assert first.ensure_leadership() is False
+            assert second.ensure() is True
+            assert first.ensure() is False
         finally:
             first.step_down()
             second.step_down()
