@@ -7,7 +7,9 @@ loads `SCHEDULE` from here, and the beat leader seeds them into the schedules ta
 Policies: none names a catch-up policy, so each gets `skip` (slots missed while no beat led
 are recorded, not replayed: each run catches up with all the work anyway) and an operator's
 runtime choice survives restarts. Each says `overlap: skip`: a cleanup still running when
-its next slot comes makes that slot `skipped_overlap` instead of starting a second one. It lives inside the `jobs` package, not in a top-level
+its next slot comes makes that slot `skipped_overlap` instead of starting a second one.
+
+It lives inside the `jobs` package, not in a top-level
 `beat_schedule` module, so installing the platform adds no top-level module and a
 `beat_schedule.py` in the working directory cannot replace it. A deployment that wants
 another schedule names its module in `RESILIENCE_BEAT_SCHEDULE` (resilience.schedules.seed).

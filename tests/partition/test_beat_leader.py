@@ -175,7 +175,6 @@ class TestBeatLeaderPartitionedFromPostgres:
             beats.append(new)
             wait_for(lambda: _connected_since(healed, new, 0), timeout_seconds=60,
                      interval=0.2, message="beat b stands by")
-            standing_by_at = time.time()  # b's schedule (its entries' last runs) exists
             wait_for(lambda: sum(send.sender == old.sender
                                  for send in _sends(healed, run_id)) >= 2,
                      timeout_seconds=30, interval=0.2, message="beat a sends")
