@@ -15,7 +15,10 @@ whose function carries guards and whose class is no `GuardedTask` gets its class
 whose `__call__` (which Celery's trace calls instead of `run` once a class defines one) runs
 the execution guards. The swap happens when a task is created (the app's `_task_from_fun`,
 and `on_bound` on the app's base task class for decorators Celery evaluates lazily), when
-the app is finalized, and at `init_app` for tasks that already exist.
+the app is finalized, and at `init_app` for tasks that already exist. On an initialised app
+every task but Celery's own (`celery.*`) becomes a `GuardedTask`, guards or not: the
+library's default guards (`resilience.task.LIBRARY_GUARDS`) let any task run as a durable
+workflow step (`resilience.workflows`) at the cost of one header lookup per job.
 
 A guarded task of an app that was never initialised would run unguarded: a silent no-op a
 user would mistake for protection. Every app that exists when this module is imported
@@ -173,12 +176,20 @@ def _rebase(app: Any, task: Any) -> Any:
         guarded = bool(attached(task.run))
     except Exception:  # noqa: BLE001 - a task class without a usable run has no guards
         guarded = False
-    if not guarded:
+    initialised = is_initialised(app)
+    if not guarded and not (initialised and _runs_steps(task)):
         return task
-    wanted = _class_for(original, is_initialised(app))
+    wanted = _class_for(original, initialised)
     if cls is not wanted:
         task.__class__ = wanted
     return task
+
+
+def _runs_steps(task: Any) -> bool:
+    """Whether a task without guards of an initialised app becomes a GuardedTask anyway,
+    for the library's default guards (a durable workflow step): every task but Celery's
+    own (`celery.*`: chord_unlock, backend_cleanup, ...)."""
+    return not str(getattr(task, "name", "") or "").startswith("celery.")
 
 
 def _class_for(original: type, initialised: bool) -> type:

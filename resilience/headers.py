@@ -18,7 +18,7 @@ import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 # The timestamp headers are the deadline guard's; its logger keeps their warnings.
 logger = logging.getLogger("resilience.deadline")
@@ -31,8 +31,19 @@ ENQUEUED_AT_HEADER = "enqueued_at"
 OUTBOX_HEADER = "outbox_id"
 #: The batch a job belongs to.
 BATCH_HEADER = "batch_id"
+#: The workflow step a job is: "<workflow id>:<position>" (":compensation" appended for
+#: the step's compensation), stamped by resilience.workflows.
+WORKFLOW_STEP_HEADER = "resilience_workflow_step"
 #: The delay before this attempt, seconds (stamped by the retry guard's republish).
 PREVIOUS_DELAY_HEADER = "resilience_previous_delay"
+
+
+class WorkflowStep(NamedTuple):
+    """A parsed `resilience_workflow_step` header."""
+
+    workflow_id: str
+    position: int
+    compensation: bool = False
 
 
 def finite_seconds(value: Any) -> float | None:
@@ -127,6 +138,19 @@ class Headers:
         """The batch the job belongs to, or None."""
         value = self.get(BATCH_HEADER)
         return value if isinstance(value, str) and value else None
+
+    @cached_property
+    def workflow_step(self) -> WorkflowStep | None:
+        """The workflow step the job is (or whose compensation it is), or None."""
+        value = self.get(WORKFLOW_STEP_HEADER)
+        if not isinstance(value, str) or not value:
+            return None
+        workflow_id, _, rest = value.partition(":")
+        position, _, kind = rest.partition(":")
+        try:
+            return WorkflowStep(workflow_id, int(position), kind == "compensation")
+        except ValueError:
+            return None
 
     @cached_property
     def previous_delay(self) -> float | None:

@@ -44,8 +44,14 @@ from resilience.pipeline import (
     Publish,
     attached,
 )
+from resilience.workflows.guard import workflow_guards
 
 logger = logging.getLogger("resilience.task")
+
+#: Execution guards every GuardedTask has, after its own `guards` (a guard of the same
+#: name, declared or in `guards`, replaces one): a task runs as a durable workflow step with
+#: no extra code; a job without the step header pays one header lookup.
+LIBRARY_GUARDS: tuple[Guard, ...] = workflow_guards()
 
 #: A republish the broker refused (full tier queue on RabbitMQ) is published again by the
 #: outbox relay no sooner than this.
@@ -101,7 +107,10 @@ class GuardedTask(Task):
             names = {guard.name for guard in declared}
             # A class-level default (the platform's) steps aside for the task's own guard
             # of the same name, so e.g. `@poison_guard(max_deliveries=5)` replaces it.
-            defaults = [g for g in (*self.guards, *self.enqueue_guards) if g.name not in names]
+            own = [g for g in (*self.guards, *self.enqueue_guards) if g.name not in names]
+            # The library's defaults step aside for any guard of the same name.
+            names.update(guard.name for guard in own)
+            defaults = [*own, *(g for g in LIBRARY_GUARDS if g.name not in names)]
             found = [*declared, *defaults]
             execution = [g for g in found if isinstance(g, Guard)]
             enqueue = [g for g in found if isinstance(g, EnqueueGuard)]

@@ -204,9 +204,16 @@ class IdempotencyGuard(Guard):
     def call_key(self, call: Call) -> GuardKey:
         """The key of one execution: `key_for`, except that without an explicit key a job
         the outbox relay published keys on `outbox:<row id>` (its header), so a row
-        published twice has one effect (resilience.outbox)."""
+        published twice has one effect (resilience.outbox); a durable workflow step on
+        `workflow:<workflow id>:<position>` (its compensation: `...:compensation`)."""
         key = self.key_for(call.args, call.kwargs)
         if self.config.key is None:
+            step = call.headers.workflow_step
+            if step is not None:
+                value = f"workflow:{step.workflow_id}:{step.position}"
+                if step.compensation:
+                    value += ":compensation"
+                return GuardKey(key.namespace, value, key.fingerprint)
             row_id = call.headers.outbox_id
             if row_id is not None:
                 return GuardKey(key.namespace, f"outbox:{row_id}", key.fingerprint)

@@ -22,8 +22,9 @@ class TestPipelineCommand:
         assert done.returncode == 0, done.stderr
         view = json.loads(done.stdout)
         assert [row["stage"] for row in view["execution"]] == [
-            "BATCH", "CANCEL", "POISON", "DEADLINE", "PAUSE", "IDEMPOTENCY", "BATCH_RECORD",
-            "EXCLUSIVITY", "BREAKER", "CONCURRENCY", "RATE", "RETRY"]
+            "BATCH", "WORKFLOW", "CANCEL", "POISON", "DEADLINE", "PAUSE", "IDEMPOTENCY",
+            "WORKFLOW_RECORD", "BATCH_RECORD", "EXCLUSIVITY", "BREAKER", "CONCURRENCY", "RATE",
+            "RETRY"]
         assert [row["stage"] for row in view["enqueue"]] == [
             "VALIDATE", "VALIDATE", "ADMIT", "STAMP"]
         idempotency = view["execution"][5]["options"]

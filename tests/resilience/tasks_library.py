@@ -17,7 +17,8 @@ def _effects() -> object:
 
 @shared_task
 def naive(order_id: int) -> int:
-    """No guard: stays Celery's plain task (`jobs pipeline` says it is not guarded)."""
+    """No guard decorator: a GuardedTask with the library's defaults only (it can run as a
+    durable workflow step)."""
     return order_id
 
 

@@ -170,7 +170,8 @@ class TestInitAppInProcess:
 
     def test_guarded_tasks_of_every_kind_become_guarded(self) -> None:
         """Tasks defined before and after `init_app`, lazily or on a finalized app, with
-        an explicit base, become `GuardedTask`s; a task without guards is left alone."""
+        an explicit base, become `GuardedTask`s; so does a task without guards (the
+        library's default guards make it a durable workflow step), but not Celery's own."""
 
         class OwnBase(Task):
             own = True
@@ -199,7 +200,10 @@ class TestInitAppInProcess:
         for task in (before, with_base, after):
             assert isinstance(task, GuardedTask), task
         assert with_base.own is True
-        assert not isinstance(plain, GuardedTask)
+        assert isinstance(plain, GuardedTask)
+        assert [guard.name for guard in plain.pipelines()[0].guards] == [
+            "workflow", "workflow-record"]
+        assert not isinstance(app.tasks["celery.chord_unlock"], GuardedTask)
         _, enqueue = after.pipelines()
         assert [guard.name for guard in enqueue.guards] == ["unique"]
 
@@ -222,7 +226,8 @@ class TestInitAppInProcess:
 
         resilience.init_app(app)  # late, after finalization: the same task is now guarded
         assert isinstance(charge, GuardedTask)
-        assert [guard.name for guard in charge.pipelines()[0].guards] == ["idempotency"]
+        assert [guard.name for guard in charge.pipelines()[0].guards] == [
+            "workflow", "idempotency", "workflow-record"]
 
     def test_stores_come_from_app_conf_on_first_use(self, services: Services) -> None:
         """`init_app` reads nothing; the stores are built from `app.conf` when first
@@ -303,17 +308,27 @@ class TestPlatform:
         assert app.conf.resilience_redis_url == stores_for(app).redis_url
 
     def test_pipeline_view_of_an_unguarded_task_says_so(self, app: Any) -> None:
-        """`jobs pipeline`'s view of a task with no guards is one line, not a crash."""
+        """`jobs pipeline`'s view of a task with no guards (Celery's own) is one line, not a
+        crash; a `@shared_task` without guard decorators has the library's defaults."""
         from jobs.pipeline_view import describe_pipelines
 
-        view = describe_pipelines(app.tasks["tests.resilience.tasks_library.naive"])
+        plain_app = Celery("plain", set_as_current=False)
+
+        @plain_app.task(name="plain.naive")
+        def naive(order_id: int) -> int:
+            return order_id
+
+        plain_app.finalize()
+        view = describe_pipelines(plain_app.tasks["plain.naive"])
         assert view["enqueue"] == [] and view["execution"] == []
-        assert view["unguarded"] == ("tests.resilience.tasks_library.naive is not guarded: "
+        assert view["unguarded"] == ("plain.naive is not guarded: "
                                      "a plain Task with no guard decorators")
+        library = describe_pipelines(app.tasks["tests.resilience.tasks_library.naive"])
+        assert [row["guard"] for row in library["execution"]] == ["workflow", "workflow-record"]
 
     def test_jobs_pipeline_command(self) -> None:
-        """`jobs pipeline` on an unguarded `@shared_task` prints one line (it crashed with
-        AttributeError); on a guarded one it lists the guards."""
+        """`jobs pipeline` on a `@shared_task` without guard decorators lists the library's
+        default guards (it crashed with AttributeError); on a guarded one its guards too."""
         import os
 
         def run(name: str) -> subprocess.CompletedProcess[str]:
@@ -325,9 +340,7 @@ class TestPlatform:
 
         naive = run("tests.resilience.tasks_library.naive")
         assert naive.returncode == 0, naive.stderr
-        assert naive.stdout.strip().splitlines() == [
-            "tests.resilience.tasks_library.naive is not guarded: a plain Task with no guard "
-            "decorators"]
+        assert "WORKFLOW" in naive.stdout and "IDEMPOTENCY" not in naive.stdout
         charge = run("tests.resilience.tasks_library.shared_charge")
         assert charge.returncode == 0, charge.stderr
         assert "IDEMPOTENCY" in charge.stdout

@@ -80,6 +80,24 @@ LIMIT :limit
 FOR UPDATE OF o SKIP LOCKED
 """)
 
+# Rows a worker publishes itself right after its transaction commits (`insert_held`): due
+# only after the hold, so the relay leaves them alone unless that worker died first. No
+# NOTIFY: the relay has nothing to do for them now.
+_INSERT_HELD = text(f"""
+INSERT INTO {TABLE_NAME} (task_id, task_name, args, kwargs, options, due_at)
+SELECT r.task_id, r.task_name, r.args, r.kwargs, r.options,
+       clock_timestamp() + make_interval(secs => :hold_seconds)
+FROM jsonb_to_recordset(CAST(:rows AS JSONB))
+     AS r(task_id TEXT, task_name TEXT, args JSONB, kwargs JSONB, options JSONB)
+RETURNING id
+""")
+
+_MARK_HELD_PUBLISHED = text(f"""
+UPDATE {TABLE_NAME}
+SET state = 'published', finished_at = clock_timestamp(), attempts = attempts + 1
+WHERE id = ANY(:ids) AND state = 'pending'
+""")
+
 _MARK_PUBLISHED = text(f"""
 UPDATE {TABLE_NAME}
 SET state = 'published', finished_at = clock_timestamp(), attempts = attempts + 1
@@ -235,6 +253,41 @@ class PostgresOutboxBackend(StoreBackend):
                 with self.engine().begin() as own:
                     return self._insert(own, row, params)
             return self._insert(connection, row, params)
+
+    def insert_held(self, connection: Any, rows: list[NewRow], *,
+                    hold_seconds: float) -> list[int]:
+        """Write `rows` (no ordering key, no delay) in the transaction of `connection`, due
+        only after `hold_seconds`: the writer publishes them itself once it committed
+        (`resilience.outbox.relay.publish_held`); the relay publishes them after the hold if
+        the writer died first. One statement; returns the row ids in `rows` order.
+
+        Raises:
+            StoreUnavailable / StoreRejected / StorageError: the insert failed.
+        """
+        if not rows:
+            return []
+        payload = json.dumps([{
+            "task_id": row.task_id, "task_name": row.task_name, "args": row.args,
+            "kwargs": row.kwargs, "options": row.options,
+        } for row in rows], cls=JSONEncoder)
+        with wrap_store_errors("outbox: insert", rows=len(rows)):
+            found = connection.execute(_INSERT_HELD, {"rows": payload,
+                                                      "hold_seconds": float(hold_seconds)})
+            return [int(row_id) for row_id in found.scalars()]
+
+    def mark_published(self, ids: list[int]) -> None:
+        """Mark held rows published (a short transaction of its own); rows the relay took
+        meanwhile are left as they are.
+
+        Raises:
+            StoreUnavailable / StoreRejected / StorageError: nothing was marked (the relay
+                publishes the rows again after their hold: a duplicate, never a loss).
+        """
+        if not ids:
+            return
+        with wrap_store_errors("outbox: mark published", rows=len(ids)), \
+                self.engine().begin() as connection:
+            connection.execute(_MARK_HELD_PUBLISHED, {"ids": list(ids)})
 
     @staticmethod
     def _insert(connection: Any, row: NewRow, params: dict[str, Any]) -> int:

@@ -1,0 +1,743 @@
+"""`WorkflowBackend`: the workflow steps in PostgreSQL, each a statement or two in one
+transaction.
+
+- create: the workflow row, every step row (one `INSERT ... SELECT` from a JSON recordset)
+  and the outbox rows of the steps with no dependency, in one transaction (the producer's).
+- start: one autocommit statement marks the step started and reads its state (a
+  redelivered final step is replayed, a step of a stopped workflow cancelled).
+- succeed: one statement records the step (only if it is still live), takes one from each
+  dependent's `waiting` (computing the input of a single-source dependent in SQL) and one
+  from the workflow's `remaining`; then, in the same transaction, the inputs of released
+  fan-in steps (their other sources committed before: the dependent's row lock orders
+  them), the outbox rows of the released steps, and the workflow's result when nothing
+  remains. The caller publishes the rows after the commit (`publish_held`).
+- fail: the step's final state, the workflow failed (or left as an operator set it), its
+  pending steps skipped, and the next compensation queued.
+- compensations run one at a time: each one's completion queues the next (reverse
+  `completed_seq`), under the workflow row's lock, so two never run at once.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kombu.utils.json import JSONEncoder
+from sqlalchemy import text
+
+from resilience.connections import StoreBackend, wrap_store_errors
+from resilience.headers import WORKFLOW_STEP_HEADER
+from resilience.keys import revive
+from resilience.outbox.backends import NewRow, OutboxRow
+from resilience.outbox.backends.postgres import PostgresOutboxBackend
+from resilience.workflows.canvas import StepSpec, Template, input_args, positions, resolve
+from resilience.workflows.errors import WorkflowNotFound, WorkflowNotRetryable
+from resilience.workflows.models import COMPLETED_SEQUENCE, STEPS_TABLE, WORKFLOWS_TABLE
+from resilience.workflows.states import (
+    SUCCESS_STATES,
+    StepState,
+    StepSummary,
+    WorkflowState,
+    WorkflowSummary,
+)
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from resilience.stores import Stores
+
+#: Seconds a released step's outbox row waits for the relay: the worker that released it
+#: publishes it at once after its commit; the relay only if that worker died first.
+DEFAULT_HOLD_SECONDS = 5.0
+
+COMPENSATION = "compensation"
+
+_INSERT_WORKFLOW = text(f"""
+INSERT INTO {WORKFLOWS_TABLE} (id, name, state, canvas, total, remaining, replay_of)
+VALUES (:id, :name, 'running', CAST(:canvas AS JSONB), :total, :remaining, :replay_of)
+""")
+
+_INSERT_STEPS = text(f"""
+INSERT INTO {STEPS_TABLE} (workflow_id, position, task_id, task_name, signature, depends_on,
+                          waiting, input, state, result, compensate, compensation_task_id,
+                          completed_seq, finished_at)
+SELECT :workflow_id, s.position, s.task_id, s.task_name, s.signature,
+       ARRAY(SELECT jsonb_array_elements_text(s.depends_on)::int), s.waiting, s.input,
+       s.state, s.result, s.compensate, s.compensation_task_id,
+       CASE WHEN s.state IN ('succeeded', 'replayed') THEN nextval('{COMPLETED_SEQUENCE}') END,
+       CASE WHEN s.state IN ('succeeded', 'replayed') THEN clock_timestamp() END
+FROM jsonb_to_recordset(CAST(:steps AS JSONB)) AS s(
+    position INT, task_id TEXT, task_name TEXT, signature JSONB, depends_on JSONB,
+    waiting INT, input JSONB, state TEXT, result JSONB, compensate JSONB,
+    compensation_task_id TEXT)
+""")
+
+_START = text(f"""
+UPDATE {STEPS_TABLE} s SET started_at = COALESCE(s.started_at, clock_timestamp())
+FROM {WORKFLOWS_TABLE} w
+WHERE s.workflow_id = :workflow_id AND s.position = :position AND w.id = s.workflow_id
+RETURNING s.state, s.result, s.compensation_state, w.state AS workflow_state
+""")
+
+# One round trip for a chain step: the step leaves its live state once; its dependents
+# (only while the workflow runs) count it, and one that needs only this step's result gets
+# its input here. Data-modifying CTEs all run, each seeing the statement's snapshot, so
+# fan-in inputs are read in a later statement.
+_SUCCEED = text(f"""
+WITH done AS (
+    UPDATE {STEPS_TABLE}
+    SET state = :state, result = CAST(:result AS JSONB), error = NULL,
+        finished_at = clock_timestamp(), completed_seq = nextval('{COMPLETED_SEQUENCE}')
+    WHERE workflow_id = :workflow_id AND position = :position
+      AND state IN ('pending', 'queued')
+    RETURNING position, compensate IS NOT NULL AS compensable
+), workflow AS (
+    UPDATE {WORKFLOWS_TABLE} w SET remaining = w.remaining - 1
+    FROM done WHERE w.id = :workflow_id
+    RETURNING w.state, w.remaining, w.canvas -> 'result' AS template, done.compensable
+), released AS (
+    UPDATE {STEPS_TABLE} d
+    SET waiting = d.waiting - 1,
+        state = CASE WHEN d.waiting = 1 THEN 'queued' ELSE d.state END,
+        input = CASE
+            WHEN d.waiting <> 1 OR jsonb_typeof(d.signature -> 'source') <> 'number'
+                THEN d.input
+            WHEN COALESCE((d.signature ->> 'immutable')::boolean, false)
+                THEN d.signature -> 'args'
+            ELSE jsonb_build_array(CAST(:result AS JSONB)) || (d.signature -> 'args')
+        END
+    FROM workflow
+    WHERE d.workflow_id = :workflow_id AND d.state = 'pending'
+      AND :position = ANY(d.depends_on) AND workflow.state = 'running'
+    RETURNING d.position, d.waiting, d.task_id, d.task_name, d.signature, d.input
+)
+SELECT (SELECT row_to_json(workflow) FROM workflow) AS workflow,
+       (SELECT json_agg(released) FROM released) AS released
+""")
+
+_RESULTS = text(f"""
+SELECT position, result FROM {STEPS_TABLE}
+WHERE workflow_id = :workflow_id AND position = ANY(:positions)
+""")
+
+_SET_INPUT = text(f"""
+UPDATE {STEPS_TABLE} SET input = CAST(:input AS JSONB)
+WHERE workflow_id = :workflow_id AND position = :position
+""")
+
+_FINISH = text(f"""
+UPDATE {WORKFLOWS_TABLE}
+SET state = 'succeeded', result = CAST(:result AS JSONB), finished_at = clock_timestamp()
+WHERE id = :workflow_id AND state = 'running' AND remaining = 0
+RETURNING id
+""")
+
+_LOCK_WORKFLOW = text(f"""
+SELECT state, error, failed_position FROM {WORKFLOWS_TABLE} WHERE id = :workflow_id
+FOR UPDATE
+""")
+
+_FAIL_STEP = text(f"""
+UPDATE {STEPS_TABLE}
+SET state = :state, error = :error, finished_at = clock_timestamp()
+WHERE workflow_id = :workflow_id AND position = :position AND state IN ('pending', 'queued')
+RETURNING position
+""")
+
+_STOP_WORKFLOW = text(f"""
+UPDATE {WORKFLOWS_TABLE}
+SET state = :state, error = :error, failed_position = :position,
+    finished_at = clock_timestamp()
+WHERE id = :workflow_id AND state = 'running'
+RETURNING id
+""")
+
+_SKIP_PENDING = text(f"""
+UPDATE {STEPS_TABLE} SET state = 'skipped', finished_at = clock_timestamp()
+WHERE workflow_id = :workflow_id AND state = 'pending'
+""")
+
+_QUEUED_TASKS = text(f"""
+SELECT task_id FROM {STEPS_TABLE} WHERE workflow_id = :workflow_id AND state = 'queued'
+""")
+
+_NEXT_COMPENSATION = text(f"""
+UPDATE {STEPS_TABLE} s SET compensation_state = 'queued'
+FROM (
+    SELECT position FROM {STEPS_TABLE}
+    WHERE workflow_id = :workflow_id AND state IN ('succeeded', 'replayed')
+      AND compensate IS NOT NULL AND compensation_state IS NULL
+      AND NOT EXISTS (SELECT 1 FROM {STEPS_TABLE}
+                      WHERE workflow_id = :workflow_id AND compensation_state = 'queued')
+    ORDER BY completed_seq DESC LIMIT 1
+) AS next
+WHERE s.workflow_id = :workflow_id AND s.position = next.position
+RETURNING s.position, s.result, s.compensate, s.compensation_task_id
+""")
+
+_COMPENSATION_TALLY = text(f"""
+SELECT count(*) FILTER (WHERE compensation_state = 'queued') AS busy,
+       count(*) FILTER (WHERE compensation_state IS NOT NULL
+                        AND compensation_state NOT IN ('queued', 'succeeded', 'replayed'))
+           AS failed,
+       count(*) FILTER (WHERE compensation_state IS NOT NULL) AS ran
+FROM {STEPS_TABLE} WHERE workflow_id = :workflow_id
+""")
+
+_SET_WORKFLOW_STATE = text(f"""
+UPDATE {WORKFLOWS_TABLE}
+SET state = :state, finished_at = clock_timestamp(), error = COALESCE(:error, error)
+WHERE id = :workflow_id
+""")
+
+_COMPENSATED = text(f"""
+UPDATE {STEPS_TABLE}
+SET compensation_state = :state, compensation_error = :error
+WHERE workflow_id = :workflow_id AND position = :position AND compensation_state = 'queued'
+RETURNING position
+""")
+
+_STEPS = text(f"""
+SELECT position, kind, task_id, task_name, signature, depends_on, waiting, input, state,
+       result, error, compensate, compensation_task_id, compensation_state,
+       compensation_error, started_at, finished_at, completed_seq
+FROM {STEPS_TABLE} WHERE workflow_id = :workflow_id ORDER BY position
+""")
+
+_WORKFLOW_COLUMNS = f"""
+w.id, w.name, w.state, w.canvas, w.total, w.remaining, w.result, w.error, w.failed_position,
+w.created_at, w.finished_at, w.replay_of,
+COALESCE((SELECT jsonb_object_agg(t.state, t.n) FROM (
+    SELECT s.state, count(*) AS n FROM {STEPS_TABLE} s
+    WHERE s.workflow_id = w.id GROUP BY s.state
+) t), CAST('{{}}' AS JSONB)) AS counts
+"""
+
+_WORKFLOW = text(f"SELECT {_WORKFLOW_COLUMNS} FROM {WORKFLOWS_TABLE} w WHERE w.id = :id")
+
+_STATE = text(f"""
+SELECT state, result, error, failed_position FROM {WORKFLOWS_TABLE} WHERE id = :id
+""")
+
+_RECENT = text(f"""
+SELECT {_WORKFLOW_COLUMNS} FROM {WORKFLOWS_TABLE} w
+WHERE CAST(:state AS TEXT) IS NULL OR w.state = CAST(:state AS TEXT)
+ORDER BY w.created_at DESC, w.id LIMIT :limit
+""")
+
+_RESET_STEP = text(f"""
+UPDATE {STEPS_TABLE}
+SET state = :state, waiting = :waiting, input = CAST(:input AS JSONB), task_id = :task_id,
+    result = NULL, error = NULL, started_at = NULL, finished_at = NULL,
+    completed_seq = NULL, compensation_state = NULL, compensation_error = NULL,
+    compensation_task_id = CASE WHEN compensate IS NULL THEN NULL ELSE :compensation_task_id
+                           END
+WHERE workflow_id = :workflow_id AND position = :position
+""")
+
+_RESUME_WORKFLOW = text(f"""
+UPDATE {WORKFLOWS_TABLE}
+SET state = 'running', remaining = :remaining, result = NULL, error = NULL,
+    failed_position = NULL, finished_at = NULL
+WHERE id = :workflow_id
+""")
+
+
+def dumps(value: Any) -> str:
+    """JSON as Celery's JSON carries it (kombu's encoder: UUID, datetime, Decimal tagged)."""
+    return json.dumps(value, cls=JSONEncoder)
+
+
+def step_header(workflow_id: str, position: int, compensation: bool = False) -> str:
+    """The `resilience_workflow_step` header of a step (or of its compensation)."""
+    return f"{workflow_id}:{position}" + (f":{COMPENSATION}" if compensation else "")
+
+
+@dataclass
+class Released:
+    """What one transaction released: outbox rows to publish after the commit, and what
+    became of the workflow (for metrics and logs)."""
+
+    rows: list[OutboxRow] = field(default_factory=list)
+    recorded: bool = False
+    workflow_state: str | None = None
+    finished: str | None = None  # the workflow's final state, when this transaction set it
+    cancel: list[str] = field(default_factory=list)  # task ids to cancel after the commit
+
+    def extend(self, other: Released) -> None:
+        self.rows.extend(other.rows)
+        self.cancel.extend(other.cancel)
+        self.finished = other.finished or self.finished
+
+
+@dataclass(frozen=True)
+class Started:
+    """A step's state as its execution found it (`WorkflowBackend.start`)."""
+
+    state: str
+    result: Any
+    compensation_state: str | None
+    workflow_state: str
+
+
+class WorkflowBackend(StoreBackend):
+    """Workflows in PostgreSQL (tables `resilience_workflows`, `resilience_workflow_steps`).
+
+    Args:
+        engine: a callable returning the engine (the stores' guard engine).
+        hold_seconds: how long a released step's outbox row waits for the relay.
+    """
+
+    store_operation = "workflows"
+
+    def __init__(self, engine: Callable[[], Engine],
+                 hold_seconds: float = DEFAULT_HOLD_SECONDS) -> None:
+        self.engine = engine
+        self.hold_seconds = hold_seconds
+        self.outbox = PostgresOutboxBackend(engine)
+
+    @contextmanager
+    def transaction(self, connection: Any = None) -> Iterator[Any]:
+        """`connection` as it is (the caller commits), or a short transaction of its own."""
+        if connection is not None:
+            yield connection
+            return
+        with self.engine().begin() as own:
+            yield own
+
+    # -- producer side ---------------------------------------------------------------------
+    def create(self, connection: Any, *, workflow_id: str, name: str | None,
+               canvas: dict[str, Any], steps: list[StepSpec], done: dict[int, Any] | None = None,
+               replay_of: str | None = None, hold: bool = True) -> Released:
+        """Write a workflow, its steps and the outbox rows of its first steps in the
+        transaction of `connection`. `done`: results of steps copied as succeeded (a replay).
+
+        Raises:
+            StoreUnavailable / StoreRejected / StorageError: nothing was written.
+        """
+        done = done or {}
+        rows_of_steps = []
+        ready: list[tuple[StepSpec, list[Any]]] = []
+        for step in steps:
+            deps = step.depends_on
+            if step.position in done:
+                state, waiting, arguments = StepState.SUCCEEDED, 0, None
+            else:
+                waiting = sum(1 for dep in deps if dep not in done)
+                state = StepState.QUEUED if waiting == 0 else StepState.PENDING
+                arguments = (input_args(step.signature(), done) if waiting == 0 else None)
+                if waiting == 0:
+                    ready.append((step, arguments))
+            rows_of_steps.append({
+                "position": step.position, "task_id": step.task_id,
+                "task_name": step.task_name, "signature": step.signature(),
+                "depends_on": deps, "waiting": waiting, "input": arguments,
+                "state": state.value, "result": done.get(step.position),
+                "compensate": step.compensate,
+                "compensation_task_id": step.compensation_task_id,
+            })
+        with wrap_store_errors("workflows: create", workflow=workflow_id), \
+                self.transaction(connection) as session:
+            session.execute(_INSERT_WORKFLOW, {
+                "id": workflow_id, "name": name, "canvas": dumps(canvas),
+                "total": len(steps), "remaining": len(steps) - len(done),
+                "replay_of": replay_of,
+            })
+            session.execute(_INSERT_STEPS, {"workflow_id": workflow_id,
+                                            "steps": dumps(rows_of_steps)})
+            released = self._queue(session, workflow_id,
+                                    [(s.position, s.task_id, s.task_name, s.signature(), a)
+                                     for s, a in ready], hold=hold)
+            if not steps or len(done) == len(steps):
+                released.extend(self._finish(session, workflow_id, canvas.get("result"),
+                                             dict(done)))
+        return released
+
+    def _queue(self, session: Any, workflow_id: str,
+               ready: list[tuple[int, str, str, dict[str, Any], list[Any]]],
+               hold: bool = True) -> Released:
+        """The outbox rows of steps whose input is known, in `session`'s transaction."""
+        rows = [self._new_row(workflow_id, position, task_id, task_name, signature, arguments)
+                for position, task_id, task_name, signature, arguments in ready]
+        return self._write_rows(session, rows, hold)
+
+    def _write_rows(self, session: Any, rows: list[NewRow], hold: bool) -> Released:
+        if not rows:
+            return Released()
+        if not hold:
+            for row in rows:
+                self.outbox.insert(session, row)
+            return Released()
+        ids = self.outbox.insert_held(session, rows, hold_seconds=self.hold_seconds)
+        return Released(rows=[
+            OutboxRow(id=row_id, task_id=row.task_id, task_name=row.task_name,
+                      args=list(row.args), kwargs=dict(row.kwargs), options=dict(row.options),
+                      ordering_key=None, attempts=0, due_in_seconds=0.0)
+            for row_id, row in zip(ids, rows, strict=True)])
+
+    @staticmethod
+    def _new_row(workflow_id: str, position: int, task_id: str, task_name: str,
+                 signature: dict[str, Any], arguments: list[Any],
+                 compensation: bool = False) -> NewRow:
+        options = dict(signature.get("options") or {})
+        headers = dict(options.pop("headers", None) or {})
+        headers[WORKFLOW_STEP_HEADER] = step_header(workflow_id, position, compensation)
+        options["headers"] = headers
+        for name in ("countdown", "eta", "task_id"):
+            options.pop(name, None)
+        return NewRow(task_id=task_id, task_name=task_name, args=list(arguments),
+                      kwargs=dict(signature.get("kwargs") or {}), options=options)
+
+    # -- worker side -----------------------------------------------------------------------
+    def start(self, workflow_id: str, position: int) -> Started | None:
+        """Mark the step started; its state, result and its workflow's state. None when no
+        such step exists (the workflow was deleted)."""
+        with wrap_store_errors("workflows: start step", workflow=workflow_id,
+                               position=position), self.engine().begin() as connection:
+            row = connection.execute(_START, {"workflow_id": workflow_id,
+                                              "position": position}).first()
+        if row is None:
+            return None
+        return Started(state=row.state, result=row.result,
+                       compensation_state=row.compensation_state,
+                       workflow_state=row.workflow_state)
+
+    def succeed(self, connection: Any, workflow_id: str, position: int, result: Any, *,
+                state: StepState = StepState.SUCCEEDED) -> Released:
+        """Record the step succeeded (or replayed) with `result` and release what it
+        completes, in `connection`'s transaction (None: one of its own).
+
+        Raises:
+            NonJsonArguments: `result` cannot be stored (nothing was written).
+            StoreUnavailable / StoreRejected / StorageError: nothing was recorded.
+        """
+        result_json = dumps(result)
+        with wrap_store_errors("workflows: record step", workflow=workflow_id,
+                               position=position), self.transaction(connection) as session:
+            row = session.execute(_SUCCEED, {
+                "workflow_id": workflow_id, "position": position, "state": state.value,
+                "result": result_json,
+            }).one()
+            workflow = row.workflow
+            if workflow is None:
+                return Released()  # final already: a duplicate or a redelivery
+            released = Released(recorded=True, workflow_state=workflow["state"])
+            results = {position: json.loads(result_json)}
+            if workflow["state"] != WorkflowState.RUNNING:
+                if workflow["compensable"]:
+                    released.extend(self._advance_compensation(session, workflow_id))
+                return released
+            ready = []
+            for step in row.released or ():
+                if step["waiting"] != 0:
+                    continue
+                arguments = step["input"]
+                if arguments is None:
+                    arguments = self._fan_in(session, workflow_id, step, results)
+                ready.append((step["position"], step["task_id"], step["task_name"],
+                              step["signature"], arguments))
+            released.extend(self._queue(session, workflow_id, ready))
+            if workflow["remaining"] == 0:
+                released.extend(self._finish(session, workflow_id, workflow["template"],
+                                             results))
+        return released
+
+    def _fan_in(self, session: Any, workflow_id: str, step: dict[str, Any],
+                results: dict[int, Any]) -> list[Any]:
+        """The input of a released step with several sources, stored on its row."""
+        self._read_results(session, workflow_id, positions(step["signature"].get("source")),
+                           results)
+        arguments = input_args(step["signature"], results)
+        session.execute(_SET_INPUT, {"workflow_id": workflow_id, "position": step["position"],
+                                     "input": dumps(arguments)})
+        return arguments
+
+    @staticmethod
+    def _read_results(session: Any, workflow_id: str, wanted: list[int],
+                      results: dict[int, Any]) -> None:
+        missing = [p for p in wanted if p not in results]
+        if missing:
+            for found in session.execute(_RESULTS, {"workflow_id": workflow_id,
+                                                    "positions": missing}):
+                results[int(found.position)] = found.result
+
+    def _finish(self, session: Any, workflow_id: str, template: Template,
+                results: dict[int, Any]) -> Released:
+        self._read_results(session, workflow_id, positions(template), results)
+        done = session.execute(_FINISH, {"workflow_id": workflow_id,
+                                         "result": dumps(resolve(template, results))}).first()
+        return Released(finished=WorkflowState.SUCCEEDED if done else None)
+
+    def fail(self, connection: Any, workflow_id: str, position: int, state: StepState,
+             error: str | None) -> Released:
+        """Record the step's final failure (failed, dead_lettered, cancelled, shed,
+        skipped): its workflow fails (cancelled for a cancelled step), pending steps are
+        skipped and the first compensation is queued.
+
+        Raises:
+            StoreUnavailable / StoreRejected / StorageError: nothing was recorded.
+        """
+        with wrap_store_errors("workflows: record step", workflow=workflow_id,
+                               position=position), self.transaction(connection) as session:
+            if session.execute(_LOCK_WORKFLOW, {"workflow_id": workflow_id}).first() is None:
+                return Released()
+            if session.execute(_FAIL_STEP, {"workflow_id": workflow_id, "position": position,
+                                            "state": state.value, "error": error}).first() \
+                    is None:
+                return Released()
+            stopped = (WorkflowState.CANCELLED if state is StepState.CANCELLED
+                       else WorkflowState.FAILED)
+            released = Released(recorded=True)
+            released.extend(self._stop(session, workflow_id, stopped, error, position))
+        return released
+
+    def _stop(self, session: Any, workflow_id: str, state: WorkflowState, error: str | None,
+              position: int | None, hold: bool = True) -> Released:
+        """A running workflow fails or is cancelled (workflow row locked by the caller)."""
+        released = Released()
+        if session.execute(_STOP_WORKFLOW, {"workflow_id": workflow_id, "state": state.value,
+                                            "error": error, "position": position}).first():
+            released.finished = state
+            session.execute(_SKIP_PENDING, {"workflow_id": workflow_id})
+            if state is WorkflowState.CANCELLED:
+                released.cancel = list(session.execute(
+                    _QUEUED_TASKS, {"workflow_id": workflow_id}).scalars())
+        released.extend(self._advance_compensation(session, workflow_id, hold))
+        return released
+
+    def _advance_compensation(self, session: Any, workflow_id: str,
+                              hold: bool = True) -> Released:
+        """Queue the next compensation (reverse completion order) unless one is queued;
+        when none is left, settle the workflow's state. Workflow row locked by the caller."""
+        found = session.execute(_NEXT_COMPENSATION, {"workflow_id": workflow_id}).first()
+        current = session.execute(_STATE, {"id": workflow_id}).one()
+        if found is not None:
+            signature = found.compensate
+            arguments = list(signature.get("args") or ())
+            if not signature.get("immutable"):
+                arguments = [found.result, *arguments]
+            row = self._new_row(workflow_id, found.position, found.compensation_task_id,
+                                signature["task"], signature, arguments, compensation=True)
+            if current.state == WorkflowState.FAILED:
+                session.execute(_SET_WORKFLOW_STATE, {
+                    "workflow_id": workflow_id, "state": WorkflowState.COMPENSATING.value,
+                    "error": None})
+            return self._write_rows(session, [row], hold)
+        tally = session.execute(_COMPENSATION_TALLY, {"workflow_id": workflow_id}).one()
+        if tally.busy == 0 and current.state == WorkflowState.COMPENSATING:
+            settled = WorkflowState.FAILED if tally.failed else WorkflowState.COMPENSATED
+            session.execute(_SET_WORKFLOW_STATE, {
+                "workflow_id": workflow_id, "state": settled.value,
+                "error": None})
+            return Released(finished=settled)
+        return Released()
+
+    def compensated(self, connection: Any, workflow_id: str, position: int, state: StepState,
+                    error: str | None = None) -> Released:
+        """Record a compensation's final state and queue the next one.
+
+        Raises:
+            StoreUnavailable / StoreRejected / StorageError: nothing was recorded.
+        """
+        with wrap_store_errors("workflows: record compensation", workflow=workflow_id,
+                               position=position), self.transaction(connection) as session:
+            if session.execute(_LOCK_WORKFLOW, {"workflow_id": workflow_id}).first() is None:
+                return Released()
+            if session.execute(_COMPENSATED, {"workflow_id": workflow_id, "position": position,
+                                              "state": state.value, "error": error}).first() \
+                    is None:
+                return Released()
+            released = Released(recorded=True)
+            released.extend(self._advance_compensation(session, workflow_id))
+        return released
+
+    # -- operator side ---------------------------------------------------------------------
+    def cancel(self, workflow_id: str) -> Released:
+        """Cancel a running workflow: pending steps skipped, queued ones to be cancelled
+        (`Released.cancel`), compensations of succeeded steps queued.
+
+        Raises:
+            WorkflowNotFound.
+        """
+        with wrap_store_errors("workflows: cancel", workflow=workflow_id), \
+                self.transaction() as session:
+            if session.execute(_LOCK_WORKFLOW, {"workflow_id": workflow_id}).first() is None:
+                raise WorkflowNotFound(f"no workflow {workflow_id!r}", workflow_id=workflow_id)
+            return self._stop(session, workflow_id, WorkflowState.CANCELLED,
+                              "cancelled by an operator", None, hold=False)
+
+    def restart(self, workflow_id: str, from_step: int | None) -> Released:
+        """`retry`: step `from_step` (default: the failed one) and every later position go
+        back to pending with new task ids; ready ones are queued with their input.
+
+        Raises:
+            WorkflowNotFound, WorkflowNotRetryable.
+        """
+        with wrap_store_errors("workflows: retry", workflow=workflow_id), \
+                self.transaction() as session:
+            locked = session.execute(_LOCK_WORKFLOW, {"workflow_id": workflow_id}).first()
+            if locked is None:
+                raise WorkflowNotFound(f"no workflow {workflow_id!r}", workflow_id=workflow_id)
+            if locked.state in (WorkflowState.RUNNING, WorkflowState.COMPENSATING):
+                raise WorkflowNotRetryable(
+                    f"workflow {workflow_id} is {locked.state}; retry it once it stopped",
+                    workflow_id=workflow_id, state=locked.state)
+            steps = list(session.execute(_STEPS, {"workflow_id": workflow_id}))
+            start = from_step
+            if start is None:
+                failed = [s.position for s in steps
+                          if s.state not in SUCCESS_STATES and s.state != StepState.PENDING]
+                start = min(failed) if failed else locked.failed_position
+            if start is None:
+                raise WorkflowNotRetryable(f"workflow {workflow_id} has no failed step; name "
+                                           "one with from_step", workflow_id=workflow_id)
+            self._check_position(workflow_id, start, len(steps))
+            undone = [s.position for s in steps if s.position < start
+                      and s.compensation_state is not None]
+            if undone:
+                raise WorkflowNotRetryable(
+                    f"step {undone[0]} of workflow {workflow_id} was compensated; replay it "
+                    "from an earlier step instead", workflow_id=workflow_id, step=undone[0])
+            kept = {s.position: s.result for s in steps
+                    if s.position < start and s.state in SUCCESS_STATES}
+            return self._rewind(session, workflow_id, steps, kept)
+
+    def _rewind(self, session: Any, workflow_id: str, steps: list[Any],
+                kept: dict[int, Any]) -> Released:
+        """Every step not in `kept` back to pending (queued when its sources are kept)."""
+        ready = []
+        for step in steps:
+            if step.position in kept:
+                continue
+            sources = list(step.depends_on or ())
+            waiting = sum(1 for dep in sources if dep not in kept)
+            arguments = None
+            if waiting == 0:
+                arguments = (step.input if step.input is not None and step.state != "pending"
+                             else input_args(step.signature, dict(kept)))
+            task_id = str(uuid.uuid4())
+            session.execute(_RESET_STEP, {
+                "workflow_id": workflow_id, "position": step.position,
+                "state": (StepState.QUEUED if waiting == 0 else StepState.PENDING).value,
+                "waiting": waiting, "input": None if arguments is None else dumps(arguments),
+                "task_id": task_id, "compensation_task_id": str(uuid.uuid4()),
+            })
+            if waiting == 0:
+                ready.append((step.position, task_id, step.task_name, step.signature,
+                              arguments))
+        session.execute(_RESUME_WORKFLOW, {"workflow_id": workflow_id,
+                                           "remaining": len(steps) - len(kept)})
+        return self._queue(session, workflow_id, ready, hold=False)
+
+    @staticmethod
+    def _check_position(workflow_id: str, position: int, total: int) -> None:
+        if isinstance(position, bool) or not isinstance(position, int) or not (
+                0 <= position < total):
+            raise WorkflowNotRetryable(
+                f"workflow {workflow_id} has steps 0..{total - 1}; got step {position!r}",
+                workflow_id=workflow_id, step=position)
+
+    def replay(self, workflow_id: str, from_step: int) -> tuple[str, Released]:
+        """A new run of the same canvas whose steps before `from_step` are copied as
+        succeeded with their results; it starts at `from_step`.
+
+        Raises:
+            WorkflowNotFound, WorkflowNotRetryable: a step before `from_step` did not succeed.
+        """
+        with wrap_store_errors("workflows: replay", workflow=workflow_id), \
+                self.transaction() as session:
+            old = session.execute(_WORKFLOW, {"id": workflow_id}).first()
+            if old is None:
+                raise WorkflowNotFound(f"no workflow {workflow_id!r}", workflow_id=workflow_id)
+            steps = list(session.execute(_STEPS, {"workflow_id": workflow_id}))
+            self._check_position(workflow_id, from_step, len(steps))
+            lost = [s.position for s in steps
+                    if s.position < from_step and s.state not in SUCCESS_STATES]
+            if lost:
+                raise WorkflowNotRetryable(
+                    f"step {lost[0]} of workflow {workflow_id} did not succeed; replay from "
+                    f"step {lost[0]} or earlier", workflow_id=workflow_id, step=lost[0])
+            specs = [StepSpec(
+                position=s.position, task_name=s.task_name,
+                args=list(s.signature.get("args") or ()),
+                kwargs=dict(s.signature.get("kwargs") or {}),
+                options=dict(s.signature.get("options") or {}),
+                immutable=bool(s.signature.get("immutable")), source=s.signature.get("source"),
+                compensate=s.compensate,
+                compensation_task_id=None if s.compensate is None else str(uuid.uuid4()),
+            ) for s in steps]
+            new_id = uuid.uuid4().hex
+            released = self.create(session, workflow_id=new_id, name=old.name,
+                                   canvas=old.canvas, steps=specs,
+                                   done={s.position: s.result for s in steps
+                                         if s.position < from_step},
+                                   replay_of=workflow_id, hold=False)
+        return new_id, released
+
+    def state(self, workflow_id: str) -> tuple[str, Any, str | None, int | None]:
+        """(state, result, error, failed step) of a workflow, one indexed read.
+
+        Raises:
+            WorkflowNotFound.
+        """
+        with wrap_store_errors("workflows: read", workflow=workflow_id), \
+                self.engine().connect() as connection:
+            row = connection.execute(_STATE, {"id": workflow_id}).first()
+        if row is None:
+            raise WorkflowNotFound(f"no workflow {workflow_id!r}", workflow_id=workflow_id)
+        return row.state, revive(row.result), row.error, row.failed_position
+
+    def summary(self, workflow_id: str) -> WorkflowSummary:
+        """The workflow and every step.
+
+        Raises:
+            WorkflowNotFound.
+        """
+        with wrap_store_errors("workflows: read", workflow=workflow_id), \
+                self.engine().connect() as connection:
+            row = connection.execute(_WORKFLOW, {"id": workflow_id}).first()
+            if row is None:
+                raise WorkflowNotFound(f"no workflow {workflow_id!r}", workflow_id=workflow_id)
+            steps = list(connection.execute(_STEPS, {"workflow_id": workflow_id}))
+        return _summary(row, steps)
+
+    def recent(self, *, limit: int = 50, state: str | None = None) -> list[WorkflowSummary]:
+        """The latest workflows, newest first (steps not read)."""
+        with wrap_store_errors("workflows: read recent"), \
+                self.engine().connect() as connection:
+            rows = connection.execute(_RECENT, {
+                "limit": int(limit), "state": None if state is None else WorkflowState(state).value,
+            }).all()
+        return [_summary(row, None) for row in rows]
+
+
+def _summary(row: Any, steps: list[Any] | None) -> WorkflowSummary:
+    return WorkflowSummary(
+        id=row.id, name=row.name, state=WorkflowState(row.state), created_at=row.created_at,
+        finished_at=row.finished_at, replay_of=row.replay_of, result=row.result,
+        error=row.error, failed_step=row.failed_position, total=int(row.total),
+        steps=[_step(step) for step in steps or ()],
+        counts={str(k): int(v) for k, v in dict(row.counts or {}).items()},
+    )
+
+
+def _step(row: Any) -> StepSummary:
+    return StepSummary(
+        position=int(row.position), task_name=row.task_name, state=StepState(row.state),
+        task_id=row.task_id, depends_on=list(row.depends_on or ()), result=row.result,
+        error=row.error, started_at=row.started_at, finished_at=row.finished_at,
+        compensate=None if row.compensate is None else row.compensate.get("task"),
+        compensation_state=(None if row.compensation_state is None
+                            else StepState(row.compensation_state)),
+        compensation_task_id=row.compensation_task_id,
+        compensation_error=row.compensation_error,
+    )
+
+
+def backend_for(stores: Stores) -> WorkflowBackend:
+    """Workflows in the PostgreSQL of `stores`; statements bounded (`Stores.guard_engine`)."""
+    return WorkflowBackend(stores.guard_engine)
