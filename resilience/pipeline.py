@@ -62,12 +62,14 @@ class Stage(IntEnum):
 
     SCHEDULE = 0
     BATCH = 1
+    WORKFLOW = 2
     UNIQUE = 5
     CANCEL = 6
     POISON = 8
     DEADLINE = 10
     PAUSE = 15
     IDEMPOTENCY = 20
+    WORKFLOW_RECORD = 22
     BATCH_RECORD = 25
     EXCLUSIVITY = 30
     BREAKER = 40
@@ -99,12 +101,16 @@ class StageRule:
 STAGES: dict[Stage, StageRule] = {
     Stage.SCHEDULE: StageRule("record a scheduled run's outcome, whatever stopped it"),
     Stage.BATCH: StageRule("record a batch member's final state, whatever stopped it"),
+    Stage.WORKFLOW: StageRule("replay a finished workflow step; record its outcome and "
+                              "publish the steps it releases"),
     Stage.UNIQUE: StageRule("give the @unique key back when the job starts (or ends)"),
     Stage.CANCEL: StageRule("stop a job an operator cancelled (jobs cancel)"),
     Stage.POISON: StageRule("dead-letter a message whose worker died too often"),
     Stage.DEADLINE: StageRule("shed a job whose deadline passed before it started"),
     Stage.PAUSE: StageRule("defer the jobs of a paused tier or task"),
     Stage.IDEMPOTENCY: StageRule("claim the key in PostgreSQL; replay finished keys"),
+    Stage.WORKFLOW_RECORD: StageRule("a transactional workflow step's state and the steps "
+                                     "it releases, in the body's transaction"),
     Stage.BATCH_RECORD: StageRule("a transactional member's state, in the body's transaction"),
     Stage.EXCLUSIVITY: StageRule("@singleton or @exclusive: one holder per key"),
     Stage.BREAKER: StageRule("per-dependency breaker; several dependencies allowed",

@@ -34,7 +34,8 @@ import resilience.deadletter.models
 import resilience.idempotency.models
 import resilience.locks.models
 import resilience.outbox.models
-import resilience.schedules.models  # noqa: F401 - each registers its tables
+import resilience.schedules.models
+import resilience.workflows.models  # noqa: F401 - each registers its tables
 from resilience.errors import ConfigurationError, StoreUnavailable
 from resilience.redact import redact, redact_url
 from resilience.schema import metadata

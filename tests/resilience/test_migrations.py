@@ -30,6 +30,7 @@ LIBRARY_TABLES = {
     "resilience_batch_members", "resilience_batches", "resilience_cancellations",
     "resilience_dead_letters", "resilience_fencing_marks", "resilience_held_locks",
     "resilience_idempotency_records", "resilience_outbox",
+    "resilience_workflows", "resilience_workflow_steps",
     "resilience_schedules", "resilience_schedule_runs",
 }
 PASSWORD = "s3cret-pw"
