@@ -72,6 +72,7 @@ ADMIN_COMMANDS = {
     "outbox": "jobs.admin.outbox",
     "cancellations": "jobs.admin.cancel",
     "batches": "jobs.admin.batches",
+    "schedules": "jobs.admin.schedules",
 }
 
 

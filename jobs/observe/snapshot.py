@@ -59,6 +59,7 @@ from resilience.pause import view as pause_view
 from resilience.ratelimit import view as ratelimit_view
 from resilience.redact import redact, redact_url
 from resilience.retry import view as retry_view
+from resilience.schedules import view as schedules_view
 from resilience.views import Column, Source, View, marked, number
 
 if TYPE_CHECKING:
@@ -408,6 +409,7 @@ VIEWS: tuple[View, ...] = (
     TIERS_VIEW, pause_view.VIEW, cancel_view.VIEW, circuit_view.VIEW, retry_view.VIEW,
     ratelimit_view.VIEW, locks_view.LOCKS, idempotency_view.VIEW, outbox_view.VIEW,
     batches_view.VIEW, deadletter_view.VIEW, locks_view.BEAT_LEADER_VIEW,
+    schedules_view.VIEW,
 )
 #: Section names in the order views show them.
 SECTIONS = tuple(view.name for view in VIEWS)

@@ -153,7 +153,7 @@ def page_forms() -> list[list[dict[str, Any]]]:
     for view in VIEWS:
         forms = [{"form": form, "action": action,
                   "joined": [other for other in view.actions if other.joins == form.id],
-                  "button_width": 12 - sum(i.width for i in form.inputs) or 12}
+                  "button_width": 12 - sum(i.width for i in form.inputs) % 12}
                  for action in view.actions for form in action.forms]
         if forms:
             cards.append(forms)

@@ -1,0 +1,184 @@
+"""`jobs schedules`: the beat's schedules in PostgreSQL, their runs and next fires, edited at
+runtime (see docs/schedules.md).
+
+    jobs schedules list [--json]                         every schedule: last run, next fire
+    jobs schedules show NAME [--runs N] [--json]         its last runs and its next five fires
+    jobs schedules add NAME --task T --every E [--timezone TZ] [--args JSON] [--kwargs JSON]
+                       [--options JSON] [--catch-up P] [--catch-up-window S] [--overlap P]
+                       [--paused]
+    jobs schedules edit NAME [--every E] [--timezone TZ] [--task T] [--args JSON] ...
+    jobs schedules pause|resume|remove|run-now NAME
+
+`--every` is a period (`30`, `30s`, `5m`, `1h`) or a five-field cron expression
+(`"*/5 * * * *"`, read in `--timezone`, UTC by default). A change applies at the beat
+leader's next tick (within a second), with no restart. The commands run the view's actions
+(`resilience.schedules.view`), as the page's forms and buttons do.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from jobs.admin.status import platform_source, print_view, show, table
+from resilience.errors import ResilienceError
+from resilience.redact import redact
+from resilience.schedules.api import recent_runs
+from resilience.schedules.policies import CatchUp, Overlap
+from resilience.schedules.view import (
+    FIRES,
+    RUNS,
+    VIEW,
+    add_schedule,
+    detail,
+    edit_schedule,
+    pause_schedule,
+    read,
+    remove_schedule,
+    resume_schedule,
+    run_schedule_now,
+    status,
+)
+from resilience.views import ActionRefused, Source, Submitted
+
+cli = typer.Typer(help="Schedules: list, show, add, edit, pause, resume, remove, run now.",
+                  no_args_is_help=True)
+console = Console()
+errors = Console(stderr=True)
+
+_EVERY_HELP = "A period (30, 30s, 5m, 1h) or a five-field cron expression ('*/5 * * * *')."
+_CATCH_UP_HELP = f"Missed slots: {', '.join(CatchUp)}."
+_OVERLAP_HELP = f"When the previous run has not finished: {', '.join(Overlap)}."
+
+
+def _fail(message: str) -> typer.Exit:
+    errors.print(f"[red]{escape(redact(message))}[/red]")
+    return typer.Exit(2)
+
+
+def _act(run: Callable[[Source, Submitted], str], form: Submitted) -> None:
+    """Run one of the view's actions: its line, or its refusal as one red line (exit 2)."""
+    try:
+        console.print(escape(run(platform_source(), form)))
+    except ActionRefused as refused:
+        raise _fail(str(refused)) from None
+    except ResilienceError as exc:  # unknown name, bad cron or time zone, store down
+        raise _fail(f"{type(exc).__name__}: {exc}") from None
+
+
+def _form(**fields: str | float | bool | None) -> Submitted:
+    """The action's form from the options given (an option left out stays empty)."""
+    return {name: ("1" if value is True else "" if value in (None, False) else str(value))
+            for name, value in fields.items()}
+
+
+@cli.command("list")
+def list_command(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Every schedule: task, timing, policies, paused or not, last run and next fire."""
+    try:
+        show(VIEW, as_json=as_json, read=read)
+    except ResilienceError as exc:
+        raise _fail(f"{type(exc).__name__}: {exc}") from None
+
+
+@cli.command("show")
+def show_command(
+    name: Annotated[str, typer.Argument(help="Schedule name (from `jobs schedules list`).")],
+    runs: Annotated[int, typer.Option(min=1, help="Newest runs to show.")] = 10,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """One schedule: its settings, its last runs (outcome, lateness) and its next five fires."""
+    try:
+        source = platform_source()
+        row = detail(source, name)
+        if runs != len(row["last_runs"]):
+            row["last_runs"] = [run.as_dict() for run in recent_runs(source.stores, name, runs)]
+    except ResilienceError as exc:
+        raise _fail(f"{type(exc).__name__}: {exc}") from None
+    if as_json:
+        typer.echo(json.dumps(row, default=str))
+        return
+    console.print(escape(status(row)))
+    print_view(table(RUNS, row))
+    print_view(table(FIRES, row))
+
+
+@cli.command("add")
+def add_command(
+    name: Annotated[str, typer.Argument(help="A new schedule's name.")],
+    task: Annotated[str, typer.Option(help="The task it sends.")],
+    every: Annotated[str, typer.Option(help=_EVERY_HELP)],
+    timezone: Annotated[str | None, typer.Option(
+        help="IANA time zone of a cron expression (default UTC).")] = None,
+    args: Annotated[str | None, typer.Option(help="Positional arguments, a JSON list.")] = None,
+    kwargs: Annotated[str | None, typer.Option(
+        help="Keyword arguments, a JSON object.")] = None,
+    options: Annotated[str | None, typer.Option(
+        help="apply_async options, a JSON object ({\"expires\": 55}).")] = None,
+    catch_up: Annotated[str, typer.Option(help=_CATCH_UP_HELP)] = CatchUp.SKIP.value,
+    catch_up_window: Annotated[str | None, typer.Option(
+        help="With --catch-up all: how far back missed slots fire (seconds; 1h).")] = None,
+    overlap: Annotated[str, typer.Option(help=_OVERLAP_HELP)] = Overlap.ALLOW.value,
+    paused: Annotated[bool, typer.Option(help="Add it paused.")] = False,
+) -> None:
+    """Add a runtime schedule; the beat leader fires it from its next slot on."""
+    _act(add_schedule, _form(name=name, task=task, every=every, timezone=timezone, args=args,
+                             kwargs=kwargs, options=options, catch_up=catch_up,
+                             catch_up_window=catch_up_window, overlap=overlap, paused=paused))
+
+
+@cli.command("edit")
+def edit_command(
+    name: Annotated[str, typer.Argument(help="Schedule name.")],
+    every: Annotated[str | None, typer.Option(help=_EVERY_HELP)] = None,
+    timezone: Annotated[str | None, typer.Option(
+        help="IANA time zone of its cron expression.")] = None,
+    task: Annotated[str | None, typer.Option(help="The task it sends.")] = None,
+    args: Annotated[str | None, typer.Option(help="Positional arguments, a JSON list.")] = None,
+    kwargs: Annotated[str | None, typer.Option(
+        help="Keyword arguments, a JSON object.")] = None,
+    options: Annotated[str | None, typer.Option(
+        help="apply_async options, a JSON object.")] = None,
+    catch_up: Annotated[str | None, typer.Option(help=_CATCH_UP_HELP)] = None,
+    catch_up_window: Annotated[str | None, typer.Option(
+        help="With --catch-up all: how far back missed slots fire (seconds; 1h).")] = None,
+    overlap: Annotated[str | None, typer.Option(help=_OVERLAP_HELP)] = None,
+) -> None:
+    """Change a schedule; the leader applies it at its next tick, no restart. A code
+    entry's task, timing, arguments and options come from code: only its policies change."""
+    _act(edit_schedule, _form(name=name, every=every, timezone=timezone, task=task, args=args,
+                              kwargs=kwargs, options=options, catch_up=catch_up,
+                              catch_up_window=catch_up_window, overlap=overlap))
+
+
+@cli.command("pause")
+def pause_command(name: Annotated[str, typer.Argument(help="Schedule name.")]) -> None:
+    """Stop firing it from the leader's next tick; slots missed meanwhile go to its
+    catch-up policy on resume."""
+    _act(pause_schedule, {"name": name})
+
+
+@cli.command("resume")
+def resume_command(name: Annotated[str, typer.Argument(help="Schedule name.")]) -> None:
+    """Fire it again from the leader's next tick."""
+    _act(resume_schedule, {"name": name})
+
+
+@cli.command("remove")
+def remove_command(name: Annotated[str, typer.Argument(help="Schedule name.")]) -> None:
+    """Delete it and its run history (a code entry comes back at the next seeding unless it
+    is removed from code too)."""
+    _act(remove_schedule, {"name": name})
+
+
+@cli.command("run-now")
+def run_now_command(name: Annotated[str, typer.Argument(help="Schedule name.")]) -> None:
+    """Fire it once now, outside its slots; prints the job's task id."""
+    _act(run_schedule_now, {"name": name})
