@@ -14,7 +14,9 @@ transaction.
 - fail: the step's final state, the workflow failed (or left as an operator set it), its
   pending steps skipped, and the next compensation queued.
 - compensations run one at a time: each one's completion queues the next (reverse
-  `completed_seq`), under the workflow row's lock, so two never run at once.
+  `completed_seq`), under the workflow row's lock, so two never run at once; none starts
+  while a step is still in flight (queued), since it may yet succeed and must then be
+  undone first.
 """
 
 from __future__ import annotations
@@ -94,11 +96,11 @@ WITH done AS (
         finished_at = clock_timestamp(), completed_seq = nextval('{COMPLETED_SEQUENCE}')
     WHERE workflow_id = :workflow_id AND position = :position
       AND state IN ('pending', 'queued')
-    RETURNING position, compensate IS NOT NULL AS compensable
+    RETURNING position
 ), workflow AS (
     UPDATE {WORKFLOWS_TABLE} w SET remaining = w.remaining - 1
     FROM done WHERE w.id = :workflow_id
-    RETURNING w.state, w.remaining, w.canvas -> 'result' AS template, done.compensable
+    RETURNING w.state, w.remaining, w.canvas -> 'result' AS template
 ), released AS (
     UPDATE {STEPS_TABLE} d
     SET waiting = d.waiting - 1,
@@ -172,7 +174,8 @@ FROM (
     WHERE workflow_id = :workflow_id AND state IN ('succeeded', 'replayed')
       AND compensate IS NOT NULL AND compensation_state IS NULL
       AND NOT EXISTS (SELECT 1 FROM {STEPS_TABLE}
-                      WHERE workflow_id = :workflow_id AND compensation_state = 'queued')
+                      WHERE workflow_id = :workflow_id
+                        AND (compensation_state = 'queued' OR state = 'queued'))
     ORDER BY completed_seq DESC LIMIT 1
 ) AS next
 WHERE s.workflow_id = :workflow_id AND s.position = next.position
@@ -180,7 +183,7 @@ RETURNING s.position, s.result, s.compensate, s.compensation_task_id
 """)
 
 _COMPENSATION_TALLY = text(f"""
-SELECT count(*) FILTER (WHERE compensation_state = 'queued') AS busy,
+SELECT count(*) FILTER (WHERE compensation_state = 'queued' OR state = 'queued') AS busy,
        count(*) FILTER (WHERE compensation_state IS NOT NULL
                         AND compensation_state NOT IN ('queued', 'succeeded', 'replayed'))
            AS failed,
@@ -428,8 +431,9 @@ class WorkflowBackend(StoreBackend):
             released = Released(recorded=True, workflow_state=workflow["state"])
             results = {position: json.loads(result_json)}
             if workflow["state"] != WorkflowState.RUNNING:
-                if workflow["compensable"]:
-                    released.extend(self._advance_compensation(session, workflow_id))
+                # A step that was in flight when the workflow stopped: compensations wait
+                # for it, and undo it first if it has a compensation.
+                released.extend(self._advance_compensation(session, workflow_id))
                 return released
             ready = []
             for step in row.released or ():
@@ -511,8 +515,9 @@ class WorkflowBackend(StoreBackend):
 
     def _advance_compensation(self, session: Any, workflow_id: str,
                               hold: bool = True) -> Released:
-        """Queue the next compensation (reverse completion order) unless one is queued;
-        when none is left, settle the workflow's state. Workflow row locked by the caller."""
+        """Queue the next compensation (reverse completion order) unless one is queued or
+        a step is still in flight (it may succeed and need undoing first); when none is
+        left, settle the workflow's state. Workflow row locked by the caller."""
         found = session.execute(_NEXT_COMPENSATION, {"workflow_id": workflow_id}).first()
         current = session.execute(_STATE, {"id": workflow_id}).one()
         if found is not None:

@@ -14,10 +14,15 @@ from resilience.outbox import OUTBOX_HEADER
 from resilience.workflows import (
     InvalidWorkflow,
     StepState,
+    WorkflowFailed,
+    WorkflowNotFound,
     WorkflowState,
+    cancel,
     describe,
     durable,
     recent,
+    replay,
+    retry,
 )
 from tests.resilience.workflows import tasks_workflows as t
 from tests.support import wait_for
@@ -125,3 +130,139 @@ class TestDeliveries:
         assert ledger(engine, run) == [("step", "a"), ("step", "b")]
         summary = describe(stores, flow.id)
         assert [s.state for s in summary.steps] == [StepState.SUCCEEDED] * 2
+
+
+def failing_chain(run: str) -> Any:
+    """a and b succeed (each with a compensation), c fails until the run's switch is set."""
+    return chain(t.step.s(None, run, "a").set(compensate=t.undo.s(run, "a")),
+                 t.step.s(run, "b").set(compensate=t.undo.s(run, "b")),
+                 t.flaky.s(run, "c"))
+
+
+def switch_on(engine: Any, run: str) -> None:
+    with engine.begin() as connection:
+        connection.execute(text("INSERT INTO workflow_test_switches (run) VALUES (:run)"),
+                           {"run": run})
+
+
+class TestCompensation:
+    """A failed workflow undoes its succeeded steps in reverse order, one at a time, once."""
+
+    def test_compensations_run_in_reverse_completion_order_once(
+            self, tier_workers: Any, stores: Any, engine: Any, run: str) -> None:
+        """c fails: b's compensation, then a's, each given its step's result first; the
+        workflow ends compensated and `get()` says which step failed."""
+        flow = durable(failing_chain(run), name="compensate").apply_async()
+        with pytest.raises(WorkflowFailed) as failed:
+            flow.get(timeout=30)
+        assert failed.value.step == 2
+        assert "fails on purpose" in (failed.value.error or "")
+        summary = settled(stores, flow.id, WorkflowState.COMPENSATED)
+        assert ledger(engine, run) == [("step", "a"), ("step", "b"), ("attempt", "c"),
+                                       ("undo", "b"), ("undo", "a")]
+        with engine.connect() as connection:
+            undone = connection.execute(text(
+                "SELECT label, value FROM workflow_test_ledger WHERE run = :run AND kind = "
+                "'undo' ORDER BY ordinal"), {"run": run}).all()
+        assert [(row.label, row.value) for row in undone] == [("b", "b"), ("a", "a")]
+        assert [s.compensation_state for s in summary.steps] == [
+            StepState.SUCCEEDED, StepState.SUCCEEDED, None]
+        assert [s.state for s in summary.steps] == [
+            StepState.SUCCEEDED, StepState.SUCCEEDED, StepState.FAILED]
+
+
+class TestOperatorActions:
+    """retry, replay and cancel, published by the outbox relay."""
+
+    def test_retry_reruns_the_failed_step_with_its_recorded_input(
+            self, tier_workers: Any, relay: Any, stores: Any, engine: Any, run: str) -> None:
+        """The same run goes on from the failed step; earlier steps do not run again."""
+        flow = durable(chain(t.step.s(None, run, "a"), t.flaky.s(run, "c"),
+                             t.step.s(run, "d")), name="retry").apply_async()
+        with pytest.raises(WorkflowFailed):
+            flow.get(timeout=30)
+        assert describe(stores, flow.id).state is WorkflowState.FAILED
+        switch_on(engine, run)
+        summary = retry(stores, flow.id)
+        assert summary.state is WorkflowState.RUNNING
+        assert [s.state for s in summary.steps] == [
+            StepState.SUCCEEDED, StepState.QUEUED, StepState.PENDING]
+        assert flow.get(timeout=30) == "d"
+        assert ledger(engine, run) == [("step", "a"), ("attempt", "c"), ("attempt", "c"),
+                                       ("step", "c"), ("step", "d")]
+        # and then a new run from step 2: steps 0 and 1 are copied, only d runs again
+        replayed = replay(stores, flow.id, from_step=2)
+        assert replayed.replay_of == flow.id and replayed.id != flow.id
+        assert [s.state for s in replayed.steps] == [
+            StepState.SUCCEEDED, StepState.SUCCEEDED, StepState.QUEUED]
+        again = settled(stores, replayed.id, WorkflowState.SUCCEEDED)
+        assert again.result == "d"
+        assert ledger(engine, run, "step") == [("step", "a"), ("step", "c"), ("step", "d"),
+                                               ("step", "d")]
+
+    def test_retry_from_an_earlier_step(self, tier_workers: Any, relay: Any, stores: Any,
+                                        engine: Any, run: str) -> None:
+        """`from_step` reruns that step and everything after it, with the recorded input."""
+        flow = durable(chain(t.step.s(None, run, "a"), t.step.s(run, "b"),
+                             t.step.s(run, "c")), name="retry-from").apply_async()
+        assert flow.get(timeout=30) == "c"
+        retry(stores, flow.id, from_step=1)
+        assert settled(stores, flow.id, WorkflowState.SUCCEEDED).result == "c"
+        assert ledger(engine, run) == [("step", "a"), ("step", "b"), ("step", "c"),
+                                       ("step", "b"), ("step", "c")]
+
+    def test_cancel_skips_what_is_left_and_compensates(
+            self, tier_workers: Any, relay: Any, stores: Any, engine: Any, run: str) -> None:
+        """Cancelled while b runs: c never runs, b finishes and is compensated, then a."""
+        flow = durable(chain(
+            t.step.s(None, run, "a").set(compensate=t.undo.s(run, "a")),
+            t.step.s(run, "b", pause_seconds=1.5).set(compensate=t.undo.s(run, "b")),
+            t.step.s(run, "c")), name="cancel").apply_async()
+        wait_for(lambda: describe(stores, flow.id).steps[1].started_at, timeout_seconds=20,
+                 message="step b started")
+        summary = cancel(stores, flow.id, app=t.app)
+        assert summary.state is WorkflowState.CANCELLED
+        assert summary.steps[2].state is StepState.SKIPPED
+        wait_for(lambda: len(ledger(engine, run, "undo")) == 2, timeout_seconds=30,
+                 message="both compensations")
+        with pytest.raises(WorkflowFailed) as failed:
+            flow.get(timeout=1)
+        assert failed.value.state == WorkflowState.CANCELLED
+        assert ledger(engine, run) == [("step", "a"), ("step", "b"), ("undo", "b"),
+                                       ("undo", "a")]
+
+
+class TestTransactions:
+    """Steps written in the caller's transaction; transactional steps record in theirs."""
+
+    def test_apply_async_in_the_callers_transaction(self, tier_workers: Any, relay: Any,
+                                                    stores: Any, engine: Any) -> None:
+        """Rolled back: no workflow. Committed: the relay starts it."""
+        with engine.connect() as connection, connection.begin() as transaction:
+            gone = durable(chain(t.add.s(1, 2), t.mul.s(3))).apply_async_in(connection)
+            transaction.rollback()
+        with pytest.raises(WorkflowNotFound):
+            describe(stores, gone.id)
+        with engine.begin() as connection:
+            kept = durable(chain(t.add.s(1, 2), t.mul.s(3))).apply_async_in(connection)
+        assert kept.get(timeout=30) == 9
+
+    def test_a_transactional_step_records_in_its_bodys_transaction(
+            self, tier_workers: Any, stores: Any, engine: Any, run: str) -> None:
+        """`@idempotent(transactional=True)`: the step's state commits with its ledger row;
+        its idempotency key is workflow:<id>:<position>."""
+        flow = durable(chain(t.ledger_step.s(None, run, "a"), t.ledger_step.s(run, "b")),
+                       name="transactional").apply_async()
+        assert flow.get(timeout=30) == "b"
+        with engine.connect() as connection:
+            same = connection.execute(text(
+                "SELECT s.position, l.xmin::text = s.xmin::text AS same "
+                "FROM resilience_workflow_steps s JOIN workflow_test_ledger l "
+                "ON l.task_id = s.task_id WHERE s.workflow_id = :id ORDER BY s.position"),
+                {"id": flow.id}).all()
+            keys = set(connection.execute(text(
+                "SELECT key FROM resilience_idempotency_records WHERE key LIKE :prefix"),
+                {"prefix": f"workflow:{flow.id}:%"}).scalars())
+        # the last step's row is updated again by nothing; the first by its own record only
+        assert [(row.position, row.same) for row in same] == [(0, True), (1, True)]
+        assert keys == {f"workflow:{flow.id}:0", f"workflow:{flow.id}:1"}
