@@ -156,10 +156,31 @@ _LATEST_RUNS = text(f"""
 SELECT DISTINCT ON (schedule) {_RUN_COLUMNS} FROM {RUNS_TABLE}
 ORDER BY schedule, slot DESC, id DESC
 """)
+#: Per schedule, what its metrics count (the view derives them: nothing is counted twice).
+_RUN_TOTALS = text(f"""
+SELECT schedule,
+       count(*) FILTER (WHERE outcome = 'missed')
+         + coalesce(sum((detail ->> 'also_missed')::bigint)
+                    FILTER (WHERE detail ? 'also_missed'), 0) AS missed,
+       count(*) FILTER (WHERE outcome = 'skipped_overlap') AS skipped,
+       max(slot) FILTER (WHERE outcome = 'succeeded') AS last_success,
+       min(slot) AS first_slot
+FROM {RUNS_TABLE} GROUP BY schedule
+""")
 #: The previous run of an entry that was sent (the overlap policies decide from it).
 _PREVIOUS_SENT = text(f"SELECT {_RUN_COLUMNS} FROM {RUNS_TABLE} "
                       "WHERE schedule = :name AND task_id IS NOT NULL "
                       "ORDER BY slot DESC, id DESC LIMIT 1")
+
+
+@dataclass(frozen=True)
+class RunTotals:
+    """What a schedule's run rows add up to (its metrics)."""
+
+    missed: int
+    skipped: int
+    last_success: dt.datetime | None
+    first_slot: dt.datetime | None
 
 
 def schedule_store(stores: Stores) -> ScheduleStore:
@@ -213,6 +234,16 @@ class ScheduleStore(StoreBackend):
         """The newest run row of every schedule that has one."""
         with self._begin("runs") as connection:
             return {row.schedule: RunRow.of(row) for row in connection.execute(_LATEST_RUNS)}
+
+    def run_totals(self) -> dict[str, RunTotals]:
+        """Per schedule with runs: slots missed (those recorded and those only counted),
+        slots skipped by overlap, its newest succeeded slot and its oldest slot (one
+        GROUP BY over the run rows)."""
+        with self._begin("run totals") as connection:
+            return {row.schedule: RunTotals(missed=int(row.missed), skipped=int(row.skipped),
+                                            last_success=row.last_success,
+                                            first_slot=row.first_slot)
+                    for row in connection.execute(_RUN_TOTALS)}
 
     # -- firing ------------------------------------------------------------------------------
     def fire(self, entry: ScheduleRow, plan: Plan, *,

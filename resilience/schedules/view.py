@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -29,12 +29,14 @@ from resilience.schedules.api import (
 from resilience.schedules.cron import Cron
 from resilience.schedules.errors import ScheduleNotFound
 from resilience.schedules.policies import CatchUp, Overlap
-from resilience.schedules.timing import Interval
+from resilience.schedules.store import schedule_store
+from resilience.schedules.timing import Interval, slot_count
 from resilience.views import (
     Action,
     ActionRefused,
     Column,
     Detail,
+    Family,
     Form,
     Input,
     Row,
@@ -46,6 +48,8 @@ from resilience.views import (
 
 #: Run outcomes that need an operator's eye (the row's badge on the page).
 ATTENTION = ("failed", "dead_lettered")
+#: Slots counted since an entry's last success at most (its gauge reads "this many or more").
+SLOTS_COUNTED = 100
 #: A select's first choice on the edit form: leave the field as it is.
 UNCHANGED = "unchanged"
 #: How the page answers an action on a name no schedule has.
@@ -65,8 +69,24 @@ def schedule_row(summary: ScheduleSummary) -> Row:
 
 
 def read(source: Source) -> list[Row]:
-    """Every schedule by name, each with its newest run and next fire (`listing`)."""
-    return [schedule_row(summary) for summary in listing(source.stores)]
+    """Every schedule by name, each with its newest run, its next fire and what its metrics
+    export (`listing` and one GROUP BY over the run rows)."""
+    totals = schedule_store(source.stores).run_totals()
+    now = datetime.now(UTC)
+    rows = []
+    for summary in listing(source.stores):
+        row = schedule_row(summary)
+        total = totals.get(summary.name)
+        row["missed_total"] = total.missed if total else 0
+        row["skipped_total"] = total.skipped if total else 0
+        last = summary.last_runs[0] if summary.last_runs else None
+        row["lateness_seconds"] = last.late_seconds if last else None
+        since = total and (total.last_success or total.first_slot)
+        row["slots_since_success"] = (
+            None if summary.paused or not since
+            else slot_count(summary.every, since, now, SLOTS_COUNTED))
+        rows.append(row)
+    return rows
 
 
 def detail(source: Source, name: str) -> Row:
@@ -377,6 +397,29 @@ VIEW = View(
     alert=lambda r: (r["last_run"]["outcome"].upper()
                      if r["last_run"] and r["last_run"]["outcome"] in ATTENTION else None),
     columns=COLUMNS,
+    metrics=(
+        Family(name="resilience_schedule_missed", kind="counter", labels=("schedule",),
+               help="Slots of the schedule that fell while no beat led or it was paused and "
+                    "that its catch-up policy did not fire",
+               samples=lambda rows, _: (([r["name"]], r["missed_total"]) for r in rows)),
+        Family(name="resilience_schedule_skipped", kind="counter", labels=("schedule",),
+               help="Slots of the schedule not sent because its previous run had not "
+                    "finished (overlap skip)",
+               samples=lambda rows, _: (([r["name"]], r["skipped_total"]) for r in rows)),
+        Family(name="resilience_schedule_lateness_seconds", labels=("schedule",),
+               help="How late the schedule's newest run was sent after its slot",
+               samples=lambda rows, _: (([r["name"]], r["lateness_seconds"]) for r in rows
+                                        if r["lateness_seconds"] is not None)),
+        Family(name="resilience_schedule_slots_since_success", labels=("schedule",),
+               help=f"Slots of the schedule since its newest succeeded run (or its first "
+                    f"run), at most {SLOTS_COUNTED}; absent while paused",
+               samples=lambda rows, _: (([r["name"]], r["slots_since_success"]) for r in rows
+                                        if r["slots_since_success"] is not None)),
+        Family(name="resilience_schedule_paused", labels=("schedule",),
+               help="1 while the schedule is paused",
+               samples=lambda rows, _: (([r["name"]], 1.0 if r["paused"] else 0.0)
+                                        for r in rows)),
+    ),
     actions=(ADD, EDIT, PAUSE, RESUME, RUN_NOW, REMOVE),
     detail=Detail(
         key=lambda r: r["name"], read=detail, heading=status, tables=(RUNS, FIRES),
