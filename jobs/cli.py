@@ -73,6 +73,7 @@ ADMIN_COMMANDS = {
     "cancellations": "jobs.admin.cancel",
     "batches": "jobs.admin.batches",
     "schedules": "jobs.admin.schedules",
+    "workflows": "jobs.admin.workflows",
 }
 
 

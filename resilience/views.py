@@ -4,7 +4,8 @@ a CLI renders, declared once by each package.
 A `View` names a section (`breakers`), says which store it reads, how to read its rows
 (`read(source)`: JSON-able, the `/api/resilience` document's section), how a table shows
 them (`columns`), which metric families they export (`metrics`) and which operator actions
-act on them (`actions`: each with its page forms, its row button and what it runs).
+act on them (`actions`: each with its page forms, its row button and what it runs), and
+optionally the page of one row (`detail`: its document, a figure, tables, the row actions).
 Renderers (the platform's `jobs status`, `/metrics`, page and CLI)
 walk a list of views and know no guard: adding a guard adds its view to that list.
 """
@@ -139,6 +140,8 @@ class Action:
     forms: tuple[Form, ...] = ()
     #: The form fields that name a row's target (a button on each row), None for none.
     fields: Callable[[Row], dict[str, str]] | None = None
+    #: The rows (and row pages) it applies to (a retry: failed runs), None for all.
+    applies: Callable[[Row], bool] | None = None
     #: Bootstrap's colour of its buttons.
     style: str = "primary"
     #: Another action's form this action adds its button to (`formaction`), if any.
@@ -193,6 +196,30 @@ class Source:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Detail:
+    """The page of one row of a view (`/resilience/<view>/<key>`): its document, a figure,
+    tables of the document, and the view's row actions as forms on it."""
+
+    #: The row's key in the page's address (its id); the first cell of the row links there.
+    key: Callable[[Row], str]
+    #: The row's document for a key. Raises for an unknown key (`statuses` says how).
+    read: Callable[[Source, str], Row]
+    #: One line above the figure (`workflow 1f2e... orders: failed`).
+    heading: Callable[[Row], str]
+    #: A standalone SVG document drawn from the document, rendered as is: the package builds
+    #: it and escapes every value it puts in (`resilience.workflows.svg`). None: no figure.
+    figure: Callable[[Row], str] | None = None
+    #: Tables of the document (each a View whose `rows` read the document).
+    tables: tuple[View, ...] = ()
+    #: The actions offered as forms on the page: each its first form's inputs, less the
+    #: fields `fields` fills in (hidden) from the document.
+    actions: tuple[Action, ...] = ()
+    fields: Callable[[Row], dict[str, str]] | None = None
+    #: The HTTP status a `read` error answers with, by error class (others: 500).
+    statuses: dict[type[Exception], int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
 class View:
     """One section of the platform's state, declared by the package that owns it."""
 
@@ -214,6 +241,8 @@ class View:
     alert: Callable[[Row], str | None] | None = None
     empty: str = ""  #: what the page says for no rows (default `no <title>`)
     headers: bool = True  #: False: a table of (field, value) rows shows no header line
+    #: The page of one row (its first cell links there), None for none.
+    detail: Detail | None = None
 
     def columns_of(self, section: Any) -> tuple[Column, ...]:
         """The columns for `section` (a view may derive them from the data)."""

@@ -61,6 +61,7 @@ from resilience.redact import redact, redact_url
 from resilience.retry import view as retry_view
 from resilience.schedules import view as schedules_view
 from resilience.views import Column, Source, View, marked, number
+from resilience.workflows import view as workflows_view
 
 if TYPE_CHECKING:
     import redis
@@ -408,7 +409,7 @@ TIERS_VIEW = View(
 VIEWS: tuple[View, ...] = (
     TIERS_VIEW, pause_view.VIEW, cancel_view.VIEW, circuit_view.VIEW, retry_view.VIEW,
     ratelimit_view.VIEW, locks_view.LOCKS, idempotency_view.VIEW, outbox_view.VIEW,
-    batches_view.VIEW, deadletter_view.VIEW, locks_view.BEAT_LEADER_VIEW,
+    batches_view.VIEW, workflows_view.VIEW, deadletter_view.VIEW, locks_view.BEAT_LEADER_VIEW,
     schedules_view.VIEW,
 )
 #: Section names in the order views show them.

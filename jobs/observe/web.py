@@ -7,13 +7,17 @@ use), the JSON endpoint follows Flower's API rule (open without auth only with
 `run_flower()` is Flower's own command body (same options, environment variables and
 banner) with the handlers added to the application before it starts serving.
 
+A view with a page per row (`View.detail`: a workflow) links each row's first cell to
+`/resilience/<view>/<key>`, which shows the row's document, its figure (the workflow's graph,
+an SVG drawn server-side), its tables and the row's actions as forms.
+
 Operator actions (`POST /resilience/actions/<action>`: pause, resume, cancel, requeue,
-requeue-bulk) are the views' `Action`s: one handler runs them, one template loop draws
-their forms, and each calls the library functions the `jobs` CLI commands call. Every POST
-needs tornado's XSRF token (the `_xsrf` cookie echoed in the form field `_xsrf` or the
-`X-XSRFToken` header), whatever Flower's auth: Flower's own check skips the token under
-basic auth, and a browser sends cached basic credentials on a cross-site POST too. GET never
-changes state.
+requeue-bulk, the workflows' cancel, retry and replay) are the views' `Action`s: one
+handler runs them, one template loop draws their forms, and each calls the library functions
+the `jobs` CLI commands call. Every POST needs tornado's XSRF token (the `_xsrf` cookie
+echoed in the form field `_xsrf` or the `X-XSRFToken` header), whatever Flower's auth:
+Flower's own check skips the token under basic auth, and a browser sends cached basic
+credentials on a cross-site POST too. GET never changes state.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from tornado.ioloop import IOLoop
 from jobs.observe.snapshot import VIEWS, collect, one_line, queue_depths
 from jobs.tiers import TIERS
 from resilience.errors import AdmissionError, ResilienceError, StorageError
-from resilience.views import Action, ActionRefused, Source, Submitted, missing
+from resilience.views import Action, ActionRefused, Row, Source, Submitted, View, missing
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -46,6 +50,8 @@ if TYPE_CHECKING:
 #: Absolute, so Flower's template loader finds it while `{% extends "base.html" %}` still
 #: resolves inside Flower's template folder.
 PAGE_TEMPLATE = str(Path(__file__).parent / "templates" / "resilience.html")
+#: One row's page (`View.detail`): a workflow and its graph.
+DETAIL_TEMPLATE = str(Path(__file__).parent / "templates" / "resilience_detail.html")
 #: Seconds the workers get to answer `inspect active` from the web view.
 INSPECT_TIMEOUT_SECONDS = 0.5
 #: Signed cookie carrying an action's one-line result to the page it redirects to.
@@ -71,26 +77,29 @@ def suggestions(app: Celery) -> dict[str, list[str]]:
 _MARKUP = re.compile(r"\[/?(?:bold )?(?:red|yellow|bold)\]")
 
 
+def page_section(view: View, section: Any) -> dict[str, Any]:
+    """A view's section as the page shows it: plain cells, row ids, `data-*`, the alert
+    badge, the link to a row's own page and the row's action buttons (the template knows
+    no guard)."""
+    reason = missing(section)
+    columns = () if reason else view.columns_of(section)
+    row_actions = [action for action in view.actions if action.fields]
+    return {"view": view, "unavailable": reason,
+            "headers": [column.header for column in columns],
+            "actions": row_actions, "rows": [
+        {"id": view.row_id(row) if view.row_id else None,
+         "data": view.row_data(row) if view.row_data else {},
+         "alert": view.alert(row) if view.alert else None,
+         "link": f"{view.name}/{view.detail.key(row)}" if view.detail else None,
+         "cells": [_MARKUP.sub("", column.cell(row)) for column in columns],
+         "actions": [(action, action.fields(row)) for action in row_actions
+                     if action.fields and (action.applies is None or action.applies(row))]}
+        for row in ([] if reason else view.rows(section))]}
+
+
 def page_sections(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each view's section as the page shows it: plain cells, row ids, `data-*`, the
-    alert badge and the row's action buttons (the template knows no guard)."""
-    sections = []
-    for view in VIEWS:
-        section = snapshot[view.name]
-        reason = missing(section)
-        columns = () if reason else view.columns_of(section)
-        row_actions = [action for action in view.actions if action.fields]
-        sections.append({"view": view, "unavailable": reason,
-                         "headers": [column.header for column in columns],
-                         "actions": row_actions, "rows": [
-            {"id": view.row_id(row) if view.row_id else None,
-             "data": view.row_data(row) if view.row_data else {},
-             "alert": view.alert(row) if view.alert else None,
-             "cells": [_MARKUP.sub("", column.cell(row)) for column in columns],
-             "actions": [(action, action.fields(row)) for action in row_actions
-                         if action.fields]}
-            for row in ([] if reason else view.rows(section))]})
-    return sections
+    """Each view's section as the page shows it (`page_section`)."""
+    return [page_section(view, snapshot[view.name]) for view in VIEWS]
 
 
 class ResiliencePage(BaseHandler):
@@ -116,6 +125,58 @@ class ResiliencePage(BaseHandler):
             return {"ok": bool(flash["ok"]), "message": str(flash["message"])}
         except (ValueError, KeyError, TypeError):
             return None
+
+
+#: View name -> view, for the views that have a page per row (`View.detail`).
+DETAILS: dict[str, View] = {view.name: view for view in VIEWS if view.detail}
+#: A row page's address under /resilience, as an action form's `back` names it.
+_ROW_PAGE = re.compile(r"([a-z_]+)/([A-Za-z0-9_.:-]{1,200})")
+
+
+def detail_forms(view: View, document: Row) -> list[dict[str, Any]]:
+    """The actions of a row's page (`Detail.actions`) that apply to its document, as
+    forms: the fields naming the row hidden, the other inputs of the action's first form
+    shown (`retry` from step N)."""
+    detail = view.detail
+    if detail is None:
+        return []
+    hidden = detail.fields(document) if detail.fields else {}
+    return [{"action": action, "hidden": hidden, "id": f"detail-{action.web}",
+             "inputs": [field for form in action.forms[:1] for field in form.inputs
+                        if field.name not in hidden]}
+            for action in detail.actions
+            if action.applies is None or action.applies(document)]
+
+
+class ResilienceDetail(BaseHandler):
+    """`/resilience/<view>/<key>`: one row's page (a workflow drawn as its graph), with the
+    row's actions; an unknown key answers the view's declared status (404)."""
+    @web.authenticated
+    async def get(self, name: str, key: str) -> None:
+        view = DETAILS.get(name)
+        if view is None or view.detail is None:
+            raise web.HTTPError(404, f"no page of {name!r}")
+        detail = view.detail
+        source = Source(app=self.capp, tiers=TIERS)
+        try:
+            document = await IOLoop.current().run_in_executor(None, detail.read, source, key)
+        except Exception as exc:  # noqa: BLE001 - every failure is one line and a status
+            declared = [s for kind, s in detail.statuses.items() if isinstance(exc, kind)]
+            status = declared[0] if declared else 503 if isinstance(exc, StorageError) else 500
+            log = logger.exception if status == 500 else logger.warning
+            log("resilience page %s/%s: %s", name, key, one_line(exc))
+            self.set_status(status)
+            self.render(DETAIL_TEMPLATE, view=view, key=key, document=None,
+                        error=one_line(exc, 500), heading="", figure="", tables=[], forms=[],
+                        flash=self._take_flash())
+            return
+        self.render(DETAIL_TEMPLATE, view=view, key=key, document=document, error=None,
+                    heading=detail.heading(document),
+                    figure=detail.figure(document) if detail.figure else "",
+                    tables=[page_section(table, document) for table in detail.tables],
+                    forms=detail_forms(view, document), flash=self._take_flash())
+
+    _take_flash = ResiliencePage._take_flash
 
 
 class ResilienceJson(BaseApiHandler):
@@ -213,11 +274,16 @@ class ResilienceAction(BaseHandler):
             return
         self.set_signed_cookie(FLASH_COOKIE, json.dumps({"ok": ok, "message": message}),
                                expires_days=None, path="/", httponly=True, samesite="Strict")
-        self.redirect(self._page_url(form.get("refresh")), status=303)
+        self.redirect(self._page_url(form.get("refresh"), form.get("back", "")), status=303)
 
-    def _page_url(self, refresh: str | None) -> str:
+    def _page_url(self, refresh: str | None, back: str = "") -> str:
+        """The page to go back to: /resilience, or the row page a form came from (`back`:
+        only a row page of a view that has them, never another address)."""
         prefix = (self.application.options.url_prefix or "").strip("/")
         page = f"/{prefix}/resilience" if prefix else "/resilience"
+        row_page = _ROW_PAGE.fullmatch(back)
+        if row_page and row_page.group(1) in DETAILS:
+            return f"{page}/{back}"
         return f"{page}?refresh={refresh}" if refresh and refresh.isdigit() else page
 
 
@@ -232,6 +298,7 @@ def handlers() -> list[tuple[str, type]]:
     """The URL rules this module adds to Flower."""
     return [(r"/resilience/?", ResiliencePage),
             (r"/resilience/actions/([a-z-]+)", ResilienceAction),
+            (rf"/resilience/(?!actions/){_ROW_PAGE.pattern}/?", ResilienceDetail),
             (r"/api/resilience/?", ResilienceJson)]
 
 

@@ -171,7 +171,7 @@ RETRY = Action(
     name="Retry", web="workflow-retry", run=retry_run, statuses=STATUSES,
     fields=lambda r: {"id": r["id"]}, applies=lambda r: r["state"] in STOPPED,
     forms=(Form(id="workflow-retry-form", title="Workflows", button="Retry", inputs=(
-        _ID, Input(name="from_step", hint="from step (failed)", numeric=True, width=3))),))
+        _ID, Input(name="from_step", hint="from step (default: failed)", numeric=True, width=3))),))
 REPLAY = Action(
     name="Replay", web="workflow-replay", run=replay_run, style="secondary",
     statuses=STATUSES, applies=lambda r: r["state"] in OVER,

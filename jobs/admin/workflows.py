@@ -1,0 +1,120 @@
+"""`jobs workflows`: durable workflow runs, their steps, and the operator's actions on them
+(see docs/workflows.md).
+
+    jobs workflows list [--limit N] [--state STATE] [--json]  newest runs, one line each
+    jobs workflows show ID [--json] [--svg FILE]              one run: its steps (its graph)
+    jobs workflows cancel ID                                  cancel it; compensations run
+    jobs workflows retry ID [--from-step N]                   the same run, from its failed
+                                                              step (or step N)
+    jobs workflows replay ID --from-step N                    a new run, from step N
+
+The actions run the view's own (`resilience.workflows.view`), as the page's buttons do.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from jobs.admin.status import platform_source, print_view, show, table
+from resilience.views import ActionRefused, Source, Submitted
+from resilience.workflows.view import (
+    LIST,
+    STEPS,
+    cancel_run,
+    detail,
+    graph,
+    listed,
+    replay_run,
+    retry_run,
+    status,
+)
+
+cli = typer.Typer(help="Durable workflows: runs, steps, cancel, retry, replay.",
+                  no_args_is_help=True)
+console = Console()
+errors = Console(stderr=True)
+
+STATES = ("running", "succeeded", "failed", "compensating", "compensated", "cancelled")
+
+
+@cli.command("list")
+def list_command(
+    limit: Annotated[int, typer.Option(min=1, help="Newest runs to show.")] = 50,
+    state: Annotated[str | None, typer.Option(
+        help=f"Only runs in this state: {', '.join(STATES)}.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """The newest workflow runs: state, steps done, the other steps' states."""
+    if state is not None and state not in STATES:
+        errors.print(f"[red]unknown state {state!r}; states are {', '.join(STATES)}[/red]")
+        raise typer.Exit(2)
+    show(LIST, as_json=as_json, read=partial(listed, limit=limit, state=state))
+
+
+@cli.command("show")
+def show_command(
+    workflow_id: Annotated[str, typer.Argument(help="Workflow id (from `jobs workflows list`).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    svg: Annotated[Path | None, typer.Option(
+        help="Also write the run's graph to this SVG file.")] = None,
+) -> None:
+    """One run: each step's state, task id, times, result or error, and compensation."""
+    run = detail(platform_source(), workflow_id)
+    if svg is not None:
+        svg.write_text(graph(run))
+    if as_json:
+        typer.echo(json.dumps(run, default=str))
+        return
+    console.print(escape(status(run)))
+    print_view(table(STEPS, run))
+    if svg is not None:
+        console.print(f"graph written to {escape(str(svg))}")
+
+
+def _act(run: Callable[[Source, Submitted], str], form: Submitted) -> None:
+    try:
+        console.print(escape(run(platform_source(), form)))
+    except ActionRefused as refused:
+        errors.print(f"[red]{escape(str(refused))}[/red]")
+        raise typer.Exit(2) from None
+
+
+@cli.command("cancel")
+def cancel_command(
+    workflow_id: Annotated[str, typer.Argument(help="Workflow id.")],
+) -> None:
+    """Cancel a run: its queued steps are cancelled (they will not start on any worker),
+    no further step is released, and the compensations of its succeeded steps run."""
+    _act(cancel_run, {"id": workflow_id})
+
+
+@cli.command("retry")
+def retry_command(
+    workflow_id: Annotated[str, typer.Argument(help="Workflow id.")],
+    from_step: Annotated[int | None, typer.Option(
+        "--from-step", min=0, help="Position of the step to run again (default: the failed "
+        "step).")] = None,
+) -> None:
+    """Run the same run again from its failed step (or step N): that step and every step
+    after it go back to pending; earlier steps are not run again."""
+    _act(retry_run, {"id": workflow_id,
+                     "from_step": "" if from_step is None else str(from_step)})
+
+
+@cli.command("replay")
+def replay_command(
+    workflow_id: Annotated[str, typer.Argument(help="Workflow id.")],
+    from_step: Annotated[int, typer.Option(
+        "--from-step", min=0, help="Position of the first step the new run runs.")],
+) -> None:
+    """Start a new run of this workflow from step N (linked to this one): steps before N
+    are copied with their results, N onward run."""
+    _act(replay_run, {"id": workflow_id, "from_step": str(from_step)})
