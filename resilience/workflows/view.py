@@ -13,12 +13,14 @@ from resilience.views import (
     ActionRefused,
     Column,
     Detail,
+    Family,
     Form,
     Input,
     Row,
     Source,
     Submitted,
     View,
+    counted,
     marked,
 )
 from resilience.workflows import (
@@ -32,6 +34,7 @@ from resilience.workflows import (
     replay,
     retry,
 )
+from resilience.workflows.metrics import GUARD_NAME
 from resilience.workflows.svg import render
 
 #: Newest runs the status views list (`jobs workflows list` shows more).
@@ -246,13 +249,28 @@ STEPS = View(
     ),
 )
 
+def _events(_: Any, snapshot: dict[str, Any]) -> list[tuple[list[str], float]]:
+    """Workflow runs started and ended fleet-wide, by event (every workflow name summed)."""
+    totals: dict[str, float] = {}
+    for counter in counted(snapshot["counters"], [GUARD_NAME]):
+        event = str(counter.get("outcome", "")).lower()
+        totals[event] = totals.get(event, 0) + counter["value"]
+    return [([event], value) for event, value in sorted(totals.items())]
+
+
+EVENTS = Family(
+    name="jobs_workflows", kind="counter", labels=("event",), needs_section=False,
+    help="Workflow runs fleet-wide by event: started, succeeded, failed, compensated, "
+         "cancelled",
+    samples=_events)
+
 VIEW = View(
     name="workflows", title="workflows", store="database", read=read, count=len,
     empty="no workflows", rows=lambda runs: [_shown_run(run) for run in runs],
     row_id=lambda r: f"workflow-{r['id']}",
     row_data=lambda r: {"state": r["state"]},
     alert=lambda r: r["state"].upper() if r["state"] in ATTENTION else None,
-    columns=COLUMNS,
+    columns=COLUMNS, metrics=(EVENTS,),
     actions=(RETRY, REPLAY, CANCEL),
     detail=Detail(
         key=lambda r: r["id"], read=detail, heading=status, figure=graph, tables=(STEPS,),

@@ -144,6 +144,14 @@ class TestWorkflowPage:
         counted = ("add-1-2", "add-3-10", "add-3-20", "flaky", "undo", "total")
         assert [_runs(redis_client, run_id, step) for step in counted] == [1, 1, 1, 2, 0, 1]
 
+        # Its events in the view's metric family (the counters were emptied with Redis).
+        from jobs.observe.snapshot import outcome_counters
+        from resilience.workflows.view import EVENTS
+
+        events = dict((labels[0], value) for labels, value in EVENTS.samples(
+            None, {"counters": outcome_counters(redis_client)}))
+        assert events == {"started": 1, "failed": 1, "succeeded": 1}
+
         # The same run through the CLI, which runs the same view.
         from jobs.admin.workflows import cli
 
