@@ -22,6 +22,7 @@ transaction.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,11 +33,21 @@ from kombu.utils.json import JSONEncoder
 from sqlalchemy import text
 
 from resilience.connections import StoreBackend, wrap_store_errors
+from resilience.connections.postgres import Row, StatementRunner
 from resilience.headers import WORKFLOW_STEP_HEADER
 from resilience.keys import revive
 from resilience.outbox.backends import NewRow, OutboxRow
 from resilience.outbox.backends.postgres import PostgresOutboxBackend
-from resilience.workflows.canvas import StepSpec, Template, input_args, positions, resolve
+from resilience.outbox.models import TABLE_NAME as OUTBOX_TABLE
+from resilience.prepared import PreparedStatement
+from resilience.workflows.canvas import (
+    StepSpec,
+    Template,
+    input_args,
+    link,
+    positions,
+    resolve,
+)
 from resilience.workflows.errors import WorkflowNotFound, WorkflowNotRetryable
 from resilience.workflows.models import COMPLETED_SEQUENCE, STEPS_TABLE, WORKFLOWS_TABLE
 from resilience.workflows.states import (
@@ -65,24 +76,80 @@ VALUES (:id, :name, 'running', CAST(:canvas AS JSONB), :total, :remaining, :repl
 
 _INSERT_STEPS = text(f"""
 INSERT INTO {STEPS_TABLE} (workflow_id, position, task_id, task_name, signature, depends_on,
-                          waiting, input, state, result, compensate, compensation_task_id,
-                          completed_seq, finished_at)
+                          dependents, waiting, input, state, result, compensate,
+                          compensation_task_id, completed_seq, finished_at)
 SELECT :workflow_id, s.position, s.task_id, s.task_name, s.signature,
-       ARRAY(SELECT jsonb_array_elements_text(s.depends_on)::int), s.waiting, s.input,
+       ARRAY(SELECT jsonb_array_elements_text(s.depends_on)::int),
+       ARRAY(SELECT jsonb_array_elements_text(s.dependents)::int), s.waiting, s.input,
        s.state, s.result, s.compensate, s.compensation_task_id,
        CASE WHEN s.state IN ('succeeded', 'replayed') THEN nextval('{COMPLETED_SEQUENCE}') END,
        CASE WHEN s.state IN ('succeeded', 'replayed') THEN clock_timestamp() END
 FROM jsonb_to_recordset(CAST(:steps AS JSONB)) AS s(
     position INT, task_id TEXT, task_name TEXT, signature JSONB, depends_on JSONB,
-    waiting INT, input JSONB, state TEXT, result JSONB, compensate JSONB,
+    dependents JSONB, waiting INT, input JSONB, state TEXT, result JSONB, compensate JSONB,
     compensation_task_id TEXT)
 """)
 
-_START = text(f"""
+_START = PreparedStatement("resilience_workflow_start", f"""
 UPDATE {STEPS_TABLE} s SET started_at = COALESCE(s.started_at, clock_timestamp())
 FROM {WORKFLOWS_TABLE} w
-WHERE s.workflow_id = :workflow_id AND s.position = :position AND w.id = s.workflow_id
-RETURNING s.state, s.result, s.compensation_state, w.state AS workflow_state
+WHERE s.workflow_id = %(workflow_id)s AND s.position = %(position)s AND w.id = s.workflow_id
+RETURNING s.state, s.result, s.compensation_state, w.state AS workflow_state,
+          COALESCE((s.signature ->> 'simple')::boolean, false) AS simple
+""")
+
+# The whole completion of a *simple* step (its dependents each have this step as their only
+# source; or it has none and is the workflow's result) as ONE autocommit statement: the
+# step leaves its live state once; the workflow counts it (and succeeds with its result when
+# it was the last); each dependent gets its input and its outbox row, held for the relay
+# (the worker publishes it after this statement). Data-modifying CTEs all run, in one
+# snapshot and one transaction.
+_SUCCEED_SIMPLE = PreparedStatement("resilience_workflow_succeed", f"""
+WITH done AS (
+    UPDATE {STEPS_TABLE}
+    SET state = %(state)s, result = CAST(%(result)s AS JSONB), error = NULL,
+        finished_at = clock_timestamp(), completed_seq = nextval('{COMPLETED_SEQUENCE}')
+    WHERE workflow_id = %(workflow_id)s AND position = %(position)s
+      AND state IN ('pending', 'queued')
+    RETURNING dependents
+), workflow AS (
+    UPDATE {WORKFLOWS_TABLE} w
+    SET remaining = w.remaining - 1,
+        state = CASE WHEN w.state = 'running' AND w.remaining = 1 THEN 'succeeded'
+                     ELSE w.state END,
+        result = CASE WHEN w.state = 'running' AND w.remaining = 1
+                      THEN CAST(%(result)s AS JSONB) ELSE w.result END,
+        finished_at = CASE WHEN w.state = 'running' AND w.remaining = 1
+                           THEN clock_timestamp() ELSE w.finished_at END
+    FROM done WHERE w.id = %(workflow_id)s
+    RETURNING w.state, w.remaining
+), released AS (
+    UPDATE {STEPS_TABLE} d
+    SET waiting = d.waiting - 1,
+        state = CASE WHEN d.waiting = 1 THEN 'queued' ELSE d.state END,
+        input = CASE
+            WHEN d.waiting <> 1 THEN d.input
+            WHEN COALESCE((d.signature ->> 'immutable')::boolean, false)
+                THEN d.signature -> 'args'
+            ELSE jsonb_build_array(CAST(%(result)s AS JSONB)) || (d.signature -> 'args')
+        END
+    FROM done, workflow
+    WHERE d.workflow_id = %(workflow_id)s AND d.position = ANY(done.dependents)
+      AND d.state = 'pending' AND workflow.state = 'running'
+    RETURNING d.position, d.waiting, d.task_id, d.task_name, d.signature, d.input
+), queued AS (
+    INSERT INTO {OUTBOX_TABLE} (task_id, task_name, args, kwargs, options, due_at)
+    SELECT r.task_id, r.task_name, r.input, COALESCE(r.signature -> 'kwargs', '{{}}'),
+           jsonb_set(COALESCE(r.signature -> 'options', '{{}}'), '{{headers}}',
+                     COALESCE(r.signature -> 'options' -> 'headers', '{{}}')
+                     || jsonb_build_object(CAST(%(header)s AS TEXT),
+                                           CAST(%(workflow_id)s AS TEXT) || ':' || r.position)),
+           clock_timestamp() + make_interval(secs => %(hold_seconds)s)
+    FROM released r WHERE r.waiting = 0
+    RETURNING id, task_id, task_name, args, kwargs, options
+)
+SELECT (SELECT state FROM workflow) AS state, (SELECT remaining FROM workflow) AS remaining,
+       (SELECT json_agg(queued) FROM queued) AS queued
 """)
 
 # One round trip for a chain step: the step leaves its live state once; its dependents
@@ -96,7 +163,7 @@ WITH done AS (
         finished_at = clock_timestamp(), completed_seq = nextval('{COMPLETED_SEQUENCE}')
     WHERE workflow_id = :workflow_id AND position = :position
       AND state IN ('pending', 'queued')
-    RETURNING position
+    RETURNING position, dependents
 ), workflow AS (
     UPDATE {WORKFLOWS_TABLE} w SET remaining = w.remaining - 1
     FROM done WHERE w.id = :workflow_id
@@ -112,9 +179,9 @@ WITH done AS (
                 THEN d.signature -> 'args'
             ELSE jsonb_build_array(CAST(:result AS JSONB)) || (d.signature -> 'args')
         END
-    FROM workflow
+    FROM done, workflow
     WHERE d.workflow_id = :workflow_id AND d.state = 'pending'
-      AND :position = ANY(d.depends_on) AND workflow.state = 'running'
+      AND d.position = ANY(done.dependents) AND workflow.state = 'running'
     RETURNING d.position, d.waiting, d.task_id, d.task_name, d.signature, d.input
 )
 SELECT (SELECT row_to_json(workflow) FROM workflow) AS workflow,
@@ -285,6 +352,8 @@ class Started:
     result: Any
     compensation_state: str | None
     workflow_state: str
+    #: Its completion can be recorded in one statement (`succeed(simple=True)`).
+    simple: bool = False
 
 
 class WorkflowBackend(StoreBackend):
@@ -297,11 +366,24 @@ class WorkflowBackend(StoreBackend):
 
     store_operation = "workflows"
 
-    def __init__(self, engine: Callable[[], Engine],
-                 hold_seconds: float = DEFAULT_HOLD_SECONDS) -> None:
+    def __init__(self, engine: Callable[[], Engine], runner: StatementRunner | None = None, *,
+                 prepared: bool = True, hold_seconds: float = DEFAULT_HOLD_SECONDS) -> None:
         self.engine = engine
+        self.runner = runner
+        self.prepared = prepared
         self.hold_seconds = hold_seconds
-        self.outbox = PostgresOutboxBackend(engine)
+        self.outbox = PostgresOutboxBackend(engine, runner=runner, prepared=prepared)
+
+    def _run(self, statement: PreparedStatement, parameters: dict[str, Any],
+             action: str) -> Any:
+        """One autocommit statement on this thread's held connection (one round trip)."""
+        if self.runner is None:
+            sql = re.sub(r"%\((\w+)\)s", r":\1", statement.sql)
+            with self.engine().begin() as connection:
+                result = connection.execute(text(sql), parameters)
+                return [Row(row._mapping) for row in result] if result.returns_rows else []
+        return self.runner.run(statement, parameters, f"workflows: {action}",
+                               prepared=self.prepared)
 
     @contextmanager
     def transaction(self, connection: Any = None) -> Iterator[Any]:
@@ -338,7 +420,8 @@ class WorkflowBackend(StoreBackend):
             rows_of_steps.append({
                 "position": step.position, "task_id": step.task_id,
                 "task_name": step.task_name, "signature": step.signature(),
-                "depends_on": deps, "waiting": waiting, "input": arguments,
+                "depends_on": deps, "dependents": step.dependents, "waiting": waiting,
+                "input": arguments,
                 "state": state.value, "result": done.get(step.position),
                 "compensate": step.compensate,
                 "compensation_task_id": step.compensation_task_id,
@@ -397,28 +480,34 @@ class WorkflowBackend(StoreBackend):
 
     # -- worker side -----------------------------------------------------------------------
     def start(self, workflow_id: str, position: int) -> Started | None:
-        """Mark the step started; its state, result and its workflow's state. None when no
-        such step exists (the workflow was deleted)."""
-        with wrap_store_errors("workflows: start step", workflow=workflow_id,
-                               position=position), self.engine().begin() as connection:
-            row = connection.execute(_START, {"workflow_id": workflow_id,
-                                              "position": position}).first()
-        if row is None:
+        """Mark the step started; its state, result and its workflow's state (one round
+        trip). None when no such step exists (the workflow was deleted).
+
+        Raises:
+            StoreUnavailable / StoreRejected / StorageError.
+        """
+        rows = self._run(_START, {"workflow_id": workflow_id, "position": position},
+                         "start step")
+        if not rows:
             return None
+        row = rows[0]
         return Started(state=row.state, result=row.result,
                        compensation_state=row.compensation_state,
-                       workflow_state=row.workflow_state)
+                       workflow_state=row.workflow_state, simple=bool(row.simple))
 
     def succeed(self, connection: Any, workflow_id: str, position: int, result: Any, *,
-                state: StepState = StepState.SUCCEEDED) -> Released:
+                state: StepState = StepState.SUCCEEDED, simple: bool = False) -> Released:
         """Record the step succeeded (or replayed) with `result` and release what it
-        completes, in `connection`'s transaction (None: one of its own).
+        completes, in `connection`'s transaction (None: one of its own; with `simple`, a
+        step `Started.simple` said is, one autocommit statement).
 
         Raises:
             NonJsonArguments: `result` cannot be stored (nothing was written).
             StoreUnavailable / StoreRejected / StorageError: nothing was recorded.
         """
         result_json = dumps(result)
+        if connection is None and simple:
+            return self._succeed_simple(workflow_id, position, result_json, state)
         with wrap_store_errors("workflows: record step", workflow=workflow_id,
                                position=position), self.transaction(connection) as session:
             row = session.execute(_SUCCEED, {
@@ -448,6 +537,32 @@ class WorkflowBackend(StoreBackend):
             if workflow["remaining"] == 0:
                 released.extend(self._finish(session, workflow_id, workflow["template"],
                                              results))
+        return released
+
+    def _succeed_simple(self, workflow_id: str, position: int, result_json: str,
+                        state: StepState) -> Released:
+        row = self._run(_SUCCEED_SIMPLE, {
+            "workflow_id": workflow_id, "position": position, "state": state.value,
+            "result": result_json, "header": WORKFLOW_STEP_HEADER,
+            "hold_seconds": float(self.hold_seconds),
+        }, "record step")[0]
+        if row.state is None:
+            return Released()  # final already: a duplicate or a redelivery
+        released = Released(recorded=True, workflow_state=row.state, rows=[
+            OutboxRow(id=int(q["id"]), task_id=q["task_id"], task_name=q["task_name"],
+                      args=list(q["args"] or ()), kwargs=dict(q["kwargs"] or {}),
+                      options=dict(q["options"] or {}), ordering_key=None, attempts=0,
+                      due_in_seconds=0.0)
+            for q in row.queued or ()])
+        if row.state == WorkflowState.SUCCEEDED and row.remaining == 0:
+            released.finished = WorkflowState.SUCCEEDED
+        elif row.state != WorkflowState.RUNNING:
+            # It finished after its workflow stopped: the compensations may go on now. (A
+            # crash right here leaves them waiting for the next event of the workflow.)
+            with wrap_store_errors("workflows: compensate", workflow=workflow_id), \
+                    self.transaction() as session:
+                session.execute(_LOCK_WORKFLOW, {"workflow_id": workflow_id})
+                released.extend(self._advance_compensation(session, workflow_id))
         return released
 
     def _fan_in(self, session: Any, workflow_id: str, step: dict[str, Any],
@@ -675,6 +790,7 @@ class WorkflowBackend(StoreBackend):
                 compensate=s.compensate,
                 compensation_task_id=None if s.compensate is None else str(uuid.uuid4()),
             ) for s in steps]
+            link(specs, old.canvas.get("result"))
             new_id = uuid.uuid4().hex
             released = self.create(session, workflow_id=new_id, name=old.name,
                                    canvas=old.canvas, steps=specs,
@@ -744,5 +860,9 @@ def _step(row: Any) -> StepSummary:
 
 
 def backend_for(stores: Stores) -> WorkflowBackend:
-    """Workflows in the PostgreSQL of `stores`; statements bounded (`Stores.guard_engine`)."""
-    return WorkflowBackend(stores.guard_engine)
+    """Workflows in the PostgreSQL of `stores`: a step's start and a simple completion are
+    one prepared autocommit statement each on the thread's held connection
+    (`Stores.statements`; not prepared behind a transaction pooler); transactions are
+    bounded (`Stores.guard_engine`)."""
+    return WorkflowBackend(stores.guard_engine, stores.statements(),
+                           prepared=not stores.transaction_pooled)

@@ -46,6 +46,11 @@ class StepSpec:
     task_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     compensate: dict[str, Any] | None = None
     compensation_task_id: str | None = None
+    #: The positions that depend on this step (`link`).
+    dependents: list[int] = field(default_factory=list)
+    #: Its completion is one statement: each dependent has this step as its only source,
+    #: or it has none and is the workflow's result (`link`).
+    simple: bool = False
 
     @property
     def depends_on(self) -> list[int]:
@@ -54,7 +59,7 @@ class StepSpec:
     def signature(self) -> dict[str, Any]:
         """The JSON the step row keeps (`signature` column)."""
         return {"args": self.args, "kwargs": self.kwargs, "options": self.options,
-                "immutable": self.immutable, "source": self.source}
+                "immutable": self.immutable, "source": self.source, "simple": self.simple}
 
 
 def positions(template: Template) -> list[int]:
@@ -164,7 +169,21 @@ def flatten(canvas: Signature) -> tuple[list[StepSpec], Template]:
                               "task signatures")
 
     template = visit(canvas, None)
+    link(steps, template)
     return steps, template
+
+
+def link(steps: list[StepSpec], template: Template) -> None:
+    """Fill each step's `dependents` and `simple` from the sources of the others."""
+    by_position = {step.position: step for step in steps}
+    for step in steps:
+        step.dependents = []
+    for step in steps:
+        for source in step.depends_on:
+            by_position[source].dependents.append(step.position)
+    for step in steps:
+        single = all(isinstance(by_position[d].source, int) for d in step.dependents)
+        step.simple = single and (bool(step.dependents) or template == step.position)
 
 
 def _as_group(tasks: Any) -> Signature:

@@ -88,6 +88,7 @@ def workflow_backend(app: Celery) -> WorkflowBackend:
 class _Running:
     step: WorkflowStep
     started: float
+    simple: bool = False
     released: Released | None = None  # recorded in the body's transaction
 
 
@@ -146,7 +147,7 @@ class WorkflowGuard(Guard):
             call.count(Outcome.CANCELLED, guard=GUARD_NAME)
             raise Stop(Outcome.CANCELLED, guard=GUARD_NAME, reason=reason,
                        details={"workflow_id": step.workflow_id, "position": step.position})
-        call.keep(self, _Running(step, time.perf_counter()))
+        call.keep(self, _Running(step, time.perf_counter(), found.simple))
 
     def after_run(self, call: Call, result: Any) -> None:
         running: _Running | None = call.take_back(self)
@@ -191,7 +192,8 @@ class WorkflowGuard(Guard):
             elif state in SUCCESS_STATES:
                 try:
                     released = backend.succeed(None, step.workflow_id, step.position, result,
-                                               state=state)
+                                               state=state,
+                                               simple=running is not None and running.simple)
                 except NonJsonArguments as exc:
                     state, error = StepState.FAILED, (
                         f"UnserializableResult: a step's result must be what Celery's JSON "

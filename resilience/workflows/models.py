@@ -88,6 +88,8 @@ steps = Table(
     Column("signature", JSONB, nullable=False,
            comment="args, kwargs, options, immutable, source (where its input comes from)"),
     Column("depends_on", ARRAY(Integer), nullable=False, server_default="{}"),
+    Column("dependents", ARRAY(Integer), nullable=False, server_default="{}",
+           comment="the steps that depend on this one"),
     Column("release", String(16), nullable=False, server_default="succeeded",
            comment="released when all deps succeeded, or when all are final"),
     Column("waiting", Integer, nullable=False, comment="deps not yet done"),

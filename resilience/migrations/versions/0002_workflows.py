@@ -63,6 +63,8 @@ def upgrade() -> None:
                   comment="args, kwargs, options, immutable, source (where its input comes "
                           "from)"),
         sa.Column("depends_on", ARRAY(sa.Integer()), server_default="{}", nullable=False),
+        sa.Column("dependents", ARRAY(sa.Integer()), server_default="{}", nullable=False,
+                  comment="the steps that depend on this one"),
         sa.Column("release", sa.String(16), server_default="succeeded", nullable=False,
                   comment="released when all deps succeeded, or when all are final"),
         sa.Column("waiting", sa.Integer(), nullable=False, comment="deps not yet done"),

@@ -28,10 +28,11 @@ from kombu.utils.json import JSONEncoder
 from sqlalchemy import text
 
 from resilience.connections import StoreBackend, wrap_store_errors
-from resilience.connections.postgres import connect
+from resilience.connections.postgres import StatementRunner, connect
 from resilience.deadletter.place import dead_letter
 from resilience.outbox.backends.base import NewRow, OutboxRow, OutboxState
 from resilience.outbox.models import TABLE_NAME
+from resilience.prepared import PreparedStatement
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine
@@ -92,10 +93,10 @@ FROM jsonb_to_recordset(CAST(:rows AS JSONB))
 RETURNING id
 """)
 
-_MARK_HELD_PUBLISHED = text(f"""
+_MARK_HELD_PUBLISHED = PreparedStatement("resilience_outbox_mark_held", f"""
 UPDATE {TABLE_NAME}
 SET state = 'published', finished_at = clock_timestamp(), attempts = attempts + 1
-WHERE id = ANY(:ids) AND state = 'pending'
+WHERE id = ANY(CAST(%(ids)s AS BIGINT[])) AND state = 'pending'
 """)
 
 _MARK_PUBLISHED = text(f"""
@@ -221,10 +222,14 @@ class PostgresOutboxBackend(StoreBackend):
 
     def __init__(self, engine: Callable[[], Engine],
                  sleep: Callable[[float], None] = time.sleep,
-                 listen: Callable[[], Any] | None = None) -> None:
+                 listen: Callable[[], Any] | None = None,
+                 runner: StatementRunner | None = None, prepared: bool = True) -> None:
         self.engine = engine
         self.sleep = sleep
         self.listen = listen
+        #: Single autocommit statements on a held connection (`mark_published`), if given.
+        self.runner = runner
+        self.prepared = prepared
         self._listener: Any = None
 
     # -- producer side ---------------------------------------------------------------------
@@ -285,9 +290,14 @@ class PostgresOutboxBackend(StoreBackend):
         """
         if not ids:
             return
+        if self.runner is not None:
+            self.runner.run(_MARK_HELD_PUBLISHED, {"ids": list(ids)}, "outbox: mark published",
+                            prepared=self.prepared)
+            return
+        sql = text(_MARK_HELD_PUBLISHED.sql.replace("%(ids)s", ":ids"))
         with wrap_store_errors("outbox: mark published", rows=len(ids)), \
                 self.engine().begin() as connection:
-            connection.execute(_MARK_HELD_PUBLISHED, {"ids": list(ids)})
+            connection.execute(sql, {"ids": list(ids)})
 
     @staticmethod
     def _insert(connection: Any, row: NewRow, params: dict[str, Any]) -> int:
