@@ -1,10 +1,10 @@
 """Which due slots fire and which are recorded missed: the catch-up decision, pure.
 
 At each tick the leader asks `plan` about every entry that is not paused. The due slots are
-those in (last_slot, now]. The newest of them fires on time when it fell while this leader
-led and the entry was active (slot >= `on_time_since`: the later of the leader's start and
-the entry's last resume). Every other due slot was missed (no leader ran, the entry was
-paused, or the leader stalled for more than a period) and the entry's policy decides:
+those in (last_slot, now]. A slot that fell while this leader led and the entry was active
+(slot >= `on_time_since`: the later of the leader's start and the entry's last resume)
+fires, late or not: the leader owed it. A slot before that was missed (no leader ran, or
+the entry was paused), and the entry's catch-up policy decides:
 
     slots:    m1    m2    m3  | leader starts   n (on time)
     skip:     miss  miss  miss                  fire
@@ -13,8 +13,9 @@ paused, or the leader stalled for more than a period) and the entry's policy dec
 
 Recording is bounded: at most `RECORD_LIMIT` missed slots get a row each (the newest); the
 oldest recorded row's detail counts the rest (`also_missed`), so a week-long outage of a
-0.1 s entry writes a hundred rows, not six million. `ALL` fires at most `FIRE_LIMIT` slots
-per tick (the oldest within the window first); the next tick goes on from there.
+0.1 s entry writes a hundred rows, not six million. A tick fires at most `FIRE_LIMIT` slots
+of an entry (oldest first); `last_slot` then stops at the last one fired and the next tick
+goes on from there.
 """
 
 from __future__ import annotations
@@ -72,37 +73,34 @@ def plan(every: Any, last_slot: dt.datetime | None, now: dt.datetime,
     """
     if last_slot is None:
         return Plan(last_slot=_latest_before(every, now))
-    due_count = slot_count(every, last_slot, now, limit=_COUNT_LIMIT)
-    if due_count == 0:
+    if slot_count(every, last_slot, now, limit=1) == 0:
         return NOTHING
-    newest = newest_slots(every, last_slot, now, 1)[0]
-    on_time = newest >= on_time_since
-    fire: list[tuple[dt.datetime, str]] = [(newest, "on_time")] if on_time else []
-    # The missed slots are (last_slot, missed_until].
-    missed_until = newest - _TICK if on_time else newest
-    missed_total = due_count - (1 if on_time else 0)
-    if missed_total <= 0:
-        return Plan(fire=fire, last_slot=newest)
-    if catch_up is CatchUp.ONCE:
-        caught = newest_slots(every, last_slot, missed_until, 1)
-        fire.insert(0, (caught[0], "catch_up"))
-        return _with_missed(every, last_slot, caught[0] - _TICK, fire, newest)
-    if catch_up is CatchUp.ALL:
+    # (last_slot, missed_until] fell before this leader led / the entry was resumed.
+    missed_until = min(now, on_time_since - _TICK)
+    fire: list[tuple[dt.datetime, str]] = []
+    missed_total = slot_count(every, last_slot, missed_until, limit=_COUNT_LIMIT)
+    recorded_until = missed_until  # the missed slots not fired are (last_slot, this]
+    if missed_total and catch_up is CatchUp.ONCE:
+        caught = newest_slots(every, last_slot, missed_until, 1)[0]
+        fire.append((caught, "catch_up"))
+        recorded_until = caught - _TICK
+    elif missed_total and catch_up is CatchUp.ALL:
         horizon = now - dt.timedelta(seconds=window_seconds)
         start = max(last_slot, horizon - _TICK)
-        inside: list[dt.datetime] = []
         for slot in slots_between(every, start, missed_until):
-            inside.append(slot)
-            if len(inside) > FIRE_LIMIT:
-                break
-        if len(inside) > FIRE_LIMIT:
-            # More than one tick's worth: fire FIRE_LIMIT now; the next tick goes on (the
-            # on-time slot is still due then, still on time).
-            chosen = [(slot, "catch_up") for slot in inside[:FIRE_LIMIT]]
-            return _with_missed(every, last_slot, start, chosen, inside[FIRE_LIMIT - 1])
-        fire[:0] = [(slot, "catch_up") for slot in inside]
-        return _with_missed(every, last_slot, start, fire, newest)
-    return _with_missed(every, last_slot, missed_until, fire, newest)
+            fire.append((slot, "catch_up"))
+            if len(fire) == FIRE_LIMIT:
+                return _with_missed(every, last_slot, start, fire, slot)
+        recorded_until = start
+    on_time_from = max(last_slot, missed_until)
+    for slot in slots_between(every, on_time_from, now):
+        fire.append((slot, "on_time"))
+        if len(fire) == FIRE_LIMIT:
+            break
+    new_last = fire[-1][0] if fire and fire[-1][0] > missed_until else max(
+        last_slot, newest_slots(every, last_slot, missed_until, 1)[0]
+        if missed_total else last_slot)
+    return _with_missed(every, last_slot, recorded_until, fire, new_last)
 
 
 #: One microsecond: (a, b - _TICK] is (a, b), as slots are whole microseconds.

