@@ -1,13 +1,15 @@
-"""Bench tasks of the workflows scenario: one no-op step three ways.
+"""Bench tasks of the workflows scenario: one no-op step four ways.
 
-- `workflows_bench_plain`: a plain Celery task (Celery's own `Task`, none of our guards),
-  its result stored in the Redis result backend as stock Celery stores it (SUCCESS only:
-  `track_started` off, Celery's default), which a stock chord needs;
-- `workflows_bench_platform`: the same body as a platform task (platform default guards),
-  result stored as above, run in a plain Celery canvas: what the platform's guards cost
-  before any workflow machinery;
-- `workflows_bench_durable`: the same platform task with its result ignored by Celery: a
-  durable workflow keeps each step's result in PostgreSQL and needs no result backend.
+- `workflows_bench_plain`: a plain Celery task (`Celery.task`, no guards of its own; on an
+  initialised app the library still makes it a `GuardedTask` carrying only the library's
+  default guards, the workflow pair: one header lookup per job), its result stored in the
+  Redis result backend as stock Celery stores it (SUCCESS only: `track_started` off,
+  Celery's default), which a stock chord needs;
+- `workflows_bench_durable`: the same task with its result ignored by Celery: a durable
+  workflow keeps each step's result in PostgreSQL and needs no result backend;
+- `workflows_bench_platform` / `workflows_bench_platform_durable`: the same two as platform
+  tasks (`app.task`: the platform's default guards, the tier bulkhead on every publish),
+  for what the platform's guards cost apart from the workflow machinery.
 
 A step takes any results passed to it (a chain's previous value, a chord body's list) and
 returns 1; the last step of a chain and a chord's body are given `counter` and INCR it in
@@ -35,18 +37,24 @@ def _step(values: tuple[Any, ...], counter: str | None) -> int:
 
 @Celery.task(app, name="bench.workflows.plain", queue=QUEUE, track_started=False)
 def workflows_bench_plain(*values: Any, counter: str | None = None) -> int:
-    """A no-op step (plain Celery); INCR `counter` when given."""
+    """A no-op step (plain Celery, result backend); INCR `counter` when given."""
+    return _step(values, counter)
+
+
+@Celery.task(app, name="bench.workflows.durable", queue=QUEUE, ignore_result=True)
+def workflows_bench_durable(*values: Any, counter: str | None = None) -> int:
+    """A no-op step (plain Celery, no result backend); INCR `counter` when given."""
     return _step(values, counter)
 
 
 @app.task(tier=QUEUE, name="bench.workflows.platform", track_started=False)
 def workflows_bench_platform(*values: Any, counter: str | None = None) -> int:
-    """A no-op step (platform task, result in the result backend); INCR `counter` when given."""
+    """A no-op step (platform task, result backend); INCR `counter` when given."""
     return _step(values, counter)
 
 
-@app.task(tier=QUEUE, name="bench.workflows.durable", ignore_result=True)
-def workflows_bench_durable(*values: Any, counter: str | None = None) -> int:
+@app.task(tier=QUEUE, name="bench.workflows.platform_durable", ignore_result=True)
+def workflows_bench_platform_durable(*values: Any, counter: str | None = None) -> int:
     """A no-op step (platform task, no result backend); INCR `counter` when given."""
     return _step(values, counter)
 

@@ -1,14 +1,15 @@
 """Workflows: Celery's canvas plain against the same canvas started durably (issue 27).
 
 The same `--chains` chains of 3 no-op steps and `--chords` chords of 10 no-op header steps
-plus a body, three ways (`bench.tasks_workflows`):
-- `plain`: Celery's own tasks in Celery's canvas, results in the Redis result backend, the
+plus a body, started two ways on the same kind of task (`bench.tasks_workflows`):
+- `plain`: a Celery task in Celery's canvas, results in the Redis result backend, the
   stock chord (the Redis backend's counter: the header's last task applies the body);
-- `platform`: the platform's task (its default guards) in Celery's canvas, same backend:
-  what the guards cost before any workflow machinery;
-- `durable`: `resilience.workflows.durable(<the same canvas>).apply_async()` on the
-  platform task with no result backend: the graph, the steps' state and results in
-  PostgreSQL, a step's completion and the publish of what it releases in one transaction.
+- `durable`: `resilience.workflows.durable(<the same canvas>).apply_async()` on the same
+  task with no result backend: the graph, the steps' state and results in PostgreSQL, a
+  step's completion and the publish of what it releases in one transaction.
+With `--variants`, also `platform` and `platform_durable`: the same two on a platform task
+(`app.task`: the platform's default guards, the tier bulkhead on every publish), which
+separates what the platform's guards cost from what the workflow machinery costs.
 
 Each round runs the variants in turn for each shape (rounds alternate, so every variant sees
 the same machine load) on one worker of `--concurrency` pool processes: consumers paused,
@@ -19,19 +20,22 @@ each round's durable/plain workflow rate (targets: chains >= 0.7, chords >= 1.0)
 second count every step (3 per chain, 11 per chord). `start_per_s` is the producer's rate
 of starting workflows while the consumers are paused (not part of the drain time).
 
-PostgreSQL per durable step (`pg_statements_per_step`): after the timed rounds, a worker
-whose pool processes count every query they send (`bench.tasks_scale`'s client-side psycopg2
-counter: each execute, the BEGIN psycopg2 sends itself, each COMMIT/ROLLBACK; one query is
-one round trip) runs `--statement-workflows` chains and a fifth as many chords, unpaused;
-the totals per step, by statement kind, are in the JSON (`pg_statements_by_kind`). What the
-producer sends to start a workflow is not counted there.
+PostgreSQL per durable step (`pg_statements_per_step`): after the timed rounds, a second
+worker (started with the first, idle until then) whose pool processes count every query
+they send (`bench.tasks_scale`'s client-side psycopg2 counter: each execute, the BEGIN
+psycopg2 sends itself, each COMMIT/ROLLBACK; one query is one round trip) runs
+`--statement-workflows` durable chains and a fifth as many chords, unpaused; the totals
+per step, by statement kind, are in the JSON (`pg_statements_by_kind`). What the producer
+sends to start a workflow is not counted. Rates swing with the machine's load; these
+counts do not.
 
-Sizes: the defaults are the issue's (1,000 chains, 200 chords, 3 rounds: about 5 minutes on
-a 2-core box); `--quick` is a smoke-sized run (100 chains, 20 chords, 1 round):
+Sizes: the defaults are the issue's (1,000 chains, 200 chords, 3 rounds); `--quick` is a
+smoke-sized run (100 chains, 20 chords, 1 round):
 
-    python -m bench workflows                   # the issue's sizes
+    python -m bench workflows                   # the issue's sizes, plain and durable
     python -m bench workflows --quick
-    python -m bench workflows --chains 1000 --chords 200 --rounds 3 --variants plain,durable
+    python -m bench workflows --variants plain,durable,platform,platform_durable
+    python -m bench workflows --profile /tmp/profiles   # + cProfile stats per variant
 """
 
 from __future__ import annotations
@@ -57,9 +61,11 @@ from bench.harness import (
     wait_until,
     workers,
 )
+from tests.harness import Worker, running
 
 QUEUE = "standard"
-VARIANTS = ("plain", "platform", "durable")
+VARIANTS = ("plain", "durable", "platform", "platform_durable")
+DEFAULT_VARIANTS = ("plain", "durable")
 SHAPES = ("chain", "chord")
 CHAIN_LENGTH = 3
 CHORD_WIDTH = 10
@@ -75,7 +81,7 @@ def _options(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true",
                         help="smoke size: 100 chains, 20 chords, 1 round (overrides those)")
     parser.add_argument("--concurrency", type=int, default=2)
-    parser.add_argument("--variants", default=",".join(VARIANTS),
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help=f"comma-separated subset of {', '.join(VARIANTS)}")
     parser.add_argument("--statement-workflows", type=int, default=100,
                         help="chains run to count PostgreSQL statements per durable step "
@@ -100,6 +106,7 @@ class Starter:
     def __init__(self, variant: str, tasks: dict[str, Any]) -> None:
         self.variant = variant
         self.task = tasks[variant]
+        self.durable = variant.endswith("durable")
 
     def signature(self, shape: str, counter: str) -> Any:
         from celery import chain, chord
@@ -112,7 +119,7 @@ class Starter:
     def start(self, shape: str, counter: str) -> str:
         """Start one workflow; its id (the durable run's, else the Celery result's)."""
         signature = self.signature(shape, counter)
-        if self.variant == "durable":
+        if self.durable:
             from resilience.workflows import durable
 
             return str(durable(signature, name=f"bench-{shape}").apply_async().id)
@@ -158,23 +165,21 @@ def _read_statements(directory: Path) -> Counter[str]:
 
 
 def _count_statements(options: argparse.Namespace, starter: Starter, redis: Any,
-                      database_url: str) -> dict[str, Any]:
-    """PostgreSQL statements per durable step, by kind, counted in a worker's pool."""
-    from bench.tasks_scale import STATEMENTS_DIR_ENV
+                      database_url: str, directory: Path, timed: list[str],
+                      counting: str) -> dict[str, Any]:
+    """PostgreSQL statements per durable step, by kind, counted in the pool of the worker
+    `counting` (started with the others, its consumer cancelled until now)."""
+    from jobs import app
 
-    directory = Path(tempfile.mkdtemp(prefix="bench-workflows-statements-"))
     sizes = _phase_sizes(options)
     by_shape: dict[str, Counter[str]] = {}
-    try:
-        with workers(QUEUE, concurrency=options.concurrency,
-                     env={STATEMENTS_DIR_ENV: str(directory)}):
-            _run_unpaused(starter, "chain", min(10, sizes["chain"]), redis, database_url)
-            for shape, n in sizes.items():
-                before = _read_statements(directory)
-                _run_unpaused(starter, shape, n, redis, database_url)
-                by_shape[shape] = _read_statements(directory) - before
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    app.control.cancel_consumer(QUEUE, destination=timed, reply=True)
+    app.control.add_consumer(QUEUE, destination=[counting], reply=True)
+    _run_unpaused(starter, "chain", min(10, sizes["chain"]), redis, database_url)
+    for shape, n in sizes.items():
+        before = _read_statements(directory)
+        _run_unpaused(starter, shape, n, redis, database_url)
+        by_shape[shape] = _read_statements(directory) - before
     per_step = {shape: {kind: count / (sizes[shape] * STEPS[shape])
                         for kind, count in found.most_common()}
                 for shape, found in by_shape.items()}
@@ -209,7 +214,7 @@ def _run_unpaused(starter: Starter, shape: str, n: int, redis: Any, database_url
     ids = [starter.start(shape, counter) for _ in range(n)]
     wait_until(lambda: int(redis.get(counter) or 0) >= n, timeout_seconds=120,
                what=f"{n} {starter.variant} {shape}s", poll_seconds=0.01)
-    if starter.variant == "durable":
+    if starter.durable:
         _await_succeeded(database_url, ids)
 
 
@@ -221,16 +226,19 @@ def run(argv: list[str]) -> dict[str, Any]:
     env = {"JOBS_STANDARD__MAX_QUEUE_DEPTH": str(max(10_000, 4 * messages))}
 
     with platform(env) as services:
+        from bench.tasks_scale import STATEMENTS_DIR_ENV
         from bench.tasks_workflows import (
             workflows_bench_durable,
             workflows_bench_plain,
             workflows_bench_platform,
+            workflows_bench_platform_durable,
         )
         from jobs import app
         from resilience.stores import stores_for
 
-        tasks = {"plain": workflows_bench_plain, "platform": workflows_bench_platform,
-                 "durable": workflows_bench_durable}
+        tasks = {"plain": workflows_bench_plain, "durable": workflows_bench_durable,
+                 "platform": workflows_bench_platform,
+                 "platform_durable": workflows_bench_platform_durable}
         starters = {variant: Starter(variant, tasks) for variant in options.variants}
         redis = stores_for(app).redis()
         database_url = services.database_url.replace("postgresql+psycopg2", "postgresql")
@@ -238,23 +246,38 @@ def run(argv: list[str]) -> dict[str, Any]:
         # rates[shape][variant]: workflows per second, one per round; starts likewise.
         rates = {shape: {v: [] for v in options.variants} for shape in SHAPES}
         starts = {shape: {v: [] for v in options.variants} for shape in SHAPES}
-        with workers(QUEUE, concurrency=options.concurrency) as started:
-            names = [worker.nodename for worker in started]
-            for starter in starters.values():
-                for shape in SHAPES:
-                    _run_unpaused(starter, shape, min(20, sizes[shape]), redis,
-                                  database_url)  # warm-up: connections, imports, scripts
-            for _ in range(options.rounds):
-                for shape in SHAPES:
-                    for variant, starter in starters.items():
-                        n = sizes[shape]
-                        seconds, start_seconds = _drain(starter, shape, n, redis,
-                                                        database_url, names)
-                        rates[shape][variant].append(n / seconds)
-                        starts[shape][variant].append(n / start_seconds)
+        count = "durable" in starters and options.statement_workflows > 0
+        counts_dir = Path(tempfile.mkdtemp(prefix="bench-workflows-statements-"))
+        # The counting worker starts with the timed one (one start-up wait, not two) and
+        # stays idle, its consumer cancelled, until its phase after the timed rounds.
+        timed = Worker(QUEUE, name="bench-workflows", concurrency=options.concurrency)
+        counting = Worker(QUEUE, name="bench-workflows-count", concurrency=options.concurrency,
+                          env={STATEMENTS_DIR_ENV: str(counts_dir)})
         statements = None
-        if "durable" in starters and options.statement_workflows > 0:
-            statements = _count_statements(options, starters["durable"], redis, database_url)
+        try:
+            with running([timed, *([counting] if count else [])]):
+                names = [timed.nodename]
+                if count:
+                    app.control.cancel_consumer(QUEUE, destination=[counting.nodename],
+                                                reply=True)
+                for starter in starters.values():
+                    for shape in SHAPES:
+                        _run_unpaused(starter, shape, min(20, sizes[shape]), redis,
+                                      database_url)  # warm-up: connections, imports, scripts
+                for _ in range(options.rounds):
+                    for shape in SHAPES:
+                        for variant, starter in starters.items():
+                            n = sizes[shape]
+                            seconds, start_seconds = _drain(starter, shape, n, redis,
+                                                            database_url, names)
+                            rates[shape][variant].append(n / seconds)
+                            starts[shape][variant].append(n / start_seconds)
+                if count:
+                    statements = _count_statements(options, starters["durable"], redis,
+                                                   database_url, counts_dir, names,
+                                                   counting.nodename)
+        finally:
+            shutil.rmtree(counts_dir, ignore_errors=True)
         if options.profile:
             _profile(options, starters, redis, database_url)
 
@@ -278,7 +301,7 @@ def _drain(starter: Starter, shape: str, n: int, redis: Any, database_url: str,
         return int(redis.get(counter) or 0) >= n
 
     seconds = drain_paused(QUEUE, enqueue, done, names)
-    if starter.variant == "durable":
+    if starter.durable:
         _await_succeeded(database_url, ids)
     return seconds, start_seconds
 
