@@ -160,6 +160,11 @@ class TestWorkflowPage:
         document = json.loads(shown.output)
         assert (document["state"], document["result"]) == ("succeeded", 36)
         assert [step["state"] for step in document["steps"]] == ["succeeded"] * 5
+        listed = CliRunner().invoke(cli, ["list", "--state", "succeeded", "--json"])
+        assert listed.exit_code == 0, listed.output
+        assert run.id in [row["id"] for row in json.loads(listed.output)]
+        refused = CliRunner().invoke(cli, ["list", "--state", "done"])
+        assert refused.exit_code == 2 and "unknown state 'done'" in refused.output
 
     @pytest.mark.timeout(60)
     def test_actions_refuse_unknown_runs_and_bad_steps_in_one_line(
