@@ -1,8 +1,8 @@
 """The import rules of issue 26, read from the source (no import runs).
 
 - A guard package (idempotency, locks, circuit, ratelimit, retry, deadline, pause, cancel)
-  imports no other guard package, nor the outbox, batches or dead-letter packages: what a
-  guard needs from outside itself it gets from the core or from its call.
+  imports no other guard package, nor a service (outbox, batches, dead letters, workflows,
+  schedules): what a guard needs from outside itself it gets from the core or its call.
 - `resilience.admission` (the tier bulkhead, the broker's depth and the breaker's enqueue
   admission: the enqueue pipeline's admission stage) sits below the guards with the core:
   guards may use it, and it imports no guard package.
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("resilience", "jobs")
 GUARDS = frozenset({"idempotency", "locks", "circuit", "ratelimit", "retry", "deadline",
                     "pause", "cancel"})
-FORBIDDEN = GUARDS | {"outbox", "batches", "deadletter"}
+FORBIDDEN = GUARDS | {"outbox", "batches", "deadletter", "workflows", "schedules"}
 
 
 def _modules() -> dict[str, Path]:
@@ -147,6 +147,7 @@ def test_rules_see_the_tree() -> None:
     """The rules read real modules: every guard package exists, and a planted violation in
     the parser's input would be found (the check cannot pass by reading nothing)."""
     packages = {_package(module) for module in _modules()}
-    assert GUARDS | {"admission", "outbox", "batches", "deadletter"} <= packages
+    assert GUARDS | {"admission", "outbox", "batches", "deadletter", "workflows",
+                     "schedules"} <= packages
     edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycles(edges) == [{"a", "b", "c"}]

@@ -55,6 +55,18 @@ LOCK_HOLD_SECONDS = Histogram(
     registry=None,
 )
 
+#: How long a durable workflow step took, from its workflow guard's start to its recorded
+#: outcome, observed in the worker process that ran it (`resilience.workflows.observe_steps`,
+#: connected in jobs/observe/worker.py); same multiprocess mode as LOCK_HOLD_SECONDS.
+WORKFLOW_STEP_SECONDS = Histogram(
+    "jobs_workflow_step_seconds",
+    "Seconds a durable workflow step took (guard start to its recorded outcome)",
+    ["task", "state"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300,
+             float("inf")),
+    registry=None,
+)
+
 
 def multiprocess_dir() -> str | None:
     """The multiprocess directory, when multiprocess mode is on."""

@@ -8,6 +8,8 @@ Import this module in the worker (it is one of the app's `imports`); it connects
   from the exclusivity stage to the end of the body; the few milliseconds of the outer
   deadline and idempotency guards are included). A call stopped by its own lock guard
   (SKIPPED/DEFERRED: the lock was never held) is not observed;
+- `resilience.workflows.observe_steps`: each durable workflow step's latency (its guard's
+  start to its recorded outcome) in `jobs_workflow_step_seconds`;
 - `worker_process_shutdown`: `multiprocess.mark_process_dead(pid)`, so Prometheus stops
   summing the live gauges of a pool process that is gone;
 - `celeryd_init` / `worker_shutdown`: the heartbeat file `jobs health live --local` reads
@@ -25,8 +27,9 @@ from celery import signals
 
 from jobs.observe import heartbeat, watchdog
 from jobs.observe.logging import install_worker_logging
-from jobs.observe.metrics import LOCK_HOLD_SECONDS, multiprocess_dir
+from jobs.observe.metrics import LOCK_HOLD_SECONDS, WORKFLOW_STEP_SECONDS, multiprocess_dir
 from resilience.outcomes import OutcomeStored
+from resilience.workflows import observe_steps
 
 LOCK_GUARDS = ("singleton", "exclusive")
 
@@ -96,4 +99,9 @@ def _stop_heartbeat(sender: Any = None, **_: Any) -> None:
     heartbeat.stop_heartbeat(sender)
 
 
+def _observe_step(task_name: str, state: str, seconds: float) -> None:
+    WORKFLOW_STEP_SECONDS.labels(task=task_name, state=state).observe(seconds)
+
+
+observe_steps(_observe_step)
 install_worker_logging()

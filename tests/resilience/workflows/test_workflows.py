@@ -9,6 +9,7 @@ import pytest
 from celery import chain, chord, group
 from sqlalchemy import text
 
+from resilience.counters import read_all
 from resilience.headers import WORKFLOW_STEP_HEADER
 from resilience.outbox import OUTBOX_HEADER
 from resilience.workflows import (
@@ -132,6 +133,15 @@ class TestDeliveries:
         assert [s.state for s in summary.steps] == [StepState.SUCCEEDED] * 2
 
 
+def workflow_counts(stores: Any) -> dict[str, int]:
+    """The workflow events counted so far (`resilience.counters`), by event."""
+    counts: dict[str, int] = {}
+    for labels, value in read_all(stores.redis()):
+        if labels.get("guard") == "workflow":
+            counts[labels["outcome"]] = counts.get(labels["outcome"], 0) + value
+    return counts
+
+
 def failing_chain(run: str) -> Any:
     """a and b succeed (each with a compensation), c fails until the run's switch is set."""
     return chain(t.step.s(None, run, "a").set(compensate=t.undo.s(run, "a")),
@@ -152,6 +162,7 @@ class TestCompensation:
             self, tier_workers: Any, stores: Any, engine: Any, run: str) -> None:
         """c fails: b's compensation, then a's, each given its step's result first; the
         workflow ends compensated and `get()` says which step failed."""
+        before = workflow_counts(stores)
         flow = durable(failing_chain(run), name="compensate").apply_async()
         with pytest.raises(WorkflowFailed) as failed:
             flow.get(timeout=30)
@@ -169,6 +180,10 @@ class TestCompensation:
             StepState.SUCCEEDED, StepState.SUCCEEDED, None]
         assert [s.state for s in summary.steps] == [
             StepState.SUCCEEDED, StepState.SUCCEEDED, StepState.FAILED]
+        # counted fleet-wide (the platform's Prometheus collector exports these)
+        wait_for(lambda: (lambda now: all(now.get(event, 0) - before.get(event, 0) >= 1
+                                          for event in ("STARTED", "FAILED", "COMPENSATED")))(
+            workflow_counts(stores)), timeout_seconds=10, message="workflow counters")
 
 
 class TestOperatorActions:
