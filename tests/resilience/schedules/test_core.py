@@ -295,3 +295,23 @@ class TestRunHistory:
             "dead": RunOutcome.DEAD_LETTERED}
         assert all(run.finished_at and run.fired_at and run.late_seconds is not None
                    for run in runs.values())
+
+
+class TestLibraryDefault:
+    def test_every_guarded_task_of_an_initialised_app_records_its_runs(self) -> None:
+        """A user's app given only `resilience.init_app` has the run-history guard on its
+        plain tasks (outermost), so its scheduled jobs' outcomes are recorded too."""
+        from celery import Celery
+
+        import resilience
+        from resilience.schedules import ScheduleRunGuard
+
+        user_app = Celery("schedules-user-app", set_as_current=False)
+        resilience.init_app(user_app)
+
+        @user_app.task(name="tests.schedules.user_task")
+        def user_task() -> None:
+            """A task with no guard decorator."""
+
+        execution = user_task.pipelines()[0].guards
+        assert isinstance(execution[0], ScheduleRunGuard)
