@@ -24,7 +24,7 @@ from resilience.deadline import DeadlineConfig, DeadlineGuard, DeadlineStampGuar
 from resilience.errors import ConfigurationError
 from resilience.pause import PauseConfig, PauseGuard, RedisPauseBackend
 from resilience.results import FINAL_STATE_BACKENDS
-from resilience.schedules import ScheduleRunGuard
+from resilience.schedules import ScheduleRunGuard, ScheduleSingletonGuard
 from resilience.stores import stores_for
 from resilience.task import GuardedTask
 
@@ -102,6 +102,7 @@ class JobTask(GuardedTask):
         CancelGuard(CancelConfig(), lambda task: cancel_backend(task.app)),
         *batch_guards(),  # a batch member's final state, recorded once (resilience.batches)
         ScheduleRunGuard(),  # a scheduled run's outcome on its run row (resilience.schedules)
+        ScheduleSingletonGuard(),  # a skip / queue_one entry's runs never overlap
     )
 
 

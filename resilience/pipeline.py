@@ -71,6 +71,7 @@ class Stage(IntEnum):
     IDEMPOTENCY = 20
     WORKFLOW_RECORD = 22
     BATCH_RECORD = 25
+    SCHEDULE_OVERLAP = 28
     EXCLUSIVITY = 30
     BREAKER = 40
     CONCURRENCY = 50
@@ -112,6 +113,8 @@ STAGES: dict[Stage, StageRule] = {
     Stage.WORKFLOW_RECORD: StageRule("a transactional workflow step's state and the steps "
                                      "it releases, in the body's transaction"),
     Stage.BATCH_RECORD: StageRule("a transactional member's state, in the body's transaction"),
+    Stage.SCHEDULE_OVERLAP: StageRule("one run of a schedule entry at a time (overlap skip "
+                                      "or queue_one: a singleton on schedule:<name>)"),
     Stage.EXCLUSIVITY: StageRule("@singleton or @exclusive: one holder per key"),
     Stage.BREAKER: StageRule("per-dependency breaker; several dependencies allowed",
                              several=True),

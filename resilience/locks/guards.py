@@ -166,9 +166,20 @@ class LockGuard(Guard):
         """The backend built from the app's stores when none was given."""
         raise NotImplementedError
 
+    def key_of(self, call: Call) -> GuardKey | None:
+        """The lock key of `call`; None: this call takes no lock (a subclass keyed by a
+        message header takes one only when the header is there)."""
+        return self.key_for(call.task.name, call.args, call.kwargs)
+
+    def policy_of(self, call: Call) -> str:
+        """The policy (skip or defer) of `call` when another run holds its key."""
+        return self.options.policy
+
     # hooks -------------------------------------------------------------------------------
     def before_run(self, call: Call) -> None:
-        key = self.key_for(call.task.name, call.args, call.kwargs)
+        key = self.key_of(call)
+        if key is None:
+            return
         try:
             backend = self.backend(call.task)
             hold = self._try_acquire(backend, call, key)
@@ -270,7 +281,7 @@ class LockGuard(Guard):
             if holder.token is not None:
                 details["holder_token"] = holder.token
             details["held_seconds"] = holder.held_seconds
-        outcome = Outcome.SKIPPED if self.options.policy == "skip" else Outcome.DEFERRED
+        outcome = Outcome.SKIPPED if self.policy_of(call) == "skip" else Outcome.DEFERRED
         call.count(outcome, guard=self.name)
         raise Stop(
             outcome,

@@ -10,6 +10,7 @@
     timing.py      Interval and the slot arithmetic; cron.py: Cron (crontab in a time zone)
     catchup.py     which due slots fire and which are recorded missed (pure)
     overlap.py     per fire, from the previous run: send, skip, queue or cancel the previous
+    singleton.py   ScheduleSingletonGuard: a skip / queue_one entry's runs never overlap
     store.py       every statement; `fire` is the one transaction that makes a slot fire once
     seed.py        the code's beat_schedule upserted by the leader
     scheduler.py   Scheduler: the celery beat scheduler (leader-elected, resilience.locks.beat)
@@ -35,6 +36,7 @@ from resilience.schedules.cron import Schedule as Schedule
 from resilience.schedules.errors import InvalidSchedule, ScheduleNotFound
 from resilience.schedules.guard import ScheduleRunGuard
 from resilience.schedules.policies import CatchUp, Overlap, RunOutcome
+from resilience.schedules.singleton import ScheduleSingletonGuard
 from resilience.schedules.store import SCHEDULE_RUN_HEADER
 from resilience.schedules.timing import Interval
 
@@ -50,6 +52,7 @@ __all__ = [
     "Schedule",
     "ScheduleNotFound",
     "ScheduleRunGuard",
+    "ScheduleSingletonGuard",
     "ScheduleSummary",
     "add",
     "describe",

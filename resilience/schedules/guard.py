@@ -10,7 +10,8 @@ header lookup.
     DEAD-LETTERED (or DeadLettered)   -> dead_lettered
     CANCELLED                         -> cancelled
     SHED                              -> shed
-    SKIPPED, REJECTED, DISCARDED      -> skipped
+    SKIPPED, REJECTED, DISCARDED      -> skipped (skipped_overlap when the entry's
+                                         singleton skipped it: singleton.py)
     any other error                   -> failed
     DEFERRED, RETRY, requeueing Reject -> nothing yet: the job runs again
 
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from resilience.errors import DeadLettered, StorageError
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Guard, Stage
+from resilience.schedules.overlap import SINGLETON_GUARD
 from resilience.schedules.policies import RunOutcome
 from resilience.schedules.store import SCHEDULE_RUN_HEADER, schedule_store
 
@@ -53,8 +55,12 @@ _STOP_OUTCOMES: dict[Outcome, RunOutcome | None] = {
 
 
 def outcome_of_stop(stop: Stop) -> RunOutcome | None:
-    """The run outcome a guard's stop leaves; None when the job will run again."""
-    return _STOP_OUTCOMES.get(Outcome(stop.outcome))
+    """The run outcome a guard's stop leaves; None when the job will run again. A run the
+    entry's singleton skipped (its previous run still held it) is `skipped_overlap`."""
+    outcome = _STOP_OUTCOMES.get(Outcome(stop.outcome))
+    if outcome is RunOutcome.SKIPPED and getattr(stop, "guard", None) == SINGLETON_GUARD:
+        return RunOutcome.SKIPPED_OVERLAP
+    return outcome
 
 
 def outcome_of_error(error: BaseException) -> RunOutcome | None:

@@ -39,6 +39,7 @@ from resilience.schedules.catchup import Plan
 from resilience.schedules.cron import Cron
 from resilience.schedules.errors import InvalidSchedule
 from resilience.schedules.models import RUNS_TABLE, SCHEDULES_TABLE
+from resilience.schedules.overlap import SCHEDULE_SINGLETON_HEADER, singleton_header
 from resilience.schedules.policies import CatchUp, Overlap, RunOutcome
 from resilience.schedules.timing import Interval
 
@@ -171,6 +172,11 @@ FROM {RUNS_TABLE} GROUP BY schedule
 _PREVIOUS_SENT = text(f"SELECT {_RUN_COLUMNS} FROM {RUNS_TABLE} "
                       "WHERE schedule = :name AND task_id IS NOT NULL "
                       "ORDER BY slot DESC, id DESC LIMIT 1")
+#: Overlap.QUEUE_ONE: the newest two runs sent or queued. A queued run is the newest (its
+#: slot follows the run it waits behind, which comes second).
+_QUEUE_HEAD = text(f"SELECT {_RUN_COLUMNS} FROM {RUNS_TABLE} "
+                   "WHERE schedule = :name AND (task_id IS NOT NULL OR outcome = 'queued') "
+                   "ORDER BY slot DESC, id DESC LIMIT 2")
 
 
 @dataclass(frozen=True)
@@ -248,13 +254,16 @@ class ScheduleStore(StoreBackend):
     # -- firing ------------------------------------------------------------------------------
     def fire(self, entry: ScheduleRow, plan: Plan, *,
              decide: Callable[[ScheduleRow, RunRow | None], Any],
-             detail: Mapping[str, Any] | None = None) -> Fired:
+             detail: Mapping[str, Any] | None = None,
+             cancel: Callable[[str], None] | None = None) -> Fired:
         """Deal with `plan`'s slots of `entry` in ONE transaction (see the module doc).
 
         Args:
             decide: the overlap decision for each fire from the previous sent run
                 (`resilience.schedules.overlap.decide`).
             detail: added to each fired run row's detail (e.g. the sender).
+            cancel: cancels a job by task id (CANCEL_PREVIOUS), called inside the
+                transaction; an error it raises rolls the fire back.
 
         Raises:
             StoreUnavailable, StorageError: PostgreSQL failed; nothing was done.
@@ -271,25 +280,33 @@ class ScheduleStore(StoreBackend):
                 self._insert_missed(connection, entry.name, plan)
             previous = None
             if entry.overlap is not Overlap.ALLOW:
-                found = connection.execute(_PREVIOUS_SENT, {"name": entry.name}).first()
+                found = connection.execute(
+                    _QUEUE_HEAD if entry.overlap is Overlap.QUEUE_ONE else _PREVIOUS_SENT,
+                    {"name": entry.name}).first()
                 previous = None if found is None else RunRow.of(found)
             for slot, why in plan.fire:
                 decision = decide(entry, previous)
                 if not decision.send:
-                    if self._insert_unsent(connection, entry.name, slot, decision.outcome,
-                                           {"why": why, **decision.detail}):
+                    unsent = self._insert_unsent(connection, entry.name, slot,
+                                                 decision.outcome, {"why": why, **decision.detail})
+                    if unsent is not None:
                         done.skipped.append((slot, decision.outcome))
+                        if decision.outcome is RunOutcome.QUEUED:
+                            previous = _fired_here(unsent, entry.name, slot, None,
+                                                   RunOutcome.QUEUED)
                     continue
-                if decision.cancel:
+                if decision.cancel and previous is not None:
+                    # Cancelled before this fire commits: if the cancellation cannot be
+                    # recorded, nothing of this fire is (the next tick tries again).
+                    self._cancel_previous(connection, previous, slot, cancel)
                     done.cancel.append(decision.cancel)
+                task_id = str(uuid.uuid4())
                 sent = self._insert_fire(connection, entry, slot,
-                                         {"why": why, **(detail or {}), **decision.detail})
+                                         {"why": why, **(detail or {}), **decision.detail},
+                                         task_id=task_id)
                 if sent is not None:
                     done.sent.append(sent)
-                    run_id, _, _, _ = sent
-                    previous = RunRow(id=run_id, schedule=entry.name, slot=slot,
-                                      fired_at=None, task_id="", outcome=RunOutcome.SENT,
-                                      finished_at=None, late_seconds=None, detail=None)
+                    previous = _fired_here(sent[0], entry.name, slot, task_id, RunOutcome.SENT)
             if plan.last_slot is not None:
                 connection.execute(_ADVANCE, {"name": entry.name, "last_slot": plan.last_slot})
         return done
@@ -303,15 +320,29 @@ class ScheduleStore(StoreBackend):
 
     @staticmethod
     def _insert_unsent(connection: Connection, name: str, slot: dt.datetime,
-                       outcome: RunOutcome, detail: dict[str, Any]) -> bool:
-        return connection.execute(_INSERT_UNSENT, {
+                       outcome: RunOutcome, detail: dict[str, Any]) -> int | None:
+        """The run row of a slot not sent; its id, None if the slot has a row."""
+        row = connection.execute(_INSERT_UNSENT, {
             "name": name, "slot": slot, "outcome": outcome.value,
-            "detail": json.dumps(detail)}).first() is not None
+            "detail": json.dumps(detail)}).first()
+        return None if row is None else int(row.id)
+
+    @staticmethod
+    def _cancel_previous(connection: Connection, previous: RunRow, slot: dt.datetime,
+                         cancel: Callable[[str], None] | None) -> None:
+        """Overlap.CANCEL_PREVIOUS: record `previous` cancelled (if still sent), then cancel
+        its job through `cancel` (resilience.cancel: it never starts, or stops at its next
+        checkpoint); its own end records nothing more."""
+        connection.execute(_CANCEL_RUN, {"id": previous.id, "detail": json.dumps(
+            {"cancelled_by_slot": slot.isoformat()})})
+        if cancel is not None and previous.task_id:
+            cancel(previous.task_id)
 
     def _insert_fire(self, connection: Connection, entry: ScheduleRow, slot: dt.datetime,
-                     detail: dict[str, Any]) -> tuple[int, dt.datetime, float, int] | None:
+                     detail: dict[str, Any], task_id: str | None = None,
+                     ) -> tuple[int, dt.datetime, float, int] | None:
         """The run row and the job's outbox row of one slot; None if the slot has a row."""
-        task_id = str(uuid.uuid4())
+        task_id = task_id or str(uuid.uuid4())
         inserted = connection.execute(_INSERT_FIRE, {
             "name": entry.name, "slot": slot, "task_id": task_id,
             "detail": json.dumps(detail)}).first()
@@ -319,6 +350,37 @@ class ScheduleStore(StoreBackend):
             return None
         outbox_id = self.outbox.insert(connection, job_row(entry, inserted.id, task_id))
         return inserted.id, slot, float(inserted.late_seconds), outbox_id
+
+    def fire_queued(self, entry: ScheduleRow, *,
+                    released: Callable[[RunRow | None], bool],
+                    ) -> tuple[tuple[int, dt.datetime, float, int] | None, bool]:
+        """Overlap.QUEUE_ONE: fire `entry`'s queued run if the run it waits behind ended
+        (`released(behind)`, `overlap.releases_queued`), in one transaction: the run row
+        turns `sent` (fired now, late from its slot) and the job goes to the outbox.
+
+        Returns:
+            (the fire as in `Fired.sent`, or None; whether a queued run still waits).
+        """
+        with self._begin("fire queued", schedule=entry.name) as connection:
+            current = connection.execute(_LOCK_ONE, {"name": entry.name}).first()
+            if current is None or current.paused:
+                return None, False
+            rows = [RunRow.of(row) for row in connection.execute(
+                _QUEUE_HEAD, {"name": entry.name})]
+            if not rows or rows[0].outcome is not RunOutcome.QUEUED:
+                return None, False
+            queued, behind = rows[0], (rows[1] if len(rows) > 1 else None)
+            if not released(behind):
+                return None, True
+            task_id = str(uuid.uuid4())
+            fired = connection.execute(_FIRE_QUEUED, {
+                "id": queued.id, "task_id": task_id,
+                "detail": json.dumps({"released_by_run": behind.id if behind else None}),
+            }).first()
+            if fired is None:
+                return None, False
+            outbox_id = self.outbox.insert(connection, job_row(entry, queued.id, task_id))
+        return (queued.id, queued.slot, float(fired.late_seconds), outbox_id), False
 
     def run_now(self, entry: ScheduleRow) -> tuple[int, str, int]:
         """Fire `entry` once now, off its slots (its `last_slot` does not move); returns
@@ -382,11 +444,22 @@ class ScheduleStore(StoreBackend):
             return connection.execute(_DELETE, {"name": name}).first() is not None
 
 
+def _fired_here(run_id: int, name: str, slot: dt.datetime, task_id: str | None,
+                outcome: RunOutcome) -> RunRow:
+    """A run row written by the fire in progress (the next slot's previous run)."""
+    return RunRow(id=run_id, schedule=name, slot=slot, fired_at=None, task_id=task_id,
+                  outcome=outcome, finished_at=None, late_seconds=None, detail=None)
+
+
 def job_row(entry: ScheduleRow, run_id: int, task_id: str) -> NewRow:
-    """The outbox row of one fire of `entry`: its task, arguments and options, and the
-    run id in the header `resilience_schedule_run`."""
+    """The outbox row of one fire of `entry`: its task, arguments and options, the run id
+    in the header `resilience_schedule_run`, and for SKIP / QUEUE_ONE entries the
+    singleton header (`overlap.singleton_header`)."""
     options = dict(entry.options)
     headers = {**(options.pop("headers", None) or {}), SCHEDULE_RUN_HEADER: run_id}
+    singleton = singleton_header(entry)
+    if singleton is not None:
+        headers[SCHEDULE_SINGLETON_HEADER] = singleton
     return NewRow(task_id=task_id, task_name=entry.task, args=list(entry.args),
                   kwargs=dict(entry.kwargs), options={**options, "headers": headers})
 
@@ -461,6 +534,21 @@ SELECT :name, s.slot, s.now, :task_id, 'sent', EXTRACT(EPOCH FROM s.now - s.slot
 FROM (SELECT COALESCE(CAST(:slot AS TIMESTAMPTZ), clock_timestamp()) AS slot,
              clock_timestamp() AS now) s
 ON CONFLICT (schedule, slot) DO NOTHING RETURNING id, late_seconds
+""")
+#: CANCEL_PREVIOUS: the previous run is cancelled by the fire that replaces it.
+_CANCEL_RUN = text(f"""
+UPDATE {RUNS_TABLE}
+SET outcome = 'cancelled', finished_at = clock_timestamp(),
+    detail = COALESCE(detail, '{{}}'::jsonb) || CAST(:detail AS JSONB)
+WHERE id = :id AND outcome = 'sent'
+""")
+#: QUEUE_ONE: a queued run is fired (late from its own slot).
+_FIRE_QUEUED = text(f"""
+UPDATE {RUNS_TABLE}
+SET outcome = 'sent', task_id = :task_id, fired_at = clock_timestamp(),
+    late_seconds = EXTRACT(EPOCH FROM clock_timestamp() - slot),
+    detail = COALESCE(detail, '{{}}'::jsonb) || CAST(:detail AS JSONB)
+WHERE id = :id AND outcome = 'queued' RETURNING late_seconds
 """)
 _RECORD = text(f"""
 UPDATE {RUNS_TABLE}
