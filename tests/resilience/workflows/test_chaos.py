@@ -23,10 +23,9 @@ import collections
 import json
 import os
 import random
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -78,32 +77,14 @@ class Size:
         self.drain_seconds = 240 if soak else 30
 
 
-# -- fixtures --------------------------------------------------------------------------------
+# -- fixtures (the outbox `relay` thread comes from conftest.py) ----------------------------
 @pytest.fixture()
-def run(engine: Any) -> str:
-    """A fresh run id; the ledgers exist."""
+def ledger_run(engine: Any) -> str:
+    """A fresh run id; the chaos ledgers exist."""
     with engine.begin() as connection:
         for statement in tasks.CREATE_LEDGERS:
             connection.execute(statement)
     return uuid.uuid4().hex[:10]
-
-
-@pytest.fixture()
-def chaos_relay(app: Any) -> Iterator[Any]:
-    """The outbox relay's loop in a thread of the test process: it publishes what a SIGKILL
-    between a step's commit and its own publish of the released steps left behind."""
-    from resilience.outbox import Relay, RelayConfig
-
-    relay = Relay(app, RelayConfig(poll_seconds=0.2, backoff_initial_seconds=0.05,
-                                   backoff_max_seconds=0.5))
-    stopping = threading.Event()
-    thread = threading.Thread(target=relay.run, args=(stopping.is_set,), daemon=True,
-                              name="workflow-chaos-relay")
-    thread.start()
-    yield relay
-    stopping.set()
-    thread.join(10)
-    relay.backend.close()
 
 
 # -- the workflows ---------------------------------------------------------------------------
@@ -275,28 +256,28 @@ def chaos_run(app: Any, stores: Any, engine: Any, worker_factory: Callable[..., 
     for tag, (kind, durable_run) in runs.items():
         summary = summaries[tag]
         if kind == "chord":
-            assert summary.state == WorkflowState.succeeded, (tag, summary.state, summary.error)
+            assert summary.state == WorkflowState.SUCCEEDED, (tag, summary.state, summary.error)
             for position, name in enumerate(chord_names):
                 recorded = summary.steps[position]
-                assert recorded.state == StepState.succeeded, (tag, name, recorded.state)
+                assert recorded.state == StepState.SUCCEEDED, (tag, name, recorded.state)
                 # Once, and by the task id the workflow fixed for that step.
                 assert found[(tag, name)] == [recorded.task_id], (tag, name, found[(tag, name)])
             assert durable_run.get(timeout=10) == chord_result(), tag
             assert tag not in undone, (tag, undone[tag])
         else:
-            assert summary.state == WorkflowState.compensated, (tag, summary.state, summary.error)
+            assert summary.state == WorkflowState.COMPENSATED, (tag, summary.state, summary.error)
             assert found[(tag, "a")] == [summary.steps[0].task_id], (tag, found[(tag, "a")])
             assert found[(tag, "b")] == [summary.steps[1].task_id], (tag, found[(tag, "b")])
             assert not found.get((tag, "fail")) and not found.get((tag, "d")), tag
-            assert summary.steps[2].state == StepState.dead_lettered, (tag, summary.steps[2])
+            assert summary.steps[2].state == StepState.DEAD_LETTERED, (tag, summary.steps[2])
             # Reverse completion order, each once, each given its step's result.
             assert undone[tag] == [("undo-b", combine(combine(None, "a"), "b")),
                                    ("undo-a", combine(None, "a"))], (tag, undone[tag])
             assert [summary.steps[0].compensation_state,
-                    summary.steps[1].compensation_state] == [StepState.succeeded] * 2, tag
+                    summary.steps[1].compensation_state] == [StepState.SUCCEEDED] * 2, tag
             with pytest.raises(WorkflowFailed) as failure:
                 durable_run.get(timeout=10)
-            assert failure.value.state == WorkflowState.compensated, tag
+            assert failure.value.state == WorkflowState.COMPENSATED, tag
     assert not [key for key in found if key[0] not in runs], "effects of unknown workflows"
     assert kills["child"] > 5, f"too little chaos: {kills}"
 
@@ -304,28 +285,28 @@ def chaos_run(app: Any, stores: Any, engine: Any, worker_factory: Callable[..., 
 @pytest.mark.chaos
 @pytest.mark.timeout(300)
 def test_workflows_under_sigkill_and_a_result_backend_flush_take_effect_once(
-        app: Any, stores: Any, engine: Any, worker_factory: Callable[..., Any], chaos_relay: Any,
-        run: str, purge_queues: None) -> None:
+        app: Any, stores: Any, engine: Any, worker_factory: Callable[..., Any], relay: Any,
+        ledger_run: str, purge_queues: None) -> None:
     """30 chord workflows and 6 failing ones, pool processes SIGKILLed every few hundred ms,
     a whole worker once, the result backend flushed mid-run: every workflow ends, every
     effect and chord callback once, compensations once each in reverse order."""
-    chaos_run(app, stores, engine, worker_factory, run, Size(soak=False), seed=27)
+    chaos_run(app, stores, engine, worker_factory, ledger_run, Size(soak=False), seed=27)
 
 
 @pytest.mark.soak
 @pytest.mark.chaos
 @pytest.mark.timeout(1200)
 def test_200_workflows_under_sigkill_and_a_result_backend_flush_take_effect_once(
-        app: Any, stores: Any, engine: Any, worker_factory: Callable[..., Any], chaos_relay: Any,
-        run: str, purge_queues: None) -> None:
+        app: Any, stores: Any, engine: Any, worker_factory: Callable[..., Any], relay: Any,
+        ledger_run: str, purge_queues: None) -> None:
     """The soak size: 200 chord workflows and 40 failing ones, three whole-worker kills."""
-    chaos_run(app, stores, engine, worker_factory, run, Size(soak=True), seed=2027)
+    chaos_run(app, stores, engine, worker_factory, ledger_run, Size(soak=True), seed=2027)
 
 
 # -- resume ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("from_step", [3, None], ids=["from-step-3", "the-failed-step"])
 def test_a_dead_lettered_step_fixed_and_retried_completes_without_rerunning_earlier_steps(
-        app: Any, stores: Any, engine: Any, tier_workers: Any, chaos_relay: Any, run: str,
+        app: Any, stores: Any, engine: Any, tier_workers: Any, relay: Any, ledger_run: str,
         from_step: int | None) -> None:
     """chain(a, group(b1, b2), c, d) with c refusing until fixed: c is dead-lettered and the
     workflow fails; after the fix, retry from c completes it with c's recorded input, and
@@ -333,36 +314,36 @@ def test_a_dead_lettered_step_fixed_and_retried_completes_without_rerunning_earl
     tag = f"resume-{from_step}"
 
     def make(name: str, *args: Any, **options: Any) -> Any:
-        return tasks.step.s(*args, run=run, tag=tag, name=name, **options)
+        return tasks.step.s(*args, run=ledger_run, tag=tag, name=name, **options)
 
     durable_run = durable(chain(make("a", None), group(make("b1"), make("b2")),
                                 make("c", gated=True), make("d")), name="resume").apply_async()
     with pytest.raises(WorkflowFailed) as failure:
         durable_run.get(timeout=30)
-    assert failure.value.state == WorkflowState.failed
+    assert failure.value.state == WorkflowState.FAILED
     stopped = describe(stores, durable_run.id)
-    assert stopped.state == WorkflowState.failed
-    assert [step.state for step in stopped.steps[:4]] == [StepState.succeeded] * 3 + [
-        StepState.dead_lettered]
-    assert stopped.steps[4].state != StepState.succeeded
-    assert executions(engine, run) == {(tag, "a"): 1, (tag, "b1"): 1, (tag, "b2"): 1,
+    assert stopped.state == WorkflowState.FAILED
+    assert [step.state for step in stopped.steps[:4]] == [StepState.SUCCEEDED] * 3 + [
+        StepState.DEAD_LETTERED]
+    assert stopped.steps[4].state != StepState.SUCCEEDED
+    assert executions(engine, ledger_run) == {(tag, "a"): 1, (tag, "b1"): 1, (tag, "b2"): 1,
                                        (tag, "c"): 1}
 
     with engine.begin() as connection:
         connection.execute(text("INSERT INTO workflow_chaos_fixes (run, tag) VALUES (:r, :t)"),
-                           {"r": run, "t": tag})
+                           {"r": ledger_run, "t": tag})
     retried = retry(stores, durable_run.id, from_step=from_step)
-    assert retried.id == durable_run.id and retried.state == WorkflowState.running
+    assert retried.id == durable_run.id and retried.state == WorkflowState.RUNNING
 
     first = combine(None, "a")
     expected = combine(combine([combine(first, "b1"), combine(first, "b2")], "c"), "d")
     assert durable_run.get(timeout=30) == expected
     done = describe(stores, durable_run.id)
-    assert done.state == WorkflowState.succeeded
-    assert [step.state for step in done.steps] == [StepState.succeeded] * 5
+    assert done.state == WorkflowState.SUCCEEDED
+    assert [step.state for step in done.steps] == [StepState.SUCCEEDED] * 5
     assert [step.task_id for step in done.steps[:3]] == [step.task_id
                                                          for step in stopped.steps[:3]]
-    assert executions(engine, run) == {(tag, "a"): 1, (tag, "b1"): 1, (tag, "b2"): 1,
+    assert executions(engine, ledger_run) == {(tag, "a"): 1, (tag, "b1"): 1, (tag, "b2"): 1,
                                        (tag, "c"): 2, (tag, "d"): 1}
-    assert {key: len(ids) for key, ids in effects(engine, run).items()} == {
+    assert {key: len(ids) for key, ids in effects(engine, ledger_run).items()} == {
         (tag, name): 1 for name in ("a", "b1", "b2", "c", "d")}
