@@ -8,7 +8,9 @@ import json
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 import pytest
 from typer.testing import CliRunner
@@ -80,7 +82,7 @@ class TestWorkflowPage:
     @pytest.mark.timeout(120)
     def test_the_page_draws_a_failed_run_and_retries_it(
         self, app: Any, stores: Any, redis_client: Any, tier_workers: Any, flower: Any,
-        relay: Any,
+        relay: Any, tmp_path: Path,
     ) -> None:
         """chain(add, group(add, add), flaky, total) with the flaky step broken: the list
         shows the run failed and links to its page; the graph has one node per step with
@@ -160,6 +162,14 @@ class TestWorkflowPage:
         document = json.loads(shown.output)
         assert (document["state"], document["result"]) == ("succeeded", 36)
         assert [step["state"] for step in document["steps"]] == ["succeeded"] * 5
+        svg = tmp_path / "run.svg"
+        shown = CliRunner().invoke(cli, ["show", run.id, "--svg", str(svg)])
+        assert shown.exit_code == 0, shown.output
+        assert f"workflow {run.id} observe-{run_id}: succeeded, 5 steps" in shown.output
+        assert shown.output.count("succeeded") >= 6
+        drawn = ElementTree.parse(svg).getroot()
+        assert [g.get("data-state") for g in drawn.iter("{http://www.w3.org/2000/svg}g")
+                if g.get("class") == "step"] == ["succeeded"] * 5
         listed = CliRunner().invoke(cli, ["list", "--state", "succeeded", "--json"])
         assert listed.exit_code == 0, listed.output
         assert run.id in [row["id"] for row in json.loads(listed.output)]
