@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import text
 
 from resilience.cancel.view import cancel_job, cancellations
-from resilience.schedules import Interval, Overlap, add, pause
+from resilience.schedules import Interval, Overlap, add, pause, run_now
 from tests.harness import wait_for
 from tests.resilience.schedules.conftest import Beat
 
@@ -145,6 +145,33 @@ class TestSkip:
         assert all(row.detail.get("guard") == "schedule-singleton" for row in by_singleton)
         skipped = sum(row.outcome == "skipped_overlap" for row in rows)
         assert skipped_metric(app, name) == skipped
+
+
+class TestSingleton:
+    @pytest.mark.parametrize(("overlap", "second_outcome"), [
+        (Overlap.SKIP, "skipped_overlap"), (Overlap.QUEUE_ONE, "succeeded")])
+    def test_a_run_sent_beside_a_running_one_never_runs_beside_it(
+            self, app: Any, stores: Any, engine: Any, tag: str, overlap: Overlap,
+            second_outcome: str) -> None:
+        """No beat: two `run_now` of a paused entry (a fire the history never held back).
+        The second job meets the first's singleton on schedule:<name>: for skip it ends
+        SKIPPED (run row skipped_overlap, never executed); for queue_one it is deferred
+        until the first lets go, then runs. Never two executions at once."""
+        name = f"{tag}-{overlap.value}-now"
+        add(stores, name, task=TASK, every=Interval(3600.0), args=[name, 1.5],
+            overlap=overlap, options={"queue": "standard"})
+        pause(stores, name)
+        first = run_now(stores, name, app=app)
+        wait_for(lambda: executions(engine, name), timeout_seconds=10,
+                 message="the first run executes")
+        second = run_now(stores, name, app=app)
+        wait_for(lambda: {row.task_id: row.outcome for row in runs(engine, name)}
+                 == {first: "succeeded", second: second_outcome}, timeout_seconds=15,
+                 message="both runs end")
+        done = executions(engine, name)
+        assert [row.task_id for row in done] == (
+            [first] if overlap is Overlap.SKIP else [first, second])
+        assert overlaps(done) == []
 
 
 class TestCancelPrevious:
