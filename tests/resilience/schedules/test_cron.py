@@ -1,8 +1,9 @@
 """Crontab schedules in time zones: parsing, validation, next fire times, DST transitions.
 
-Generated expressions are checked against croniter (a test dependency). croniter fires the
-repeated hour of a fall back twice; our documented rule fires it once, at its first
-occurrence, so croniter's second occurrences are dropped before comparing (`_croniter_fires`).
+Generated expressions are checked against croniter (a test dependency): its field matching
+on local wall times, each placed by the documented DST rule computed here on its own
+(`_croniter_fires`), and its own time-zone mode away from transitions, where conventions
+cannot differ. Explicit cases pin the DST rule on the transition days.
 """
 
 from __future__ import annotations
@@ -77,21 +78,45 @@ def _croniter_expression(expression: str) -> str:
     return " ".join((minute, hour, days, month, weekdays))
 
 
+def _first_instant_showing(wall: datetime, tz: ZoneInfo) -> datetime:
+    """The documented rule, computed apart from `resilience.schedules.cron`: the first
+    instant at which the clock of `tz` shows `wall` or later."""
+    offsets = {tz.utcoffset(wall + timedelta(hours=hours)) for hours in (-6, 0, 6)}
+    shown = [instant for instant in ((wall - offset).replace(tzinfo=UTC) for offset in offsets)
+             if instant.astimezone(tz).replace(tzinfo=None) == wall]
+    if shown:
+        return min(shown)  # the first occurrence of a repeated local time
+    # A spring-forward gap: from an instant after it, walk back while the clock shows `wall`
+    # or later (transitions fall on whole minutes).
+    instant = (wall - min(offsets)).replace(tzinfo=UTC)
+    step = timedelta(minutes=1)
+    while (instant - step).astimezone(tz).replace(tzinfo=None) >= wall:
+        instant -= step
+    return instant
+
+
 def _croniter_fires(expression: str, zone: str, start: datetime, n: int) -> list[datetime]:
-    """croniter's next `n` fires after `start`, under our rule for repeated local times."""
+    """The next `n` fires after `start` by croniter's field matching on naive local wall
+    times, each placed by the documented DST rule (`_first_instant_showing`).
+
+    croniter's own time-zone mode keeps a different convention on DST days (it fires a
+    repeated local time twice, and skips a nonexistent `02:01` of an hourly entry for
+    `03:01`), so it is compared as is only away from transitions
+    (`test_next_fires_match_croniter_in_its_own_time_zone_mode`).
+    """
     tz = ZoneInfo(zone)
-    iterator = croniter(_croniter_expression(expression), start.astimezone(tz))
+    wall = start.astimezone(tz).replace(tzinfo=None, second=0, microsecond=0, fold=0)
+    iterator = croniter(_croniter_expression(expression), wall - timedelta(minutes=1))
     fires: list[datetime] = []
     while len(fires) < n:
-        fire = iterator.get_next(datetime)
-        instant = fire.astimezone(UTC)
-        first = fire.replace(tzinfo=None).replace(tzinfo=tz, fold=0).astimezone(UTC)
-        if first != instant:
-            continue  # the second occurrence of a repeated local time: we fire the first only
-        if fires and instant <= fires[-1]:
-            continue
-        fires.append(instant)
+        instant = _first_instant_showing(iterator.get_next(datetime), tz)
+        if instant > start and (not fires or instant > fires[-1]):
+            fires.append(instant)
     return fires
+
+
+def _transition_between(zone: str, start: datetime, end: datetime) -> bool:
+    return any(start <= change <= end for change in transitions(zone))
 
 
 @st.composite
@@ -138,12 +163,13 @@ def expressions(draw: st.DrawFn) -> str:
 @st.composite
 def starts(draw: st.DrawFn, zone: str) -> datetime:
     """A moment from 2024 to 2030; in a zone with DST, two times in three within two days
-    of a transition, half of those within three hours of it."""
+    of a transition, half of those in the four hours before it (so the next fires cross it)
+    or the hour after."""
     changes = transitions(zone)
     near = draw(st.sampled_from(("anywhere", "days", "hours"))) if changes else "anywhere"
     if near != "anywhere":
-        span = 2 * 86400 if near == "days" else 3 * 3600
-        return draw(st.sampled_from(changes)) + timedelta(seconds=draw(st.integers(-span, span)))
+        low, high = (-2 * 86400, 2 * 86400) if near == "days" else (-4 * 3600, 3600)
+        return draw(st.sampled_from(changes)) + timedelta(seconds=draw(st.integers(low, high)))
     return utc(2024, 1, 1) + timedelta(seconds=draw(st.integers(0, 7 * 365 * 86400)))
 
 
@@ -152,8 +178,9 @@ class TestAgainstCroniter:
     @given(data=st.data(), expression=expressions(), zone=st.sampled_from(ZONES))
     def test_next_fires_match_croniter(self, data: st.DataObject, expression: str,
                                        zone: str) -> None:
-        """The next fires of any expression in any zone are croniter's, with each repeated
-        local time fired once, at its first occurrence."""
+        """The next fires of any expression in any zone are the local times croniter
+        matches, each at the first instant the local clock shows it (a nonexistent one at the
+        end of its gap, a repeated one at its first occurrence), each instant once."""
         try:
             cron = Cron(expression, timezone=zone)
         except InvalidSchedule:
@@ -162,6 +189,38 @@ class TestAgainstCroniter:
         n = data.draw(st.integers(1, 8))
         ours = next_fires(cron, start, n)
         assert ours == _croniter_fires(expression, zone, start, n)
+
+    @settings(max_examples=100, deadline=None)
+    @given(data=st.data(), expression=expressions(),
+           zone=st.sampled_from(("Europe/Paris", "America/New_York", "Australia/Lord_Howe")))
+    def test_fires_across_a_transition_match_croniter(self, data: st.DataObject,
+                                                      expression: str, zone: str) -> None:
+        """From the four hours before a DST transition, the next eight fires are the
+        croniter-matched local times placed by the documented rule."""
+        try:
+            cron = Cron(expression, timezone=zone)
+        except InvalidSchedule:
+            assume(False)
+        change = data.draw(st.sampled_from(transitions(zone)))
+        start = change - timedelta(seconds=data.draw(st.integers(0, 4 * 3600)))
+        assert next_fires(cron, start, 8) == _croniter_fires(expression, zone, start, 8)
+
+    @settings(max_examples=100, deadline=None)
+    @given(data=st.data(), expression=expressions(), zone=st.sampled_from(ZONES))
+    def test_next_fires_match_croniter_in_its_own_time_zone_mode(
+            self, data: st.DataObject, expression: str, zone: str) -> None:
+        """Away from DST transitions, croniter's aware fires are ours."""
+        try:
+            cron = Cron(expression, timezone=zone)
+        except InvalidSchedule:
+            assume(False)
+        start = utc(2024, 1, 1) + timedelta(seconds=data.draw(st.integers(0, 7 * 365 * 86400)))
+        ours = next_fires(cron, start, 3)
+        assume(ours[-1].year < 2031)
+        assume(not _transition_between(zone, start - timedelta(days=1),
+                                       ours[-1] + timedelta(days=1)))
+        iterator = croniter(_croniter_expression(expression), start.astimezone(ZoneInfo(zone)))
+        assert ours == [iterator.get_next(datetime).astimezone(UTC) for _ in range(3)]
 
     @settings(max_examples=100, deadline=None)
     @given(data=st.data(), expression=expressions(), zone=st.sampled_from(ZONES))
@@ -217,6 +276,12 @@ class TestDaylightSaving:
         fires = next_fires(cron, utc(2026, 3, 29, 0, 0), 4)
         assert [fire.astimezone(PARIS).strftime("%H:%M%z") for fire in fires] == [
             "03:00+0200", "03:15+0200", "03:30+0200", "03:45+0200"]
+
+    def test_an_hourly_slot_in_the_gap_fires_at_its_end(self) -> None:
+        """`1 * * * *` on Paris's spring day 2024: 01:01 CET, then 02:01 (which does not
+        exist) at 03:00 CEST, then 03:01 CEST. (croniter skips 02:01 instead.)"""
+        fires = next_fires(Cron("1 * * * *", timezone="Europe/Paris"), utc(2024, 3, 31), 3)
+        assert fires == [utc(2024, 3, 31, 0, 1), utc(2024, 3, 31, 1, 0), utc(2024, 3, 31, 1, 1)]
 
     def test_paris_fall_back_fires_the_repeated_hour_once(self) -> None:
         """02:00-02:59 happens twice in Paris on 2026-10-25: each slot fires at its first
