@@ -39,6 +39,7 @@ from resilience.keys import revive
 from resilience.outbox.backends import NewRow, OutboxRow
 from resilience.outbox.backends.postgres import PostgresOutboxBackend
 from resilience.outbox.models import TABLE_NAME as OUTBOX_TABLE
+from resilience.outbox.trace import with_trace_context
 from resilience.prepared import PreparedStatement
 from resilience.workflows.canvas import (
     StepSpec,
@@ -75,19 +76,19 @@ VALUES (:id, :name, 'running', CAST(:canvas AS JSONB), :total, :remaining, :repl
 """)
 
 _INSERT_STEPS = text(f"""
-INSERT INTO {STEPS_TABLE} (workflow_id, position, task_id, task_name, signature, depends_on,
-                          dependents, waiting, input, state, result, compensate,
-                          compensation_task_id, completed_seq, finished_at)
-SELECT :workflow_id, s.position, s.task_id, s.task_name, s.signature,
+INSERT INTO {STEPS_TABLE} (workflow_id, position, kind, release, task_id, task_name,
+                          signature, depends_on, dependents, waiting, input, state, result,
+                          compensate, compensation_task_id, completed_seq, finished_at)
+SELECT :workflow_id, s.position, s.kind, s.release, s.task_id, s.task_name, s.signature,
        ARRAY(SELECT jsonb_array_elements_text(s.depends_on)::int),
        ARRAY(SELECT jsonb_array_elements_text(s.dependents)::int), s.waiting, s.input,
        s.state, s.result, s.compensate, s.compensation_task_id,
        CASE WHEN s.state IN ('succeeded', 'replayed') THEN nextval('{COMPLETED_SEQUENCE}') END,
        CASE WHEN s.state IN ('succeeded', 'replayed') THEN clock_timestamp() END
 FROM jsonb_to_recordset(CAST(:steps AS JSONB)) AS s(
-    position INT, task_id TEXT, task_name TEXT, signature JSONB, depends_on JSONB,
-    dependents JSONB, waiting INT, input JSONB, state TEXT, result JSONB, compensate JSONB,
-    compensation_task_id TEXT)
+    position INT, kind TEXT, release TEXT, task_id TEXT, task_name TEXT, signature JSONB,
+    depends_on JSONB, dependents JSONB, waiting INT, input JSONB, state TEXT, result JSONB,
+    compensate JSONB, compensation_task_id TEXT)
 """)
 
 _START = PreparedStatement("resilience_workflow_start", f"""
@@ -189,7 +190,7 @@ SELECT (SELECT row_to_json(workflow) FROM workflow) AS workflow,
 """)
 
 _RESULTS = text(f"""
-SELECT position, result FROM {STEPS_TABLE}
+SELECT position, result, state FROM {STEPS_TABLE}
 WHERE workflow_id = :workflow_id AND position = ANY(:positions)
 """)
 
@@ -198,11 +199,61 @@ UPDATE {STEPS_TABLE} SET input = CAST(:input AS JSONB)
 WHERE workflow_id = :workflow_id AND position = :position
 """)
 
+# Nothing remains: succeeded, or failed when a batch member did not succeed (a member's
+# failure leaves its workflow running, `WorkflowBackend.fail`).
 _FINISH = text(f"""
+WITH failed AS (
+    SELECT position, COALESCE(error, state) AS error FROM {STEPS_TABLE}
+    WHERE workflow_id = :workflow_id AND state NOT IN ('succeeded', 'replayed')
+    ORDER BY position LIMIT 1
+)
 UPDATE {WORKFLOWS_TABLE}
-SET state = 'succeeded', result = CAST(:result AS JSONB), finished_at = clock_timestamp()
+SET state = CASE WHEN (SELECT position FROM failed) IS NULL THEN 'succeeded' ELSE 'failed' END,
+    result = CAST(:result AS JSONB), finished_at = clock_timestamp(),
+    failed_position = (SELECT position FROM failed), error = (SELECT error FROM failed)
 WHERE id = :workflow_id AND state = 'running' AND remaining = 0
-RETURNING id
+RETURNING state
+""")
+
+
+# A batch member is found by its task id (its messages carry only the batch id); a final
+# one is left as it is (nothing to start: its delivery runs as a plain job).
+_START_MEMBER = text(f"""
+UPDATE {STEPS_TABLE} s SET started_at = COALESCE(s.started_at, clock_timestamp())
+FROM {WORKFLOWS_TABLE} w
+WHERE s.task_id = :task_id AND s.workflow_id = :workflow_id AND w.id = s.workflow_id
+  AND s.state IN ('pending', 'queued')
+RETURNING s.position, s.state, s.result, s.compensation_state, w.state AS workflow_state
+""")
+
+_FIND_TASK = text(f"""
+SELECT workflow_id, position FROM {STEPS_TABLE}
+WHERE task_id = :task_id AND (CAST(:workflow_id AS TEXT) IS NULL OR workflow_id = :workflow_id)
+""")
+
+# The pending dependents of steps that ended without success while the workflow runs on:
+# one released when its dependencies "succeeded" never runs (skipped); one released when
+# they are "final" counts them.
+_SETTLE_DEPENDENTS = text(f"""
+WITH counted AS (
+    SELECT dependent AS position, count(*) AS n FROM {STEPS_TABLE} e,
+           unnest(e.dependents) AS dependent
+    WHERE e.workflow_id = :workflow_id AND e.position = ANY(:positions)
+    GROUP BY dependent
+)
+UPDATE {STEPS_TABLE} d
+SET waiting = d.waiting - counted.n,
+    state = CASE WHEN d.release = 'succeeded' THEN 'skipped'
+                 WHEN d.waiting = counted.n THEN 'queued' ELSE d.state END,
+    finished_at = CASE WHEN d.release = 'succeeded' THEN clock_timestamp() END
+FROM counted
+WHERE d.workflow_id = :workflow_id AND d.position = counted.position AND d.state = 'pending'
+RETURNING d.position, d.state, d.task_id, d.task_name, d.signature
+""")
+
+_TAKE_REMAINING = text(f"""
+UPDATE {WORKFLOWS_TABLE} SET remaining = remaining - :n WHERE id = :workflow_id
+RETURNING remaining, canvas -> 'result' AS template
 """)
 
 _LOCK_WORKFLOW = text(f"""
@@ -214,7 +265,7 @@ _FAIL_STEP = text(f"""
 UPDATE {STEPS_TABLE}
 SET state = :state, error = :error, finished_at = clock_timestamp()
 WHERE workflow_id = :workflow_id AND position = :position AND state IN ('pending', 'queued')
-RETURNING position
+RETURNING position, COALESCE((signature ->> 'member')::boolean, false) AS member
 """)
 
 _STOP_WORKFLOW = text(f"""
@@ -415,10 +466,11 @@ class WorkflowBackend(StoreBackend):
                 waiting = sum(1 for dep in deps if dep not in done)
                 state = StepState.QUEUED if waiting == 0 else StepState.PENDING
                 arguments = (input_args(step.signature(), done) if waiting == 0 else None)
-                if waiting == 0:
+                if waiting == 0 and not step.member:  # a member's row is the caller's
                     ready.append((step, arguments))
             rows_of_steps.append({
-                "position": step.position, "task_id": step.task_id,
+                "position": step.position, "kind": step.kind, "release": step.release,
+                "task_id": step.task_id,
                 "task_name": step.task_name, "signature": step.signature(),
                 "depends_on": deps, "dependents": step.dependents, "waiting": waiting,
                 "input": arguments,
@@ -475,6 +527,9 @@ class WorkflowBackend(StoreBackend):
         options["headers"] = headers
         for name in ("countdown", "eta", "task_id"):
             options.pop(name, None)
+        # Within the caller's trace (the producer's, or the step's that released it) when a
+        # span records; the fast path publishes inside that span anyway.
+        options = with_trace_context(options)
         return NewRow(task_id=task_id, task_name=task_name, args=list(arguments),
                       kwargs=dict(signature.get("kwargs") or {}), options=options)
 
@@ -494,6 +549,40 @@ class WorkflowBackend(StoreBackend):
         return Started(state=row.state, result=row.result,
                        compensation_state=row.compensation_state,
                        workflow_state=row.workflow_state, simple=bool(row.simple))
+
+    def start_member(self, batch_id: str, task_id: str) -> tuple[int, Started] | None:
+        """`start` for a batch member, found by its task id: its position and state; None
+        when it is final already (or no member)."""
+        with wrap_store_errors("workflows: start member", workflow=batch_id), \
+                self.engine().begin() as connection:
+            row = connection.execute(_START_MEMBER, {"workflow_id": batch_id,
+                                                     "task_id": task_id}).first()
+        if row is None:
+            return None
+        return int(row.position), Started(state=row.state, result=row.result,
+                                          compensation_state=row.compensation_state,
+                                          workflow_state=row.workflow_state)
+
+    def record(self, connection: Any, *, task_id: str, state: StepState,
+               workflow_id: str | None = None, error: str | None = None) -> Released:
+        """Give the step of `task_id` its final state (`succeed` with no result, or
+        `fail`): outcomes no guard saw (`resilience.workflows.signals`).
+
+        Raises:
+            StoreUnavailable / StoreRejected / StorageError: nothing was recorded.
+        """
+        state = StepState(state)
+        with wrap_store_errors("workflows: record task", task_id=task_id), \
+                self.transaction(connection) as session:
+            found = session.execute(_FIND_TASK, {"task_id": task_id,
+                                                 "workflow_id": workflow_id}).first()
+            if found is None:
+                return Released()
+            if state in SUCCESS_STATES:
+                return self.succeed(session, found.workflow_id, found.position, None,
+                                    state=state)
+            return self.fail(session, found.workflow_id, found.position, state,
+                             error or state.value)
 
     def succeed(self, connection: Any, workflow_id: str, position: int, result: Any, *,
                 state: StepState = StepState.SUCCEEDED, simple: bool = False) -> Released:
@@ -568,34 +657,39 @@ class WorkflowBackend(StoreBackend):
     def _fan_in(self, session: Any, workflow_id: str, step: dict[str, Any],
                 results: dict[int, Any]) -> list[Any]:
         """The input of a released step with several sources, stored on its row."""
+        states: dict[int, str] = {}
         self._read_results(session, workflow_id, positions(step["signature"].get("source")),
-                           results)
-        arguments = input_args(step["signature"], results)
+                           results, states)
+        arguments = input_args(step["signature"], results, states)
         session.execute(_SET_INPUT, {"workflow_id": workflow_id, "position": step["position"],
                                      "input": dumps(arguments)})
         return arguments
 
     @staticmethod
     def _read_results(session: Any, workflow_id: str, wanted: list[int],
-                      results: dict[int, Any]) -> None:
-        missing = [p for p in wanted if p not in results]
+                      results: dict[int, Any], states: dict[int, str] | None = None) -> None:
+        """Fill `results` (and, when given, `states`: every wanted position's)."""
+        missing = [p for p in wanted if p not in results or states is not None]
         if missing:
             for found in session.execute(_RESULTS, {"workflow_id": workflow_id,
                                                     "positions": missing}):
                 results[int(found.position)] = found.result
+                if states is not None:
+                    states[int(found.position)] = found.state
 
     def _finish(self, session: Any, workflow_id: str, template: Template,
                 results: dict[int, Any]) -> Released:
         self._read_results(session, workflow_id, positions(template), results)
         done = session.execute(_FINISH, {"workflow_id": workflow_id,
                                          "result": dumps(resolve(template, results))}).first()
-        return Released(finished=WorkflowState.SUCCEEDED if done else None)
+        return Released(finished=WorkflowState(done.state) if done else None)
 
     def fail(self, connection: Any, workflow_id: str, position: int, state: StepState,
              error: str | None) -> Released:
         """Record the step's final failure (failed, dead_lettered, cancelled, shed,
         skipped): its workflow fails (cancelled for a cancelled step), pending steps are
-        skipped and the first compensation is queued.
+        skipped and the first compensation is queued. A batch member's failure ends only
+        itself: its dependents settle by their release condition (`_settle`).
 
         Raises:
             StoreUnavailable / StoreRejected / StorageError: nothing was recorded.
@@ -604,14 +698,44 @@ class WorkflowBackend(StoreBackend):
                                position=position), self.transaction(connection) as session:
             if session.execute(_LOCK_WORKFLOW, {"workflow_id": workflow_id}).first() is None:
                 return Released()
-            if session.execute(_FAIL_STEP, {"workflow_id": workflow_id, "position": position,
-                                            "state": state.value, "error": error}).first() \
-                    is None:
+            failed = session.execute(_FAIL_STEP, {
+                "workflow_id": workflow_id, "position": position, "state": state.value,
+                "error": error}).first()
+            if failed is None:
                 return Released()
+            if failed.member:
+                released = Released(recorded=True)
+                released.extend(self._settle(session, workflow_id, [position]))
+                return released
             stopped = (WorkflowState.CANCELLED if state is StepState.CANCELLED
                        else WorkflowState.FAILED)
             released = Released(recorded=True)
             released.extend(self._stop(session, workflow_id, stopped, error, position))
+        return released
+
+    def _settle(self, session: Any, workflow_id: str, ended: list[int]) -> Released:
+        """Steps `ended` without success and the workflow runs on: their dependents settle
+        by their release condition, transitively (`_SETTLE_DEPENDENTS`); the released ones
+        are queued, and the workflow finishes when nothing remains. Workflow row locked."""
+        released, settled, results = Released(), 0, {}
+        while ended:
+            settled += len(ended)
+            ready, skipped = [], []
+            for step in session.execute(_SETTLE_DEPENDENTS, {"workflow_id": workflow_id,
+                                                              "positions": ended}):
+                if step.state == StepState.SKIPPED:
+                    skipped.append(int(step.position))
+                elif step.state == StepState.QUEUED:
+                    arguments = self._fan_in(session, workflow_id, {
+                        "position": step.position, "signature": step.signature}, results)
+                    ready.append((step.position, step.task_id, step.task_name,
+                                  step.signature, arguments))
+            released.extend(self._queue(session, workflow_id, ready))
+            ended = skipped
+        workflow = session.execute(_TAKE_REMAINING, {"workflow_id": workflow_id,
+                                                     "n": settled}).one()
+        if workflow.remaining == 0:
+            released.extend(self._finish(session, workflow_id, workflow.template, results))
         return released
 
     def _stop(self, session: Any, workflow_id: str, state: WorkflowState, error: str | None,
