@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import text
 
 from jobs import app
+from resilience.idempotency import idempotent
 from resilience.retry import retry_policy
 from resilience.schedules import SCHEDULE_RUN_HEADER
 from resilience.stores import stores_for
@@ -48,6 +49,20 @@ def record(self: Any, tag: str, seconds: float = 0.0) -> str:
     with stores_for(app).engine().begin() as connection:
         connection.execute(text("UPDATE schedules_test_executions SET ended_at = "
                                 "clock_timestamp() WHERE id = :id"), {"id": row.id})
+    return tag
+
+
+@app.task(tier=TIER, bind=True, name="tests.schedules.record_once")
+@idempotent()
+def record_once(self: Any, tag: str) -> str:
+    """`record`, idempotent on its outbox row (`outbox:<row id>`, the default key of a
+    relayed job): a row published twice (a beat killed between publishing it and marking
+    it published, then the relay) runs once."""
+    with stores_for(app).engine().begin() as connection:
+        connection.execute(
+            text("INSERT INTO schedules_test_executions (tag, run_id, task_id, ended_at) "
+                 "VALUES (:tag, :run_id, :task_id, clock_timestamp())"),
+            {"tag": tag, "run_id": _run_id(self.request), "task_id": self.request.id})
     return tag
 
 

@@ -83,12 +83,14 @@ class TestCatchUp:
         fire, the lock held by the test while a third beat, stopped until then, waits), and
         the third beat leads:
         of the 3 slots that fell, `skip` fires 0, `once` 1, `all` 3, and each is recorded
-        (fired or missed). No slot fires twice; each fired slot runs once."""
+        (fired or missed). No slot fires twice; each fired slot runs once (the task is
+        `@idempotent` on its outbox row: a beat killed while publishing leaves the row to
+        the relay, which publishes it again)."""
         period = 2.0
         names = {policy: f"{tag}-{policy.value}" for policy in CatchUp}
         for policy, name in names.items():
-            add(stores, name, task=TASK, every=Interval(period), args=[name], catch_up=policy,
-                options={"queue": "standard"})
+            add(stores, name, task=f"{TASK}_once", every=Interval(period), args=[name],
+                catch_up=policy, options={"queue": "standard"})
         first, second = beats("catch-up-a"), beats("catch-up-b")
         pid = wait_for(lambda: leader_pid(stores), timeout_seconds=60, message="a beat leads")
         # The beat that leads after the outage starts now (a start takes seconds) and is
@@ -155,10 +157,12 @@ class TestExactlyOnce:
         """Two beats all along (the leader SIGKILLed halfway, a new standby started):
         entries of 0.1-0.5 s fire at least `slots` slots; every slot on each entry's grid
         between its first and last row has exactly one row (fired or missed), and each
-        fired slot runs exactly once."""
+        fired slot runs exactly once. (The task is `@idempotent`: the outbox publishes at
+        least once, and a beat killed between publishing a job and marking its row makes
+        the relay publish it again; the idempotency key on the row makes it run once.)"""
         periods = {"a": 0.1, "b": 0.2, "c": 0.25, "d": 0.5}
         for suffix, period in periods.items():
-            add(stores, f"{tag}-{suffix}", task=TASK, every=Interval(period),
+            add(stores, f"{tag}-{suffix}", task=f"{TASK}_once", every=Interval(period),
                 args=[f"{tag}-{suffix}"], options={"queue": "standard"})
         started = [beats("once-a"), beats("once-b")]
         wait_for(lambda: len(fired(runs(engine, tag))) >= slots // 2, timeout_seconds=90,
