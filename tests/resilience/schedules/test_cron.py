@@ -205,7 +205,7 @@ class TestAgainstCroniter:
         start = change - timedelta(seconds=data.draw(st.integers(0, 4 * 3600)))
         assert next_fires(cron, start, 8) == _croniter_fires(expression, zone, start, 8)
 
-    @settings(max_examples=100, deadline=None)
+    @settings(max_examples=50, deadline=None)
     @given(data=st.data(), expression=expressions(), zone=st.sampled_from(ZONES))
     def test_next_fires_match_croniter_in_its_own_time_zone_mode(
             self, data: st.DataObject, expression: str, zone: str) -> None:
@@ -222,7 +222,7 @@ class TestAgainstCroniter:
         iterator = croniter(_croniter_expression(expression), start.astimezone(ZoneInfo(zone)))
         assert ours == [iterator.get_next(datetime).astimezone(UTC) for _ in range(3)]
 
-    @settings(max_examples=100, deadline=None)
+    @settings(max_examples=50, deadline=None)
     @given(data=st.data(), expression=expressions(), zone=st.sampled_from(ZONES))
     def test_fires_increase_and_are_found_again(self, data: st.DataObject, expression: str,
                                                 zone: str) -> None:
@@ -242,7 +242,7 @@ class TestAgainstCroniter:
             assert cron.next_after(fire - timedelta(microseconds=1)) == fire
 
 
-    @settings(max_examples=100, deadline=None)
+    @settings(max_examples=50, deadline=None)
     @given(data=st.data(), expression=expressions(), zone=st.sampled_from(ZONES))
     def test_latest_at_or_before_is_the_slot_before(self, data: st.DataObject,
                                                     expression: str, zone: str) -> None:
