@@ -217,6 +217,9 @@ class Detail:
     fields: Callable[[Row], dict[str, str]] | None = None
     #: The HTTP status a `read` error answers with, by error class (others: 500).
     statuses: dict[type[Exception], int] = field(default_factory=dict)
+    #: Whether the row is still changing (a running workflow): the page then reloads itself
+    #: every few seconds. None: never.
+    live: Callable[[Row], bool] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -150,7 +150,8 @@ def detail_forms(view: View, document: Row) -> list[dict[str, Any]]:
 
 class ResilienceDetail(BaseHandler):
     """`/resilience/<view>/<key>`: one row's page (a workflow drawn as its graph), with the
-    row's actions; an unknown key answers the view's declared status (404)."""
+    row's actions; an unknown key answers the view's declared status (404). A live row's
+    page reloads itself (`?refresh=N`, 5 s by default, 0 never)."""
     @web.authenticated
     async def get(self, name: str, key: str) -> None:
         view = DETAILS.get(name)
@@ -166,11 +167,13 @@ class ResilienceDetail(BaseHandler):
             log = logger.exception if status == 500 else logger.warning
             log("resilience page %s/%s: %s", name, key, one_line(exc))
             self.set_status(status)
-            self.render(DETAIL_TEMPLATE, view=view, key=key, document=None,
+            self.render(DETAIL_TEMPLATE, view=view, key=key, document=None, refresh_seconds=0,
                         error=one_line(exc, 500), heading="", figure="", tables=[], forms=[],
                         flash=self._take_flash())
             return
+        live = detail.live is not None and detail.live(document)
         self.render(DETAIL_TEMPLATE, view=view, key=key, document=document, error=None,
+                    refresh_seconds=_refresh_seconds(self) if live else 0,
                     heading=detail.heading(document),
                     figure=detail.figure(document) if detail.figure else "",
                     tables=[page_section(table, document) for table in detail.tables],

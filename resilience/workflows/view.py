@@ -275,7 +275,8 @@ VIEW = View(
     detail=Detail(
         key=lambda r: r["id"], read=detail, heading=status, figure=graph, tables=(STEPS,),
         actions=(RETRY, REPLAY, CANCEL), fields=lambda r: {"id": r["id"]},
-        statuses={WorkflowNotFound: 404}),
+        statuses={WorkflowNotFound: 404}, live=lambda r: r["state"] in ("running",
+                                                                        "compensating")),
 )
 
 #: `jobs workflows list`: the same columns, more rows, the reason of a failure.

@@ -178,11 +178,23 @@ class TestWorkflowPage:
 
     @pytest.mark.timeout(60)
     def test_actions_refuse_unknown_runs_and_bad_steps_in_one_line(
-        self, app: Any, flower: Any,
+        self, app: Any, flower: Any, stores: Any, engine: Any,
     ) -> None:
         """With the page's XSRF token: an unknown run is 404, a step that is no number 400,
-        a replay without a step 400; an unknown run's page is 404; without the token 403."""
+        a replay without a step 400; an unknown run's page is 404; without the token 403.
+        A running run's page reloads itself (not with ?refresh=0); Cancel stops it, and
+        its page then stays still."""
         import requests
+        from celery import chain
+
+        from resilience.workflows import describe, durable
+        from tests.jobs.observe.tasks_workflows import workflow_add
+
+        run_id = uuid.uuid4().hex[:8]
+        with engine.begin() as connection:  # no relay runs here: it stays running
+            running = durable(chain(workflow_add.s(1, 2, run_id), workflow_add.s(5, run_id)),
+                              name=f"observe-{run_id}").apply_async_in(connection)
+        page = f"{flower.url}/resilience/workflows/{running.id}"
 
         unknown = uuid.uuid4().hex
         actions = f"{flower.url}/resilience/actions"
@@ -206,3 +218,14 @@ class TestWorkflowPage:
                                       timeout=30)
                 assert answer.status_code == status, (action, answer.text)
                 assert text in answer.json()["message"], (action, answer.text)
+
+            assert 'id="detail-refresh"' in session.get(page, timeout=30).text
+            assert 'id="detail-refresh"' not in session.get(f"{page}?refresh=0", timeout=30).text
+            answer = session.post(f"{actions}/workflow-cancel", data={"id": running.id},
+                                  headers=token, timeout=30)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["message"] == (
+                f"workflow {running.id} cancelled: no step of it starts any more")
+            assert [step.state.value for step in describe(stores, running.id).steps] == [
+                "queued", "skipped"]
+            assert 'id="detail-refresh"' not in session.get(page, timeout=30).text
