@@ -24,7 +24,7 @@ from resilience.deadline import DeadlineConfig, DeadlineGuard, DeadlineStampGuar
 from resilience.errors import ConfigurationError
 from resilience.pause import PauseConfig, PauseGuard, RedisPauseBackend
 from resilience.results import FINAL_STATE_BACKENDS
-from resilience.schedules import ScheduleRunGuard, ScheduleSingletonGuard
+from resilience.schedules import ScheduleRunGuard
 from resilience.stores import stores_for
 from resilience.task import GuardedTask
 
@@ -102,7 +102,6 @@ class JobTask(GuardedTask):
         CancelGuard(CancelConfig(), lambda task: cancel_backend(task.app)),
         *batch_guards(),  # a batch member's final state, recorded once (resilience.batches)
         ScheduleRunGuard(),  # a scheduled run's outcome on its run row (resilience.schedules)
-        ScheduleSingletonGuard(),  # a skip / queue_one entry's runs never overlap
     )
 
 
@@ -273,6 +272,8 @@ _RESILIENCE_ENVIRONMENT = {
     "RESILIENCE_LOCK_SESSION_IDLE_SECONDS": ("resilience_lock_session_idle_seconds", float),
     "RESILIENCE_BEAT_POLL_SECONDS": ("resilience_beat_poll_seconds", float),
     "RESILIENCE_BEAT_SCHEDULE": ("resilience_beat_schedule", str),
+    "RESILIENCE_SCHEDULE_OVERLAP_TRUST_SECONDS": ("resilience_schedule_overlap_trust_seconds",
+                                                  float),
 }
 
 

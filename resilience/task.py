@@ -45,15 +45,18 @@ from resilience.pipeline import (
     attached,
 )
 from resilience.schedules.guard import ScheduleRunGuard
+from resilience.schedules.singleton import ScheduleSingletonGuard
 from resilience.workflows.guard import workflow_guards
 
 logger = logging.getLogger("resilience.task")
 
 #: Execution guards every GuardedTask has, after its own `guards` (a guard of the same
 #: name, declared or in `guards`, replaces one): a task runs as a durable workflow step,
-#: and a scheduled job records its run's outcome (resilience.schedules), with no extra
-#: code; a job without their headers pays one header lookup each.
-LIBRARY_GUARDS: tuple[Guard, ...] = (*workflow_guards(), ScheduleRunGuard())
+#: a scheduled job records its run's outcome and a skip / queue_one entry's runs never
+#: overlap (resilience.schedules), with no extra code; a job without their headers pays
+#: one header lookup each.
+LIBRARY_GUARDS: tuple[Guard, ...] = (*workflow_guards(), ScheduleRunGuard(),
+                                     ScheduleSingletonGuard())
 
 #: A republish the broker refused (full tier queue on RabbitMQ) is published again by the
 #: outbox relay no sooner than this.

@@ -30,6 +30,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from resilience.errors import ConfigurationError
 from resilience.schedules.policies import Overlap, RunOutcome
 
 
@@ -108,6 +109,26 @@ def decide(entry: ScheduleRow, previous: RunRow | None, *,
                                detail={"behind_run": previous.id})
     return OverlapDecision(cancel=previous.task_id or None,
                            detail={"cancelled_run": previous.id})
+
+
+def trust_seconds_of(conf: Any) -> float:
+    """`resilience_schedule_overlap_trust_seconds` of an app's conf (TRUST_SECONDS when
+    unset).
+
+    Raises:
+        ConfigurationError: not a number > 0.
+    """
+    value = conf.get("resilience_schedule_overlap_trust_seconds")
+    if value is None:
+        return TRUST_SECONDS
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if isinstance(value, bool) or not seconds > 0:
+        raise ConfigurationError("resilience_schedule_overlap_trust_seconds must be a number "
+                                 f"of seconds > 0, got {value!r}")
+    return seconds
 
 
 def releases_queued(behind: RunRow | None, *, trust_seconds: float = TRUST_SECONDS,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from functools import partial
 from typing import Any
 
 from celery.beat import Scheduler as CeleryScheduler
@@ -31,7 +32,8 @@ from resilience.cancel.view import cancel_job
 from resilience.errors import ResilienceError
 from resilience.locks.beat import BeatLeadership
 from resilience.schedules.catchup import plan
-from resilience.schedules.overlap import decide
+from resilience.schedules.overlap import decide, releases_queued, trust_seconds_of
+from resilience.schedules.policies import Overlap, RunOutcome
 from resilience.schedules.seed import code_entries, seed
 from resilience.schedules.store import ScheduleRow, publish_committed
 from resilience.schedules.store import schedule_store as store_of
@@ -53,6 +55,12 @@ class Scheduler(CeleryScheduler):
         kwargs.pop("schedule_filename", None)  # nothing is kept in a local file
         self.leadership = BeatLeadership(app)
         self.seeded = False
+        #: Overlap.QUEUE_ONE entries that may have a queued run (checked each tick until
+        #: it fires); None: not known yet (check every queue_one entry once).
+        self.queued: set[str] | None = None
+        trust = trust_seconds_of(app.conf)
+        self.decide = partial(decide, trust_seconds=trust)
+        self.releases_queued = partial(releases_queued, trust_seconds=trust)
         super().__init__(app, *args, **kwargs)
         self.max_interval = min(float(self.max_interval), MAX_TICK_SECONDS)
 
@@ -68,10 +76,12 @@ class Scheduler(CeleryScheduler):
         """One pass (see the module doc); returns the seconds until the next."""
         if not self.leadership.ensure():
             self.seeded = False
+            self.queued = None
             return self.leadership.poll_seconds
         try:
             return self.run_due()
         except ResilienceError as exc:
+            self.queued = None  # a pass cut short: check every queue_one entry again
             logger.error("beat %s: schedules not run this tick: %s", self.leadership.node, exc)
             return self.leadership.poll_seconds
 
@@ -87,9 +97,13 @@ class Scheduler(CeleryScheduler):
         now = dt.datetime.now(dt.UTC)
         wait = self.max_interval
         written: list[int] = []
+        check_all = self.queued is None
+        queued = self.queued = set() if check_all else self.queued
         for entry in store.read_all():
             if entry.paused:
                 continue
+            if entry.overlap is Overlap.QUEUE_ONE and (check_all or entry.name in queued):
+                self._fire_queued(store, entry, queued, written)
             due = self._fire_due(store, entry, now, written)
             following = entry.every.next_after(max(now, due or now))
             wait = min(wait, (following - dt.datetime.now(dt.UTC)).total_seconds())
@@ -113,13 +127,17 @@ class Scheduler(CeleryScheduler):
             logger.warning("beat %s: not the leader (session lost), %s not fired",
                            self.leadership.node, entry.name)
             return None
-        fired = store.fire(entry, planned, decide=decide,
-                           detail={"sender": self.leadership.node})
+        fired = store.fire(entry, planned, decide=self.decide,
+                           detail={"sender": self.leadership.node},
+                           cancel=partial(self._cancel, entry))
         if fired.stale:
             return None
+        if self.queued is not None and any(outcome is RunOutcome.QUEUED
+                                           for _, outcome in fired.skipped):
+            self.queued.add(entry.name)  # fired by a later tick, once the previous ended
         for task_id in fired.cancel:
-            cancel_job(self.app, task_id,
-                       reason=f"schedule {entry.name}: overlap cancel_previous")
+            logger.info("schedule %s: previous job %s cancelled (overlap cancel_previous)",
+                        entry.name, task_id)
         if written is None:
             publish_committed(store.engine, self.app, [sent[3] for sent in fired.sent])
         else:
@@ -131,6 +149,35 @@ class Scheduler(CeleryScheduler):
             logger.warning("schedule %s: %s slot(s) missed (catch-up %s)", entry.name,
                            fired.missed, entry.catch_up.value)
         return planned.last_slot
+
+    def _fire_queued(self, store: Any, entry: ScheduleRow, queued: set[str],
+                     written: list[int]) -> None:
+        """Overlap.QUEUE_ONE: fire the entry's queued run once the run before it ended
+        (one short transaction per tick, only while the entry has a queued run)."""
+        if not self.leadership.checked():
+            return
+        sent, waiting = store.fire_queued(entry, released=self.releases_queued)
+        if waiting:
+            queued.add(entry.name)
+        else:
+            queued.discard(entry.name)
+        if sent is not None:
+            run_id, slot, late, outbox_id = sent
+            written.append(outbox_id)
+            logger.info("schedule %s: queued slot %s fired (run %s, %.3fs late)", entry.name,
+                        slot.isoformat(), run_id, late)
+
+    def _cancel(self, entry: ScheduleRow, task_id: str) -> None:
+        """Cancel `task_id` through resilience.cancel (inside the fire's transaction: a
+        cancellation that cannot be recorded rolls the fire back). A failed `revoke`
+        broadcast is only logged: the recorded cancellation already stops the job."""
+        reason = f"schedule {entry.name}: overlap cancel_previous"
+        try:
+            cancel_job(self.app, task_id, reason=reason)
+        except ResilienceError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the record sticks; the broadcast is a bonus
+            logger.warning("schedule %s: revoke of %s not sent: %s", entry.name, task_id, exc)
 
     def close(self) -> None:
         self.leadership.step_down()

@@ -8,13 +8,16 @@ from dataclasses import dataclass
 
 import pytest
 
+from resilience.errors import ConfigurationError
 from resilience.schedules import Overlap, RunOutcome
 from resilience.schedules.overlap import (
     SEND,
+    TRUST_SECONDS,
     decide,
     parse_singleton_header,
     releases_queued,
     singleton_header,
+    trust_seconds_of,
 )
 
 NOW = dt.datetime(2026, 11, 27, 6, 0, tzinfo=dt.UTC)
@@ -105,3 +108,14 @@ class TestSingletonHeader:
     def test_parse_takes_only_its_own_values(self, value: object, parsed: object) -> None:
         """A foreign or damaged header takes no lock (the job runs as if unscheduled)."""
         assert parse_singleton_header(value) == parsed
+
+
+class TestTrustSeconds:
+    def test_read_from_the_apps_conf(self) -> None:
+        assert trust_seconds_of({}) == TRUST_SECONDS
+        assert trust_seconds_of({"resilience_schedule_overlap_trust_seconds": "90"}) == 90.0
+
+    @pytest.mark.parametrize("value", [0, -1, "soon", True, float("nan")])
+    def test_a_bad_value_is_one_clear_error(self, value: object) -> None:
+        with pytest.raises(ConfigurationError, match="overlap_trust_seconds must be"):
+            trust_seconds_of({"resilience_schedule_overlap_trust_seconds": value})
