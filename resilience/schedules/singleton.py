@@ -2,7 +2,7 @@
 
 The job side of Overlap.SKIP and Overlap.QUEUE_ONE (overlap.py). The scheduler stamps their
 jobs with the header `resilience_schedule_singleton` ("skip:<name>" or "defer:<name>"); this
-guard, a default of every platform task, takes the PostgreSQL advisory lock
+guard, a library default of every GuardedTask, takes the PostgreSQL advisory lock
 `schedule:<name>` through the singleton machinery of `resilience.locks` (the same backend,
 session pool, watcher and store-down policy as `@singleton`) for as long as the job runs:
 
