@@ -29,7 +29,11 @@ _CANVAS_OPTIONS = frozenset({
     "reply_to", "parent_id", "root_id", "producer", "compensate", "subtask_type",
 })
 
-Template = int | list["Template"] | None
+Template = int | list["Template"] | dict[str, Any] | None
+
+#: A template node standing for the outcome of several steps, not their results: a batch
+#: callback's first argument (`{"outcomes": [positions], "with": {...}}`, see `resolve`).
+OUTCOMES = "outcomes"
 
 
 @dataclass
@@ -51,6 +55,13 @@ class StepSpec:
     #: Its completion is one statement: each dependent has this step as its only source,
     #: or it has none and is the workflow's result (`link`).
     simple: bool = False
+    #: "step", or "callback" (a batch's on_success / on_complete).
+    kind: str = "step"
+    #: Released when every dependency "succeeded" (a canvas edge), or is "final".
+    release: str = "succeeded"
+    #: A batch member: its failure ends only itself (`WorkflowBackend.fail`), and the
+    #: caller writes its outbox row through the task's own enqueue path.
+    member: bool = False
 
     @property
     def depends_on(self) -> list[int]:
@@ -58,8 +69,11 @@ class StepSpec:
 
     def signature(self) -> dict[str, Any]:
         """The JSON the step row keeps (`signature` column)."""
-        return {"args": self.args, "kwargs": self.kwargs, "options": self.options,
-                "immutable": self.immutable, "source": self.source, "simple": self.simple}
+        signature = {"args": self.args, "kwargs": self.kwargs, "options": self.options,
+                     "immutable": self.immutable, "source": self.source, "simple": self.simple}
+        if self.member:
+            signature["member"] = True
+        return signature
 
 
 def positions(template: Template) -> list[int]:
@@ -73,29 +87,50 @@ def positions(template: Template) -> list[int]:
             if node not in found:
                 found.append(node)
             return
-        for child in node:
+        for child in node[OUTCOMES] if isinstance(node, dict) else node:
             walk(child)
 
     walk(template)
     return found
 
 
-def resolve(template: Template, results: dict[int, Any]) -> Any:
-    """The value a template stands for, given the steps' results by position."""
+def resolve(template: Template, results: dict[int, Any],
+            states: dict[int, str] | None = None) -> Any:
+    """The value a template stands for, given the steps' results (and, for an outcomes
+    node, their final states) by position."""
     if template is None:
         return None
     if isinstance(template, int):
         return results.get(template)
-    return [resolve(child, results) for child in template]
+    if isinstance(template, dict):
+        return outcomes(template, states or {})
+    return [resolve(child, results, states) for child in template]
 
 
-def input_args(signature: dict[str, Any], results: dict[int, Any]) -> list[Any]:
+def outcomes(node: dict[str, Any], states: dict[int, str]) -> dict[str, Any]:
+    """An outcomes node's value: its `with` fields, the steps' count, whether all
+    succeeded, and how many ended in each final state (every one, zeros included)."""
+    found = [states.get(position) for position in node[OUTCOMES]]
+    tallies = {state: found.count(state) for state in FINAL_STEP_STATES}
+    return {**node.get("with", {}), "total": len(found),
+            "succeeded": all(state in SUCCESS_STEP_STATES for state in found),
+            "tallies": tallies}
+
+
+#: A step's final states, in the order tallies show them; the first two count as success.
+FINAL_STEP_STATES = ("succeeded", "replayed", "failed", "shed", "skipped", "cancelled",
+                     "dead_lettered")
+SUCCESS_STEP_STATES = frozenset(FINAL_STEP_STATES[:2])
+
+
+def input_args(signature: dict[str, Any], results: dict[int, Any],
+               states: dict[int, str] | None = None) -> list[Any]:
     """The arguments a step is published with: its source's value first, unless immutable
     or first in the canvas (Celery's chain and chord rule)."""
     args = list(signature.get("args") or ())
     if signature.get("immutable") or signature.get("source") is None:
         return args
-    return [resolve(signature["source"], results), *args]
+    return [resolve(signature["source"], results, states), *args]
 
 
 def stored_signature(signature: Signature, role: str) -> dict[str, Any]:

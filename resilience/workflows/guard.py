@@ -1,15 +1,16 @@
-"""Running a workflow step: two execution guards, modelled on the batch guards.
+"""Running a workflow step: two execution guards.
 
 Every step message carries the header `resilience_workflow_step` ("<workflow id>:<position>",
-":compensation" appended for a compensation). A job without it costs one header lookup.
+":compensation" appended for a compensation); a batch member carries `batch_id` instead and
+is found by its task id. A job with neither costs two header lookups.
 
-- `WorkflowGuard` (stage WORKFLOW, just inside BATCH: it sees every other guard's stop and
-  the error the retry guard settled on). Before the body: one statement marks the step
-  started and reads it; a step already final is REPLAYED with its recorded result (Celery's
-  contract: a replay answers the first call's value), a step of a stopped workflow is
-  CANCELLED unrun. After: it records the outcome in a short transaction of its own, which
-  also releases the dependents (their outbox rows), then publishes those rows itself
-  (`resilience.outbox.relay.publish_held`) so a continuation costs no relay poll.
+- `WorkflowGuard` (stage WORKFLOW, outside every guard but SCHEDULE: it sees every other
+  guard's stop and the error the retry guard settled on). Before the body: one statement
+  marks the step started and reads it; a step already final is REPLAYED with its recorded
+  result (Celery's contract: a replay answers the first call's value), a step of a stopped
+  workflow is CANCELLED unrun. After: it records the outcome in a short transaction of its
+  own, which also releases the dependents (their outbox rows), then publishes those rows
+  itself (`resilience.outbox.relay.publish_held`) so a continuation costs no relay poll.
 - `WorkflowRecordGuard` (stage WORKFLOW_RECORD, just inside IDEMPOTENCY): for an
   `@idempotent(transactional=True)` step it records SUCCEEDED, and writes the released
   rows, through the body's session: the step's state commits with the body's writes and
@@ -23,6 +24,7 @@ compensations. A compensation job's outcome advances the compensations instead.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -84,6 +86,16 @@ def workflow_backend(app: Celery) -> WorkflowBackend:
     return stores_for(app).backend("workflows", backend_for)
 
 
+# The task ids whose outcome a guard recorded in this thread (the last job only), so the
+# Celery signal that follows (`resilience.workflows.signals`) does not record it again.
+_handled = threading.local()
+
+
+def handled(task_id: str | None) -> bool:
+    """Did the workflow guard of this thread record the outcome of `task_id`?"""
+    return task_id is not None and getattr(_handled, "task_id", None) == task_id
+
+
 @dataclass
 class _Running:
     step: WorkflowStep
@@ -114,6 +126,7 @@ class WorkflowGuard(Guard):
     def before_run(self, call: Call) -> None:
         step = call.headers.workflow_step
         if step is None:
+            self._start_member(call)
             return
         backend = workflow_backend(call.task.app)
         try:
@@ -149,12 +162,35 @@ class WorkflowGuard(Guard):
                        details={"workflow_id": step.workflow_id, "position": step.position})
         call.keep(self, _Running(step, time.perf_counter(), found.simple))
 
+    def _start_member(self, call: Call) -> None:
+        """A batch member (header `batch_id`), found by its task id. Observed, not owned: a
+        redelivery of a member already final runs its body as any job's would (idempotency
+        decides) and counts nothing again; a member of a cancelled batch is cancelled."""
+        batch_id = call.headers.batch_id
+        if batch_id is None or call.task_id is None:
+            return
+        try:
+            found = workflow_backend(call.task.app).start_member(batch_id, call.task_id)
+        except StorageError as exc:
+            self._store_down(call, WorkflowStep(batch_id, -1), exc)
+            return
+        if found is None or found[1].state not in (StepState.PENDING, StepState.QUEUED):
+            return
+        step = WorkflowStep(batch_id, found[0])
+        if found[1].workflow_state != WorkflowState.RUNNING:
+            reason = f"batch {batch_id} is {found[1].workflow_state}"
+            self._settle(call, step, StepState.CANCELLED, reason)
+            raise Stop(Outcome.CANCELLED, guard=GUARD_NAME, reason=reason,
+                       details={"batch_id": batch_id})
+        call.keep(self, _Running(step, time.perf_counter()))
+
     def after_run(self, call: Call, result: Any) -> None:
         running: _Running | None = call.take_back(self)
         if running is None:
             return
         released = call.take_back(self.in_transaction)
         if released is not None:
+            _handled.task_id = call.task_id
             self._after_commit(call, running, StepState.SUCCEEDED, released)
             return
         self._settle(call, running.step, StepState.SUCCEEDED, None, result, running)
@@ -184,6 +220,7 @@ class WorkflowGuard(Guard):
                 result: Any = None, running: _Running | None = None) -> None:
         """Record the step's (or compensation's) final state in a transaction of its own,
         then publish what it released."""
+        _handled.task_id = call.task_id
         backend = workflow_backend(call.task.app)
         try:
             if step.compensation:
@@ -202,6 +239,7 @@ class WorkflowGuard(Guard):
             else:
                 released = backend.fail(None, step.workflow_id, step.position, state, error)
         except StorageError as exc:
+            _handled.task_id = None
             self._store_down(call, step, exc)
             return
         self._after_commit(call, running, state, released)
