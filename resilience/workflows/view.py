@@ -39,6 +39,8 @@ from resilience.workflows.svg import render
 
 #: Newest runs the status views list (`jobs workflows list` shows more).
 SHOWN = 10
+#: Steps a run's table shows in full (later ones only if they did not succeed).
+STEPS_SHOWN = 200
 #: Run states an operator should look at (the page marks the row).
 ATTENTION = ("failed", "compensating")
 #: Run states a replay applies to (over), a retry of the failed step (stopped short), and
@@ -231,9 +233,18 @@ COLUMNS = (
     Column(header="finished", key="finished", no_wrap=True),
 )
 
+def _table_steps(run: Row) -> list[Row]:
+    """The steps a table shows: the first `STEPS_SHOWN`, then only those that did not
+    succeed (a batch's thousands of members would bury the one that failed)."""
+    steps = run["steps"]
+    later = [step for step in steps[STEPS_SHOWN:]
+             if step["state"] not in ("succeeded", "replayed")][:STEPS_SHOWN]
+    return [_shown_step(step) for step in [*steps[:STEPS_SHOWN], *later]]
+
+
 STEPS = View(
     name="steps", title="steps", store="database", read=lambda _: [],
-    rows=lambda run: [_shown_step(step) for step in run["steps"]],
+    rows=_table_steps, count=lambda run: len(run["steps"]),
     row_id=lambda s: f"step-row-{s['position']}", row_data=lambda s: {"state": s["state"]},
     alert=lambda s: s["state"] if s["state"] in ("failed", "dead_lettered") else None,
     columns=(
