@@ -16,8 +16,6 @@ from jobs.settings import Settings, get_settings
 from jobs.tiers import DEFAULT_TIER, TIERS, validate_tier
 from resilience.admission import AdmissionGuard, BulkheadConfig, depth_backend_for
 from resilience.app import init_app
-from resilience.batches import batch_guards
-from resilience.batches.signals import connect as connect_batch_signals
 from resilience.cancel import CancelConfig, CancelGuard, RedisCancelBackend
 from resilience.deadletter.poison import PoisonConfig, PoisonGuard
 from resilience.deadline import DeadlineConfig, DeadlineGuard, DeadlineStampGuard
@@ -27,6 +25,7 @@ from resilience.results import FINAL_STATE_BACKENDS
 from resilience.schedules import ScheduleRunGuard
 from resilience.stores import stores_for
 from resilience.task import GuardedTask
+from resilience.workflows.signals import connect as connect_workflow_signals
 
 
 class JobTask(GuardedTask):
@@ -100,12 +99,11 @@ class JobTask(GuardedTask):
         ),
         PauseGuard(PauseConfig(), lambda task: pause_backend(task.app)),
         CancelGuard(CancelConfig(), lambda task: cancel_backend(task.app)),
-        *batch_guards(),  # a batch member's final state, recorded once (resilience.batches)
         ScheduleRunGuard(),  # a scheduled run's outcome on its run row (resilience.schedules)
     )
 
 
-connect_batch_signals()  # outcomes no guard sees (revoked, hard time limit)
+connect_workflow_signals()  # step outcomes no guard sees (revoked, hard time limit)
 
 
 class JobsCelery(Celery):

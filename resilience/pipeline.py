@@ -61,7 +61,6 @@ class Stage(IntEnum):
     """Where an execution guard sits; lower runs first (outermost). See `STAGES`."""
 
     SCHEDULE = 0
-    BATCH = 1
     WORKFLOW = 2
     UNIQUE = 5
     CANCEL = 6
@@ -70,7 +69,6 @@ class Stage(IntEnum):
     PAUSE = 15
     IDEMPOTENCY = 20
     WORKFLOW_RECORD = 22
-    BATCH_RECORD = 25
     SCHEDULE_OVERLAP = 28
     EXCLUSIVITY = 30
     BREAKER = 40
@@ -101,7 +99,6 @@ class StageRule:
 #: The execution order, in one place (DESIGN.md "The path of one job").
 STAGES: dict[Stage, StageRule] = {
     Stage.SCHEDULE: StageRule("record a scheduled run's outcome, whatever stopped it"),
-    Stage.BATCH: StageRule("record a batch member's final state, whatever stopped it"),
     Stage.WORKFLOW: StageRule("replay a finished workflow step; record its outcome and "
                               "publish the steps it releases"),
     Stage.UNIQUE: StageRule("give the @unique key back when the job starts (or ends)"),
@@ -112,7 +109,6 @@ STAGES: dict[Stage, StageRule] = {
     Stage.IDEMPOTENCY: StageRule("claim the key in PostgreSQL; replay finished keys"),
     Stage.WORKFLOW_RECORD: StageRule("a transactional workflow step's state and the steps "
                                      "it releases, in the body's transaction"),
-    Stage.BATCH_RECORD: StageRule("a transactional member's state, in the body's transaction"),
     Stage.SCHEDULE_OVERLAP: StageRule("one run of a schedule entry at a time (overlap skip "
                                       "or queue_one: a singleton on schedule:<name>)"),
     Stage.EXCLUSIVITY: StageRule("@singleton or @exclusive: one holder per key"),

@@ -7,40 +7,28 @@
         b.add(send_invoice.s(invoice.id))
     result = b.apply_async()          # or b.apply_async_in(session): in your transaction
 
-The batch and its members are written in one PostgreSQL transaction with the members'
-outbox rows (`enqueue.py`); each member's final state is recorded once, however often it is
-delivered (`guard.py`, `signals.py`); the transaction that records the last one writes the
-callbacks to the outbox (`backends/postgres.py`, `callbacks.py`). `jobs batches list/show`
-show them (`describe`, `recent`).
+A batch is a durable workflow (`resilience.workflows`): N independent member steps, and
+callback steps that depend on all of them, on_success released when every member
+succeeded, on_complete when every member is final. The workflow engine is the one state
+machine: it records each member's final state once, however often it is delivered (the
+workflow guard, and Celery's signals for outcomes no guard sees), and the transaction that
+makes the last member final writes the callbacks to the outbox. Batches add the producer's
+side (`enqueue.py`: members through their tasks' own enqueue path) and the batch view of the
+tables (`summary.py`); `jobs batches list/show` show them (`describe`, `recent`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from resilience.batches.backends import (
-    FINAL_STATES,
-    SUCCESS_STATES,
-    BatchBackend,
-    BatchSummary,
-    MemberState,
-    NewBatch,
-    NewMember,
-    Recorded,
-)
-from resilience.batches.backends.memory import MemoryBatchBackend
-from resilience.batches.backends.postgres import backend_for
-from resilience.batches.callbacks import CALLBACK_HEADER, CALLBACK_KEY, COMPLETE, SUCCESS
-from resilience.batches.enqueue import Batch, BatchResult, batch
+from resilience.batches.enqueue import CALLBACK_HEADER, CALLBACK_KEY, Batch, BatchResult, batch
 from resilience.batches.errors import BatchNotFound, InvalidBatch
-from resilience.batches.guard import (
-    BatchConfig,
-    BatchGuard,
-    BatchStage,
-    BatchTransactionGuard,
-    batch_guards,
-    state_of_error,
-    state_of_stop,
+from resilience.batches.summary import (
+    COMPLETE,
+    SUCCESS,
+    BatchSummary,
+    read_recent,
+    read_summary,
 )
 
 if TYPE_CHECKING:
@@ -53,7 +41,7 @@ def describe(stores: Stores, batch_id: str) -> BatchSummary:
     Raises:
         BatchNotFound: no batch has this id.  StorageError: PostgreSQL cannot be read.
     """
-    return stores.backend("batches", backend_for, memory=MemoryBatchBackend).summary(batch_id)
+    return read_summary(stores, batch_id)
 
 
 def recent(stores: Stores, *, limit: int = 50,
@@ -63,35 +51,20 @@ def recent(stores: Stores, *, limit: int = 50,
     Raises:
         StorageError: PostgreSQL cannot be read.
     """
-    backend = stores.backend("batches", backend_for, memory=MemoryBatchBackend)
-    return backend.recent(limit=limit, incomplete_only=incomplete_only)
+    return read_recent(stores, limit=limit, incomplete_only=incomplete_only)
 
 
 __all__ = [
     "CALLBACK_HEADER",
     "CALLBACK_KEY",
     "COMPLETE",
-    "FINAL_STATES",
     "SUCCESS",
-    "SUCCESS_STATES",
     "Batch",
-    "BatchBackend",
-    "BatchConfig",
-    "BatchGuard",
     "BatchNotFound",
     "BatchResult",
-    "BatchStage",
     "BatchSummary",
-    "BatchTransactionGuard",
     "InvalidBatch",
-    "MemberState",
-    "NewBatch",
-    "NewMember",
-    "Recorded",
     "batch",
-    "batch_guards",
     "describe",
     "recent",
-    "state_of_error",
-    "state_of_stop",
 ]

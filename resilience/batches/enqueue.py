@@ -9,15 +9,26 @@
         for order in orders:
             b.add(charge.s(order.id, order.amount))
 
-Every member is written to the outbox (`task.apply_async_in`) in the same transaction as
-the batch row and the member rows, each with the header `batch_id`; the relay publishes
-members only once that transaction committed, so a worker never meets a member of a batch
-that does not exist, and a rolled-back batch leaves no job.
+A batch is a workflow (`resilience.workflows`) of independent member steps and callback
+steps that depend on all of them. Every member is written to the outbox through its task's
+own enqueue path (`task.apply_async_in`: countdown, `@unique`, ordering keys as for any
+job), with the header `batch_id`, in the same transaction as the workflow and its steps;
+the relay publishes members only once that transaction committed, so a worker never meets
+a member of a batch that does not exist, and a rolled-back batch leaves no job.
+
+A callback (`report.s("ops")`) runs as `report(batch, "ops")`, with `batch` a JSON dict (as a
+chord's body gets the results first; `report.si("ops")` gets nothing added):
+
+    {"batch_id": "...", "callback": "success" | "complete", "description": "...",
+     "total": 2000, "succeeded": true, "tallies": {"succeeded": 1990, "replayed": 10, ...}}
+
+The workflow engine writes each callback's outbox row once, in the transaction that made its
+last member final; the relay publishes it at least once, so `@idempotent(key=CALLBACK_KEY)`
+makes its effect exactly once.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import uuid
 from collections.abc import Iterable
 from types import TracebackType
@@ -26,20 +37,24 @@ from typing import TYPE_CHECKING, Any
 from celery import current_app
 from celery.canvas import Signature
 
-from resilience.batches.backends import BatchSummary, NewBatch, NewMember
-from resilience.batches.backends.memory import batch_backend
-from resilience.batches.callbacks import callback_argument
 from resilience.batches.errors import InvalidBatch
-from resilience.batches.guard import BatchGuard
+from resilience.batches.summary import COMPLETE, RELEASES, SUCCESS, BatchSummary, read_summary
 from resilience.errors import InvalidTaskArguments
 from resilience.headers import BATCH_HEADER
 from resilience.keys import canonical_arguments, check_binding
-from resilience.outbox.backends.memory import MemoryTransaction
 from resilience.stores import MemoryStores, stores_for
+from resilience.workflows.canvas import OUTCOMES, StepSpec, link, outcomes, stored_signature
+from resilience.workflows.guard import WorkflowGuard, workflow_backend
 
 if TYPE_CHECKING:
     from celery import Celery, Task
     from celery.result import AsyncResult
+
+#: Message header of a callback job: "<batch id>:<success|complete>".
+CALLBACK_HEADER = "batch_callback"
+#: An idempotency key template for a callback whose first parameter is named `batch`:
+#: `@idempotent(key=CALLBACK_KEY, transactional=True)`; one key per batch and callback kind.
+CALLBACK_KEY = "batch:{batch[batch_id]}:{batch[callback]}"
 
 
 class BatchResult:
@@ -56,7 +71,7 @@ class BatchResult:
         Raises:
             BatchNotFound: the batch was rolled back (or purged).
         """
-        return batch_backend(self.app).summary(self.id)
+        return read_summary(stores_for(self.app), self.id)
 
     def __repr__(self) -> str:
         return f"<BatchResult {self.id} ({len(self.results)} members)>"
@@ -122,10 +137,7 @@ class Batch:
                 was written.
             StorageError: PostgreSQL failed (nothing was written).
         """
-        stores = stores_for(self.app)
-        if isinstance(stores, MemoryStores):
-            with MemoryTransaction() as transaction:
-                return self.apply_async_in(transaction)
+        stores = self._stores()
         with stores.engine().begin() as connection:
             return self.apply_async_in(connection)
 
@@ -140,10 +152,12 @@ class Batch:
                 callback cannot be sent; raised before anything is written.
             StorageError: an insert failed (the caller's transaction is aborted).
         """
+        self._stores()
         tasks = [self._member_task(signature) for signature in self.members]
-        on_success = self._callback("on_success", self.on_success)
-        on_complete = self._callback("on_complete", self.on_complete)
-        batch_id = str(uuid.uuid4())
+        batch_id = uuid.uuid4().hex
+        callbacks = [(kind, self._callback(batch_id, kind, signature)) for kind, signature in
+                     ((SUCCESS, self.on_success), (COMPLETE, self.on_complete))
+                     if signature is not None]
         results: list[AsyncResult] = []
         for task, signature in zip(tasks, self.members, strict=True):
             options = dict(signature.options)
@@ -152,14 +166,22 @@ class Batch:
             results.append(task.apply_async_in(session, tuple(signature.args),
                                                dict(signature.kwargs), headers=headers,
                                                **options))
-        batch_backend(self.app).create(session, NewBatch(
-            id=batch_id,
-            description=self.description,
-            members=[NewMember(task_id=result.id, task_name=task.name)
-                     for task, result in zip(tasks, results, strict=True)],
-            on_success=on_success,
-            on_complete=on_complete,
-        ))
+        members = list(range(len(results)))
+        steps = [StepSpec(position=position, task_name=task.name, args=list(signature.args),
+                          kwargs=dict(signature.kwargs), options={}, immutable=False,
+                          source=None, task_id=result.id, member=True)
+                 for position, task, signature, result in zip(members, tasks, self.members,
+                                                              results, strict=True)]
+        for kind, stored in callbacks:
+            steps.append(StepSpec(
+                position=len(steps), task_name=stored["task"], args=stored["args"],
+                kwargs=stored["kwargs"], options=stored["options"],
+                immutable=stored["immutable"], kind="callback", release=RELEASES[kind],
+                source={OUTCOMES: members, "with": _with(batch_id, kind, self.description)}))
+        link(steps, None)
+        workflow_backend(self.app).create(
+            session, workflow_id=batch_id, name=self.description, steps=steps, hold=False,
+            canvas={"batch": {"description": self.description}, "result": None})
         self.result = BatchResult(self.app, batch_id, results)
         return self.result
 
@@ -172,6 +194,14 @@ class Batch:
             self.apply_async()
 
     # -- validation ------------------------------------------------------------------------
+    def _stores(self) -> Any:
+        stores = stores_for(self.app)
+        if isinstance(stores, MemoryStores) or not stores.has_database:
+            raise InvalidBatch("batches keep their state in PostgreSQL (they are workflows): "
+                               "configure resilience_database_url (memory stores cannot run "
+                               "them)")
+        return stores
+
     def _task(self, name: str, role: str) -> Task:
         task = self.app.tasks.get(name)
         if task is None:
@@ -183,40 +213,41 @@ class Batch:
         task = self._task(signature.task, "a batch member")
         pipeline = task.pipelines()[0] if hasattr(task, "pipelines") else None
         if pipeline is None or not hasattr(task, "apply_async_in") or not any(
-                isinstance(guard, BatchGuard) for guard in pipeline.guards):
+                isinstance(guard, WorkflowGuard) for guard in pipeline.guards):
             raise InvalidBatch(
-                f"{task.name} cannot report its outcome to a batch: its base class must "
-                "carry resilience.batches.batch_guards() (every jobs.platform task does)",
-                task=task.name,
-            )
+                f"{task.name} cannot report its outcome to a batch: it is not a GuardedTask "
+                "with the workflow guards (call resilience.init_app(app))", task=task.name)
         return task
 
-    def _callback(self, role: str, signature: Signature | None) -> dict[str, Any] | None:
-        if signature is None:
-            return None
+    def _callback(self, batch_id: str, kind: str, signature: Signature) -> dict[str, Any]:
+        role = f"on_{kind}"
         if not _is_task_signature(signature):
             raise InvalidBatch(f"{role} must be one task's signature, not {_kind(signature)}")
         task = self._task(signature.task, role)
-        stored = {
-            "task": task.name,
-            "args": list(signature.args),
-            "kwargs": dict(signature.kwargs),
-            "options": dict(signature.options),
-            "immutable": bool(signature.immutable),
-        }
+        stored = stored_signature(signature, role)
+        stored["task"] = task.name
         try:
             canonical_arguments(stored)
         except InvalidTaskArguments as exc:
             raise InvalidBatch(f"{role} cannot be stored: {exc}", task=task.name) from None
         # The callback is called with the batch's summary first (unless immutable).
-        placeholder = [] if signature.immutable else [callback_argument(_EMPTY, "complete")]
-        arguments = (*placeholder, *signature.args)
+        first = [] if signature.immutable else [
+            outcomes({OUTCOMES: [], "with": _with(batch_id, kind, self.description)}, {})]
+        arguments = (*first, *signature.args)
         validate = getattr(task, "validate_arguments", None)
         if validate is not None:
             validate(arguments, dict(signature.kwargs))
         else:
             check_binding(task.run, arguments, dict(signature.kwargs))
+        headers = dict(stored["options"].pop("headers", None) or {})
+        headers[CALLBACK_HEADER] = f"{batch_id}:{kind}"
+        stored["options"]["headers"] = headers
         return stored
+
+
+def _with(batch_id: str, kind: str, description: str | None) -> dict[str, Any]:
+    """The fixed fields of a callback's first argument."""
+    return {"batch_id": batch_id, "callback": kind, "description": description}
 
 
 def batch(signatures: Iterable[Signature] = (), *, on_success: Signature | None = None,
@@ -234,11 +265,3 @@ def _is_task_signature(value: Any) -> bool:
 def _kind(value: Any) -> str:
     subtask_type = getattr(value, "subtask_type", None)
     return f"a {subtask_type}" if subtask_type else type(value).__name__
-
-
-def _empty_summary() -> BatchSummary:
-    return BatchSummary(id="", description=None, total=0, pending=0, tallies={},
-                        created_at=dt.datetime.now(dt.UTC), completed_at=None)
-
-
-_EMPTY = _empty_summary()

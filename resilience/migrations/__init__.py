@@ -28,7 +28,6 @@ from sqlalchemy import MetaData, create_engine, make_url, text
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
-import resilience.batches.models
 import resilience.cancel.models
 import resilience.deadletter.models
 import resilience.idempotency.models

@@ -12,9 +12,10 @@ Works with `task_always_eager` and with a worker in a thread (`celery.contrib.py
 
 `@singleton` and `@exclusive` lock in memory (with fencing tokens `FencingTokens.guard_write`
 checks in memory); `apply_async_in(session, ...)` publishes when `session` commits and
-nothing on rollback; a batch fires its callbacks once, when every member is final (the
-backends' modules say how). pytest users take the `resilience_memory` fixture instead
-(`resilience.testing.pytest_plugin`, registered by the `[pytest]` extra's entry point).
+nothing on rollback (the backends' modules say how). Durable workflows and batches keep
+their state in PostgreSQL only: they refuse memory stores. pytest users take the
+`resilience_memory` fixture instead (`resilience.testing.pytest_plugin`, registered by the
+`[pytest]` extra's entry point).
 """
 
 from __future__ import annotations

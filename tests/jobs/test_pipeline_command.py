@@ -22,12 +22,12 @@ class TestPipelineCommand:
         assert done.returncode == 0, done.stderr
         view = json.loads(done.stdout)
         assert [row["stage"] for row in view["execution"]] == [
-            "BATCH", "WORKFLOW", "CANCEL", "POISON", "DEADLINE", "PAUSE", "IDEMPOTENCY",
-            "WORKFLOW_RECORD", "BATCH_RECORD", "EXCLUSIVITY", "BREAKER", "CONCURRENCY", "RATE",
-            "RETRY"]
+            "SCHEDULE", "WORKFLOW", "CANCEL", "POISON", "DEADLINE", "PAUSE", "IDEMPOTENCY",
+            "WORKFLOW_RECORD", "SCHEDULE_OVERLAP", "EXCLUSIVITY", "BREAKER", "CONCURRENCY",
+            "RATE", "RETRY"]
         assert [row["stage"] for row in view["enqueue"]] == [
             "VALIDATE", "VALIDATE", "ADMIT", "STAMP"]
-        idempotency = view["execution"][5]["options"]
+        idempotency = view["execution"][6]["options"]
         assert idempotency["transactional"] is True
         assert idempotency["on_store_down"] == "fail_closed"
 

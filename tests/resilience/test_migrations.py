@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(120)
 
 #: Every table the baseline creates (plus the version table).
 LIBRARY_TABLES = {
-    "resilience_batch_members", "resilience_batches", "resilience_cancellations",
+    "resilience_cancellations",
     "resilience_dead_letters", "resilience_fencing_marks", "resilience_held_locks",
     "resilience_idempotency_records", "resilience_outbox",
     "resilience_workflows", "resilience_workflow_steps",

@@ -1,5 +1,5 @@
-"""The library's tables: idempotency records, locks, dead letters, outbox, cancellations,
-batches.
+"""The library's tables: idempotency records, locks, dead letters, outbox, cancellations
+(batches are workflows: 0002_workflows).
 
 Every table is `resilience_*`. Column comments document the columns in the database too.
 Constraint names are final (`op.f`): the metadata's naming convention would otherwise prefix
@@ -30,12 +30,10 @@ def upgrade() -> None:
     _dead_letters()
     _outbox()
     _cancellations()
-    _batches()
 
 
 def downgrade() -> None:
-    for table in ("resilience_batch_members", "resilience_batches", "resilience_cancellations",
-                  "resilience_outbox", "resilience_dead_letters",
+    for table in ("resilience_cancellations", "resilience_outbox", "resilience_dead_letters",
                   "resilience_idempotency_records", "resilience_held_locks",
                   "resilience_fencing_marks"):
         op.drop_table(table)
@@ -189,45 +187,3 @@ def _cancellations() -> None:
     )
     op.create_index(f"ix_{table}_expires_at", table, ["expires_at"])
 
-
-def _batches() -> None:
-    batches, members = "resilience_batches", "resilience_batch_members"
-    op.create_table(
-        batches,
-        sa.Column("id", sa.Text(), nullable=False,
-                  comment="the batch id members carry in a header"),
-        sa.Column("description", sa.Text(), nullable=True),
-        sa.Column("total", sa.Integer(), nullable=False),
-        sa.Column("pending", sa.Integer(), nullable=False,
-                  comment="members without a final state"),
-        sa.Column("on_success", JSONB(), nullable=True, comment="callback signature (JSON)"),
-        sa.Column("on_complete", JSONB(), nullable=True, comment="callback signature (JSON)"),
-        sa.Column("created_at", sa.DateTime(timezone=True), server_default=NOW, nullable=False),
-        sa.Column("completed_at", sa.DateTime(timezone=True), nullable=True,
-                  comment="set by the transaction that recorded the last member"),
-        sa.Column("success_task_id", sa.Text(), nullable=True,
-                  comment="the on_success job, once written"),
-        sa.Column("complete_task_id", sa.Text(), nullable=True,
-                  comment="the on_complete job, once written"),
-        sa.CheckConstraint("pending >= 0 AND pending <= total",
-                           name=op.f(f"ck_{batches}_pending_in_range")),
-        sa.PrimaryKeyConstraint("id", name=f"pk_{batches}"),
-    )
-    op.create_index(f"ix_{batches}_created_at", batches, ["created_at"])
-    op.create_table(
-        members,
-        sa.Column("batch_id", sa.Text(), nullable=False),
-        sa.Column("task_id", sa.Text(), nullable=False),
-        sa.Column("task_name", sa.Text(), nullable=False),
-        sa.Column("state", sa.String(16), server_default="pending", nullable=False),
-        sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
-        sa.CheckConstraint(
-            "state IN ('pending', 'succeeded', 'replayed', 'failed', 'shed', 'skipped', "
-            "'cancelled', 'dead_lettered')",
-            name=op.f(f"ck_{members}_state_known"),
-        ),
-        sa.ForeignKeyConstraint(["batch_id"], [f"{batches}.id"], ondelete="CASCADE",
-                                name=f"fk_{members}_batch_id_{batches}"),
-        sa.PrimaryKeyConstraint("batch_id", "task_id", name=f"pk_{members}"),
-    )
-    op.create_index(f"ix_{members}_task_id", members, ["task_id"])

@@ -1,4 +1,5 @@
-"""The batch store on real PostgreSQL: one write per member, one completion per batch."""
+"""Batches on the workflow store, real PostgreSQL: one write per member, one completion
+per batch."""
 
 from __future__ import annotations
 
@@ -19,13 +20,13 @@ from sqlalchemy.orm import Session
 from resilience.batches import (
     BatchNotFound,
     InvalidBatch,
-    MemberState,
     batch,
     describe,
     recent,
 )
-from resilience.batches.backends.postgres import backend_for
 from resilience.errors import ArgumentsDoNotBind
+from resilience.workflows import StepState
+from resilience.workflows.backend import backend_for
 from tests.resilience.batches import tasks
 
 
@@ -79,7 +80,7 @@ class TestBatchStore:
                        on_success=tasks.callback.s(run), on_complete=tasks.callback.s(run),
                        app=app).apply_async()
         ids = [r.id for r in result.results]
-        expected = {task_id: (MemberState.FAILED if index == 7 else MemberState.SUCCEEDED)
+        expected = {task_id: (StepState.FAILED if index == 7 else StepState.SUCCEEDED)
                     for index, task_id in enumerate(ids)}
         work = [task_id for task_id in ids for _ in range(random.choice((2, 3)))]
         random.Random(15).shuffle(work)
@@ -91,10 +92,10 @@ class TestBatchStore:
         def record(chunk: list[str]) -> None:
             for task_id in chunk:
                 done = backend.record(None, task_id=task_id, state=expected[task_id],
-                                      batch_id=result.id)
+                                      workflow_id=result.id)
                 with lock:
                     recorded.append(done.recorded)
-                    completed.extend(done.completed)
+                    completed.extend([result.id] if done.rows else [])  # callbacks written
 
         threads = [threading.Thread(target=record, args=(work[index::8],)) for index in range(8)]
         for thread in threads:
@@ -115,7 +116,7 @@ class TestBatchStore:
         assert rows[0].args[1:] == [run]
         assert rows[0].options["headers"]["batch_callback"] == f"{result.id}:complete"
         # Once final, a member never changes again, even by its task id alone.
-        assert not backend.record(None, task_id=ids[7], state=MemberState.SUCCEEDED).recorded
+        assert not backend.record(None, task_id=ids[7], state=StepState.SUCCEEDED).recorded
         assert result.summary().tallies == summary.tallies
         _forget(engine, *ids, summary.complete_task_id)
 
@@ -180,7 +181,7 @@ class TestBatchesCommand:
         result = batch([tasks.member.s(run, 1), tasks.member.s(run, 2)], app=app,
                        on_success=tasks.callback.s(run), description="cli").apply_async()
         backend = backend_for(_stores(app))
-        backend.record(None, task_id=result.results[0].id, state=MemberState.SUCCEEDED)
+        backend.record(None, task_id=result.results[0].id, state=StepState.SUCCEEDED)
         env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
 
         def jobs(*args: str) -> subprocess.CompletedProcess[str]:

@@ -53,7 +53,7 @@ def same_transaction(engine: Any, run: str) -> dict[int, bool]:
     with engine.connect() as connection:
         rows = connection.execute(text(
             "SELECT e.n, bool_or(e.xmin::text = m.xmin::text) AS same "
-            "FROM batch_test_effects e JOIN resilience_batch_members m USING (task_id) "
+            "FROM batch_test_effects e JOIN resilience_workflow_steps m USING (task_id) "
             "WHERE e.run = :run GROUP BY e.n"), {"run": run}).all()
     return {int(row.n): bool(row.same) for row in rows}
 

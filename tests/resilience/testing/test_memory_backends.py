@@ -1,4 +1,4 @@
-"""In-memory backends of `@singleton`, `@exclusive`, the outbox and batches
+"""In-memory backends of `@singleton`, `@exclusive` and the outbox
 (`resilience.testing.memory_mode`): a user's app whose Redis and PostgreSQL URLs point at
 ports where nothing listens, eager, and a worker in a thread where concurrency matters.
 """
@@ -16,9 +16,6 @@ from celery.contrib.testing.worker import start_worker
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-from resilience.batches import batch, batch_guards
-from resilience.batches.backends import MemberState
-from resilience.batches.backends.memory import MemoryBatchBackend, batch_backend
 from resilience.errors import JobDeferred, StaleFencingToken
 from resilience.locks import exclusive, singleton
 from resilience.locks.fencing import FencingTokens
@@ -226,59 +223,3 @@ class TestOutboxInMemory:
                 session.commit()
             assert result.get(timeout=10) == 7
             assert done.is_set()
-
-
-class TestBatchesInMemory:
-    def test_the_callbacks_fire_exactly_once_when_every_member_is_final(
-            self, app: Celery) -> None:
-        calls: list[dict[str, Any]] = []
-
-        @app.task(base=GuardedTask, guards=batch_guards(), shared=False)
-        def member(n: int) -> int:
-            if n < 0:
-                raise ValueError(n)
-            return n
-
-        @app.task(shared=False)
-        def done(summary: dict[str, Any]) -> None:
-            calls.append(summary)
-
-        with memory_mode():
-            result = batch([member.s(1), member.s(2)], on_success=done.s(),
-                           on_complete=done.s(), app=app).apply_async()
-            assert sorted(c["callback"] for c in calls) == ["complete", "success"]
-            assert all(c["batch_id"] == result.id and c["total"] == 2 for c in calls)
-            summary = result.summary()
-            assert summary.complete and summary.succeeded
-            assert summary.tallies["succeeded"] == 2
-            # A redelivered member's outcome is recorded once: nothing fires again.
-            backend = batch_backend(app)
-            assert isinstance(backend, MemoryBatchBackend)
-            again = backend.record(None, task_id=result.results[0].id,
-                                   state=MemberState.FAILED)
-            assert not again.recorded
-            assert len(calls) == 2
-
-            calls.clear()
-            failing = batch([member.s(3), member.s(-1)], on_success=done.s(),
-                            on_complete=done.s(), app=app).apply_async()
-            assert [c["callback"] for c in calls] == ["complete"]
-            assert calls[0]["succeeded"] is False
-            assert failing.summary().tallies["failed"] == 1
-
-    def test_a_rolled_back_batch_leaves_nothing(self, app: Celery, database: Any) -> None:
-        runs: list[int] = []
-
-        @app.task(base=GuardedTask, guards=batch_guards(), shared=False)
-        def member(n: int) -> int:
-            runs.append(n)
-            return n
-
-        with memory_mode():
-            with Session(database) as session:
-                created = batch([member.s(1)], app=app).apply_async_in(session)
-                session.rollback()
-            assert runs == []
-            assert batch_backend(app).recent(limit=5) == []
-            with pytest.raises(Exception, match="no batch"):
-                created.summary()
