@@ -7,8 +7,8 @@ Each section is read on its own, in its own `try`: a store that is down turns th
 into `{"unavailable": "<reason>"}` and the other sections still show. Cost: one HGETALL
 for every counter, one pipelined LLEN per broker, one MGET / pipeline per Redis-held guard
 kind (pause switches, breakers, budgets) plus one small pipeline per declared concurrency
-limit, six SQL statements (live cancellations and pending dead letters included), one
-broadcast.
+limit, six SQL statements (live cancellations and pending dead letters included) and one
+for the newest workflows (their steps counted per state), one broadcast.
 
 No SCAN: this runs on every metrics scrape, `jobs status` and web page refresh, and a SCAN
 walks the whole keyspace whatever its pattern (~170 ms per 200k keys, on the Redis every
