@@ -27,7 +27,8 @@ CREATE_LEDGERS = [
     text("""
     CREATE TABLE IF NOT EXISTS workflow_chaos_effects (
         id BIGSERIAL PRIMARY KEY, run TEXT NOT NULL, tag TEXT NOT NULL, name TEXT NOT NULL,
-        task_id TEXT, previous JSONB)
+        task_id TEXT, previous JSONB,
+        committed_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())
     """),
     text("""
     CREATE TABLE IF NOT EXISTS workflow_chaos_executions (
