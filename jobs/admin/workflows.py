@@ -91,8 +91,10 @@ def _act(run: Callable[[Source, Submitted], str], form: Submitted) -> None:
 def cancel_command(
     workflow_id: Annotated[str, typer.Argument(help="Workflow id.")],
 ) -> None:
-    """Cancel a run: its queued steps are cancelled (they will not start on any worker),
-    no further step is released, and the compensations of its succeeded steps run."""
+    """Cancel a running workflow; the compensations of its succeeded steps run.
+
+    Its queued steps are cancelled (they will not start on any worker), its pending ones
+    skipped, a running one finishes (and is compensated if it succeeds)."""
     _act(cancel_run, {"id": workflow_id})
 
 
@@ -103,8 +105,10 @@ def retry_command(
         "--from-step", min=0, help="Position of the step to run again (default: the failed "
         "step).")] = None,
 ) -> None:
-    """Run the same run again from its failed step (or step N): that step and every step
-    after it go back to pending; earlier steps are not run again."""
+    """Run a stopped workflow again from its failed step (or step N).
+
+    That step and every step at a later position go back to pending; earlier steps are not
+    run again."""
     _act(retry_run, {"id": workflow_id,
                      "from_step": "" if from_step is None else str(from_step)})
 
@@ -115,6 +119,7 @@ def replay_command(
     from_step: Annotated[int, typer.Option(
         "--from-step", min=0, help="Position of the first step the new run runs.")],
 ) -> None:
-    """Start a new run of this workflow from step N (linked to this one): steps before N
-    are copied with their results, N onward run."""
+    """Start a new run of this workflow from step N, linked to this one.
+
+    Steps before N are copied with their results (they must have succeeded); N onward run."""
     _act(replay_run, {"id": workflow_id, "from_step": str(from_step)})
