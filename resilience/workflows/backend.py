@@ -831,6 +831,7 @@ class WorkflowBackend(StoreBackend):
                     f"workflow {workflow_id} is {locked.state}; retry it once it stopped",
                     workflow_id=workflow_id, state=locked.state)
             steps = list(session.execute(_STEPS, {"workflow_id": workflow_id}))
+            self._refuse_batch(workflow_id, steps)
             start = from_step
             if start is None:
                 failed = [s.position for s in steps
@@ -878,6 +879,15 @@ class WorkflowBackend(StoreBackend):
         return self._queue(session, workflow_id, ready, hold=False)
 
     @staticmethod
+    def _refuse_batch(workflow_id: str, steps: list[Any]) -> None:
+        """A batch's members are its caller's jobs (written through their tasks' enqueue
+        path): the engine does not run them again."""
+        if any(s.kind == "callback" or s.signature.get("member") for s in steps):
+            raise WorkflowNotRetryable(
+                f"workflow {workflow_id} is a batch: its members are not run again; enqueue "
+                "a new batch (or requeue dead-lettered members)", workflow_id=workflow_id)
+
+    @staticmethod
     def _check_position(workflow_id: str, position: int, total: int) -> None:
         if isinstance(position, bool) or not isinstance(position, int) or not (
                 0 <= position < total):
@@ -898,6 +908,7 @@ class WorkflowBackend(StoreBackend):
             if old is None:
                 raise WorkflowNotFound(f"no workflow {workflow_id!r}", workflow_id=workflow_id)
             steps = list(session.execute(_STEPS, {"workflow_id": workflow_id}))
+            self._refuse_batch(workflow_id, steps)
             self._check_position(workflow_id, from_step, len(steps))
             lost = [s.position for s in steps
                     if s.position < from_step and s.state not in SUCCESS_STATES]

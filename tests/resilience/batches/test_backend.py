@@ -17,6 +17,7 @@ from kombu.utils import json as kombu_json
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from resilience import workflows
 from resilience.batches import (
     BatchNotFound,
     InvalidBatch,
@@ -25,7 +26,7 @@ from resilience.batches import (
     recent,
 )
 from resilience.errors import ArgumentsDoNotBind
-from resilience.workflows import StepState
+from resilience.workflows import StepState, WorkflowNotRetryable
 from resilience.workflows.backend import backend_for
 from tests.resilience.batches import tasks
 
@@ -144,6 +145,29 @@ class TestBatchStore:
         (row,) = _outbox(engine, [summary.complete_task_id])
         assert tuple(kombu_json.loads(json.dumps(row.args))) == arguments
         _forget(engine, summary.complete_task_id)
+
+    def test_a_batch_is_a_workflow_whose_members_are_not_run_again(
+            self, app: Any, engine: Any, run: str) -> None:
+        """The batch is a workflow of the same id: a member step, and a callback step that
+        depends on it, released when the member failed; once the callback ran the workflow
+        is failed (a member did not succeed), and retry and replay refuse it."""
+        result = batch([tasks.member.s(run, 1)], on_complete=tasks.callback.s(run),
+                       app=app).apply_async()
+        stores = _stores(app)
+        backend = backend_for(stores)
+        backend.record(None, task_id=result.results[0].id, state=StepState.FAILED,
+                       workflow_id=result.id)
+        flow = workflows.describe(stores, result.id)
+        assert [step.state for step in flow.steps] == [StepState.FAILED, StepState.QUEUED]
+        assert flow.steps[1].depends_on == [0] and flow.state == "running"
+        backend.record(None, task_id=flow.steps[1].task_id, state=StepState.SUCCEEDED)
+        flow = workflows.describe(stores, result.id)
+        assert (flow.state, flow.failed_step) == ("failed", 0)
+        with pytest.raises(WorkflowNotRetryable, match="is a batch"):
+            workflows.retry(stores, result.id)
+        with pytest.raises(WorkflowNotRetryable, match="is a batch"):
+            workflows.replay(stores, result.id, from_step=0)
+        _forget(engine, result.results[0].id, flow.steps[1].task_id)
 
     def test_bad_members_and_callbacks_are_refused_before_anything_is_written(
             self, app: Any) -> None:
