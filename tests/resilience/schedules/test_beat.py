@@ -160,7 +160,7 @@ class TestExactlyOnce:
         fired slot runs exactly once. (The task is `@idempotent`: the outbox publishes at
         least once, and a beat killed between publishing a job and marking its row makes
         the relay publish it again; the idempotency key on the row makes it run once.)"""
-        periods = {"a": 0.1, "b": 0.2, "c": 0.25, "d": 0.5}
+        periods = {"a": 0.1, "b": 0.1, "c": 0.125, "d": 0.2, "e": 0.25, "f": 0.5}
         for suffix, period in periods.items():
             add(stores, f"{tag}-{suffix}", task=f"{TASK}_once", every=Interval(period),
                 args=[f"{tag}-{suffix}"], options={"queue": "standard"})
@@ -218,7 +218,7 @@ class TestRuntimeEdits:
 
         pause(stores, name)
         paused_at = dt.datetime.now(dt.UTC)
-        time.sleep(3.2)
+        time.sleep(2.5)
         resume(stores, name)
         resumed_at = dt.datetime.now(dt.UTC)
         wait_for(lambda: any(row.slot > resumed_at for row in fired(runs(engine, tag))),
@@ -229,7 +229,7 @@ class TestRuntimeEdits:
                       and (row.fired_at - paused_at).total_seconds() > 1.2]
         assert late_fires == [], "fires more than a tick after the pause"
         missed = [row for row in rows if row.outcome == "missed"]
-        assert len(missed) >= 2 and all(paused_at - dt.timedelta(seconds=1.2) < row.slot
+        assert len(missed) >= 1 and all(paused_at - dt.timedelta(seconds=1.2) < row.slot
                                         < resumed_at for row in missed)
         first_after = min(row.fired_at for row in fired(rows) if row.slot > resumed_at)
         assert (first_after - resumed_at).total_seconds() < 2.2, "resume applied late"
