@@ -29,9 +29,10 @@ TASK = "tests.schedules.overlap_work"
 JOB_SECONDS = 3.0
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
 def beat(tier_workers: Any) -> Iterator[Beat]:
-    """One beat process for the module's tests (each adds its own entry)."""
+    """One beat process for the module's tests (each adds its own entry), started with
+    the module so that it starts while the first tests (which need none) run."""
     started = Beat(f"overlap-{uuid.uuid4().hex[:6]}", {
         "RESILIENCE_BEAT_SCHEDULE": "tests.resilience.schedules.beat_schedule_fixture",
         "RESILIENCE_BEAT_POLL_SECONDS": "0.2"})
@@ -106,6 +107,33 @@ def skipped_metric(app: Any, name: str) -> float | None:
     return None
 
 
+class TestSingleton:
+    @pytest.mark.parametrize(("overlap", "second_outcome"), [
+        (Overlap.SKIP, "skipped_overlap"), (Overlap.QUEUE_ONE, "succeeded")])
+    def test_a_run_sent_beside_a_running_one_never_runs_beside_it(
+            self, app: Any, stores: Any, engine: Any, tag: str, overlap: Overlap,
+            second_outcome: str) -> None:
+        """No beat: two `run_now` of a paused entry (a fire the history never held back).
+        The second job meets the first's singleton on schedule:<name>: for skip it ends
+        SKIPPED (run row skipped_overlap, never executed); for queue_one it is deferred
+        until the first lets go, then runs. Never two executions at once."""
+        name = f"{tag}-{overlap.value}-now"
+        add(stores, name, task=TASK, every=Interval(3600.0), args=[name, 1.5],
+            overlap=overlap, options={"queue": "standard"})
+        pause(stores, name)
+        first = run_now(stores, name, app=app)
+        wait_for(lambda: executions(engine, name), timeout_seconds=10,
+                 message="the first run executes")
+        second = run_now(stores, name, app=app)
+        wait_for(lambda: {row.task_id: row.outcome for row in runs(engine, name)}
+                 == {first: "succeeded", second: second_outcome}, timeout_seconds=15,
+                 message="both runs end")
+        done = executions(engine, name)
+        assert [row.task_id for row in done] == (
+            [first] if overlap is Overlap.SKIP else [first, second])
+        assert overlaps(done) == []
+
+
 class TestSkip:
     def test_never_runs_twice_at_once_and_records_skipped_slots(
             self, app: Any, stores: Any, engine: Any, tag: str, beat: Beat) -> None:
@@ -145,33 +173,6 @@ class TestSkip:
         assert all(row.detail.get("guard") == "schedule-singleton" for row in by_singleton)
         skipped = sum(row.outcome == "skipped_overlap" for row in rows)
         assert skipped_metric(app, name) == skipped
-
-
-class TestSingleton:
-    @pytest.mark.parametrize(("overlap", "second_outcome"), [
-        (Overlap.SKIP, "skipped_overlap"), (Overlap.QUEUE_ONE, "succeeded")])
-    def test_a_run_sent_beside_a_running_one_never_runs_beside_it(
-            self, app: Any, stores: Any, engine: Any, tag: str, overlap: Overlap,
-            second_outcome: str) -> None:
-        """No beat: two `run_now` of a paused entry (a fire the history never held back).
-        The second job meets the first's singleton on schedule:<name>: for skip it ends
-        SKIPPED (run row skipped_overlap, never executed); for queue_one it is deferred
-        until the first lets go, then runs. Never two executions at once."""
-        name = f"{tag}-{overlap.value}-now"
-        add(stores, name, task=TASK, every=Interval(3600.0), args=[name, 1.5],
-            overlap=overlap, options={"queue": "standard"})
-        pause(stores, name)
-        first = run_now(stores, name, app=app)
-        wait_for(lambda: executions(engine, name), timeout_seconds=10,
-                 message="the first run executes")
-        second = run_now(stores, name, app=app)
-        wait_for(lambda: {row.task_id: row.outcome for row in runs(engine, name)}
-                 == {first: "succeeded", second: second_outcome}, timeout_seconds=15,
-                 message="both runs end")
-        done = executions(engine, name)
-        assert [row.task_id for row in done] == (
-            [first] if overlap is Overlap.SKIP else [first, second])
-        assert overlaps(done) == []
 
 
 class TestCancelPrevious:
