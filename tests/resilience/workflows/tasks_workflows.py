@@ -115,3 +115,13 @@ def ledger_step(self: Any, previous: Any, run: str, label: str, session: Any = N
     """Transactional: its row commits with the step's state and its idempotency record."""
     write(run, "step", label, previous, self.request.id, session=session)
     return label
+
+
+@app.task(tier="critical", bind=True, name="tests.workflows.retry_once")
+def retry_once(self: Any, previous: Any, run: str, label: str) -> str:
+    """Celery's own retry on its first delivery (not final), then one ledger row."""
+    if not self.request.retries:
+        write(run, "attempt", label, previous, self.request.id)
+        raise self.retry(countdown=0.1)
+    write(run, "step", label, previous, self.request.id)
+    return label

@@ -132,6 +132,17 @@ class TestDeliveries:
         summary = describe(stores, flow.id)
         assert [s.state for s in summary.steps] == [StepState.SUCCEEDED] * 2
 
+    def test_a_celery_retry_is_not_final(self, tier_workers: Any, stores: Any, engine: Any,
+                                         run: str) -> None:
+        """`self.retry()` in a step republishes it with its header: the retried delivery
+        records the step and releases the next one, once."""
+        flow = durable(chain(t.step.s(None, run, "a"), t.retry_once.s(run, "b"),
+                             t.step.s(run, "c")), name="celery-retry").apply_async()
+        assert flow.get(timeout=30) == "c"
+        assert ledger(engine, run) == [("step", "a"), ("attempt", "b"), ("step", "b"),
+                                       ("step", "c")]
+        assert describe(stores, flow.id).counts == {"succeeded": 3}
+
 
 def workflow_counts(stores: Any) -> dict[str, int]:
     """The workflow events counted so far (`resilience.counters`), by event."""
