@@ -32,6 +32,7 @@ from resilience.cancel.view import cancel_job
 from resilience.errors import ResilienceError
 from resilience.locks.beat import BeatLeadership
 from resilience.schedules.catchup import plan
+from resilience.schedules.errors import InvalidSchedule
 from resilience.schedules.overlap import decide, releases_queued, trust_seconds_of
 from resilience.schedules.policies import Overlap, RunOutcome
 from resilience.schedules.seed import code_entries, seed
@@ -99,16 +100,26 @@ class Scheduler(CeleryScheduler):
         written: list[int] = []
         check_all = self.queued is None
         queued = self.queued = set() if check_all else self.queued
-        for entry in store.read_all():
-            if entry.paused:
-                continue
-            if entry.overlap is Overlap.QUEUE_ONE and (check_all or entry.name in queued):
-                self._fire_queued(store, entry, queued, written)
-            due = self._fire_due(store, entry, now, written)
-            following = entry.every.next_after(max(now, due or now))
-            wait = min(wait, (following - dt.datetime.now(dt.UTC)).total_seconds())
-        # One publishing transaction per tick for every entry's fired jobs.
-        publish_committed(store.engine, self.app, written)
+        try:
+            for entry in store.read_all():
+                if entry.paused:
+                    continue
+                try:
+                    if entry.overlap is Overlap.QUEUE_ONE and (check_all or entry.name in queued):
+                        self._fire_queued(store, entry, queued, written)
+                    due = self._fire_due(store, entry, now, written)
+                    following = entry.every.next_after(max(now, due or now))
+                except InvalidSchedule as exc:
+                    # One entry that cannot be planned (its time zone left tzdata, ...)
+                    # must not stop the others.
+                    logger.error("beat %s: schedule %s not run: %s", self.leadership.node,
+                                 entry.name, exc)
+                    continue
+                wait = min(wait, (following - dt.datetime.now(dt.UTC)).total_seconds())
+        finally:
+            # One publishing transaction per tick for every entry's fired jobs, those of a
+            # tick an error cut short included (the relay would publish them, later).
+            publish_committed(store.engine, self.app, written)
         return max(0.0, wait)
 
     def _fire_due(self, store: Any, entry: ScheduleRow, now: dt.datetime,

@@ -79,3 +79,33 @@ def _rows(stores: Any) -> list[Any]:
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+class TestABrokenEntry:
+    def test_an_entry_that_cannot_be_planned_does_not_stop_the_others(
+            self, app: Any, stores: Any, engine: Any, tag: str) -> None:
+        """A cron row whose time zone is unknown (written behind the API's back, or a zone
+        tzdata dropped) is skipped with an error; the other entries of the tick fire."""
+        good, broken = f"{tag}-good", f"{tag}-broken"
+        for name in (good, broken):
+            add(stores, name, task="tests.schedules.record", every=Interval(1.0), args=[tag],
+                options={"queue": "nowhere"})
+        make_due(engine, good)
+        with engine.begin() as connection:
+            connection.execute(text(
+                "UPDATE resilience_schedules SET kind = 'cron', cron = '* * * * *', "
+                "timezone = 'Nowhere/Atlantis', every_seconds = NULL WHERE name = :name"),
+                {"name": broken})
+        scheduler = Scheduler(app, lazy=True)
+        try:
+            assert scheduler.leadership.ensure()
+            scheduler.leadership.leading_since_wall -= dt.timedelta(hours=1)
+            scheduler.seeded = True  # this test is about the tick, not the code schedule
+            scheduler.run_due()
+            assert _sent(stores, good) >= 1
+            assert recent_runs(stores, broken) == []
+        finally:
+            scheduler.close()
+            with engine.begin() as connection:
+                connection.execute(text("DELETE FROM resilience_outbox WHERE "
+                                        "options->>'queue' = 'nowhere'"))
