@@ -172,10 +172,13 @@ FROM {RUNS_TABLE} GROUP BY schedule
 _PREVIOUS_SENT = text(f"SELECT {_RUN_COLUMNS} FROM {RUNS_TABLE} "
                       "WHERE schedule = :name AND task_id IS NOT NULL "
                       "ORDER BY slot DESC, id DESC LIMIT 1")
-#: Overlap.QUEUE_ONE: the newest two runs sent or queued. A queued run is the newest (its
-#: slot follows the run it waits behind, which comes second).
+#: Overlap.QUEUE_ONE: the newest two runs of its slots sent or queued. A queued run is the
+#: newest (its slot follows the run it waits behind, which comes second; later slots are
+#: skipped, never sent). `run_now` runs are left out, so they cannot come between the two
+#: (the entry's singleton keeps them apart from the others).
 _QUEUE_HEAD = text(f"SELECT {_RUN_COLUMNS} FROM {RUNS_TABLE} "
                    "WHERE schedule = :name AND (task_id IS NOT NULL OR outcome = 'queued') "
+                   "AND COALESCE(detail ->> 'why', '') <> 'run_now' "
                    "ORDER BY slot DESC, id DESC LIMIT 2")
 
 
