@@ -56,6 +56,9 @@ def user_app(services: Services, monkeypatch: pytest.MonkeyPatch) -> Iterator[An
     try:
         yield module
     finally:
+        # Its warm shutdown outlasts the test budget (~20 s); the test is over, nothing of
+        # it is in flight: killed at once.
+        worker.sigkill()
         worker.stop()
         sys.modules.pop(MODULE, None)
 
