@@ -78,20 +78,19 @@ class StepSpec:
 
 def positions(template: Template) -> list[int]:
     """Every position a template reads, in order, each once."""
-    found: list[int] = []
+    found: dict[int, None] = {}  # ordered and O(1) (a batch callback reads every member)
 
     def walk(node: Template) -> None:
         if node is None:
             return
         if isinstance(node, int):
-            if node not in found:
-                found.append(node)
+            found.setdefault(node)
             return
         for child in node[OUTCOMES] if isinstance(node, dict) else node:
             walk(child)
 
     walk(template)
-    return found
+    return list(found)
 
 
 def resolve(template: Template, results: dict[int, Any],
