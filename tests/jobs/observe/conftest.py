@@ -97,6 +97,20 @@ def start_server() -> Iterator[Any]:
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def flower(app: Any) -> Iterator[Server]:
+    """One loopback Flower (no auth) shared by the page tests of the session (the workflow
+    and schedule pages): each start costs seconds, and nothing in it belongs to one test."""
+    port = free_port()
+    server = Server(["flower"], port, {"JOBS_FLOWER_PORT": str(port),
+                                       "FLOWER_UNAUTHENTICATED_API": "true"}, "flower-pages")
+    try:
+        server.wait_ready("/healthcheck")
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture()
 def multiproc_dir(tmp_path: Path) -> Path:
     """An empty PROMETHEUS_MULTIPROC_DIR for one test's workers and exporter."""

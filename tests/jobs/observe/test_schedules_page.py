@@ -30,22 +30,6 @@ ROWS = """Object.fromEntries([...document.querySelectorAll('#schedules tbody tr'
   .map(tr => [tr.id, {...tr.dataset}]))"""
 
 
-@pytest.fixture(scope="module")
-def flower(app: Any) -> Iterator[Any]:
-    """One Flower for the module's tests (loopback, no auth)."""
-    from jobs.embedded import free_port
-    from tests.jobs.observe.conftest import Server
-
-    port = free_port()
-    server = Server(["flower"], port, {"JOBS_FLOWER_PORT": str(port),
-                                       "FLOWER_UNAUTHENTICATED_API": "true"}, "flower-schedules")
-    try:
-        server.wait_ready("/healthcheck")
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture()
 def name(stores: Any) -> Iterator[str]:
     """A fresh runtime schedule (every hour, paused off), removed after the test."""

@@ -27,22 +27,6 @@ COMPENSATIONS = """[...document.querySelectorAll('#detail-figure svg g.compensat
   .map(g => [g.dataset.position, g.dataset.task, g.dataset.state])"""
 
 
-@pytest.fixture(scope="module")
-def flower(app: Any) -> Iterator[Any]:
-    """One Flower for the module's tests (loopback, no auth)."""
-    from jobs.embedded import free_port
-    from tests.jobs.observe.conftest import Server
-
-    port = free_port()
-    server = Server(["flower"], port, {"JOBS_FLOWER_PORT": str(port),
-                                       "FLOWER_UNAUTHENTICATED_API": "true"}, "flower-workflows")
-    try:
-        server.wait_ready("/healthcheck")
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture()
 def relay(app: Any) -> Iterator[Any]:
     """`jobs outbox relay`'s loop in a thread of the test process: a retry's steps reach
