@@ -20,6 +20,12 @@ each round's durable/plain workflow rate (targets: chains >= 0.7, chords >= 1.0)
 second count every step (3 per chain, 11 per chord). `start_per_s` is the producer's rate
 of starting workflows while the consumers are paused (not part of the drain time).
 
+Cost per step, which a loaded machine does not stretch as it stretches rates
+(`cpu_us_per_step`, `wal_syncs_per_step`; `CpuMeter`): from the end of each start to the
+end of its drain, the CPU time of the worker (main and pool processes), of the PostgreSQL
+backends of the bench's database and of the Redis server, and the server's WAL syncs
+(`pg_stat_wal`: the commits that waited for a flush), per step, the mean of the rounds.
+
 PostgreSQL per durable step (`pg_statements_per_step`): after the timed rounds, a second
 worker (started with the first, idle until then) whose pool processes count every query
 they send (`bench.tasks_scale`'s client-side psycopg2 counter: each execute, the BEGIN
@@ -246,6 +252,8 @@ def run(argv: list[str]) -> dict[str, Any]:
         # rates[shape][variant]: workflows per second, one per round; starts likewise.
         rates = {shape: {v: [] for v in options.variants} for shape in SHAPES}
         starts = {shape: {v: [] for v in options.variants} for shape in SHAPES}
+        # costs[shape][variant][kind]: per step, summed over rounds (divided at the end).
+        costs = {shape: {v: Counter[str]() for v in options.variants} for shape in SHAPES}
         count = "durable" in starters and options.statement_workflows > 0
         counts_dir = Path(tempfile.mkdtemp(prefix="bench-workflows-statements-"))
         # The counting worker starts with the timed one (one start-up wait, not two) and
@@ -257,6 +265,7 @@ def run(argv: list[str]) -> dict[str, Any]:
         try:
             with running([timed, *([counting] if count else [])]):
                 names = [timed.nodename]
+                meter = CpuMeter(timed.pid, database_url, redis)
                 if count:
                     app.control.cancel_consumer(QUEUE, destination=[counting.nodename],
                                                 reply=True)
@@ -268,10 +277,12 @@ def run(argv: list[str]) -> dict[str, Any]:
                     for shape in SHAPES:
                         for variant, starter in starters.items():
                             n = sizes[shape]
-                            seconds, start_seconds = _drain(starter, shape, n, redis,
-                                                            database_url, names)
+                            seconds, start_seconds, cost = _drain(
+                                starter, shape, n, redis, database_url, names, meter)
                             rates[shape][variant].append(n / seconds)
                             starts[shape][variant].append(n / start_seconds)
+                            for kind, value in cost.items():
+                                costs[shape][variant][kind] += value / (n * STEPS[shape])
                 if count:
                     statements = _count_statements(options, starters["durable"], redis,
                                                    database_url, counts_dir, names,
@@ -281,21 +292,71 @@ def run(argv: list[str]) -> dict[str, Any]:
         if options.profile:
             _profile(options, starters, redis, database_url)
 
-    return _report(options, sizes, rates, starts, statements)
+    return _report(options, sizes, rates, starts, costs, statements)
+
+
+class CpuMeter:
+    """CPU seconds spent by the worker (main and pool processes), by the PostgreSQL backends
+    of the bench's database and by the Redis server, and the server's WAL syncs: the cost of
+    a step in time the machine's load does not stretch (a loaded box stretches rates).
+
+    The Redis server and WAL figures are server-wide: exact on the bench's own embedded
+    servers (no REDIS_URL / DATABASE_URL), shared with anything else on a shared server.
+    """
+
+    def __init__(self, worker_pid: int, database_url: str, redis: Any) -> None:
+        self.worker_pid = worker_pid
+        self.database_url = database_url
+        self.redis = redis
+
+    def snapshot(self) -> dict[str, Any]:
+        import psutil
+
+        def cpu(process: Any) -> float:
+            try:
+                times = process.cpu_times()
+            except psutil.Error:
+                return 0.0
+            return float(times.user + times.system)
+
+        main = psutil.Process(self.worker_pid)
+        backends = {int(pid): cpu(psutil.Process(int(pid))) for (pid,) in psql(
+            self.database_url, "SELECT pid FROM pg_stat_activity WHERE datname = "
+            "current_database() AND pid <> pg_backend_pid() AND backend_type = "
+            "'client backend'") if psutil.pid_exists(int(pid))}
+        info = self.redis.info("cpu")
+        wal = psql(self.database_url, "SELECT wal_sync FROM pg_stat_wal")
+        return {"worker": cpu(main) + sum(cpu(child) for child in main.children(True)),
+                "backends": backends,
+                "redis": float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
+                "wal_syncs": int(wal[0][0]) if wal else 0}
+
+    @staticmethod
+    def delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+        """Seconds (and syncs) spent between two snapshots; a backend that exited in
+        between is lost, one that started counts from zero."""
+        postgresql = sum(seconds - before["backends"].get(pid, 0.0)
+                         for pid, seconds in after["backends"].items())
+        return {"worker": after["worker"] - before["worker"], "postgresql": postgresql,
+                "redis": after["redis"] - before["redis"],
+                "wal_syncs": after["wal_syncs"] - before["wal_syncs"]}
 
 
 def _drain(starter: Starter, shape: str, n: int, redis: Any, database_url: str,
-           names: list[str]) -> tuple[float, float]:
-    """(seconds the paused workers take to finish `n` workflows, seconds to start them)."""
+           names: list[str], meter: CpuMeter) -> tuple[float, float, dict[str, float]]:
+    """(seconds the paused workers take to finish `n` workflows, seconds to start them,
+    what the workers' side cost: `CpuMeter.delta` from after the start to the end)."""
     counter = f"bench:workflows:{uuid.uuid4().hex}"
     ids: list[str] = []
     start_seconds = 0.0
+    before: dict[str, Any] = {}
 
     def enqueue() -> None:
-        nonlocal start_seconds
+        nonlocal start_seconds, before
         watch = Stopwatch()
         ids.extend(starter.start(shape, counter) for _ in range(n))
         start_seconds = watch.elapsed
+        before = meter.snapshot()
 
     def done() -> bool:
         return int(redis.get(counter) or 0) >= n
@@ -303,11 +364,12 @@ def _drain(starter: Starter, shape: str, n: int, redis: Any, database_url: str,
     seconds = drain_paused(QUEUE, enqueue, done, names)
     if starter.durable:
         _await_succeeded(database_url, ids)
-    return seconds, start_seconds
+    return seconds, start_seconds, CpuMeter.delta(before, meter.snapshot())
 
 
 def _report(options: argparse.Namespace, sizes: dict[str, int],
             rates: dict[str, dict[str, list[float]]], starts: dict[str, dict[str, list[float]]],
+            costs: dict[str, dict[str, Counter[str]]],
             statements: dict[str, Any] | None) -> dict[str, Any]:
     def median(values: list[float]) -> float:
         return statistics.median(values)
@@ -332,6 +394,25 @@ def _report(options: argparse.Namespace, sizes: dict[str, int],
             if variant != "plain":
                 figures[f"{variant}_{shape}_ratio"] = round(
                     paired_ratio(rates[shape], variant), 3)
+    # Per step, averaged over the rounds: CPU µs by process kind, WAL syncs.
+    cost = {shape: {variant: {kind: value / options.rounds
+                              for kind, value in costs[shape][variant].items()}
+                    for variant in options.variants} for shape in SHAPES}
+    table("CPU µs per step (worker main+pool, PostgreSQL backends, Redis server) and WAL "
+          "syncs per step, mean of the rounds",
+          ["shape", "variant", "worker", "PostgreSQL", "Redis", "total", "WAL syncs"],
+          [(shape, variant, *(1e6 * found.get(kind, 0.0)
+                              for kind in ("worker", "postgresql", "redis")),
+            1e6 * sum(found.get(kind, 0.0) for kind in ("worker", "postgresql", "redis")),
+            found.get("wal_syncs", 0.0))
+           for shape in SHAPES for variant, found in cost[shape].items()])
+    figures["cpu_us_per_step"] = {
+        shape: {variant: {kind: round(1e6 * found.get(kind, 0.0))
+                          for kind in ("worker", "postgresql", "redis")}
+                for variant, found in cost[shape].items()} for shape in SHAPES}
+    figures["wal_syncs_per_step"] = {
+        shape: {variant: round(found.get("wal_syncs", 0.0), 2)
+                for variant, found in cost[shape].items()} for shape in SHAPES}
     if statements is not None:
         per_step = statements["per_step"]
         table(f"durable: PostgreSQL statements per step (worker pool, client-side count; "
