@@ -561,12 +561,13 @@ SET outcome = :outcome, finished_at = clock_timestamp(),
 WHERE id = :id AND outcome = 'sent' RETURNING id
 """)
 
-#: The fast path's statements: mark the rows a fire just committed published (waiting for
-#: a relay that holds one), then publish those this call marked.
+#: The fast path's statements: mark the rows a fire just committed published (skipping any
+#: a relay holds: it publishes those), then publish those this call marked.
 _CLAIM_ROWS = text(f"""
 UPDATE {OUTBOX_TABLE} SET state = 'published', finished_at = clock_timestamp(),
     attempts = attempts + 1
-WHERE id = ANY(:ids) AND state = 'pending'
+WHERE id IN (SELECT id FROM {OUTBOX_TABLE} WHERE id = ANY(:ids) AND state = 'pending'
+             FOR UPDATE SKIP LOCKED)
 RETURNING id, task_id, task_name, args, kwargs, options
 """)
 _UNCLAIM_ROW = text(f"UPDATE {OUTBOX_TABLE} SET state = 'pending', finished_at = NULL, "
@@ -577,11 +578,12 @@ def publish_committed(engine: Callable[[], Engine], app: Any, outbox_ids: list[i
     """Publish the outbox rows a fire just committed, now, instead of waiting for the relay;
     returns how many were published.
 
-    The rows are marked published in a transaction held while they are published: a relay
-    that locked one first makes this call wait and then skip it, so no row is published
-    twice by the two. A row whose publish fails is left pending for the relay; a process
-    killed before the commit leaves them all pending, and the relay publishes them (the
-    outbox's at-least-once contract). Errors are logged, never raised: the fire committed.
+    The rows are marked published in a transaction held while they are published; a row a
+    relay locked first is skipped (the relay publishes it), so no row is published twice by
+    the two and the beat never waits on a relay. A row whose publish fails is left pending
+    for the relay; a process killed before the commit leaves them all pending, and the relay
+    publishes them (the outbox's at-least-once contract). Errors are logged, never raised:
+    the fire committed.
     """
     if not outbox_ids:
         return 0
