@@ -32,7 +32,8 @@ OUTBOX_HEADER = "outbox_id"
 #: The batch a job belongs to.
 BATCH_HEADER = "batch_id"
 #: The workflow step a job is: "<workflow id>:<position>" (":compensation" appended for
-#: the step's compensation), stamped by resilience.workflows.
+#: the step's compensation; ":<run>" from an operator's retry of it on), stamped by
+#: resilience.workflows.
 WORKFLOW_STEP_HEADER = "resilience_workflow_step"
 #: The delay before this attempt, seconds (stamped by the retry guard's republish).
 PREVIOUS_DELAY_HEADER = "resilience_previous_delay"
@@ -44,6 +45,8 @@ class WorkflowStep(NamedTuple):
     workflow_id: str
     position: int
     compensation: bool = False
+    #: The step's run: 0 the first, n after its n-th retry (header suffix ":<n>").
+    run: int = 0
 
 
 def finite_seconds(value: Any) -> float | None:
@@ -146,9 +149,10 @@ class Headers:
         if not isinstance(value, str) or not value:
             return None
         workflow_id, _, rest = value.partition(":")
-        position, _, kind = rest.partition(":")
+        position, *kinds = rest.split(":")
         try:
-            return WorkflowStep(workflow_id, int(position), kind == "compensation")
+            run = int(kinds.pop()) if kinds and kinds[-1].isdigit() else 0
+            return WorkflowStep(workflow_id, int(position), kinds == ["compensation"], run)
         except ValueError:
             return None
 

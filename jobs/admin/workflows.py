@@ -107,8 +107,8 @@ def retry_command(
 ) -> None:
     """Run a stopped workflow again from its failed step (or step N).
 
-    That step and every step at a later position go back to pending; earlier steps are not
-    run again."""
+    That step, every step that did not succeed and the steps depending on them go back to
+    pending; a step depending on none of them is not run again."""
     _act(retry_run, {"id": workflow_id,
                      "from_step": "" if from_step is None else str(from_step)})
 

@@ -205,7 +205,8 @@ class IdempotencyGuard(Guard):
         """The key of one execution: `key_for`, except that without an explicit key a job
         the outbox relay published keys on `outbox:<row id>` (its header), so a row
         published twice has one effect (resilience.outbox); a durable workflow step on
-        `workflow:<workflow id>:<position>` (its compensation: `...:compensation`)."""
+        `workflow:<workflow id>:<position>` (its compensation: `...:compensation`; from a
+        step's second run on, `:<run>` appended)."""
         key = self.key_for(call.args, call.kwargs)
         if self.config.key is None:
             step = call.headers.workflow_step
@@ -213,6 +214,8 @@ class IdempotencyGuard(Guard):
                 value = f"workflow:{step.workflow_id}:{step.position}"
                 if step.compensation:
                     value += ":compensation"
+                if step.run:  # a step retried by an operator really runs again
+                    value += f":{step.run}"
                 return GuardKey(key.namespace, value, key.fingerprint)
             row_id = call.headers.outbox_id
             if row_id is not None:

@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING
 
 from celery import current_app
 
+from resilience.stores import MemoryStores
 from resilience.workflows.backend import WorkflowBackend, backend_for
 from resilience.workflows.durable import DurableCanvas, WorkflowRun, durable
+from resilience.workflows.eager import EagerWorkflowRun, eager_backend_of
 from resilience.workflows.errors import (
     InvalidWorkflow,
     WorkflowFailed,
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DurableCanvas",
+    "EagerWorkflowRun",
     "InvalidWorkflow",
     "StepState",
     "StepSummary",
@@ -80,6 +83,9 @@ def describe(stores: Stores, workflow_id: str) -> WorkflowSummary:
     Raises:
         WorkflowNotFound; StorageError: PostgreSQL cannot be read.
     """
+    eager = eager_backend_of(stores)
+    if isinstance(stores, MemoryStores) or eager.find(workflow_id) is not None:
+        return eager.summary(workflow_id)  # run in process (memory mode, eager)
     return _backend(stores).summary(workflow_id)
 
 
@@ -90,7 +96,13 @@ def recent(stores: Stores, *, limit: int = 50, state: str | None = None
     Raises:
         ValueError: an unknown state; StorageError: PostgreSQL cannot be read.
     """
-    return _backend(stores).recent(limit=limit, state=state)
+    ran = eager_backend_of(stores).recent(limit=limit, state=state)
+    if isinstance(stores, MemoryStores):
+        return ran  # memory mode: the runs of this process only
+    stored = _backend(stores).recent(limit=limit, state=state)
+    if not ran:
+        return stored
+    return sorted([*ran, *stored], key=lambda found: found.created_at, reverse=True)[:limit]
 
 
 def cancel(stores: Stores, workflow_id: str, *, app: Celery | None = None
@@ -114,9 +126,11 @@ def cancel(stores: Stores, workflow_id: str, *, app: Celery | None = None
 
 def retry(stores: Stores, workflow_id: str, *, from_step: int | None = None
           ) -> WorkflowSummary:
-    """Run a stopped workflow again from its failed step (or step `from_step`): that step
-    and every later one go back to pending, the first republished (by the outbox relay)
-    with its recorded input; earlier steps are not run again.
+    """Run a stopped workflow again from its failed step (or step `from_step`): that step,
+    every step that did not succeed and their transitive dependents go back to pending,
+    the ready ones republished (by the outbox relay) with their recorded input; a step that
+    depends on none of them keeps its result and is not run again. A re-run step really
+    runs: its idempotency key gets its run counter (`workflow:<id>:<pos>:<n>`).
 
     Raises:
         WorkflowNotFound, WorkflowNotRetryable; StorageError.
@@ -127,9 +141,9 @@ def retry(stores: Stores, workflow_id: str, *, from_step: int | None = None
 
 
 def replay(stores: Stores, workflow_id: str, *, from_step: int) -> WorkflowSummary:
-    """A new run of the workflow's canvas (`replay_of` = this one) whose steps before
-    `from_step` are copied as succeeded with their results; it starts at `from_step`
-    (published by the outbox relay).
+    """A new run of the workflow's canvas (`replay_of` = this one): `from_step` and its
+    transitive dependents run again, every other step is copied as succeeded with its
+    result; it starts at `from_step` (published by the outbox relay).
 
     Raises:
         WorkflowNotFound, WorkflowNotRetryable; StorageError.

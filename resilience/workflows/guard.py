@@ -138,6 +138,12 @@ class WorkflowGuard(Guard):
             logger.warning("task %s names workflow step %s:%s, which does not exist: run as "
                            "a plain job", call.task_id, step.workflow_id, step.position)
             return
+        if step.run != found.run:
+            raise Stop(Outcome.SKIPPED, guard=GUARD_NAME,
+                       reason=f"step {step.position} of workflow {step.workflow_id} was "
+                              f"retried: this is a delivery of its run {step.run}, it is at "
+                              f"run {found.run}",
+                       details={"workflow_id": step.workflow_id, "position": step.position})
         if step.compensation:
             if found.compensation_state not in (None, StepState.QUEUED):
                 raise Stop(Outcome.REPLAYED, guard=GUARD_NAME,

@@ -292,3 +292,75 @@ class TestTransactions:
         # the last step's row is updated again by nothing; the first by its own record only
         assert [(row.position, row.same) for row in same] == [(0, True), (1, True)]
         assert keys == {f"workflow:{flow.id}:0", f"workflow:{flow.id}:1"}
+
+
+class TestRerunScope:
+    """retry and replay re-run a step and its dependents only; a re-run step really runs."""
+
+    def test_retry_keeps_a_group_sibling_that_succeeded(
+            self, tier_workers: Any, relay: Any, stores: Any, engine: Any, run: str) -> None:
+        """c (1) fails, its sibling d (2) succeeds: retry re-runs c and the fan-in e (3)
+        only; d keeps its result and runs once."""
+        flow = durable(chain(t.step.s(None, run, "a"),
+                             group(t.flaky.s(run, "c"), t.step.s(run, "d")),
+                             t.pack.s()), name="rerun-scope").apply_async()
+        with pytest.raises(WorkflowFailed):
+            flow.get(timeout=30)
+        wait_for(lambda: describe(stores, flow.id).steps[2].state is StepState.SUCCEEDED,
+                 timeout_seconds=30, message="sibling d succeeded")
+        switch_on(engine, run)
+        summary = retry(stores, flow.id)
+        assert [s.state for s in summary.steps] == [
+            StepState.SUCCEEDED, StepState.QUEUED, StepState.SUCCEEDED, StepState.PENDING]
+        assert flow.get(timeout=30) == [["c<-a", "d"]]
+        assert sorted(label for _, label in ledger(engine, run, "step")) == ["a", "c", "d"]
+        # from_step=1 of the succeeded run: c and e again, neither a nor d
+        retry(stores, flow.id, from_step=1)
+        assert settled(stores, flow.id, WorkflowState.SUCCEEDED).result == [["c<-a", "d"]]
+        labels = [label for _, label in ledger(engine, run, "step")]
+        assert sorted(labels) == ["a", "c", "c", "d"]
+        # a replay from step 1 copies a and d
+        replayed = replay(stores, flow.id, from_step=1)
+        assert [s.state for s in replayed.steps] == [
+            StepState.SUCCEEDED, StepState.QUEUED, StepState.SUCCEEDED, StepState.PENDING]
+        assert settled(stores, replayed.id, WorkflowState.SUCCEEDED).result == [
+            ["c<-a", "d"]]
+        labels = [label for _, label in ledger(engine, run, "step")]
+        assert sorted(labels) == ["a", "c", "c", "c", "d"]
+
+    def test_a_retried_idempotent_step_runs_again_under_a_new_key(
+            self, tier_workers: Any, relay: Any, stores: Any, engine: Any, run: str) -> None:
+        """`@idempotent` steps keyed workflow:<id>:<pos>: a retry from step 1 runs b again
+        (key workflow:<id>:1:1), not a replay of its first result; a is not re-run."""
+        flow = durable(chain(t.ledger_step.s(None, run, "a"), t.ledger_step.s(run, "b"),
+                             t.ledger_step.s(run, "c")), name="rerun-key").apply_async()
+        assert flow.get(timeout=30) == "c"
+        retry(stores, flow.id, from_step=1)
+        assert settled(stores, flow.id, WorkflowState.SUCCEEDED).result == "c"
+        assert ledger(engine, run) == [("step", "a"), ("step", "b"), ("step", "c"),
+                                       ("step", "b"), ("step", "c")]
+        with engine.connect() as connection:
+            keys = set(connection.execute(text(
+                "SELECT key FROM resilience_idempotency_records WHERE key LIKE :prefix"),
+                {"prefix": f"workflow:{flow.id}:%"}).scalars())
+        assert keys == {f"workflow:{flow.id}:{p}" for p in ("0", "1", "2", "1:1", "2:1")}
+
+
+@pytest.mark.parametrize(("value", "parsed"), [
+    ("w1:3", ("w1", 3, False, 0)),
+    ("w1:3:compensation", ("w1", 3, True, 0)),
+    ("w1:3:2", ("w1", 3, False, 2)),
+    ("w1:3:compensation:2", ("w1", 3, True, 2)),
+    ("w1:x", None),
+])
+def test_step_header_carries_the_run(value: str, parsed: tuple[Any, ...] | None) -> None:
+    """`step_header` and `Headers.workflow_step` agree, the run counter included."""
+    from types import SimpleNamespace
+
+    from resilience.headers import Headers
+    from resilience.workflows.backend import step_header
+
+    step = Headers(SimpleNamespace(headers={WORKFLOW_STEP_HEADER: value})).workflow_step
+    assert (None if step is None else tuple(step)) == parsed
+    if parsed is not None:
+        assert step_header(parsed[0], parsed[1], parsed[2], parsed[3]) == value
