@@ -96,7 +96,8 @@ UPDATE {STEPS_TABLE} s SET started_at = COALESCE(s.started_at, clock_timestamp()
 FROM {WORKFLOWS_TABLE} w
 WHERE s.workflow_id = %(workflow_id)s AND s.position = %(position)s AND w.id = s.workflow_id
 RETURNING s.state, s.result, s.compensation_state, w.state AS workflow_state,
-          COALESCE((s.signature ->> 'simple')::boolean, false) AS simple
+          COALESCE((s.signature ->> 'simple')::boolean, false) AS simple,
+          COALESCE((s.signature ->> 'run')::int, 0) AS run
 """)
 
 # The whole completion of a *simple* step (its dependents each have this step as their only
@@ -144,7 +145,8 @@ WITH done AS (
            jsonb_set(COALESCE(r.signature -> 'options', '{{}}'), '{{headers}}',
                      COALESCE(r.signature -> 'options' -> 'headers', '{{}}')
                      || jsonb_build_object(CAST(%(header)s AS TEXT),
-                                           CAST(%(workflow_id)s AS TEXT) || ':' || r.position)),
+                                           CAST(%(workflow_id)s AS TEXT) || ':' || r.position
+                                           || COALESCE(':' || (r.signature ->> 'run'), ''))),
            clock_timestamp() + make_interval(secs => %(hold_seconds)s)
     FROM released r WHERE r.waiting = 0
     RETURNING id, task_id, task_name, args, kwargs, options
@@ -297,7 +299,8 @@ FROM (
     ORDER BY completed_seq DESC LIMIT 1
 ) AS next
 WHERE s.workflow_id = :workflow_id AND s.position = next.position
-RETURNING s.position, s.result, s.compensate, s.compensation_task_id
+RETURNING s.position, s.result, s.compensate, s.compensation_task_id,
+          COALESCE((s.signature ->> 'run')::int, 0) AS run
 """)
 
 _COMPENSATION_TALLY = text(f"""
@@ -353,6 +356,7 @@ ORDER BY w.created_at DESC, w.id LIMIT :limit
 _RESET_STEP = text(f"""
 UPDATE {STEPS_TABLE}
 SET state = :state, waiting = :waiting, input = CAST(:input AS JSONB), task_id = :task_id,
+    signature = CAST(:signature AS JSONB),
     result = NULL, error = NULL, started_at = NULL, finished_at = NULL,
     completed_seq = NULL, compensation_state = NULL, compensation_error = NULL,
     compensation_task_id = CASE WHEN compensate IS NULL THEN NULL ELSE :compensation_task_id
@@ -373,9 +377,12 @@ def dumps(value: Any) -> str:
     return json.dumps(value, cls=JSONEncoder)
 
 
-def step_header(workflow_id: str, position: int, compensation: bool = False) -> str:
-    """The `resilience_workflow_step` header of a step (or of its compensation)."""
-    return f"{workflow_id}:{position}" + (f":{COMPENSATION}" if compensation else "")
+def step_header(workflow_id: str, position: int, compensation: bool = False,
+                run: int = 0) -> str:
+    """The `resilience_workflow_step` header of a step (or of its compensation); `run`:
+    the step's run counter (0 the first, n after an operator's n-th retry of it)."""
+    return (f"{workflow_id}:{position}" + (f":{COMPENSATION}" if compensation else "")
+            + (f":{run}" if run else ""))
 
 
 @dataclass
@@ -405,6 +412,8 @@ class Started:
     workflow_state: str
     #: Its completion can be recorded in one statement (`succeed(simple=True)`).
     simple: bool = False
+    #: Its run counter (`step_header`): a delivery of an earlier run is stale.
+    run: int = 0
 
 
 class WorkflowBackend(StoreBackend):
@@ -520,10 +529,13 @@ class WorkflowBackend(StoreBackend):
     @staticmethod
     def _new_row(workflow_id: str, position: int, task_id: str, task_name: str,
                  signature: dict[str, Any], arguments: list[Any],
-                 compensation: bool = False) -> NewRow:
+                 compensation: bool = False, run: int | None = None) -> NewRow:
+        """`run`: the step's run counter (default: its signature's)."""
         options = dict(signature.get("options") or {})
         headers = dict(options.pop("headers", None) or {})
-        headers[WORKFLOW_STEP_HEADER] = step_header(workflow_id, position, compensation)
+        headers[WORKFLOW_STEP_HEADER] = step_header(
+            workflow_id, position, compensation,
+            int(signature.get("run") or 0) if run is None else run)
         options["headers"] = headers
         for name in ("countdown", "eta", "task_id"):
             options.pop(name, None)
@@ -548,7 +560,8 @@ class WorkflowBackend(StoreBackend):
         row = rows[0]
         return Started(state=row.state, result=row.result,
                        compensation_state=row.compensation_state,
-                       workflow_state=row.workflow_state, simple=bool(row.simple))
+                       workflow_state=row.workflow_state, simple=bool(row.simple),
+                       run=int(row.run))
 
     def start_member(self, batch_id: str, task_id: str) -> tuple[int, Started] | None:
         """`start` for a batch member, found by its task id: its position and state; None
@@ -765,7 +778,8 @@ class WorkflowBackend(StoreBackend):
             if not signature.get("immutable"):
                 arguments = [found.result, *arguments]
             row = self._new_row(workflow_id, found.position, found.compensation_task_id,
-                                signature["task"], signature, arguments, compensation=True)
+                                signature["task"], signature, arguments, compensation=True,
+                                run=int(found.run))
             if current.state == WorkflowState.FAILED:
                 session.execute(_SET_WORKFLOW_STATE, {
                     "workflow_id": workflow_id, "state": WorkflowState.COMPENSATING.value,
@@ -815,8 +829,10 @@ class WorkflowBackend(StoreBackend):
                               "cancelled by an operator", None, hold=False)
 
     def restart(self, workflow_id: str, from_step: int | None) -> Released:
-        """`retry`: step `from_step` (default: the failed one) and every later position go
-        back to pending with new task ids; ready ones are queued with their input.
+        """`retry`: step `from_step` (default: the failed one), every step that did not
+        succeed, and their transitive dependents go back to pending with new task ids and
+        their run counter raised (`step_header`); ready ones are queued with their input.
+        A step that depends on none of them keeps its result and does not run again.
 
         Raises:
             WorkflowNotFound, WorkflowNotRetryable.
@@ -841,14 +857,15 @@ class WorkflowBackend(StoreBackend):
                 raise WorkflowNotRetryable(f"workflow {workflow_id} has no failed step; name "
                                            "one with from_step", workflow_id=workflow_id)
             self._check_position(workflow_id, start, len(steps))
-            undone = [s.position for s in steps if s.position < start
+            rerun = downstream(steps, [start, *(s.position for s in steps
+                                               if s.state not in SUCCESS_STATES)])
+            undone = [s.position for s in steps if s.position not in rerun
                       and s.compensation_state is not None]
             if undone:
                 raise WorkflowNotRetryable(
                     f"step {undone[0]} of workflow {workflow_id} was compensated; replay it "
-                    "from an earlier step instead", workflow_id=workflow_id, step=undone[0])
-            kept = {s.position: s.result for s in steps
-                    if s.position < start and s.state in SUCCESS_STATES}
+                    "from that step instead", workflow_id=workflow_id, step=undone[0])
+            kept = {s.position: s.result for s in steps if s.position not in rerun}
             return self._rewind(session, workflow_id, steps, kept)
 
     def _rewind(self, session: Any, workflow_id: str, steps: list[Any],
@@ -865,15 +882,16 @@ class WorkflowBackend(StoreBackend):
                 arguments = (step.input if step.input is not None and step.state != "pending"
                              else input_args(step.signature, dict(kept)))
             task_id = str(uuid.uuid4())
+            signature = {**step.signature, "run": int(step.signature.get("run") or 0) + 1}
             session.execute(_RESET_STEP, {
                 "workflow_id": workflow_id, "position": step.position,
+                "signature": dumps(signature),
                 "state": (StepState.QUEUED if waiting == 0 else StepState.PENDING).value,
                 "waiting": waiting, "input": None if arguments is None else dumps(arguments),
                 "task_id": task_id, "compensation_task_id": str(uuid.uuid4()),
             })
             if waiting == 0:
-                ready.append((step.position, task_id, step.task_name, step.signature,
-                              arguments))
+                ready.append((step.position, task_id, step.task_name, signature, arguments))
         session.execute(_RESUME_WORKFLOW, {"workflow_id": workflow_id,
                                            "remaining": len(steps) - len(kept)})
         return self._queue(session, workflow_id, ready, hold=False)
@@ -896,11 +914,11 @@ class WorkflowBackend(StoreBackend):
                 workflow_id=workflow_id, step=position)
 
     def replay(self, workflow_id: str, from_step: int) -> tuple[str, Released]:
-        """A new run of the same canvas whose steps before `from_step` are copied as
-        succeeded with their results; it starts at `from_step`.
+        """A new run of the same canvas: `from_step` and its transitive dependents run,
+        every other step is copied as succeeded with its result; it starts at `from_step`.
 
         Raises:
-            WorkflowNotFound, WorkflowNotRetryable: a step before `from_step` did not succeed.
+            WorkflowNotFound, WorkflowNotRetryable: a step to copy did not succeed.
         """
         with wrap_store_errors("workflows: replay", workflow=workflow_id), \
                 self.transaction() as session:
@@ -910,12 +928,14 @@ class WorkflowBackend(StoreBackend):
             steps = list(session.execute(_STEPS, {"workflow_id": workflow_id}))
             self._refuse_batch(workflow_id, steps)
             self._check_position(workflow_id, from_step, len(steps))
+            rerun = downstream(steps, [from_step])
             lost = [s.position for s in steps
-                    if s.position < from_step and s.state not in SUCCESS_STATES]
+                    if s.position not in rerun and s.state not in SUCCESS_STATES]
             if lost:
                 raise WorkflowNotRetryable(
-                    f"step {lost[0]} of workflow {workflow_id} did not succeed; replay from "
-                    f"step {lost[0]} or earlier", workflow_id=workflow_id, step=lost[0])
+                    f"step {lost[0]} of workflow {workflow_id} did not succeed and does not "
+                    f"depend on step {from_step}; replay from step {lost[0]}",
+                    workflow_id=workflow_id, step=lost[0])
             specs = [StepSpec(
                 position=s.position, task_name=s.task_name,
                 args=list(s.signature.get("args") or ()),
@@ -930,7 +950,7 @@ class WorkflowBackend(StoreBackend):
             released = self.create(session, workflow_id=new_id, name=old.name,
                                    canvas=old.canvas, steps=specs,
                                    done={s.position: s.result for s in steps
-                                         if s.position < from_step},
+                                         if s.position not in rerun},
                                    replay_of=workflow_id, hold=False)
         return new_id, released
 
@@ -969,6 +989,21 @@ class WorkflowBackend(StoreBackend):
                 "limit": int(limit), "state": None if state is None else WorkflowState(state).value,
             }).all()
         return [_summary(row, None) for row in rows]
+
+
+def downstream(steps: list[Any], roots: list[int]) -> set[int]:
+    """`roots` and every step that depends on one of them, transitively."""
+    dependents: dict[int, list[int]] = {}
+    for step in steps:
+        for dep in step.depends_on or ():
+            dependents.setdefault(int(dep), []).append(int(step.position))
+    found, todo = set(), list(roots)
+    while todo:
+        position = todo.pop()
+        if position not in found:
+            found.add(position)
+            todo.extend(dependents.get(position, ()))
+    return found
 
 
 def _summary(row: Any, steps: list[Any] | None) -> WorkflowSummary:
