@@ -21,7 +21,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from resilience.batches.enqueue import CALLBACK_HEADER, CALLBACK_KEY, Batch, BatchResult, batch
+from resilience.batches.enqueue import (
+    CALLBACK_HEADER,
+    CALLBACK_KEY,
+    Batch,
+    BatchResult,
+    batch,
+    eager_summary,
+)
 from resilience.batches.errors import BatchNotFound, InvalidBatch
 from resilience.batches.summary import (
     COMPLETE,
@@ -30,6 +37,8 @@ from resilience.batches.summary import (
     read_recent,
     read_summary,
 )
+from resilience.stores import MemoryStores
+from resilience.workflows.eager import eager_backend_of
 
 if TYPE_CHECKING:
     from resilience.stores import Stores
@@ -41,6 +50,9 @@ def describe(stores: Stores, batch_id: str) -> BatchSummary:
     Raises:
         BatchNotFound: no batch has this id.  StorageError: PostgreSQL cannot be read.
     """
+    eager = eager_backend_of(stores)
+    if isinstance(stores, MemoryStores) or eager.find(batch_id) is not None:
+        return eager_summary(eager, batch_id)  # run in process (memory mode, eager)
     return read_summary(stores, batch_id)
 
 
@@ -51,7 +63,16 @@ def recent(stores: Stores, *, limit: int = 50,
     Raises:
         StorageError: PostgreSQL cannot be read.
     """
-    return read_recent(stores, limit=limit, incomplete_only=incomplete_only)
+    eager = eager_backend_of(stores)
+    ran = [eager_summary(eager, found.id) for found in eager.recent(limit=limit)
+           if "batch" in eager.get(found.id).canvas]
+    ran = [found for found in ran if not incomplete_only or not found.complete]
+    if isinstance(stores, MemoryStores):
+        return ran
+    stored = read_recent(stores, limit=limit, incomplete_only=incomplete_only)
+    if not ran:
+        return stored
+    return sorted([*ran, *stored], key=lambda found: found.created_at, reverse=True)[:limit]
 
 
 __all__ = [

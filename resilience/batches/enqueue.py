@@ -37,13 +37,28 @@ from typing import TYPE_CHECKING, Any
 from celery import current_app
 from celery.canvas import Signature
 
-from resilience.batches.errors import InvalidBatch
+from resilience.batches.errors import BatchNotFound, InvalidBatch
 from resilience.batches.summary import COMPLETE, RELEASES, SUCCESS, BatchSummary, read_summary
 from resilience.errors import InvalidTaskArguments
 from resilience.headers import BATCH_HEADER
 from resilience.keys import canonical_arguments, check_binding
 from resilience.stores import MemoryStores, stores_for
-from resilience.workflows.canvas import OUTCOMES, StepSpec, link, outcomes, stored_signature
+from resilience.workflows.canvas import (
+    FINAL_STEP_STATES,
+    OUTCOMES,
+    StepSpec,
+    link,
+    outcomes,
+    stored_signature,
+)
+from resilience.workflows.eager import (
+    EagerRun,
+    EagerStep,
+    EagerWorkflowBackend,
+    eager_backend,
+    eager_mode,
+)
+from resilience.workflows.eager import start as eager_start
 from resilience.workflows.guard import WorkflowGuard, workflow_backend
 
 if TYPE_CHECKING:
@@ -60,10 +75,13 @@ CALLBACK_KEY = "batch:{batch[batch_id]}:{batch[callback]}"
 class BatchResult:
     """What `Batch.apply_async` returns: the batch id and each member's `AsyncResult`."""
 
-    def __init__(self, app: Celery, batch_id: str, results: list[AsyncResult]) -> None:
+    def __init__(self, app: Celery, batch_id: str, results: list[AsyncResult], *,
+                 eager: bool = False) -> None:
         self.app = app
         self.id = batch_id
         self.results = results
+        #: Run in process (memory mode, `task_always_eager`): read from there.
+        self.eager = eager
 
     def summary(self) -> BatchSummary:
         """The batch now: pending count, tallies per state, callbacks written.
@@ -71,6 +89,8 @@ class BatchResult:
         Raises:
             BatchNotFound: the batch was rolled back (or purged).
         """
+        if self.eager:
+            return eager_summary(eager_backend(self.app), self.id)
         return read_summary(stores_for(self.app), self.id)
 
     def __repr__(self) -> str:
@@ -132,11 +152,17 @@ class Batch:
     def apply_async(self) -> BatchResult:
         """Write the batch in a transaction of its own; the relay publishes the members.
 
+        In memory mode (`resilience.testing`) and under `task_always_eager` the members
+        run in process, then the callbacks, before this returns
+        (`resilience.workflows.eager`).
+
         Raises:
             InvalidBatch, ArgumentsDoNotBind, NonJsonArguments, PayloadTooLarge: nothing
                 was written.
             StorageError: PostgreSQL failed (nothing was written).
         """
+        if eager_mode(self.app):
+            return self._run_eagerly(None)
         stores = self._stores()
         with stores.engine().begin() as connection:
             return self.apply_async_in(connection)
@@ -151,7 +177,12 @@ class Batch:
             InvalidBatch, ArgumentsDoNotBind, NonJsonArguments, PayloadTooLarge: a member or
                 callback cannot be sent; raised before anything is written.
             StorageError: an insert failed (the caller's transaction is aborted).
+
+        Memory mode and `task_always_eager`: the batch runs in process when `session`
+        commits (any SQLAlchemy Session or Connection), and never on rollback.
         """
+        if eager_mode(self.app):
+            return self._run_eagerly(session)
         self._stores()
         tasks = [self._member_task(signature) for signature in self.members]
         batch_id = uuid.uuid4().hex
@@ -166,12 +197,25 @@ class Batch:
             results.append(task.apply_async_in(session, tuple(signature.args),
                                                dict(signature.kwargs), headers=headers,
                                                **options))
-        members = list(range(len(results)))
+        steps = self._steps(batch_id, tasks, [{} for _ in tasks],
+                            [result.id for result in results], callbacks)
+        workflow_backend(self.app).create(
+            session, workflow_id=batch_id, name=self.description, steps=steps, hold=False,
+            canvas={"batch": {"description": self.description}, "result": None})
+        self.result = BatchResult(self.app, batch_id, results)
+        return self.result
+
+    def _steps(self, batch_id: str, tasks: list[Task], options: list[dict[str, Any]],
+               task_ids: list[str], callbacks: list[tuple[str, dict[str, Any]]]
+               ) -> list[StepSpec]:
+        """The workflow's steps: a member step per job, and each callback depending on all
+        of them (released when all "succeeded" or all are "final")."""
+        members = list(range(len(tasks)))
         steps = [StepSpec(position=position, task_name=task.name, args=list(signature.args),
-                          kwargs=dict(signature.kwargs), options={}, immutable=False,
-                          source=None, task_id=result.id, member=True)
-                 for position, task, signature, result in zip(members, tasks, self.members,
-                                                              results, strict=True)]
+                          kwargs=dict(signature.kwargs), options=given, immutable=False,
+                          source=None, task_id=task_id, member=True)
+                 for position, task, signature, given, task_id in zip(
+                     members, tasks, self.members, options, task_ids, strict=True)]
         for kind, stored in callbacks:
             steps.append(StepSpec(
                 position=len(steps), task_name=stored["task"], args=stored["args"],
@@ -179,10 +223,37 @@ class Batch:
                 immutable=stored["immutable"], kind="callback", release=RELEASES[kind],
                 source={OUTCOMES: members, "with": _with(batch_id, kind, self.description)}))
         link(steps, None)
-        workflow_backend(self.app).create(
-            session, workflow_id=batch_id, name=self.description, steps=steps, hold=False,
-            canvas={"batch": {"description": self.description}, "result": None})
-        self.result = BatchResult(self.app, batch_id, results)
+        return steps
+
+    def _run_eagerly(self, session: Any) -> BatchResult:
+        """Memory mode or `task_always_eager`: the members run in process, each through its
+        task's `apply()`, then the callbacks once, when `session` commits (None: now)."""
+        tasks = [self._member_task(signature) for signature in self.members]
+        batch_id = uuid.uuid4().hex
+        callbacks = [(kind, self._callback(batch_id, kind, signature)) for kind, signature in
+                     ((SUCCESS, self.on_success), (COMPLETE, self.on_complete))
+                     if signature is not None]
+        for task, signature in zip(tasks, self.members, strict=True):
+            validate = getattr(task, "validate_arguments", None)
+            if validate is not None:
+                validate(tuple(signature.args), dict(signature.kwargs))
+        task_ids = [str(uuid.uuid4()) for _ in tasks]
+        options = [stored_signature(signature, "a batch member")["options"]
+                   for signature in self.members]
+        steps = self._steps(batch_id, tasks, options, task_ids, callbacks)
+        results: list[Any] = [task.AsyncResult(task_id)
+                              for task, task_id in zip(tasks, task_ids, strict=True)]
+        run = EagerRun(self.app, workflow_id=batch_id, name=self.description, steps=steps,
+                       template=None,
+                       canvas={"batch": {"description": self.description}, "result": None})
+
+        def kept(step: EagerStep, done: Any) -> None:
+            if step.spec.member and done is not None:
+                results[step.spec.position] = done  # the member's EagerResult
+
+        run.on_step = kept
+        self.result = BatchResult(self.app, batch_id, results, eager=True)
+        eager_start(run, session)
         return self.result
 
     def __enter__(self) -> Batch:
@@ -265,3 +336,40 @@ def _is_task_signature(value: Any) -> bool:
 def _kind(value: Any) -> str:
     subtask_type = getattr(value, "subtask_type", None)
     return f"a {subtask_type}" if subtask_type else type(value).__name__
+
+
+def eager_summary(backend: EagerWorkflowBackend, batch_id: str) -> BatchSummary:
+    """A batch run in process (`resilience.workflows.eager`), as `read_summary` gives one
+    from the workflow tables.
+
+    Raises:
+        BatchNotFound: no such batch ran here (never committed, or rolled back).
+    """
+    run = backend.find(batch_id)
+    if run is None or "batch" not in run.canvas:
+        raise BatchNotFound(f"no batch {batch_id!r}", batch_id=batch_id)
+    members = [step for step in run.steps if step.spec.kind == "step"]
+    callbacks = {kind: next((step for step in run.steps if step.spec.kind == "callback"
+                             and step.spec.release == release), None)
+                 for kind, release in RELEASES.items()}
+    pending = sum(1 for step in members if step.live)
+    finished = [step.finished_at for step in members if step.finished_at is not None]
+
+    def signature(kind: str) -> dict[str, Any] | None:
+        found = callbacks[kind]
+        return None if found is None else {"task": found.spec.task_name,
+                                           **found.spec.signature()}
+
+    def fired(kind: str) -> str | None:
+        found = callbacks[kind]
+        return None if found is None or found.state.value in ("pending", "skipped") \
+            else found.spec.task_id
+
+    return BatchSummary(
+        id=run.id, description=run.name, total=len(members), pending=pending,
+        tallies={state: sum(1 for step in members if step.state.value == state)
+                 for state in FINAL_STEP_STATES},
+        created_at=run.created_at,
+        completed_at=(max(finished, default=run.created_at)) if pending == 0 else None,
+        on_success=signature(SUCCESS), on_complete=signature(COMPLETE),
+        success_task_id=fired(SUCCESS), complete_task_id=fired(COMPLETE))

@@ -25,6 +25,8 @@ from resilience.stores import MemoryStores, stores_for
 from resilience.workflows import metrics
 from resilience.workflows.backend import WorkflowBackend
 from resilience.workflows.canvas import COMPENSATE_OPTION, StepSpec, flatten
+from resilience.workflows.eager import EagerRun, EagerWorkflowRun, eager_mode
+from resilience.workflows.eager import start as eager_start
 from resilience.workflows.errors import InvalidWorkflow, WorkflowFailed, WorkflowTimeout
 from resilience.workflows.guard import WorkflowGuard, workflow_backend
 from resilience.workflows.states import FINAL_WORKFLOW_STATES, WorkflowState
@@ -156,13 +158,27 @@ class DurableCanvas:
                                   "resilience_database_url (memory stores cannot run them)")
         return stores
 
-    def apply_async(self) -> WorkflowRun:
+    def _run_eagerly(self, session: Any) -> EagerWorkflowRun:
+        """Memory mode or `task_always_eager`: run the canvas in process when `session`
+        commits (None: now), as plain Celery runs a canvas eagerly (`eager.py`)."""
+        run = EagerRun(self.app, workflow_id=uuid.uuid4().hex, name=self.name,
+                       steps=self.steps, template=self.template, canvas=self._document())
+        eager_start(run, session)
+        return EagerWorkflowRun(self.app, run.id, self.name)
+
+    def apply_async(self) -> WorkflowRun | EagerWorkflowRun:
         """Write the workflow in a transaction of its own, then publish its first steps.
+
+        In memory mode (`resilience.testing`) and under `task_always_eager` the canvas runs
+        in process instead, before this returns (`resilience.workflows.eager`); the run's
+        `get()` answers at once.
 
         Raises:
             InvalidWorkflow: checked before anything is written.
             StorageError: PostgreSQL failed (nothing was written).
         """
+        if eager_mode(self.app):
+            return self._run_eagerly(None)
         stores = self._stores_checked()
         workflow_id = uuid.uuid4().hex
         backend = workflow_backend(self.app)
@@ -173,9 +189,10 @@ class DurableCanvas:
         publish_held(self.app, released.rows, backend.outbox)
         return WorkflowRun(self.app, workflow_id, self.name)
 
-    def apply_async_in(self, session: Any) -> WorkflowRun:
+    def apply_async_in(self, session: Any) -> WorkflowRun | EagerWorkflowRun:
         """Write the workflow, its steps and its first outbox rows in the caller's
-        transaction; the relay publishes them once it commits.
+        transaction; the relay publishes them once it commits. (Memory mode and
+        `task_always_eager`: the canvas runs in process when it commits, never on rollback.)
 
         Args:
             session: a SQLAlchemy Session or Connection on the app's database.
@@ -184,6 +201,8 @@ class DurableCanvas:
             InvalidWorkflow: checked before anything is written.
             StorageError: an insert failed (the caller's transaction is aborted).
         """
+        if eager_mode(self.app):
+            return self._run_eagerly(session)
         self._stores_checked()
         workflow_id = uuid.uuid4().hex
         workflow_backend(self.app).create(session, workflow_id=workflow_id, name=self.name,

@@ -1,4 +1,4 @@
-"""In-memory backends of `@singleton`, `@exclusive` and the outbox
+"""In-memory backends of `@singleton`, `@exclusive`, the outbox and batches
 (`resilience.testing.memory_mode`): a user's app whose Redis and PostgreSQL URLs point at
 ports where nothing listens, eager, and a worker in a thread where concurrency matters.
 """
@@ -16,6 +16,7 @@ from celery.contrib.testing.worker import start_worker
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
+from resilience.batches import batch
 from resilience.errors import JobDeferred, StaleFencingToken
 from resilience.locks import exclusive, singleton
 from resilience.locks.fencing import FencingTokens
@@ -23,6 +24,8 @@ from resilience.outbox.backends.memory import MemoryOutboxBackend
 from resilience.outbox.relay import outbox_backend
 from resilience.task import GuardedTask
 from resilience.testing import memory_mode
+from resilience.workflows import StepState, workflow_guards
+from resilience.workflows.eager import EagerWorkflowBackend, eager_backend
 from tests.resilience.testing.test_memory_mode import dead_app
 
 
@@ -223,3 +226,59 @@ class TestOutboxInMemory:
                 session.commit()
             assert result.get(timeout=10) == 7
             assert done.is_set()
+
+
+class TestBatchesInMemory:
+    def test_the_callbacks_fire_exactly_once_when_every_member_is_final(
+            self, app: Celery) -> None:
+        calls: list[dict[str, Any]] = []
+
+        @app.task(base=GuardedTask, guards=workflow_guards(), shared=False)
+        def member(n: int) -> int:
+            if n < 0:
+                raise ValueError(n)
+            return n
+
+        @app.task(shared=False)
+        def done(summary: dict[str, Any]) -> None:
+            calls.append(summary)
+
+        with memory_mode():
+            result = batch([member.s(1), member.s(2)], on_success=done.s(),
+                           on_complete=done.s(), app=app).apply_async()
+            assert sorted(c["callback"] for c in calls) == ["complete", "success"]
+            assert all(c["batch_id"] == result.id and c["total"] == 2 for c in calls)
+            summary = result.summary()
+            assert summary.complete and summary.succeeded
+            assert summary.tallies["succeeded"] == 2
+            # A redelivered member's outcome is recorded once: nothing fires again.
+            backend = eager_backend(app)
+            assert isinstance(backend, EagerWorkflowBackend)
+            again = backend.record(None, task_id=result.results[0].id,
+                                   state=StepState.FAILED)
+            assert not again.recorded
+            assert len(calls) == 2
+
+            calls.clear()
+            failing = batch([member.s(3), member.s(-1)], on_success=done.s(),
+                            on_complete=done.s(), app=app).apply_async()
+            assert [c["callback"] for c in calls] == ["complete"]
+            assert calls[0]["succeeded"] is False
+            assert failing.summary().tallies["failed"] == 1
+
+    def test_a_rolled_back_batch_leaves_nothing(self, app: Celery, database: Any) -> None:
+        runs: list[int] = []
+
+        @app.task(base=GuardedTask, guards=workflow_guards(), shared=False)
+        def member(n: int) -> int:
+            runs.append(n)
+            return n
+
+        with memory_mode():
+            with Session(database) as session:
+                created = batch([member.s(1)], app=app).apply_async_in(session)
+                session.rollback()
+            assert runs == []
+            assert eager_backend(app).recent(limit=5) == []
+            with pytest.raises(Exception, match="no batch"):
+                created.summary()
