@@ -105,14 +105,18 @@ RETURNING s.state, s.result, s.compensation_state, w.state AS workflow_state,
 # step leaves its live state once; the workflow counts it (and succeeds with its result when
 # it was the last); each dependent gets its input and its outbox row, held for the relay
 # (the worker publishes it after this statement). Data-modifying CTEs all run, in one
-# snapshot and one transaction.
+# snapshot and one transaction. Only while the workflow runs (its row locked first, so the
+# latest state is read): a step that ends after its workflow stopped records nothing here
+# and goes through `succeed`'s transaction, which queues the next compensation with it.
 _SUCCEED_SIMPLE = PreparedStatement("resilience_workflow_succeed", f"""
-WITH done AS (
+WITH running AS (
+    SELECT state FROM {WORKFLOWS_TABLE} WHERE id = %(workflow_id)s FOR UPDATE
+), done AS (
     UPDATE {STEPS_TABLE}
     SET state = %(state)s, result = CAST(%(result)s AS JSONB), error = NULL,
         finished_at = clock_timestamp(), completed_seq = nextval('{COMPLETED_SEQUENCE}')
     WHERE workflow_id = %(workflow_id)s AND position = %(position)s
-      AND state IN ('pending', 'queued')
+      AND state IN ('pending', 'queued') AND (SELECT state FROM running) = 'running'
     RETURNING dependents
 ), workflow AS (
     UPDATE {WORKFLOWS_TABLE} w
@@ -649,7 +653,10 @@ class WorkflowBackend(StoreBackend):
             "hold_seconds": float(self.hold_seconds),
         }, "record step")[0]
         if row.state is None:
-            return Released()  # final already: a duplicate or a redelivery
+            # Not recorded: final already (a duplicate), or its workflow stopped; the
+            # transaction records it and queues the next compensation at once.
+            return self.succeed(None, workflow_id, position, json.loads(result_json),
+                                state=state)
         released = Released(recorded=True, workflow_state=row.state, rows=[
             OutboxRow(id=int(q["id"]), task_id=q["task_id"], task_name=q["task_name"],
                       args=list(q["args"] or ()), kwargs=dict(q["kwargs"] or {}),
@@ -658,13 +665,6 @@ class WorkflowBackend(StoreBackend):
             for q in row.queued or ()])
         if row.state == WorkflowState.SUCCEEDED and row.remaining == 0:
             released.finished = WorkflowState.SUCCEEDED
-        elif row.state != WorkflowState.RUNNING:
-            # It finished after its workflow stopped: the compensations may go on now. (A
-            # crash right here leaves them waiting for the next event of the workflow.)
-            with wrap_store_errors("workflows: compensate", workflow=workflow_id), \
-                    self.transaction() as session:
-                session.execute(_LOCK_WORKFLOW, {"workflow_id": workflow_id})
-                released.extend(self._advance_compensation(session, workflow_id))
         return released
 
     def _fan_in(self, session: Any, workflow_id: str, step: dict[str, Any],

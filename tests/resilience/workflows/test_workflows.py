@@ -364,3 +364,53 @@ def test_step_header_carries_the_run(value: str, parsed: tuple[Any, ...] | None)
     assert (None if step is None else tuple(step)) == parsed
     if parsed is not None:
         assert step_header(parsed[0], parsed[1], parsed[2], parsed[3]) == value
+
+
+class TestLateSuccess:
+    """A step that succeeds after its workflow stopped is recorded with the next
+    compensation, in one transaction."""
+
+    def test_a_crash_before_the_compensation_is_queued_records_nothing(
+            self, stores: Any, engine: Any, run: str) -> None:
+        """The workflow is cancelled while a (simple) step runs; its completion then
+        records the step and queues its compensation together: a crash in between leaves
+        the step live (its redelivery records both), never succeeded with no compensation
+        to come. Then the real completion queues the compensation."""
+        import uuid
+
+        from resilience.workflows.backend import WorkflowBackend
+
+        class Crashing(WorkflowBackend):
+            def _advance_compensation(self, session: Any, workflow_id: str,
+                                      hold: bool = True) -> Any:
+                raise RuntimeError("the worker died here")
+
+        canvas = durable(chain(t.step.s(None, run, "a").set(compensate=t.undo.s(run, "a")),
+                               t.step.s(run, "b")), name="late-success")
+        backend = WorkflowBackend(stores.guard_engine, stores.statements(),
+                                  prepared=not stores.transaction_pooled)
+        workflow_id = uuid.uuid4().hex
+        backend.create(None, workflow_id=workflow_id, name="late-success",
+                       canvas=canvas._document(), steps=canvas.steps, hold=False)
+        with engine.begin() as connection:  # nobody runs it: this test plays the worker
+            connection.execute(text("DELETE FROM resilience_outbox WHERE task_id = ANY(:ids)"),
+                               {"ids": [s.task_id for s in canvas.steps]})
+        started = backend.start(workflow_id, 0)
+        assert started is not None and started.simple
+        backend.cancel(workflow_id)
+        crashing = Crashing(stores.guard_engine, stores.statements(),
+                            prepared=not stores.transaction_pooled)
+        with pytest.raises(RuntimeError):
+            crashing.succeed(None, workflow_id, 0, "a", simple=True)
+        first = describe(stores, workflow_id).steps[0]
+        assert (first.state, first.compensation_state) == (StepState.QUEUED, None)
+        released = backend.succeed(None, workflow_id, 0, "a", simple=True)
+        assert released.recorded
+        assert [row.task_id for row in released.rows] == [
+            describe(stores, workflow_id).steps[0].compensation_task_id]
+        first = describe(stores, workflow_id).steps[0]
+        assert (first.state, first.compensation_state) == (StepState.SUCCEEDED,
+                                                           StepState.QUEUED)
+        with engine.begin() as connection:
+            connection.execute(text("DELETE FROM resilience_outbox WHERE task_id = :id"),
+                               {"id": first.compensation_task_id})
