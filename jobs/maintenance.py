@@ -15,6 +15,7 @@ from resilience.cancel.view import cancellations
 from resilience.deadletter.replay import AutoReplay, ReplayConfig
 from resilience.idempotency.cleanup import CleanupConfig, reap_abandoned, run_cleanup
 from resilience.locks.guards import singleton
+from resilience.schedules import history_days_of, prune_runs
 from resilience.stores import stores_for
 
 
@@ -86,3 +87,14 @@ def replay_dead_letters(
     }
     config = ReplayConfig(**{name: value for name, value in options.items() if value is not None})
     return {"enabled": True, **AutoReplay.of_app(app, config).run_once().summary()}
+
+
+@app.task(tier="standard")
+@singleton(key="maintenance:prune_schedule_runs")
+def prune_schedule_runs(keep_last: int = 20, batch_size: int = 1000,
+                        time_budget_seconds: float = 30.0) -> dict[str, Any]:
+    """Delete finished schedule run rows older than `resilience_schedule_history_days`
+    (default 7), keeping each entry's newest `keep_last` runs and every run in flight."""
+    budget = min(time_budget_seconds, get_settings().standard.soft_time_limit_seconds / 2)
+    return prune_runs(stores_for(app), history_days=history_days_of(app.conf),
+                      keep_last=keep_last, batch_size=batch_size, time_budget_seconds=budget)

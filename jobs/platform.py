@@ -22,7 +22,6 @@ from resilience.deadline import DeadlineConfig, DeadlineGuard, DeadlineStampGuar
 from resilience.errors import ConfigurationError
 from resilience.pause import PauseConfig, PauseGuard, RedisPauseBackend
 from resilience.results import FINAL_STATE_BACKENDS
-from resilience.schedules import ScheduleRunGuard
 from resilience.stores import stores_for
 from resilience.task import GuardedTask
 from resilience.workflows.signals import connect as connect_workflow_signals
@@ -99,7 +98,6 @@ class JobTask(GuardedTask):
         ),
         PauseGuard(PauseConfig(), lambda task: pause_backend(task.app)),
         CancelGuard(CancelConfig(), lambda task: cancel_backend(task.app)),
-        ScheduleRunGuard(),  # a scheduled run's outcome on its run row (resilience.schedules)
     )
 
 
@@ -272,6 +270,7 @@ _RESILIENCE_ENVIRONMENT = {
     "RESILIENCE_BEAT_SCHEDULE": ("resilience_beat_schedule", str),
     "RESILIENCE_SCHEDULE_OVERLAP_TRUST_SECONDS": ("resilience_schedule_overlap_trust_seconds",
                                                   float),
+    "RESILIENCE_SCHEDULE_HISTORY_DAYS": ("resilience_schedule_history_days", float),
 }
 
 

@@ -43,6 +43,14 @@ SCHEDULE: dict[str, dict[str, Any]] = {
         "options": {"expires": 25},
         "overlap": "skip",
     },
+    # Schedule run rows older than resilience_schedule_history_days (default 7), each
+    # entry's newest 20 and every run in flight kept: batches of 1000 for up to 30 s, hourly.
+    "schedule-history-prune": {
+        "task": "jobs.maintenance.prune_schedule_runs",
+        "schedule": 3600.0,
+        "options": {"expires": 3000},
+        "overlap": "skip",
+    },
     # Claims whose holder died and whose lease ended more than 5 minutes ago.
     "idempotency-reaper": {
         "task": "jobs.maintenance.reap_idempotency_claims",

@@ -15,6 +15,7 @@
     seed.py        the code's beat_schedule upserted by the leader
     scheduler.py   Scheduler: the celery beat scheduler (leader-elected, resilience.locks.beat)
     guard.py       ScheduleRunGuard: a job's end recorded on its run row
+    history.py     prune_runs: old finished run rows deleted (a maintenance entry runs it)
     api.py         add, edit, pause, resume, remove, run_now, describe, recent_runs, listing
 """
 
@@ -35,6 +36,7 @@ from resilience.schedules.cron import Cron, next_fires
 from resilience.schedules.cron import Schedule as Schedule
 from resilience.schedules.errors import InvalidSchedule, ScheduleNotFound
 from resilience.schedules.guard import ScheduleRunGuard
+from resilience.schedules.history import history_days_of, prune_runs
 from resilience.schedules.policies import CatchUp, Overlap, RunOutcome
 from resilience.schedules.singleton import ScheduleSingletonGuard
 from resilience.schedules.store import SCHEDULE_RUN_HEADER
@@ -57,9 +59,11 @@ __all__ = [
     "add",
     "describe",
     "edit",
+    "history_days_of",
     "listing",
     "next_fires",
     "pause",
+    "prune_runs",
     "recent_runs",
     "remove",
     "resume",

@@ -70,6 +70,11 @@ schedules = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("version", Integer, nullable=False, server_default="1",
            comment="+1 on each edit, pause or resume"),
+    Column("pruned_missed", BigInteger, nullable=False, server_default="0",
+           comment="missed slots of run rows pruned (history.prune_runs): the metric "
+                   "counts on"),
+    Column("pruned_skipped", BigInteger, nullable=False, server_default="0",
+           comment="skipped_overlap run rows pruned"),
     CheckConstraint("kind IN ('interval', 'cron')", name="kind_known"),
     CheckConstraint("(kind = 'interval' AND every_seconds > 0) OR "
                     "(kind = 'cron' AND cron IS NOT NULL)", name="timing_set"),
@@ -100,4 +105,7 @@ runs = Table(
         "'skipped', 'skipped_overlap', 'missed', 'queued')", name="outcome_known"),
     # The previous run of a schedule (overlap) and the last runs (describe) read newest first.
     Index("ix_resilience_schedule_runs_schedule_id", "schedule", "id"),
+    # The metrics (ScheduleStore.run_totals): per schedule and outcome, counts and the newest
+    # succeeded slot read from the index, not from every run row.
+    Index("ix_resilience_schedule_runs_schedule_outcome_slot", "schedule", "outcome", "slot"),
 )

@@ -49,6 +49,11 @@ def upgrade() -> None:
         sa.Column("updated_at", sa.DateTime(timezone=True), server_default=NOW, nullable=False),
         sa.Column("version", sa.Integer(), server_default="1", nullable=False,
                   comment="+1 on each edit, pause or resume"),
+        sa.Column("pruned_missed", sa.BigInteger(), server_default="0", nullable=False,
+                  comment="missed slots of run rows pruned (history.prune_runs): the metric "
+                          "counts on"),
+        sa.Column("pruned_skipped", sa.BigInteger(), server_default="0", nullable=False,
+                  comment="skipped_overlap run rows pruned"),
         sa.CheckConstraint("kind IN ('interval', 'cron')", name=op.f(f"ck_{SCHEDULES}_kind_known")),
         sa.CheckConstraint("(kind = 'interval' AND every_seconds > 0) OR "
                            "(kind = 'cron' AND cron IS NOT NULL)",
@@ -77,16 +82,19 @@ def upgrade() -> None:
         sa.Column("detail", JSONB(), nullable=True),
         sa.CheckConstraint(
             "outcome IN ('sent', 'succeeded', 'failed', 'dead_lettered', 'cancelled', 'shed', "
-            "'skipped', 'skipped_overlap', 'missed', 'queued')", name=op.f(f"ck_{RUNS}_outcome_known")),
+            "'skipped', 'skipped_overlap', 'missed', 'queued')",
+            name=op.f(f"ck_{RUNS}_outcome_known")),
         sa.ForeignKeyConstraint(["schedule"], [f"{SCHEDULES}.name"], ondelete="CASCADE",
                                 name=f"fk_{RUNS}_schedule_{SCHEDULES}"),
         sa.PrimaryKeyConstraint("id", name=f"pk_{RUNS}"),
         sa.UniqueConstraint("schedule", "slot", name=f"uq_{RUNS}_schedule_slot"),
     )
     op.create_index(f"ix_{RUNS}_schedule_id", RUNS, ["schedule", "id"])
+    op.create_index(f"ix_{RUNS}_schedule_outcome_slot", RUNS, ["schedule", "outcome", "slot"])
 
 
 def downgrade() -> None:
+    op.drop_index(f"ix_{RUNS}_schedule_outcome_slot", table_name=RUNS)
     op.drop_index(f"ix_{RUNS}_schedule_id", table_name=RUNS)
     op.drop_table(RUNS)
     op.drop_table(SCHEDULES)
