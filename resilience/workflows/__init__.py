@@ -37,7 +37,7 @@ from resilience.workflows.guard import (
     cancel_steps,
     workflow_guards,
 )
-from resilience.workflows.metrics import observe_steps
+from resilience.workflows.metrics import observe_steps, workflow_event
 from resilience.workflows.states import StepState, StepSummary, WorkflowState, WorkflowSummary
 
 if TYPE_CHECKING:
@@ -119,8 +119,11 @@ def cancel(stores: Stores, workflow_id: str, *, app: Celery | None = None
     """
     backend = _backend(stores)
     released = backend.cancel(workflow_id)
+    app = app or current_app._get_current_object()
     if released.cancel:
-        cancel_steps(app or current_app._get_current_object(), released.cancel)
+        cancel_steps(app, released.cancel)
+    if released.finished is not None:
+        workflow_event(app, str(released.finished), released.name)
     return backend.summary(workflow_id)
 
 

@@ -128,7 +128,7 @@ WITH running AS (
         finished_at = CASE WHEN w.state = 'running' AND w.remaining = 1
                            THEN clock_timestamp() ELSE w.finished_at END
     FROM done WHERE w.id = %(workflow_id)s
-    RETURNING w.state, w.remaining
+    RETURNING w.state, w.remaining, w.name
 ), released AS (
     UPDATE {STEPS_TABLE} d
     SET waiting = d.waiting - 1,
@@ -156,7 +156,7 @@ WITH running AS (
     RETURNING id, task_id, task_name, args, kwargs, options
 )
 SELECT (SELECT state FROM workflow) AS state, (SELECT remaining FROM workflow) AS remaining,
-       (SELECT json_agg(queued) FROM queued) AS queued
+       (SELECT name FROM workflow) AS name, (SELECT json_agg(queued) FROM queued) AS queued
 """)
 
 # One round trip for a chain step: the step leaves its live state once; its dependents
@@ -218,7 +218,7 @@ SET state = CASE WHEN (SELECT position FROM failed) IS NULL THEN 'succeeded' ELS
     result = CAST(:result AS JSONB), finished_at = clock_timestamp(),
     failed_position = (SELECT position FROM failed), error = (SELECT error FROM failed)
 WHERE id = :workflow_id AND state = 'running' AND remaining = 0
-RETURNING state
+RETURNING state, name
 """)
 
 
@@ -279,7 +279,7 @@ UPDATE {WORKFLOWS_TABLE}
 SET state = :state, error = :error, failed_position = :position,
     finished_at = clock_timestamp()
 WHERE id = :workflow_id AND state = 'running'
-RETURNING id
+RETURNING id, name
 """)
 
 _SKIP_PENDING = text(f"""
@@ -320,6 +320,7 @@ _SET_WORKFLOW_STATE = text(f"""
 UPDATE {WORKFLOWS_TABLE}
 SET state = :state, finished_at = clock_timestamp(), error = COALESCE(:error, error)
 WHERE id = :workflow_id
+RETURNING name
 """)
 
 _COMPENSATED = text(f"""
@@ -337,7 +338,7 @@ FROM {STEPS_TABLE} WHERE workflow_id = :workflow_id ORDER BY position
 """)
 
 _WORKFLOW_COLUMNS = f"""
-w.id, w.name, w.state, w.canvas, w.total, w.remaining, w.result, w.error, w.failed_position,
+w.id, w.name, w.state, w.total, w.remaining, w.result, w.error, w.failed_position,
 w.created_at, w.finished_at, w.replay_of,
 COALESCE((SELECT jsonb_object_agg(t.state, t.n) FROM (
     SELECT s.state, count(*) AS n FROM {STEPS_TABLE} s
@@ -345,12 +346,15 @@ COALESCE((SELECT jsonb_object_agg(t.state, t.n) FROM (
 ) t), CAST('{{}}' AS JSONB)) AS counts
 """
 
-_WORKFLOW = text(f"SELECT {_WORKFLOW_COLUMNS} FROM {WORKFLOWS_TABLE} w WHERE w.id = :id")
+_WORKFLOW = text(f"""
+SELECT {_WORKFLOW_COLUMNS}, w.canvas FROM {WORKFLOWS_TABLE} w WHERE w.id = :id
+""")
 
 _STATE = text(f"""
 SELECT state, result, error, failed_position FROM {WORKFLOWS_TABLE} WHERE id = :id
 """)
 
+# The list never reads a run's canvas (a batch's is as long as its members).
 _RECENT = text(f"""
 SELECT {_WORKFLOW_COLUMNS} FROM {WORKFLOWS_TABLE} w
 WHERE CAST(:state AS TEXT) IS NULL OR w.state = CAST(:state AS TEXT)
@@ -398,12 +402,14 @@ class Released:
     recorded: bool = False
     workflow_state: str | None = None
     finished: str | None = None  # the workflow's final state, when this transaction set it
+    name: str | None = None  # the workflow's name, with `finished` (its counters' label)
     cancel: list[str] = field(default_factory=list)  # task ids to cancel after the commit
 
     def extend(self, other: Released) -> None:
         self.rows.extend(other.rows)
         self.cancel.extend(other.cancel)
-        self.finished = other.finished or self.finished
+        if other.finished:
+            self.finished, self.name = other.finished, other.name
 
 
 @dataclass(frozen=True)
@@ -664,7 +670,7 @@ class WorkflowBackend(StoreBackend):
                       due_in_seconds=0.0)
             for q in row.queued or ()])
         if row.state == WorkflowState.SUCCEEDED and row.remaining == 0:
-            released.finished = WorkflowState.SUCCEEDED
+            released.finished, released.name = WorkflowState.SUCCEEDED, row.name
         return released
 
     def _fan_in(self, session: Any, workflow_id: str, step: dict[str, Any],
@@ -695,7 +701,8 @@ class WorkflowBackend(StoreBackend):
         self._read_results(session, workflow_id, positions(template), results)
         done = session.execute(_FINISH, {"workflow_id": workflow_id,
                                          "result": dumps(resolve(template, results))}).first()
-        return Released(finished=WorkflowState(done.state) if done else None)
+        return Released(finished=WorkflowState(done.state) if done else None,
+                        name=done.name if done else None)
 
     def fail(self, connection: Any, workflow_id: str, position: int, state: StepState,
              error: str | None) -> Released:
@@ -755,9 +762,11 @@ class WorkflowBackend(StoreBackend):
               position: int | None, hold: bool = True) -> Released:
         """A running workflow fails or is cancelled (workflow row locked by the caller)."""
         released = Released()
-        if session.execute(_STOP_WORKFLOW, {"workflow_id": workflow_id, "state": state.value,
-                                            "error": error, "position": position}).first():
-            released.finished = state
+        stopped = session.execute(_STOP_WORKFLOW, {
+            "workflow_id": workflow_id, "state": state.value, "error": error,
+            "position": position}).first()
+        if stopped:
+            released.finished, released.name = state, stopped.name
             session.execute(_SKIP_PENDING, {"workflow_id": workflow_id})
             if state is WorkflowState.CANCELLED:
                 released.cancel = list(session.execute(
@@ -788,10 +797,10 @@ class WorkflowBackend(StoreBackend):
         tally = session.execute(_COMPENSATION_TALLY, {"workflow_id": workflow_id}).one()
         if tally.busy == 0 and current.state == WorkflowState.COMPENSATING:
             settled = WorkflowState.FAILED if tally.failed else WorkflowState.COMPENSATED
-            session.execute(_SET_WORKFLOW_STATE, {
+            name = session.execute(_SET_WORKFLOW_STATE, {
                 "workflow_id": workflow_id, "state": settled.value,
-                "error": None})
-            return Released(finished=settled)
+                "error": None}).scalar()
+            return Released(finished=settled, name=name)
         return Released()
 
     def compensated(self, connection: Any, workflow_id: str, position: int, state: StepState,

@@ -20,6 +20,7 @@ from celery.canvas import Signature
 
 from resilience.errors import InvalidTaskArguments
 from resilience.keys import canonical_arguments
+from resilience.outbox.backends.memory import on_transaction_end
 from resilience.outbox.relay import publish_held
 from resilience.stores import MemoryStores, stores_for
 from resilience.workflows import metrics
@@ -208,7 +209,10 @@ class DurableCanvas:
         workflow_backend(self.app).create(session, workflow_id=workflow_id, name=self.name,
                                           canvas=self._document(), steps=self.steps,
                                           hold=False)
-        metrics.workflow_event(self.app, "STARTED", self.name)
+        # Counted once the caller commits (a rolled-back run never started); counting at
+        # the first step's start would cost every step's start a check.
+        on_transaction_end(session, lambda: metrics.workflow_event(
+            self.app, "STARTED", self.name), lambda: None)
         return WorkflowRun(self.app, workflow_id, self.name)
 
 

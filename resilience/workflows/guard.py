@@ -261,7 +261,7 @@ class WorkflowGuard(Guard):
             metrics.step_finished(call.task.name, state.value,
                                   time.perf_counter() - running.started)
         if released.finished is not None:
-            metrics.workflow_event(app, str(released.finished), None)
+            metrics.workflow_event(app, str(released.finished), released.name)
             step = running.step if running is not None else call.headers.workflow_step
             logger.info("workflow %s %s (step %s: %s)",
                         step.workflow_id if step else "?", released.finished,

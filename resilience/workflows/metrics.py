@@ -1,8 +1,9 @@
 """Workflow metrics: fleet-wide counters through `resilience.counters` (exported by the
 platform's Prometheus collector with every guard decision) and a step-latency hook.
 
-Counters (guard label "workflow", outcome label the event): STARTED, SUCCEEDED, FAILED,
-COMPENSATED, CANCELLED per workflow name. Step latency (start of the step's guard to its
+Counters (guard label "workflow", outcome label the event, name label the workflow's name
+as its caller gave it, like a task name: bounded by the code; UNNAMED without one):
+STARTED, SUCCEEDED, FAILED, COMPENSATED, CANCELLED. Step latency (start of the step's guard to its
 recorded outcome) goes to the observers registered with `observe_steps` (the platform's
 worker registers a prometheus-client Histogram); the library itself depends on no
 metrics client.
@@ -31,9 +32,14 @@ def observe_steps(observer: StepObserver) -> None:
         _observers.append(observer)
 
 
+#: The name label of a workflow started without a name.
+UNNAMED = "unnamed"
+
+
 def workflow_event(app: Any, event: str, name: str | None) -> None:
-    """Count a workflow event (STARTED, SUCCEEDED, FAILED, COMPENSATED, CANCELLED)."""
-    count_outcome(app, event.upper(), guard=GUARD_NAME, name=name or "workflow")
+    """Count a workflow event (STARTED, SUCCEEDED, FAILED, COMPENSATED, CANCELLED) under
+    the workflow's name."""
+    count_outcome(app, event.upper(), guard=GUARD_NAME, name=name or UNNAMED)
 
 
 def step_finished(task_name: str, state: str, seconds: float) -> None:

@@ -144,11 +144,12 @@ class TestDeliveries:
         assert describe(stores, flow.id).counts == {"succeeded": 3}
 
 
-def workflow_counts(stores: Any) -> dict[str, int]:
-    """The workflow events counted so far (`resilience.counters`), by event."""
+def workflow_counts(stores: Any, name: str | None = None) -> dict[str, int]:
+    """The workflow events counted so far (`resilience.counters`), by event (of the
+    workflows called `name` only, when given)."""
     counts: dict[str, int] = {}
     for labels, value in read_all(stores.redis()):
-        if labels.get("guard") == "workflow":
+        if labels.get("guard") == "workflow" and name in (None, labels.get("name")):
             counts[labels["outcome"]] = counts.get(labels["outcome"], 0) + value
     return counts
 
@@ -414,3 +415,38 @@ class TestLateSuccess:
         with engine.begin() as connection:
             connection.execute(text("DELETE FROM resilience_outbox WHERE task_id = :id"),
                                {"id": first.compensation_task_id})
+
+
+class TestCounters:
+    """Workflow events are counted under the workflow's name, a start once it commits."""
+
+    def test_events_by_name_and_a_start_counted_on_commit(
+            self, tier_workers: Any, relay: Any, stores: Any, engine: Any, run: str) -> None:
+        """A rolled-back apply_async_in counts nothing; committed, it counts STARTED then
+        SUCCEEDED under its name; a cancel counts CANCELLED under the cancelled one's."""
+        name = f"counted-{run}"
+        with engine.connect() as connection, connection.begin() as transaction:
+            durable(chain(t.add.s(1, 2)), name=name).apply_async_in(connection)
+            transaction.rollback()
+        assert workflow_counts(stores, name) == {}
+        with engine.begin() as connection:
+            kept = durable(chain(t.add.s(1, 2), t.mul.s(3)), name=name
+                           ).apply_async_in(connection)
+            assert workflow_counts(stores, name) == {}  # not committed yet
+        assert kept.get(timeout=30) == 9
+        wait_for(lambda: workflow_counts(stores, name) == {"STARTED": 1, "SUCCEEDED": 1},
+                 timeout_seconds=10, message="counted under the workflow's name")
+        stopped = durable(chain(t.step.s(None, run, "a", pause_seconds=1.0),
+                                t.step.s(run, "b")), name=f"{name}-cancel").apply_async()
+        cancel(stores, stopped.id, app=t.app)
+        assert workflow_counts(stores, f"{name}-cancel") == {"STARTED": 1, "CANCELLED": 1}
+
+    def test_recent_does_not_read_canvases(self, tier_workers: Any, stores: Any) -> None:
+        """The list query names no canvas column (a batch's canvas is as long as it)."""
+        from resilience.workflows.backend import _RECENT, _WORKFLOW
+
+        assert "canvas" not in str(_RECENT)
+        assert "canvas" in str(_WORKFLOW)  # a run's own page (and replay) reads it
+        run = durable(chain(t.add.s(1, 2)), name="listed").apply_async()
+        run.get(timeout=30)
+        assert run.id in {w.id for w in recent(stores, limit=20)}
