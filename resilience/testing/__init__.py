@@ -12,8 +12,9 @@ Works with `task_always_eager` and with a worker in a thread (`celery.contrib.py
 
 `@singleton` and `@exclusive` lock in memory (with fencing tokens `FencingTokens.guard_write`
 checks in memory); `apply_async_in(session, ...)` publishes when `session` commits and
-nothing on rollback (the backends' modules say how). Durable workflows and batches keep
-their state in PostgreSQL only: they refuse memory stores. pytest users take the
+nothing on rollback (the backends' modules say how). Durable workflows and batches run in
+process, as Celery runs a canvas eagerly (`resilience.workflows.eager`); their operator
+actions (cancel, retry, replay) need PostgreSQL. pytest users take the
 `resilience_memory` fixture instead (`resilience.testing.pytest_plugin`, registered by the
 `[pytest]` extra's entry point).
 """
