@@ -78,13 +78,13 @@ def plan(every: Any, last_slot: dt.datetime | None, now: dt.datetime,
     # (last_slot, missed_until] fell before this leader led / the entry was resumed.
     missed_until = min(now, on_time_since - _TICK)
     fire: list[tuple[dt.datetime, str]] = []
-    missed_total = slot_count(every, last_slot, missed_until, limit=_COUNT_LIMIT)
+    missed_any = slot_count(every, last_slot, missed_until, limit=1) > 0
     recorded_until = missed_until  # the missed slots not fired are (last_slot, this]
-    if missed_total and catch_up is CatchUp.ONCE:
+    if missed_any and catch_up is CatchUp.ONCE:
         caught = newest_slots(every, last_slot, missed_until, 1)[0]
         fire.append((caught, "catch_up"))
         recorded_until = caught - _TICK
-    elif missed_total and catch_up is CatchUp.ALL:
+    elif missed_any and catch_up is CatchUp.ALL:
         horizon = now - dt.timedelta(seconds=window_seconds)
         start = max(last_slot, horizon - _TICK)
         for slot in slots_between(every, start, missed_until):
@@ -99,7 +99,7 @@ def plan(every: Any, last_slot: dt.datetime | None, now: dt.datetime,
             break
     new_last = fire[-1][0] if fire and fire[-1][0] > missed_until else max(
         last_slot, newest_slots(every, last_slot, missed_until, 1)[0]
-        if missed_total else last_slot)
+        if missed_any else last_slot)
     return _with_missed(every, last_slot, recorded_until, fire, new_last)
 
 
@@ -113,10 +113,13 @@ def _with_missed(every: Any, last_slot: dt.datetime, until: dt.datetime,
                  fire: list[tuple[dt.datetime, str]], new_last: dt.datetime) -> Plan:
     """A plan firing `fire`, recording the slots in (last_slot, until] as missed (the newest
     RECORD_LIMIT one by one, the rest counted)."""
-    total = slot_count(every, last_slot, until, limit=_COUNT_LIMIT)
-    recorded = newest_slots(every, last_slot, until, RECORD_LIMIT) if total else []
-    return Plan(fire=fire, missed=recorded, also_missed=max(0, total - len(recorded)),
-                last_slot=new_last)
+    recorded = newest_slots(every, last_slot, until, RECORD_LIMIT)
+    rest = 0
+    if len(recorded) == RECORD_LIMIT:
+        # Only an outage longer than RECORD_LIMIT slots counts the older ones (exactly for
+        # an interval, walking at most _COUNT_LIMIT for a cron entry).
+        rest = slot_count(every, last_slot, recorded[0] - _TICK, limit=_COUNT_LIMIT)
+    return Plan(fire=fire, missed=recorded, also_missed=rest, last_slot=new_last)
 
 
 def _latest_before(every: Any, now: dt.datetime) -> dt.datetime:

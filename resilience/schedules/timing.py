@@ -100,7 +100,8 @@ def slots_between(every: Any, after: dt.datetime, until: dt.datetime) -> Iterato
 
 def newest_slots(every: Any, after: dt.datetime, until: dt.datetime,
                  n: int) -> list[dt.datetime]:
-    """The newest `n` slots in (after, until], oldest first."""
+    """The newest `n` slots in (after, until], oldest first: found backward from `until`
+    (`latest_at_or_before`), so a long range costs `n` steps, not one per slot in it."""
     if isinstance(every, Interval):
         newest = every.latest_at_or_before(until)
         step = dt.timedelta(microseconds=every.period_microseconds)
@@ -110,9 +111,17 @@ def newest_slots(every: Any, after: dt.datetime, until: dt.datetime,
             found.append(moment)
             moment -= step
         return found[::-1]
-    kept: list[dt.datetime] = []
-    for moment in slots_between(every, after, until):
-        kept.append(moment)
-        if len(kept) > n:
-            del kept[0]
-    return kept
+    found = []
+    moment = until
+    while len(found) < n:
+        moment = every.latest_at_or_before(moment)
+        if moment <= after:
+            break
+        found.append(moment)
+        moment -= _TICK
+    return found[::-1]
+
+
+#: One microsecond: slots are whole microseconds, so the slot before `s` is at or before
+#: `s - _TICK`.
+_TICK = dt.timedelta(microseconds=1)
