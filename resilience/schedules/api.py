@@ -22,7 +22,7 @@ from resilience.schedules.policies import (
     catch_up_policy,
     overlap_policy,
 )
-from resilience.schedules.seed import timing_columns
+from resilience.schedules.seed import schedule_name, timing_columns
 from resilience.schedules.store import (
     RunRow,
     ScheduleRow,
@@ -170,11 +170,12 @@ def add(stores: Stores, name: str, *, task: str, every: Interval | Cron,
     """Add a runtime schedule; the leader fires it from its next slot on.
 
     Raises:
-        InvalidSchedule: a bad value, or the name is taken.
+        InvalidSchedule: a bad value, a name outside A-Z a-z 0-9 _ . : - (or longer than 200:
+            the name is its page's address), or the name is taken.
         StorageError: PostgreSQL failed.
     """
     values = {
-        "name": _name(name), "task": _task(task), **timing_columns(every),
+        "name": schedule_name(name), "task": _task(task), **timing_columns(every),
         "args": list(_check_json("args", args, list | tuple)),
         "kwargs": dict(_check_json("kwargs", kwargs or {}, Mapping)),
         "options": dict(_check_json("options", options or {}, Mapping)),

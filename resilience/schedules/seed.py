@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import importlib
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -93,8 +94,26 @@ def code_entries(app: Any) -> list[dict[str, Any]]:
     return entries
 
 
+#: A schedule's name: what its page's address (`/resilience/schedules/<name>`) and the CLI
+#: take as is, with no quoting.
+NAME = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
+
+
+def schedule_name(name: Any) -> str:
+    """`name` if it can name a schedule (1-200 of A-Z a-z 0-9 _ . : -).
+
+    Raises:
+        InvalidSchedule: another name, in one line.
+    """
+    if not isinstance(name, str) or NAME.fullmatch(name) is None:
+        raise InvalidSchedule(f"a schedule name is 1-200 of the characters A-Z a-z 0-9 _ . : - "
+                              f"(it is the schedule page's address), got {name!r}")
+    return name
+
+
 def entry_values(name: str, entry: Mapping[str, Any], timezone: str) -> dict[str, Any]:
     """One code entry as column values."""
+    schedule_name(name)
     if not isinstance(entry, Mapping) or not isinstance(entry.get("task"), str):
         raise InvalidSchedule("an entry is a dict with a task name and a schedule")
     every = timing_of(entry.get("schedule"), timezone)
