@@ -449,13 +449,24 @@ class ScheduleStore(StoreBackend):
             return connection.execute(_INSERT, _params(values)).first() is not None
 
     def update(self, name: str, changes: dict[str, Any]) -> bool:
-        """Apply `changes` (column -> value) to `name`, version + 1; False if not found."""
+        """Apply `changes` (column -> value) to `name`, version + 1; False if not found. An
+        overlap changed away from QUEUE_ONE settles its queued run (if any) skipped_overlap
+        in the same transaction: the slot was held back by the old policy, the new one
+        decides from the next slot on (firing it here would publish from the API's process
+        beside a previous run that may still be going)."""
         sets = ", ".join(f"{column} = {_placeholder(column)}" for column in changes)
         statement = text(f"UPDATE {SCHEDULES_TABLE} SET {sets}, updated_at = clock_timestamp(), "
                          "version = version + 1 WHERE name = :name RETURNING name")
         with self._begin("edit", schedule=name) as connection:
-            return connection.execute(statement, {**_params(changes), "name": name}).first() \
-                is not None
+            if connection.execute(statement, {**_params(changes), "name": name}).first() is None:
+                return False
+            overlap = changes.get("overlap")
+            if overlap is not None and Overlap(overlap) is not Overlap.QUEUE_ONE:
+                # Under the row lock the edit took: a queued run's fire (`fire_queued`)
+                # either went first or finds none.
+                connection.execute(_SETTLE_QUEUED, {"name": name, "detail": json.dumps(
+                    {"settled": f"overlap edited to {Overlap(overlap).value}"})})
+        return True
 
     def set_paused(self, name: str, paused: bool) -> bool:
         """Pause or resume `name` (a resume stamps `resumed_at`); False if not found."""
@@ -596,6 +607,14 @@ UPDATE {RUNS_TABLE}
 SET outcome = 'cancelled', finished_at = clock_timestamp(),
     detail = COALESCE(detail, '{{}}'::jsonb) || CAST(:detail AS JSONB)
 WHERE id = :id AND outcome = 'sent'
+""")
+#: An entry edited away from QUEUE_ONE: its queued run (the slot the old policy held back)
+#: is settled skipped_overlap, as no tick fires queued runs of other policies.
+_SETTLE_QUEUED = text(f"""
+UPDATE {RUNS_TABLE}
+SET outcome = 'skipped_overlap',
+    detail = COALESCE(detail, '{{}}'::jsonb) || CAST(:detail AS JSONB)
+WHERE schedule = :name AND outcome = 'queued'
 """)
 #: QUEUE_ONE: a queued run is fired (late from its own slot).
 _FIRE_QUEUED = text(f"""
