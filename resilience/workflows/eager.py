@@ -177,9 +177,10 @@ class EagerRun:
 
     def _execute(self, step: EagerStep) -> None:
         spec = step.spec
-        results = {s.spec.position: s.result for s in self.steps}
-        states = {s.spec.position: s.state.value for s in self.steps if not s.live}
-        arguments = input_args(spec.signature(), results, states)
+        sources = [self.steps[p] for p in spec.depends_on]
+        arguments = input_args(spec.signature(),
+                               {s.spec.position: s.result for s in sources},
+                               {s.spec.position: s.state.value for s in sources})
         step.started_at = _now()
         started = time.perf_counter()
         state, value, error, exception = self._apply(spec.task_name, arguments, spec.kwargs,
