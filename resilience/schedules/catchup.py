@@ -116,8 +116,8 @@ def _with_missed(every: Any, last_slot: dt.datetime, until: dt.datetime,
     recorded = newest_slots(every, last_slot, until, RECORD_LIMIT)
     rest = 0
     if len(recorded) == RECORD_LIMIT:
-        # Only an outage longer than RECORD_LIMIT slots counts the older ones (exactly for
-        # an interval, walking at most _COUNT_LIMIT for a cron entry).
+        # Only an outage longer than RECORD_LIMIT slots counts the older ones (arithmetic
+        # for an interval, whole days for a cron entry: Cron.count_between).
         rest = slot_count(every, last_slot, recorded[0] - _TICK, limit=_COUNT_LIMIT)
     return Plan(fire=fire, missed=recorded, also_missed=rest, last_slot=new_last)
 

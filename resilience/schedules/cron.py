@@ -219,6 +219,51 @@ class Cron:
                 return instant
             wall -= timedelta(minutes=1)
 
+    def count_between(self, after: datetime, until: datetime) -> int:
+        """How many slots fall in (after, until]: a whole local day with no UTC-offset
+        change counts its matching days' hours x minutes; only the partial first and last
+        days and a day with a transition are walked, so a year costs ~365 steps.
+
+        Raises:
+            InvalidSchedule: a naive datetime.
+        """
+        for moment in (after, until):
+            if moment.tzinfo is None or moment.utcoffset() is None:
+                raise InvalidSchedule(f"a naive datetime cannot place a slot: {moment!r}")
+        start, end = after.astimezone(UTC), until.astimezone(UTC)
+        if end <= start:
+            return 0
+        zone, tick = self._zone, timedelta(microseconds=1)
+        first = start.astimezone(zone).date() + timedelta(days=1)
+        last = end.astimezone(zone).date()
+        if first >= last:
+            return self._walk(start, end)
+
+        def day_start(day: Any) -> datetime:
+            return _instant(datetime(day.year, day.month, day.day), zone)
+
+        count = self._walk(start, day_start(first) - tick)
+        per_day = len(self._hours) * len(self._minutes)
+        day = first
+        while day < last:
+            following = day + timedelta(days=1)
+            if day.month in self._months and self._day_matches(day.year, day.month, day.day):
+                midnight = datetime(day.year, day.month, day.day)
+                if zone.utcoffset(midnight) == zone.utcoffset(midnight + timedelta(days=1)) \
+                        == zone.utcoffset(midnight + timedelta(hours=12)):
+                    count += per_day
+                else:
+                    count += self._walk(day_start(day) - tick, day_start(following) - tick)
+            day = following
+        return count + self._walk(day_start(last) - tick, end)
+
+    def _walk(self, after: datetime, until: datetime) -> int:
+        count, moment = 0, self.next_after(after)
+        while moment <= until:
+            count += 1
+            moment = self.next_after(moment)
+        return count
+
     def fires(self, after: datetime) -> Iterator[datetime]:
         """The slots strictly after `after`, in order, without end (aware UTC datetimes)."""
         moment = after

@@ -74,14 +74,22 @@ def _from_micros(micros: int) -> dt.datetime:
     return EPOCH + dt.timedelta(microseconds=micros)
 
 
+#: Up to this limit, a cron entry's slots are walked (a few steps) rather than counted by day.
+_WALK_LIMIT = 1000
+
+
 def slot_count(every: Any, after: dt.datetime, until: dt.datetime, limit: int) -> int:
-    """How many slots fall in (after, until]: exact for an interval, at most `limit` + 1 for
-    a cron entry (more than `limit` means "more than `limit`")."""
+    """How many slots fall in (after, until]: exact for an interval, and for a cron entry
+    when `limit` is large (`Cron.count_between`, by whole days); else walked, at most
+    `limit` + 1 (more than `limit` means "more than `limit`": `limit=1` asks "any?")."""
     if until <= after:
         return 0
     if isinstance(every, Interval):
         period = every.period_microseconds
         return max(0, _micros(until) // period - _micros(after) // period)
+    counted = getattr(every, "count_between", None)
+    if counted is not None and limit > _WALK_LIMIT:
+        return counted(after, until)
     count = 0
     for _ in slots_between(every, after, until):
         count += 1

@@ -5,6 +5,7 @@ page address cannot carry are refused."""
 from __future__ import annotations
 
 import datetime as dt
+import random
 from typing import Any
 
 import pytest
@@ -70,6 +71,21 @@ class TestCronCatchUp:
             walked = list(slots_between(every, after, until))
             for n in (1, 3, 100):
                 assert newest_slots(every, after, until, n) == walked[-n:]
+
+    def test_count_between_by_days_equals_the_walk(self) -> None:
+        """Whole days counted as hours x minutes agree with walking every slot, DST days,
+        half-hour zones and the partial first and last days included."""
+        rng = random.Random(28)
+        expressions = ("*/5 * * * *", "30 1,2,3 * * *", "0 0 29 2 *", "15 2 * * 0",
+                       "*/7 2-3 1,15 * 1-5", "0 0 * * *")
+        zones = ("Europe/Paris", "America/New_York", "UTC", "Australia/Lord_Howe",
+                 "America/Santiago", "Asia/Kolkata")
+        for _ in range(60):
+            every = Cron(rng.choice(expressions), timezone=rng.choice(zones))
+            after = self.LAST + dt.timedelta(seconds=rng.randint(-60 * 86_400, 300 * 86_400))
+            until = after + dt.timedelta(seconds=rng.randint(0, 6 * 86_400))
+            assert every.count_between(after, until) == len(
+                list(slots_between(every, after, until))), (every, after, until)
 
     def test_a_long_outage_plans_the_newest_missed_slots_and_counts_the_rest(self) -> None:
         """Sixty days without a leader for a 5-minute entry: once fires the newest missed
