@@ -100,23 +100,35 @@ RETURNING s.state, s.result, s.compensation_state, w.state AS workflow_state,
           COALESCE((s.signature ->> 'run')::int, 0) AS run
 """)
 
-# The whole completion of a *simple* step (its dependents each have this step as their only
-# source; or it has none and is the workflow's result) as ONE autocommit statement: the
-# step leaves its live state once; the workflow counts it (and succeeds with its result when
-# it was the last); each dependent gets its input and its outbox row, held for the relay
-# (the worker publishes it after this statement). Data-modifying CTEs all run, in one
+# The whole completion of a *simple* step (it has dependents, or it has none and is the
+# workflow's result) as ONE autocommit statement: the step leaves its live state once; the
+# workflow counts it (and succeeds with its result when it was the last); each dependent
+# counts it, and one it releases gets its input and its outbox row, held for the relay (the
+# worker publishes it after this statement). A fan-in dependent (several sources: a chord
+# body) only counts it: when this step is the last it waits for, nothing is recorded here
+# (its input needs the other sources' results, read after they committed: `succeed`'s
+# transaction does it). The dependents are locked (after the workflow row) before the step
+# is recorded, so `waiting` is the latest. Data-modifying CTEs all run, in one
 # snapshot and one transaction. Only while the workflow runs (its row locked first, so the
 # latest state is read): a step that ends after its workflow stopped records nothing here
 # and goes through `succeed`'s transaction, which queues the next compensation with it.
 _SUCCEED_SIMPLE = PreparedStatement("resilience_workflow_succeed", f"""
 WITH running AS (
     SELECT state FROM {WORKFLOWS_TABLE} WHERE id = %(workflow_id)s FOR UPDATE
+), deps AS (
+    SELECT d.position, d.waiting, d.signature -> 'source' AS source FROM {STEPS_TABLE} d
+    WHERE d.workflow_id = %(workflow_id)s AND d.position IN (
+        SELECT unnest(dependents) FROM {STEPS_TABLE}
+        WHERE workflow_id = %(workflow_id)s AND position = %(position)s)
+    FOR UPDATE
 ), done AS (
     UPDATE {STEPS_TABLE}
     SET state = %(state)s, result = CAST(%(result)s AS JSONB), error = NULL,
         finished_at = clock_timestamp(), completed_seq = nextval('{COMPLETED_SEQUENCE}')
     WHERE workflow_id = %(workflow_id)s AND position = %(position)s
       AND state IN ('pending', 'queued') AND (SELECT state FROM running) = 'running'
+      AND NOT EXISTS (SELECT 1 FROM deps WHERE deps.waiting = 1
+                      AND jsonb_typeof(deps.source) IS DISTINCT FROM 'number')
     RETURNING dependents
 ), workflow AS (
     UPDATE {WORKFLOWS_TABLE} w
@@ -659,8 +671,9 @@ class WorkflowBackend(StoreBackend):
             "hold_seconds": float(self.hold_seconds),
         }, "record step")[0]
         if row.state is None:
-            # Not recorded: final already (a duplicate), or its workflow stopped; the
-            # transaction records it and queues the next compensation at once.
+            # Not recorded: final already (a duplicate), its workflow stopped (the
+            # transaction records it and queues the next compensation at once), or it is
+            # the last source of a fan-in (the transaction computes its input).
             return self.succeed(None, workflow_id, position, json.loads(result_json),
                                 state=state)
         released = Released(recorded=True, workflow_state=row.state, rows=[

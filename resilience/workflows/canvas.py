@@ -52,8 +52,9 @@ class StepSpec:
     compensation_task_id: str | None = None
     #: The positions that depend on this step (`link`).
     dependents: list[int] = field(default_factory=list)
-    #: Its completion is one statement: each dependent has this step as its only source,
-    #: or it has none and is the workflow's result (`link`).
+    #: Its completion is one statement (`link`): it has dependents (one with several
+    #: sources, a fan-in, only counts it unless this step is its last: that completion
+    #: takes a transaction), or it has none and is the workflow's result.
     simple: bool = False
     #: "step", or "callback" (a batch's on_success / on_complete).
     kind: str = "step"
@@ -208,7 +209,8 @@ def flatten(canvas: Signature) -> tuple[list[StepSpec], Template]:
 
 
 def link(steps: list[StepSpec], template: Template) -> None:
-    """Fill each step's `dependents` and `simple` from the sources of the others."""
+    """Fill each step's `dependents` and `simple` from the sources of the others (a batch
+    member's completion always takes the transaction: its callback counts outcomes)."""
     by_position = {step.position: step for step in steps}
     for step in steps:
         step.dependents = []
@@ -217,7 +219,10 @@ def link(steps: list[StepSpec], template: Template) -> None:
             by_position[source].dependents.append(step.position)
     for step in steps:
         single = all(isinstance(by_position[d].source, int) for d in step.dependents)
-        step.simple = single and (bool(step.dependents) or template == step.position)
+        canvas_edges = not step.member and all(by_position[d].kind == "step"
+                                               for d in step.dependents)
+        step.simple = ((bool(step.dependents) and (single or canvas_edges))
+                       or (template == step.position and single))
 
 
 def _as_group(tasks: Any) -> Signature:

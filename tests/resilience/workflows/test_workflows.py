@@ -450,3 +450,15 @@ class TestCounters:
         run = durable(chain(t.add.s(1, 2)), name="listed").apply_async()
         run.get(timeout=30)
         assert run.id in {w.id for w in recent(stores, limit=20)}
+
+
+def test_a_chord_header_member_completes_in_one_statement() -> None:
+    """`link` marks fan-in members simple (their completion is one statement unless they
+    are the last source: the backend then takes the transaction), and the chord body."""
+    from resilience.workflows.canvas import flatten
+
+    steps, _ = flatten(chain(t.add.s(1, 1), chord([t.mul.s(3), t.mul.s(4)], t.total.s())))
+    assert [(s.position, s.dependents, s.simple) for s in steps] == [
+        (0, [1, 2], True), (1, [3], True), (2, [3], True), (3, [], True)]
+    steps, _ = flatten(group(t.add.s(1, 1), t.add.s(2, 2)))
+    assert [s.simple for s in steps] == [False, False]  # the result is both: a transaction
