@@ -32,6 +32,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from flower.api import BaseApiHandler
 from flower.views import BaseHandler
@@ -90,7 +91,7 @@ def page_section(view: View, section: Any) -> dict[str, Any]:
         {"id": view.row_id(row) if view.row_id else None,
          "data": view.row_data(row) if view.row_data else {},
          "alert": view.alert(row) if view.alert else None,
-         "link": f"{view.name}/{view.detail.key(row)}" if view.detail else None,
+         "link": row_page(view, view.detail.key(row)) if view.detail else None,
          "cells": [_MARKUP.sub("", column.cell(row)) for column in columns],
          "actions": [(action, action.fields(row)) for action in row_actions
                      if action.fields and (action.applies is None or action.applies(row))]}
@@ -129,8 +130,14 @@ class ResiliencePage(BaseHandler):
 
 #: View name -> view, for the views that have a page per row (`View.detail`).
 DETAILS: dict[str, View] = {view.name: view for view in VIEWS if view.detail}
-#: A row page's address under /resilience, as an action form's `back` names it.
-_ROW_PAGE = re.compile(r"([a-z_]+)/([A-Za-z0-9_.:-]{1,200})")
+#: A row page's address under /resilience, as an action form's `back` names it: the key is
+#: percent-quoted (`row_page`), so any key (a schedule named "add every 10") has a page.
+_ROW_PAGE = re.compile(r"([a-z_]+)/([A-Za-z0-9_.%~-]{1,1000})")
+
+
+def row_page(view: View, key: str) -> str:
+    """A row page's address under /resilience: `<view>/<quoted key>`."""
+    return f"{view.name}/{quote(key, safe='')}"
 
 
 def detail_forms(view: View, document: Row) -> list[dict[str, Any]]:
@@ -167,12 +174,14 @@ class ResilienceDetail(BaseHandler):
             log = logger.exception if status == 500 else logger.warning
             log("resilience page %s/%s: %s", name, key, one_line(exc))
             self.set_status(status)
-            self.render(DETAIL_TEMPLATE, view=view, key=key, document=None, refresh_seconds=0,
+            self.render(DETAIL_TEMPLATE, view=view, key=key, back=row_page(view, key),
+                        document=None, refresh_seconds=0,
                         error=one_line(exc, 500), heading="", figure="", tables=[], forms=[],
                         flash=self._take_flash())
             return
         live = detail.live is not None and detail.live(document)
-        self.render(DETAIL_TEMPLATE, view=view, key=key, document=document, error=None,
+        self.render(DETAIL_TEMPLATE, view=view, key=key, back=row_page(view, key),
+                    document=document, error=None,
                     refresh_seconds=_refresh_seconds(self) if live else 0,
                     heading=detail.heading(document),
                     figure=detail.figure(document) if detail.figure else "",

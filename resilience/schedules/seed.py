@@ -94,20 +94,21 @@ def code_entries(app: Any) -> list[dict[str, Any]]:
     return entries
 
 
-#: A schedule's name: what its page's address (`/resilience/schedules/<name>`) and the CLI
-#: take as is, with no quoting.
-NAME = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
+#: A schedule's name: 1-200 printable characters, so Celery's own entry names ("add every
+#: 10 seconds") seed as they are; the page quotes it in its address.
+NAME = re.compile(r"[^\x00-\x1f\x7f]{1,200}")
 
 
 def schedule_name(name: Any) -> str:
-    """`name` if it can name a schedule (1-200 of A-Z a-z 0-9 _ . : -).
+    """`name` if it can name a schedule (1-200 characters, none a control character, not
+    blank).
 
     Raises:
         InvalidSchedule: another name, in one line.
     """
-    if not isinstance(name, str) or NAME.fullmatch(name) is None:
-        raise InvalidSchedule(f"a schedule name is 1-200 of the characters A-Z a-z 0-9 _ . : - "
-                              f"(it is the schedule page's address), got {name!r}")
+    if not isinstance(name, str) or NAME.fullmatch(name) is None or not name.strip():
+        raise InvalidSchedule(f"a schedule name is 1-200 printable characters, not blank, "
+                              f"got {name!r}")
     return name
 
 

@@ -121,3 +121,29 @@ class TestSchedulesPage:
                                       timeout=30)
                 assert answer.status_code == status, (action, answer.text)
                 assert text in answer.json()["message"], (action, answer.text)
+
+    @pytest.mark.timeout(60)
+    def test_a_name_with_spaces_and_slashes_has_its_page(self, stores: Any, flower: Any) -> None:
+        """A Celery-style entry name ("add every 10 seconds", a slash too) gets a row link
+        the page quotes, and that address answers the schedule's own page."""
+        import re
+        from urllib.parse import unquote
+
+        import requests
+
+        chosen = f"page {uuid.uuid4().hex[:8]} add/every 10 seconds"
+        add(stores, chosen, task=TASK, every=Interval(3600), paused=True)
+        try:
+            page = requests.get(f"{flower.url}/resilience?refresh=0", timeout=30).text
+            links = [unquote(link) for link in
+                     re.findall(r'href="[^"]*/resilience/(schedules/[^"]+)"', page)]
+            assert f"schedules/{chosen}" in links
+            quoted = next(link for link in re.findall(
+                r'href="([^"]*/resilience/schedules/[^"]+)"', page)
+                if unquote(link).endswith(chosen))
+            answer = requests.get(f"{flower.url}{quoted}" if quoted.startswith("/")
+                                  else quoted, timeout=30)
+            assert answer.status_code == 200, answer.text[:300]
+            assert chosen in answer.text
+        finally:
+            remove(stores, chosen)
