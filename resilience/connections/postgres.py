@@ -70,6 +70,17 @@ def guard_bounds_sql(bound_ms: int) -> str:
             f"SET LOCAL lock_timeout = {int(bound_ms)}; ")
 
 
+#: Prepended to one autocommit statement whose loss in a crash is harmless: its implicit
+#: transaction commits without waiting for its WAL flush (`SET LOCAL`: that statement only).
+ASYNCHRONOUS_COMMIT = "SET LOCAL synchronous_commit = off; "
+
+
+def asynchronous_commit(connection: HeldConnection) -> tuple[str, None]:
+    """A `Prefix` for `StatementRunner.run`: the statement commits asynchronously (no WAL
+    flush wait); for writes a crash may lose without harm."""
+    return ASYNCHRONOUS_COMMIT, None
+
+
 def connect_arguments(database_url: str) -> dict[str, Any]:
     """psycopg2 keyword arguments of a SQLAlchemy/libpq URL."""
     url = make_url(database_url)

@@ -33,7 +33,7 @@ from kombu.utils.json import JSONEncoder
 from sqlalchemy import text
 
 from resilience.connections import StoreBackend, wrap_store_errors
-from resilience.connections.postgres import Row, StatementRunner
+from resilience.connections.postgres import Row, StatementRunner, asynchronous_commit
 from resilience.headers import WORKFLOW_STEP_HEADER
 from resilience.keys import revive
 from resilience.outbox.backends import NewRow, OutboxRow
@@ -457,15 +457,17 @@ class WorkflowBackend(StoreBackend):
         self.outbox = PostgresOutboxBackend(engine, runner=runner, prepared=prepared)
 
     def _run(self, statement: PreparedStatement, parameters: dict[str, Any],
-             action: str) -> Any:
-        """One autocommit statement on this thread's held connection (one round trip)."""
+             action: str, *, asynchronous: bool = False) -> Any:
+        """One autocommit statement on this thread's held connection (one round trip);
+        `asynchronous`: it commits without waiting for its WAL flush."""
         if self.runner is None:
             sql = re.sub(r"%\((\w+)\)s", r":\1", statement.sql)
             with self.engine().begin() as connection:
                 result = connection.execute(text(sql), parameters)
                 return [Row(row._mapping) for row in result] if result.returns_rows else []
         return self.runner.run(statement, parameters, f"workflows: {action}",
-                               prepared=self.prepared)
+                               prepared=self.prepared,
+                               prefix=asynchronous_commit if asynchronous else None)
 
     @contextmanager
     def transaction(self, connection: Any = None) -> Iterator[Any]:
@@ -575,8 +577,11 @@ class WorkflowBackend(StoreBackend):
         Raises:
             StoreUnavailable / StoreRejected / StorageError.
         """
+        # Asynchronous commit: a crash may lose this write, which only loses `started_at`
+        # (a redelivery starts the step again and sets it). Its success record, the release
+        # of its dependents and every failure/compensation record stay synchronous.
         rows = self._run(_START, {"workflow_id": workflow_id, "position": position},
-                         "start step")
+                         "start step", asynchronous=True)
         if not rows:
             return None
         row = rows[0]

@@ -28,7 +28,7 @@ from kombu.utils.json import JSONEncoder
 from sqlalchemy import text
 
 from resilience.connections import StoreBackend, wrap_store_errors
-from resilience.connections.postgres import StatementRunner, connect
+from resilience.connections.postgres import StatementRunner, asynchronous_commit, connect
 from resilience.deadletter.place import dead_letter
 from resilience.outbox.backends.base import NewRow, OutboxRow, OutboxState
 from resilience.outbox.models import TABLE_NAME
@@ -291,8 +291,11 @@ class PostgresOutboxBackend(StoreBackend):
         if not ids:
             return
         if self.runner is not None:
+            # Asynchronous commit: a crash may lose this mark; the relay then publishes the
+            # rows again after their hold (the outbox is at-least-once already), and a
+            # workflow step that finished meanwhile answers that delivery REPLAYED.
             self.runner.run(_MARK_HELD_PUBLISHED, {"ids": list(ids)}, "outbox: mark published",
-                            prepared=self.prepared)
+                            prepared=self.prepared, prefix=asynchronous_commit)
             return
         sql = text(_MARK_HELD_PUBLISHED.sql.replace("%(ids)s", ":ids"))
         with wrap_store_errors("outbox: mark published", rows=len(ids)), \
