@@ -112,8 +112,19 @@ class DurableCanvas:
 
     @staticmethod
     def _app_of(canvas: Signature) -> Celery:
-        app = canvas._app
-        return app if app is not None else current_app._get_current_object()
+        """The app of the canvas's tasks: a chain or group made with `chain(...)` carries
+        none of its own, and the current app may be another (a test's, a second app's)."""
+        pending = [canvas]
+        while pending:
+            sig = pending.pop(0)
+            if sig._app is not None:
+                return sig._app
+            tasks = sig.get("kwargs", {}).get("tasks") if isinstance(sig, dict) else None
+            pending.extend(getattr(sig, "tasks", None) or tasks or ())
+            body = getattr(sig, "body", None)
+            if isinstance(body, Signature):
+                pending.append(body)
+        return current_app._get_current_object()
 
     def _task(self, name: str, role: str) -> Task:
         task = self.app.tasks.get(name)
