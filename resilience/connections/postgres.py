@@ -81,6 +81,20 @@ def asynchronous_commit(connection: HeldConnection) -> tuple[str, None]:
     return ASYNCHRONOUS_COMMIT, None
 
 
+#: Prepended to a statement that must wait for its WAL flush on a held connection whose
+#: session another backend set to `synchronous_commit = off` (`HeldConnection.settings`).
+SYNCHRONOUS_COMMIT = "SET LOCAL synchronous_commit = on; "
+
+
+def synchronous_commit(connection: HeldConnection) -> tuple[str, None]:
+    """A `Prefix` for `StatementRunner.run`: the statement commits synchronously even when
+    the thread's shared connection runs with `synchronous_commit = off` for the idempotency
+    guard (its default); nothing is prepended otherwise."""
+    if connection.settings.get("synchronous_commit") is False:
+        return SYNCHRONOUS_COMMIT, None
+    return "", None
+
+
 def connect_arguments(database_url: str) -> dict[str, Any]:
     """psycopg2 keyword arguments of a SQLAlchemy/libpq URL."""
     url = make_url(database_url)

@@ -33,7 +33,12 @@ from kombu.utils.json import JSONEncoder
 from sqlalchemy import text
 
 from resilience.connections import StoreBackend, wrap_store_errors
-from resilience.connections.postgres import Row, StatementRunner, asynchronous_commit
+from resilience.connections.postgres import (
+    Row,
+    StatementRunner,
+    asynchronous_commit,
+    synchronous_commit,
+)
 from resilience.headers import WORKFLOW_STEP_HEADER
 from resilience.keys import revive
 from resilience.outbox.backends import NewRow, OutboxRow
@@ -467,7 +472,7 @@ class WorkflowBackend(StoreBackend):
                 return [Row(row._mapping) for row in result] if result.returns_rows else []
         return self.runner.run(statement, parameters, f"workflows: {action}",
                                prepared=self.prepared,
-                               prefix=asynchronous_commit if asynchronous else None)
+                               prefix=asynchronous_commit if asynchronous else synchronous_commit)
 
     @contextmanager
     def transaction(self, connection: Any = None) -> Iterator[Any]:
