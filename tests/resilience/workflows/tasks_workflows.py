@@ -90,13 +90,23 @@ def first(self: Any, run: str, label: str) -> str:
 
 
 @app.task(tier="critical", bind=True, name="tests.workflows.flaky")
-def flaky(self: Any, previous: Any, run: str, label: str) -> str:
-    """Fails (finally) until the run's switch is set, then writes its row."""
+def flaky(self: Any, previous: Any, run: str, label: str, after: str | None = None) -> str:
+    """Fails (finally) until the run's switch is set, then writes its row; `after`: it
+    fails only once the run's step of that label wrote its row (at most 20 s), so a sibling
+    is final before the workflow stops, on a loaded box too."""
     with stores_for(app).engine().connect() as connection:
         on = connection.execute(text("SELECT 1 FROM workflow_test_switches WHERE run = :run"),
                                 {"run": run}).first()
     write(run, "attempt", label, previous, self.request.id)
     if on is None:
+        deadline = time.monotonic() + 20.0
+        while after is not None and time.monotonic() < deadline:
+            with stores_for(app).engine().connect() as connection:
+                if connection.execute(text(
+                        "SELECT 1 FROM workflow_test_ledger WHERE run = :run AND kind = 'step' "
+                        "AND label = :label"), {"run": run, "label": after}).first():
+                    break
+            time.sleep(0.05)
         raise StepFailed(f"{label} fails on purpose")
     write(run, "step", label, previous, self.request.id)
     return f"{label}<-{previous}"

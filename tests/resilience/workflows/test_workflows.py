@@ -303,7 +303,7 @@ class TestRerunScope:
         """c (1) fails, its sibling d (2) succeeds: retry re-runs c and the fan-in e (3)
         only; d keeps its result and runs once."""
         flow = durable(chain(t.step.s(None, run, "a"),
-                             group(t.flaky.s(run, "c"), t.step.s(run, "d")),
+                             group(t.flaky.s(run, "c", after="d"), t.step.s(run, "d")),
                              t.pack.s()), name="rerun-scope").apply_async()
         with pytest.raises(WorkflowFailed):
             flow.get(timeout=30)
