@@ -5,11 +5,7 @@ extend are owner-checked in Lua, so a holder whose lease expired can never delet
 prolong the next holder's lock. `Redlock` (redlock.py) runs the same three scripts on N
 independent nodes; `run_on_nodes` sends a script to every node before reading any reply,
 so N nodes cost about one round trip, not N.
-
-As in redis-py's `Lock`, the public `acquire` / `release` / `extend` validate their input
-and call the overridable `do_*` step; `release` of a lock that is no longer ours raises
-`LockNotOwnedError`, of a lock never acquired `LockError`; `locked()` says someone holds the
-name, `owned()` that this lease still does.
+`locked()` says someone holds the name, `owned()` that this lease still does.
 """
 
 from __future__ import annotations
@@ -63,25 +59,6 @@ def describe(client: redis.Redis) -> str:
         return f"sentinel:{service}"
     kwargs = pool.connection_kwargs
     return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
-
-
-def require_lease(lease: Lease | None, action: str) -> Lease:
-    """The lease to `action`, or `LockError` for a lock that was never acquired (misuse).
-
-    Raises:
-        LockError: `lease` is None (an `acquire` that returned None, or none at all).
-    """
-    if lease is None:
-        raise LockError(f"cannot {action} a lock that was never acquired")
-    return lease
-
-
-def not_owned(lease: Lease) -> LockNotOwnedError:
-    """The error of a release that found the lock no longer ours."""
-    return LockNotOwnedError(
-        f"lock {lease.name!r} was no longer held at release (it expired or another owner "
-        "took it)", key=lease.name, token=lease.fencing_token,
-    )
 
 
 def run_on_nodes(
@@ -141,7 +118,52 @@ def run_on_nodes(
                 client.connection_pool.release(connection)
 
 
-class RedisLock(StoreBackend):
+class LeaseLock:
+    """The public steps of `RedisLock` and `Redlock` (as redis-py's `Lock`): validate, then
+    call the subclass's `do_acquire(name, ttl)`, `do_extend(lease, ttl)`, `do_release(lease)`.
+    """
+
+    def acquire(self, name: str, *, ttl_seconds: float) -> Lease | None:
+        """Take lock `name` for `ttl_seconds`; None when another owner holds it.
+
+        Raises:
+            ConfigurationError: `ttl_seconds` <= 0.
+            StoreUnavailable / StorageError: Redis failed (Redlock: no quorum answered).
+        """
+        return self.do_acquire(name, validate_ttl(ttl_seconds))
+
+    def extend(self, lease: Lease | None, *, ttl_seconds: float | None = None) -> bool:
+        """Reset the lease to `ttl_seconds` (default: its TTL) from now; False when lost.
+
+        Raises:
+            LockError: `lease` is None.  ConfigurationError: `ttl_seconds` <= 0.
+        """
+        lease = _acquired(lease, "extend")
+        return self.do_extend(lease, validate_ttl(
+            lease.ttl_seconds if ttl_seconds is None else ttl_seconds))
+
+    def release(self, lease: Lease | None) -> None:
+        """Give the lock back.
+
+        Raises:
+            LockError: `lease` is None (never acquired).
+            LockNotOwnedError: the lock was no longer ours (expired, taken over).
+            StorageError: Redis failed (wraps the cause).
+        """
+        lease = _acquired(lease, "release")
+        if not self.do_release(lease):
+            raise LockNotOwnedError(
+                f"lock {lease.name!r} was no longer held at release (it expired or another "
+                "owner took it)", key=lease.name, token=lease.fencing_token)
+
+
+def _acquired(lease: Lease | None, action: str) -> Lease:
+    if lease is None:
+        raise LockError(f"cannot {action} a lock that was never acquired")
+    return lease
+
+
+class RedisLock(LeaseLock, StoreBackend):
     """A lock on one Redis node: simple and fast, but that node is a single point of failure.
 
     Args:
@@ -156,34 +178,14 @@ class RedisLock(StoreBackend):
         self.clock = clock
         self._node = describe(client)
 
-    def acquire(self, name: str, *, ttl_seconds: float) -> Lease | None:
-        """Take lock `name` for `ttl_seconds`; None when another owner holds it.
-
-        Raises:
-            ConfigurationError: `ttl_seconds` <= 0.
-            StoreUnavailable / StorageError: Redis failed (wraps the cause).
-        """
-        return self.do_acquire(name, new_owner_token(), validate_ttl(ttl_seconds))
-
-    def do_acquire(self, name: str, owner: str, ttl_seconds: float) -> Lease | None:
-        """One SET NX PX of `owner`'s token; the lease, or None when the name is taken."""
+    def do_acquire(self, name: str, ttl_seconds: float) -> Lease | None:
+        """One SET NX PX of a new owner token; the lease, or None when the name is taken."""
+        owner = new_owner_token()
         started = self.clock()
         if not self._call(ACQUIRE, name, owner, max(1, int(ttl_seconds * 1000))):
             return None
         return Lease(name=name, owner=owner, ttl_seconds=ttl_seconds, acquired_at=started,
                      valid_until=started + ttl_seconds, clock=self.clock)
-
-    def extend(self, lease: Lease | None, *, ttl_seconds: float | None = None) -> bool:
-        """Reset the lease to `ttl_seconds` (default: its TTL) from now; False when lost.
-
-        Unlike `release`, a lost lease is a False, not an error: a heartbeat records it.
-
-        Raises:
-            LockError: `lease` is None.  ConfigurationError: `ttl_seconds` <= 0.
-        """
-        lease = require_lease(lease, "extend")
-        ttl = validate_ttl(ttl_seconds if ttl_seconds is not None else lease.ttl_seconds)
-        return self.do_extend(lease, ttl)
 
     def do_extend(self, lease: Lease, ttl_seconds: float) -> bool:
         """One owner-checked PEXPIRE; moves the lease's deadline when it succeeded."""
@@ -193,18 +195,6 @@ class RedisLock(StoreBackend):
         lease.valid_until = started + ttl_seconds
         lease.extensions += 1
         return True
-
-    def release(self, lease: Lease | None) -> None:
-        """Give the lock back.
-
-        Raises:
-            LockError: `lease` is None (never acquired).
-            LockNotOwnedError: the lock was no longer ours (expired, taken over).
-            StorageError: Redis failed (wraps the cause).
-        """
-        lease = require_lease(lease, "release")
-        if not self.do_release(lease):
-            raise not_owned(lease)
 
     def do_release(self, lease: Lease) -> bool:
         """One owner-checked DEL; False when the lock was not ours any more."""

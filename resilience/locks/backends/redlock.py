@@ -39,11 +39,10 @@ from resilience.locks.backends.redis import (
     ACQUIRE,
     EXTEND,
     RELEASE,
+    LeaseLock,
     describe,
     lock_key,
     new_owner_token,
-    not_owned,
-    require_lease,
     run_on_nodes,
 )
 
@@ -52,6 +51,7 @@ if TYPE_CHECKING:
 
     from resilience.locks.backends.postgres import HeldLockRegistry
     from resilience.locks.fencing import FencingTokens
+    from resilience.scripts import LuaScript
 
 logger = logging.getLogger("resilience.locks")
 
@@ -101,7 +101,7 @@ class RedlockConfig:
             )
 
 
-class Redlock:
+class Redlock(LeaseLock):
     """A lock manager over N >= 3 independent Redis nodes (`REDLOCK_URLS`).
 
     Args:
@@ -155,14 +155,14 @@ class Redlock:
                               socket_connect_timeout=timeout_seconds) for url in urls]
         lock = cls(clients, **kwargs)
         if check:
-            lock.check_nodes(require_all=True)
+            lock.check_nodes()
         return lock
 
-    def check_nodes(self, *, require_all: bool = True) -> None:
+    def check_nodes(self) -> None:
         """PING every node.
 
         Raises:
-            StoreUnavailable: a node (`require_all`) or a majority did not answer.
+            StoreUnavailable: a node did not answer.
         """
         dead = []
         for client in self.clients:
@@ -170,42 +170,24 @@ class Redlock:
                 client.ping()
             except Exception as exc:  # noqa: BLE001 - reported together below
                 dead.append(f"{describe(client)} ({type(exc).__name__}: {exc})")
-        alive = len(self.clients) - len(dead)
-        if dead and (require_all or alive < self.quorum):
+        if dead:
             raise StoreUnavailable(
                 f"Redlock: {len(dead)} of {len(self.clients)} nodes unreachable at start: "
-                + "; ".join(dead),
-                unreachable=dead,
-            )
+                + "; ".join(dead), unreachable=dead)
 
-    # -- the algorithm -----------------------------------------------------------------
-    def acquire(self, name: str, *, ttl_seconds: float) -> Lease | None:
-        """Take lock `name` on a majority of nodes; None when others hold it after all retries.
-
-        Raises:
-            ConfigurationError: `ttl_seconds` <= 0.
-            StoreUnavailable: fewer than a majority of nodes answered on the last attempt.
-        """
-        return self.do_acquire(name, validate_ttl(ttl_seconds))
-
+    # -- the algorithm (LeaseLock validates, then calls do_*) ----------------------------
     def do_acquire(self, name: str, ttl_seconds: float) -> Lease | None:
         """The bounded attempts of the timeline above, each one fan-out of SET NX PX."""
-        ttl = ttl_seconds
-        ttl_ms = max(1, int(ttl * 1000))
-        drift = ttl * self.options.clock_drift_factor + 0.002
         key = lock_key(name)
         failures: list[str] = []
         for attempt in range(self.options.retry_count + 1):
             if attempt:
                 self.sleep(self.rng() * self.options.retry_delay_seconds)
             owner = new_owner_token()
-            started = self.clock()
-            replies = run_on_nodes(self.clients, ACQUIRE, key, [owner, ttl_ms])
-            granted = sum(1 for reply in replies if reply == 1)
-            validity = ttl - (self.clock() - started) - drift
-            if granted >= self.quorum and validity > 0:
-                return Lease(name=name, owner=owner, ttl_seconds=ttl, acquired_at=started,
-                             valid_until=started + ttl - drift, clock=self.clock)
+            replies, started, valid_until = self._round(ACQUIRE, key, owner, ttl_seconds)
+            if valid_until is not None:
+                return Lease(name=name, owner=owner, ttl_seconds=ttl_seconds,
+                             acquired_at=started, valid_until=valid_until, clock=self.clock)
             # Not ours: undo the partial grant everywhere, including nodes whose reply was lost.
             run_on_nodes(self.clients, RELEASE, key, [owner])
             failures = self._failures(replies)
@@ -213,51 +195,37 @@ class Redlock:
             raise StoreUnavailable(
                 f"Redlock: lock {name!r} unavailable, only {len(self.clients) - len(failures)} "
                 f"of {len(self.clients)} nodes answered and {self.quorum} are needed: "
-                + "; ".join(failures),
-                key=name,
-                unreachable=failures,
-            )
+                + "; ".join(failures), key=name, unreachable=failures)
         return None
 
-    def extend(self, lease: Lease | None, *, ttl_seconds: float | None = None) -> bool:
-        """Renew the lease on a majority of nodes; False when it is lost (no quorum or late).
-
-        Raises:
-            LockError: `lease` is None.  ConfigurationError: `ttl_seconds` <= 0.
-        """
-        lease = require_lease(lease, "extend")
-        ttl = validate_ttl(ttl_seconds if ttl_seconds is not None else lease.ttl_seconds)
+    def do_extend(self, lease: Lease, ttl_seconds: float) -> bool:
+        """One fan-out of the owner-checked PEXPIRE (none for a lease already past its
+        validity); False when lost (no quorum or late)."""
         if not lease.valid():
             return False
-        return self.do_extend(lease, ttl)
-
-    def do_extend(self, lease: Lease, ttl_seconds: float) -> bool:
-        """One fan-out of the owner-checked PEXPIRE; the new validity discounts drift."""
-        drift = ttl_seconds * self.options.clock_drift_factor + 0.002
-        started = self.clock()
-        replies = run_on_nodes(self.clients, EXTEND, lock_key(lease.name),
-                               [lease.owner, max(1, int(ttl_seconds * 1000))])
-        granted = sum(1 for reply in replies if reply == 1)
-        validity = ttl_seconds - (self.clock() - started) - drift
-        if granted < self.quorum or validity <= 0:
+        _, _, valid_until = self._round(EXTEND, lock_key(lease.name), lease.owner, ttl_seconds)
+        if valid_until is None:
             return False
-        lease.valid_until = started + ttl_seconds - drift
+        lease.valid_until = valid_until
         lease.extensions += 1
         return True
 
-    def release(self, lease: Lease | None) -> None:
-        """Release on every node (also those that may have expired it).
-
-        Raises:
-            LockError: `lease` is None (never acquired).
-            LockNotOwnedError: fewer than a majority still held our token (lost before).
-        """
-        lease = require_lease(lease, "release")
-        if not self.do_release(lease):
-            raise not_owned(lease)
+    def _round(self, script: LuaScript, key: str, owner: str,
+               ttl_seconds: float) -> tuple[list[Any], float, float | None]:
+        """One fan-out of `script` (owner, TTL in ms): the replies, when it was sent, and the
+        lease's new deadline `t0 + ttl - drift`, None without a quorum or validity left."""
+        drift = ttl_seconds * self.options.clock_drift_factor + 0.002
+        started = self.clock()
+        replies = run_on_nodes(self.clients, script, key,
+                               [owner, max(1, int(ttl_seconds * 1000))])
+        granted = sum(1 for reply in replies if reply == 1)
+        if granted >= self.quorum and ttl_seconds - (self.clock() - started) - drift > 0:
+            return replies, started, started + ttl_seconds - drift
+        return replies, started, None
 
     def do_release(self, lease: Lease) -> bool:
-        """One fan-out of the owner-checked DEL; True when a majority still held our token."""
+        """One fan-out of the owner-checked DEL on every node (also those that may have
+        expired it); True when a majority still held our token."""
         replies = run_on_nodes(self.clients, RELEASE, lock_key(lease.name), [lease.owner])
         return sum(1 for reply in replies if reply == 1) >= self.quorum
 
