@@ -1,15 +1,9 @@
-"""Canonical keys from task arguments, shared by every guard that keys on arguments.
+"""Canonical keys from task arguments, and the Redis key names built from them.
 
-`f(1)`, `f(a=1)` and `f()` with `a=1` as default produce the same key: arguments are bound
-to the function's signature, defaults applied, then written as canonical JSON (sorted keys,
-no whitespace), with the types Celery's JSON serializer carries (`UUID`, `datetime`,
-`Decimal`, ...) tagged as kombu writes them. Other values are refused rather than
-stringified, because `str()` of an object is not stable across processes and would silently
-split or merge keys.
-
-`redis_key` turns a key (or any user- or task-derived name) into a Redis key name that
-cannot collide with another guard's bookkeeping keys, keeps a script's keys in one Redis
-Cluster hash slot, and stays short however long the key is.
+`f(1)`, `f(a=1)` and `f()` with `a=1` as default give one key: arguments are bound to the
+signature, defaults applied, and written as canonical JSON. Other values are refused rather
+than stringified: `str()` of an object is not stable across processes and would split or
+merge keys. `redis_key`: see docs/pipeline.md.
 """
 
 from __future__ import annotations
@@ -36,8 +30,7 @@ MAX_KEY_LENGTH = 512
 KeyOption = str | Callable[..., Any] | None
 
 
-# Built once: `json.dumps` with options builds an encoder per call. Encoders keep no state
-# between calls, so one instance serves every thread.
+# Built once (`json.dumps` with options builds one per call); encoders are stateless.
 _PLAIN_ENCODER = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
 )
@@ -65,11 +58,8 @@ def canonical_json(value: Any) -> str:
 def canonical_arguments(value: Any) -> str:
     """Canonical JSON of task arguments, with the types Celery's JSON serializer carries.
 
-    kombu's encoder writes `UUID`, `datetime`, `date`, `time`, `Decimal` (and bytes, objects
-    with `__json__`, types registered with `kombu.utils.json.register_type`) as tagged
-    values the worker decodes back, so a key built in the producer from a `UUID` equals the
-    key the worker builds from the `UUID` it receives, and differs from the key of its
-    string. Sets, arbitrary objects, NaN and infinities are still refused.
+    kombu tags `UUID`, `datetime`, `Decimal`, ... so a producer's key from a `UUID` equals
+    the worker's, and differs from the key of its string.
 
     Raises:
         NonJsonArguments: `value` holds a type the JSON serializer cannot carry.
@@ -85,9 +75,8 @@ def canonical_arguments(value: Any) -> str:
 
 
 def revive(value: Any) -> Any:
-    """A value stored as `canonical_arguments` wrote it, with kombu's tagged values
-    (`{"__type__": "uuid", "__value__": ...}`) turned back into `UUID`, `Decimal`, ... as
-    Celery's JSON decoder does: a replayed result equals what the first call returned."""
+    """`value` with kombu's tagged values turned back into `UUID`, `Decimal`, ... as Celery's
+    JSON decoder does: a replayed result equals what the first call returned."""
     if isinstance(value, dict):
         if value.keys() == _TAGGED:
             return kombu_object_hook(value)
@@ -115,80 +104,39 @@ def signature_of(func: Callable[..., Any]) -> inspect.Signature:
 
 def check_binding(func: Callable[..., Any], args: tuple[Any, ...] | list[Any],
                   kwargs: Mapping[str, Any]) -> None:
-    """Raise `ArgumentsDoNotBind` unless `args`/`kwargs` fit `func`'s signature (the check of
-    `bind_arguments` without building the bound dict: the enqueue path's validation)."""
-    plan = _binding_plan(func)
-    if plan is not None:
-        names, positional, required = plan
-        count = len(args)
-        if count <= positional and all(
-                key in names and names[key] >= count for key in kwargs) and all(
-                index < count or name in kwargs for name, index in required):
-            return
-    try:
-        signature_of(func).bind(*args, **kwargs)
-    except TypeError:
-        bind_arguments(func, args, kwargs)  # raises with the full message
+    """Raise `ArgumentsDoNotBind` unless `args`/`kwargs` fit `func`'s signature."""
+    bind_arguments(func, args, kwargs)
 
 
-_Plan = tuple[dict[str, int], int, tuple[tuple[str, int], ...]]
-_plans: dict[Any, _Plan | None] = {}
+_Plain = tuple[tuple[str, ...], int, dict[str, Any]]
+_plain: dict[Any, _Plain | None] = {}
+_PLAIN_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
 
-def _binding_plan(func: Callable[..., Any]) -> _Plan | None:
-    """What `check_binding` needs of a plain signature (named parameters only, no `*args`,
-    `**kwargs` or positional-only): each name's position, how many can be positional, and
-    the required ones. None for other signatures, which `Signature.bind` checks."""
+def _plain_signature(func: Callable[..., Any]) -> _Plain | None:
+    """A plain signature's (named parameters only: no `*args`, `**kwargs` or positional-only)
+    parameter names in order, how many may be positional, and the defaults; None for other
+    signatures."""
     # A bound method's signature drops its first parameter: key on the function and that.
     key = (getattr(func, "__func__", func), hasattr(func, "__self__"))
     try:
-        return _plans[key]
+        return _plain[key]
     except KeyError:
         pass
     except TypeError:  # unhashable callable
         return None
-    plan: _Plan | None = None
+    found: _Plain | None = None
     try:
         parameters = list(signature_of(func).parameters.values())
     except (TypeError, ValueError):
         parameters = None
-    kinds = {inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY}
-    if parameters is not None and all(p.kind in kinds for p in parameters):
-        names = {p.name: index for index, p in enumerate(parameters)}
-        positional = sum(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters)
-        required = tuple((p.name, index if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
-                          else len(parameters) + 1)
-                         for index, p in enumerate(parameters)
-                         if p.default is inspect.Parameter.empty)
-        plan = (names, positional, required)
-    if len(_plans) < 4096:
-        _plans[key] = plan
-    return plan
-
-
-_Defaults = tuple[tuple[str, ...], int, dict[str, Any]]
-_defaults: dict[Any, _Defaults | None] = {}
-
-
-def _defaults_of(func: Callable[..., Any]) -> _Defaults | None:
-    """A plain signature's parameter names in order, how many may be positional, and the
-    defaults (see `_binding_plan`); None for other signatures."""
-    key = (getattr(func, "__func__", func), hasattr(func, "__self__"))
-    try:
-        return _defaults[key]
-    except KeyError:
-        pass
-    except TypeError:  # unhashable callable
-        return None
-    found: _Defaults | None = None
-    plan = _binding_plan(func)
-    if plan is not None:
-        parameters = list(signature_of(func).parameters.values())
-        found = (tuple(p.name for p in parameters), plan[1],
+    if parameters is not None and all(p.kind in _PLAIN_KINDS for p in parameters):
+        found = (tuple(p.name for p in parameters),
+                 sum(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters),
                  {p.name: p.default for p in parameters
                   if p.default is not inspect.Parameter.empty})
-    if len(_defaults) < 4096:
-        _defaults[key] = found
+    if len(_plain) < 4096:
+        _plain[key] = found
     return found
 
 
@@ -200,7 +148,7 @@ def bind_arguments(
     Raises:
         ArgumentsDoNotBind: the arguments do not fit the signature.
     """
-    plain = _defaults_of(func)
+    plain = _plain_signature(func)
     if plain is not None:
         # A plain signature (named parameters only) binds without `Signature.bind`, which
         # costs more than the rest of a key; anything unusual takes the full path below.
@@ -248,11 +196,8 @@ def fingerprint(canonical: str) -> str:
 
 @dataclass(frozen=True)
 class GuardKey:
-    """A key for one task's guard: `namespace` (the task name) plus `value`.
-
-    `fingerprint` digests all bound arguments, so a guard can tell "same key, same call"
-    from "same key, different arguments".
-    """
+    """A key for one task's guard: `namespace` (the task name) plus `value`; `fingerprint`
+    digests all bound arguments ("same key, different arguments")."""
 
     namespace: str
     value: str
@@ -309,11 +254,7 @@ class KeySpec:
     def build(
         self, namespace: str, args: tuple[Any, ...] | list[Any], kwargs: Mapping[str, Any]
     ) -> GuardKey:
-        """Derive the key of one call.
-
-        Raises:
-            ArgumentsDoNotBind, NonJsonArguments, InvalidKey.
-        """
+        """Derive the key of one call (raises ArgumentsDoNotBind, NonJsonArguments, InvalidKey)."""
         arguments = bind_arguments(self.func, args, kwargs)
         canonical = canonical_arguments(arguments)
         digest = fingerprint(canonical)
@@ -321,12 +262,8 @@ class KeySpec:
                         fingerprint=digest)
 
     def value(self, args: tuple[Any, ...] | list[Any], kwargs: Mapping[str, Any]) -> str:
-        """The key's value alone (`build(...).value`), without the fingerprint of every
-        argument when a template or a function makes the key (the enqueue path's keys).
-
-        Raises:
-            ArgumentsDoNotBind, NonJsonArguments, InvalidKey.
-        """
+        """`build(...).value`, without the fingerprint when a template or a function makes
+        the key (the enqueue path's keys)."""
         arguments = bind_arguments(self.func, args, kwargs)
         if self.key is None:
             canonical = canonical_arguments(arguments)
@@ -368,11 +305,10 @@ class KeySpec:
 #: Longest encoded user part kept readable; a longer one is replaced by its digest.
 MAX_ENCODED_PART_LENGTH = 200
 
-#: Characters escaped in a user part: the key separator `:`, the hash-tag braces, `%` (the
-#: escape itself), `#` (marks a digest), glob characters (a part stays literal in a SCAN
-#: pattern), whitespace, control and invisible format characters, and lone surrogates. A
-#: fixed list rather than Unicode categories: the encoding must not change with the Python
-#: version, or processes of one fleet would name the same key differently.
+#: Characters escaped in a user part: `:`, the hash-tag braces, `%`, `#` (marks a digest),
+#: glob characters (SCAN patterns), whitespace, control and invisible characters, lone
+#: surrogates. A fixed list, not Unicode categories: the encoding must not change with the
+#: Python version, or one fleet would name the same key differently.
 _UNSAFE_BUT_COLON = (
     "\x00-\x20\x7f-\xa0%{}#*?\\[\\]\\\\\u1680\u180e\u2000-\u200f\u2028-\u202f\u205f-\u206f"
     "\u3000\ufeff\ud800-\udfff"
@@ -387,12 +323,9 @@ def _percent(match: re.Match[str]) -> str:
 
 
 def encode_key_part(user: str) -> str:
-    """`user` as one part of a Redis key name: percent-encoded, or a digest when long.
-
-    The result never contains `:`, `{`, `}` or an unescaped `%`, so it cannot end a hash tag
-    or borrow another key's suffix; distinct values give distinct parts (the digest aside,
-    whose collisions are SHA-256's). An encoded form longer than `MAX_ENCODED_PART_LENGTH`
-    becomes `#<sha256 hex>` of the value, which no encoded value starts with.
+    """`user` as one part of a Redis key name: percent-encoded (never `:`, `{`, `}` or a
+    bare `%`, so it cannot end a hash tag or borrow another key's suffix), or `#<sha256 hex>`
+    when longer than `MAX_ENCODED_PART_LENGTH` (no encoded value starts with `#`).
 
     Raises:
         InvalidKey: `user` is empty or not a string.
@@ -410,11 +343,7 @@ def encode_key_part(user: str) -> str:
 
 
 def decode_key_part(encoded: str) -> str:
-    """The value `encode_key_part` encoded, for admin views.
-
-    A digested part cannot be decoded: it comes back as stored, `#<sha256 hex>` (a value
-    starting with `#` is always shown decoded, so the two never look alike).
-    """
+    """The value `encode_key_part` encoded, for admin views; a digest comes back as stored."""
     if encoded.startswith(_DIGEST_MARK) or "%" not in encoded:
         return encoded
     return unquote(encoded, encoding="utf-8", errors="surrogatepass")
@@ -431,11 +360,8 @@ def _check_constant(kind: str, text: str) -> None:
 def redis_key(namespace: str, user: str, *suffixes: str) -> str:
     """The Redis key `namespace:{<encoded user>}[:suffix...]` of guard state.
 
-    `namespace` and `suffixes` are the code's own constants; only `user` comes from a
-    task, a key template or a configuration name. Because the encoded user part holds no
-    `:`, no user value can name another value's suffixed key (`acme:waiting` is not acme's
-    waiting line), and because it is the key's Redis Cluster hash tag, every key of one
-    value (a limiter and its waiting line) lands in one hash slot, as a Lua script needs.
+    Only `user` comes from a task or configuration; the encoded part holds no `:` (no value
+    names another's suffixed key) and is the Cluster hash tag (one slot per value).
 
     Raises:
         InvalidKey: `user` is empty.  ConfigurationError: a constant holds `{` or `}`.
@@ -455,11 +381,7 @@ def redis_key_pattern(namespace: str) -> str:
 
 
 def parse_redis_key(namespace: str, key: str) -> tuple[str, tuple[str, ...]] | None:
-    """Split a key `redis_key(namespace, ...)` made: (decoded user value, suffixes).
-
-    None when `key` is not of that layout (another namespace, or a key from before it).
-    A digested value comes back as `#<sha256 hex>` (see `decode_key_part`).
-    """
+    """(decoded user value, suffixes) of a key `redis_key(namespace, ...)` made, else None."""
     head = f"{namespace}:{{"
     if not key.startswith(head):
         return None
@@ -475,11 +397,8 @@ SCAN_COUNT = 500
 
 
 def stored_keys(client: Any, namespace: str, *, suffixed: bool = False) -> dict[str, str]:
-    """Redis key -> decoded user value of every key `redis_key(namespace, value)` made.
-
-    One SCAN over the namespace (admin views and `describe()`, never a job's path). Keys with
-    suffixes (a window, a waiting line) are left out unless `suffixed`.
-    """
+    """Redis key -> decoded user value of every key `redis_key(namespace, value)` made, by
+    one SCAN (admin views, never a job's path); suffixed keys only if `suffixed`."""
     found = {}
     for key in client.scan_iter(match=redis_key_pattern(namespace), count=SCAN_COUNT):
         parsed = parse_redis_key(namespace, key)
