@@ -1,38 +1,9 @@
-"""The guard pipeline and the contract of a stack of guards.
+"""The guard pipeline: the stage order, the hooks, and how a stack of guards unwinds.
 
-A call passes through five phases; every guard may act in each, and the pipeline runs them
-in one fixed order (the `STAGES` table below), whatever order the decorators were written in:
-
-    admit     `before_run`, outermost first: decide whether the call may run at all (poison,
-              deadline, breaker, limits); a guard that says no raises `Stop`.
-    take      also `before_run`: take what the call needs (idempotency claim, lock, slot).
-    run       the body.
-    commit    `commit`, innermost first, while *everything* every guard took is still held:
-              the body's transaction and the idempotency record commit here, after a
-              `call.checkpoint()` that proves the locks and leases are still owned.
-    give back `after_run` / `on_error` / `on_stop`, innermost first: locks, slots, claims.
-
-The rules that make guards compose:
-
-1. No effect commits after anything that protected it was given back: commits happen in
-   their own phase, before the first give-back.
-2. A guard that stops a call early (`Stop`), or an error anywhere (a guard, the body, a
-   commit), makes every guard already entered give back what it took, innermost first;
-   one guard failing to give back never keeps the others from it.
-3. `on_error` may replace the error for the guards further out (the retry guard turns a
-   failure into Celery's `Retry` or `DeadLettered`), as middleware layers do.
-4. Two guards never share a stage silently: a stage holds one guard unless the table says
-   it holds several (then they run in declaration order); a clash is a `ConfigurationError`
-   when the task's pipeline is built.
-5. Enqueue guards follow the same shape: `before_publish` takes (a unique key, an admission
-   reservation); when a later guard refuses or the publish raises, every guard already
-   entered gets `give_back`, innermost first; after a publish, `after_publish`. The route
-   (stage ROUTE: the broker or the outbox) ends the path; a republish goes straight to it.
-6. Inline execution (`task.apply()`, `caller_runs`, eager mode) never republishes: a deferral
-   there becomes `JobDeferred` for the caller (see `resilience.task`).
-
-docs/pipeline.md has the same contract with examples; `jobs pipeline TASK` prints a task's
-effective pipelines.
+A call passes admit and take (`before_run`, outermost first), the body, commit (innermost
+first, while every hold is kept) and give back (`after_run` / `on_error` / `on_stop`,
+innermost first). The contract and its rules are docs/pipeline.md; `jobs pipeline TASK`
+prints a task's effective pipelines.
 """
 
 from __future__ import annotations
@@ -58,7 +29,7 @@ if TYPE_CHECKING:
 
 
 class Stage(IntEnum):
-    """Where an execution guard sits; lower runs first (outermost). See `STAGES`."""
+    """Where an execution guard sits; lower runs first (outermost)."""
 
     SCHEDULE = 0
     WORKFLOW = 2
@@ -78,7 +49,7 @@ class Stage(IntEnum):
 
 
 class EnqueueStage(IntEnum):
-    """Where an enqueue guard sits in the publish path; lower runs first. See `ENQUEUE_STAGES`."""
+    """Where an enqueue guard sits in the publish path; lower runs first."""
 
     VALIDATE = 10
     BREAKER = 15
@@ -88,48 +59,11 @@ class EnqueueStage(IntEnum):
     ROUTE = 50
 
 
-@dataclass(frozen=True)
-class StageRule:
-    """One row of the order table: what a stage is for and whether it holds several guards."""
-
-    purpose: str
-    several: bool = False
-
-
-#: The execution order, in one place (DESIGN.md "The path of one job").
-STAGES: dict[Stage, StageRule] = {
-    Stage.SCHEDULE: StageRule("record a scheduled run's outcome, whatever stopped it"),
-    Stage.WORKFLOW: StageRule("replay a finished workflow step; record its outcome and "
-                              "publish the steps it releases"),
-    Stage.UNIQUE: StageRule("give the @unique key back when the job starts (or ends)"),
-    Stage.CANCEL: StageRule("stop a job an operator cancelled (jobs cancel)"),
-    Stage.POISON: StageRule("dead-letter a message whose worker died too often"),
-    Stage.DEADLINE: StageRule("shed a job whose deadline passed before it started"),
-    Stage.PAUSE: StageRule("defer the jobs of a paused tier or task"),
-    Stage.IDEMPOTENCY: StageRule("claim the key in PostgreSQL; replay finished keys"),
-    Stage.WORKFLOW_RECORD: StageRule("a transactional workflow step's state and the steps "
-                                     "it releases, in the body's transaction"),
-    Stage.SCHEDULE_OVERLAP: StageRule("one run of a schedule entry at a time (overlap skip "
-                                      "or queue_one: a singleton on schedule:<name>)"),
-    Stage.EXCLUSIVITY: StageRule("@singleton or @exclusive: one holder per key"),
-    Stage.BREAKER: StageRule("per-dependency breaker; several dependencies allowed",
-                             several=True),
-    Stage.CONCURRENCY: StageRule("fleet-wide concurrency slots", several=True),
-    Stage.RATE: StageRule("fleet-wide rate limits", several=True),
-    Stage.RETRY: StageRule("classify errors; Celery retry within the budget"),
-}
-
-#: The enqueue order, in one place.
-ENQUEUE_STAGES: dict[EnqueueStage, StageRule] = {
-    EnqueueStage.VALIDATE: StageRule("keys of the execution guards build from the arguments",
-                                     several=True),
-    EnqueueStage.BREAKER: StageRule("refuse while a declared breaker is open", several=True),
-    EnqueueStage.UNIQUE: StageRule("@unique: the same key within its TTL is the same job"),
-    EnqueueStage.ADMIT: StageRule("tier bulkhead: abort, discard, caller_runs or wait"),
-    EnqueueStage.STAMP: StageRule("headers every new message carries (deadline)"),
-    EnqueueStage.ROUTE: StageRule("send: the broker, or the outbox (the caller's transaction, "
-                                  "a long delay, a republish the broker refused)"),
-}
+#: Stages that hold several guards (run in declaration order); every other stage holds
+#: one. Each stage's purpose: docs/pipeline.md, "The order, in one place".
+SEVERAL: frozenset[Stage] = frozenset({Stage.BREAKER, Stage.CONCURRENCY, Stage.RATE})
+ENQUEUE_SEVERAL: frozenset[EnqueueStage] = frozenset({EnqueueStage.VALIDATE,
+                                                      EnqueueStage.BREAKER})
 
 
 def _execute(rounds: Rounds) -> None:
@@ -147,22 +81,18 @@ class Call:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     request: Any
-    #: One slot per guard object: what its before_run took and its give-back returns
-    #: (`keep` / `kept` / `take_back`). Keyed by the guard itself, so two guards of one
-    #: kind (two breakers, two limits) never share a slot and no key is ever spelled.
+    #: What each guard's before_run took (`keep` / `kept` / `take_back`), keyed by the guard
+    #: object itself: two breakers never share a slot.
     slots: dict[object, Any] = field(default_factory=dict)
     #: Callables a guard registers to be checked before the body commits (lease still held?).
     checks: list[Callable[[], None]] = field(default_factory=list)
     #: Extra keyword arguments a guard hands to the body only (a transactional session, a
     #: fencing token); never republished with the message.
     inject: dict[str, Any] = field(default_factory=dict)
-    #: Reads a backend queued during `Guard.prefetch` instead of sending them, executed
-    #: once after every prefetch and before any before_run. A backend opts in by keeping a
-    #: round here (the Redis backends: `resilience.batch.for_client`); the pipeline knows
-    #: no store.
+    #: Reads queued during `Guard.prefetch`, executed once before any before_run (a Redis
+    #: backend opts in with `resilience.batch.for_client`).
     reads: Rounds = field(default_factory=dict)
-    #: Writes nobody waits for (cache fills, outcome reports), executed once after the
-    #: call's last hook.
+    #: Writes nobody waits for (cache fills, outcome reports), executed after the last hook.
     writes: Rounds = field(default_factory=dict)
 
     @cached_property
@@ -176,11 +106,8 @@ class Call:
 
     @cached_property
     def stores(self) -> Stores:
-        """The task's app's stores (Redis, PostgreSQL), looked up once per call.
-
-        Raises:
-            ConfigurationError: the app was never initialised (`resilience.init_app`).
-        """
+        """The task's app's stores, looked up once per call (ConfigurationError without
+        `resilience.init_app`)."""
         return stores_for(self.task.app)
 
     @cached_property
@@ -202,10 +129,8 @@ class Call:
     def count(self, outcome: Outcome | str, *, guard: str, name: str | None = None,
               tier: str | None = None, reason: str | None = None,
               retry_after_seconds: float | None = None) -> None:
-        """Count a guard's decision fleet-wide (and as a span event); never raises.
-
-        `tier` defaults to the task's, `name` to the task name.
-        """
+        """Count a guard's decision fleet-wide (and as a span event); never raises. `tier`
+        defaults to the task's, `name` to the task name."""
         task = self.task
         count_outcome(task.app, getattr(outcome, "value", outcome), guard=guard,
                       tier=tier or getattr(task, "tier", None),
@@ -244,11 +169,8 @@ class Call:
                 or bool(getattr(request, "is_eager", False)))
 
     def checkpoint(self) -> None:
-        """Raise if any guard's hold was lost; called right before an effect commits.
-
-        Raises:
-            LockNotOwnedError (or another guard's error): a lease or session was lost.
-        """
+        """Raise (LockNotOwnedError, ...) if any guard's hold was lost; called right before
+        an effect commits."""
         for check in self.checks:
             check()
 
@@ -292,7 +214,7 @@ class Guard:
 
     #: Short name used in outcomes, counters and logs.
     name: ClassVar[str] = "guard"
-    #: Position in the execution path (`STAGES`).
+    #: Position in the execution path (`SEVERAL`: the stages holding more than one).
     stage: ClassVar[Stage] = Stage.RATE
 
     def bind(self, task: Task) -> None:
@@ -303,21 +225,14 @@ class Guard:
         return _described(self, task)
 
     def prefetch(self, call: Call) -> None:
-        """Queue Redis reads (`call.reads`) whose replies `before_run` may use.
-
-        Replies are hints sent before any guard decides: a guard whose read is missing or
-        failed makes its own call. Errors raised here are ignored (before_run meets them).
-        """
+        """Queue Redis reads (`call.reads`) as hints for `before_run`; errors are ignored."""
 
     def before_run(self, call: Call) -> None:
         """Admit and take: decide, take what the call needs (claim, lock, slot), or `Stop`."""
 
     def commit(self, call: Call, result: Any) -> None:
-        """The body returned `result`: make its effect durable while every hold is kept.
-
-        Runs innermost first, before any guard gives anything back. Raising (`Stop` or an
-        error) turns the call into a stop or an error for every guard entered.
-        """
+        """The body returned `result`: make its effect durable while every hold is kept
+        (innermost first, before any give-back); raising stops or fails the call."""
 
     def release(self, call: Call) -> None:
         """Give back what before_run took; the three hooks below call it by default, so a
@@ -329,9 +244,7 @@ class Guard:
 
     def on_error(self, call: Call, exc: BaseException) -> None:
         """The body, a commit or an inner guard raised `exc`; give back what was taken.
-
-        Raising here replaces the error for the guards further out (see `Pipeline.run`).
-        """
+        Raising here replaces the error for the guards further out."""
         self.release(call)
 
     def on_stop(self, call: Call, stop: Stop) -> None:
@@ -362,22 +275,19 @@ class EnqueueGuard:
         """The message was published and `result` goes back to the caller."""
 
 
-def _ordered(guards: Iterable[Any], rules: dict[Any, StageRule]) -> list[Any]:
+def _ordered(guards: Iterable[Any], several: frozenset[Any]) -> list[Any]:
     """Guards in stage order; two in a stage that holds one is a `ConfigurationError`."""
     ordered = sorted(guards, key=lambda guard: int(guard.stage))  # stable: declaration order
-    by_stage: dict[int, list[Any]] = {}
+    by_stage: dict[Any, list[Any]] = {}
     for guard in ordered:
-        by_stage.setdefault(int(guard.stage), []).append(guard)
+        by_stage.setdefault(guard.stage, []).append(guard)
     for stage, members in by_stage.items():
         names = [guard.name for guard in members]
-        duplicates = sorted({name for name in names if names.count(name) > 1})
-        rule = next((rule for key, rule in rules.items() if int(key) == stage), None)
-        if len(members) > 1 and (rule is None or not rule.several or duplicates):
-            label = type(members[0].stage)(stage).name
+        if len(members) > 1 and (stage not in several or len(set(names)) < len(names)):
             raise ConfigurationError(
-                f"guards {', '.join(repr(n) for n in names)} share the {label} stage, which "
-                f"holds one guard ({rule.purpose if rule else 'unknown stage'}); keep one",
-                stage=label, guards=names,
+                f"guards {', '.join(repr(n) for n in names)} share the {stage.name} stage, "
+                "which holds one guard; keep one",
+                stage=stage.name, guards=names,
             )
     return ordered
 
@@ -386,7 +296,7 @@ class Pipeline:
     """Runs execution guards around a body in stage order (the contract above)."""
 
     def __init__(self, guards: Iterable[Guard]) -> None:
-        self.guards: Sequence[Guard] = _ordered(guards, STAGES)
+        self.guards: Sequence[Guard] = _ordered(guards, SEVERAL)
 
     def __bool__(self) -> bool:
         return bool(self.guards)
@@ -418,7 +328,7 @@ class Pipeline:
             _unwind(entered, lambda guard: guard.on_stop(call, signal))
             raise
         except BaseException as exc:
-            _unwind_errors(entered, call, exc)
+            _unwind_replacing(entered, lambda guard, error: guard.on_error(call, error), exc)
             raise
         _unwind(entered, lambda guard: guard.after_run(call, result))
         return result
@@ -428,13 +338,13 @@ class EnqueuePipeline:
     """Runs the enqueue stages in order, then the route; gives back on refusal.
 
     Args:
-        guards: the task's enqueue guards (`ENQUEUE_STAGES`).
+        guards: the task's enqueue guards.
         validate: the VALIDATE stage's first step, the arguments' own check (the task's).
     """
 
     def __init__(self, guards: Iterable[EnqueueGuard],
                  validate: Callable[[Publish], None] | None = None) -> None:
-        self.guards: Sequence[EnqueueGuard] = _ordered(guards, ENQUEUE_STAGES)
+        self.guards: Sequence[EnqueueGuard] = _ordered(guards, ENQUEUE_SEVERAL)
         self.validate = validate
 
     def run(self, publish: Publish, route: Callable[[Publish], Any],
@@ -458,20 +368,10 @@ class EnqueuePipeline:
         return result
 
 
-def _unwind_errors(guards: Sequence[Guard], call: Call, error: BaseException) -> None:
-    """Give `error` to each guard's `on_error`, innermost first (see `_unwind_replacing`)."""
-    _unwind_replacing(guards, lambda guard, current: guard.on_error(call, current), error)
-
-
 def _unwind_replacing(guards: Sequence[Any], hook: Callable[[Any, BaseException], None],
                       error: BaseException) -> None:
-    """Give `error` to each guard's hook, innermost first.
-
-    A hook may raise to replace the error (the retry guard turns a failure into Celery's
-    `Retry` or a dead-letter error; the admission guard turns a broker's `QueueFull` into its
-    tier's policy); guards further out then see the replacement, as middleware layers do.
-    The last replacement, if any, is raised.
-    """
+    """Give `error` to each guard's hook, innermost first; a hook may raise a replacement
+    (the retry guard's `Retry`), which guards further out see and which is raised last."""
     current = error
     for guard in reversed(guards):
         try:
