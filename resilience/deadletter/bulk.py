@@ -1,28 +1,16 @@
 """Bulk requeue: every pending dead letter of a selection, published again once, crash-safe.
 
-One batch is one PostgreSQL transaction:
-
-1. lock up to `batch_size` pending rows of the selection, in id order,
-   `SELECT ... WHERE requeued_at IS NULL ... FOR UPDATE SKIP LOCKED`;
-2. refuse each row that cannot run (skipped, counted by reason, left pending): a message
-   that never decoded into a call, a task this process does not register (or that is not a
-   platform task), arguments the task refuses (`ArgumentsDoNotBind`, ...);
-3. write each other row's job into the transactional outbox (`task.apply_async_in` on the
-   batch's connection) and mark the rows requeued (`requeued_at`, `requeued_task_id`);
-4. commit: the marks and the outbox rows become visible together, and the relay publishes
-   them (`resilience.outbox.relay`).
-
-Two operators at once, spelled out:
+One batch is one PostgreSQL transaction: lock pending rows `FOR UPDATE SKIP LOCKED` in id
+order, skip (and count) the rows that cannot run, write the others' jobs to the outbox on
+the batch's connection and mark them, commit (steps and reasons: docs/failure.md, "Bulk
+requeue"). Two operators at once:
 
     operator A: lock rows 1..200 -> outbox rows + marks -> commit
     operator B: (same moment) SKIP LOCKED passes over 1..200, locks 201..400 -> commit
     A, killed before its commit: its locks, outbox rows and marks vanish together;
        rows 1..200 are pending again and the next run takes them
 
-So a row is requeued at most once, and a crash never leaves a row marked without its job
-(or a job without its mark). A run passes over rows another run holds; if that run dies,
-its rows stay pending for the next one. The relay publishes at least once (docs/outbox.md):
-an `@idempotent` task keys the copy a killed relay published twice on its outbox row id.
+So a row is requeued at most once, and never marked without its job (or the reverse).
 """
 
 from __future__ import annotations
@@ -31,7 +19,7 @@ import datetime as dt
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -125,29 +113,25 @@ class Selection:
     @property
     def empty(self) -> bool:
         """Selects every pending row (the CLI refuses that without an explicit filter)."""
-        return all(getattr(self, name) is None for name in
-                   ("task_name", "reason", "since", "before", "guard", "dependency", "ids"))
+        return all(getattr(self, given.name) is None for given in fields(self))
 
     def conditions(self) -> list[Any]:
         """The WHERE clauses of the selection, pending rows only."""
-        table = dead_letters
-        where: list[Any] = [table.c.requeued_at.is_(None)]
-        if self.task_name is not None:
-            where.append(table.c.task_name == self.task_name)
+        column = dead_letters.c
+        where: list[Any] = [column.requeued_at.is_(None)]
+        for name in ("task_name", "guard", "dependency"):
+            if getattr(self, name) is not None:
+                where.append(column[name] == getattr(self, name))
         if self.reason is not None:
             # ILIKE with the text escaped: an operator's `50%` means the characters.
             escaped = re.sub(r"([\\%_])", r"\\\1", self.reason)
-            where.append(table.c.reason.ilike(f"%{escaped}%", escape="\\"))
+            where.append(column.reason.ilike(f"%{escaped}%", escape="\\"))
         if self.since is not None:
-            where.append(table.c.created_at >= self.since)
+            where.append(column.created_at >= self.since)
         if self.before is not None:
-            where.append(table.c.created_at <= self.before)
-        if self.guard is not None:
-            where.append(table.c.guard == self.guard)
-        if self.dependency is not None:
-            where.append(table.c.dependency == self.dependency)
+            where.append(column.created_at <= self.before)
         if self.ids is not None:
-            where.append(table.c.id.in_(list(self.ids)))
+            where.append(column.id.in_(list(self.ids)))
         return where
 
 

@@ -50,72 +50,32 @@ def dead_letter_place(stores: Any) -> PostgresDeadLetters | MemoryDeadLetters:
     return stores.backend("dead letters", PostgresDeadLetters, memory=MemoryDeadLetters)
 
 
-def give_up(
-    call: Any,
-    *,
-    guard: str,
-    reason: str,
-    attempts: int,
-    exception: BaseException | None = None,
-    name: str | None = None,
-    dependency: str | None = None,
-) -> DeadLettered:
+def give_up(call: Any, *, guard: str, reason: str, attempts: int,
+            exception: BaseException | None = None, name: str | None = None,
+            dependency: str | None = None) -> DeadLettered:
     """Dead-letter `call` and return the `DeadLettered` error the caller raises.
 
     `dependency` names the dependency that was down (its breaker open, its retry budget
-    spent): the row records it, and automatic replay requeues it once that dependency's
-    breaker has stayed closed long enough. None when the job itself is at fault.
-
-    The task then fails (state FAILURE in Flower) and its message is acknowledged, so it is
-    not delivered again. If PostgreSQL cannot take the row the job still fails, and the
-    error says the record is missing (the log line has the arguments).
+    spent), so automatic replay can requeue the row once it recovered; None when the job
+    itself is at fault. If PostgreSQL cannot take the row the job still fails, and the error
+    says the record is missing (the log line has the arguments).
     """
     task = call.task
-    queue = call.queue
     tier = getattr(task, "tier", None)
-    stores = call.stores
     entry_id: int | None = None
     try:
-        entry_id = dead_letter_place(stores).add(
-            task_name=task.name,
-            task_id=call.task_id,
-            args=call.args,
-            kwargs=call.kwargs,
-            guard=guard,
-            reason=reason,
-            attempts=attempts,
-            tier=tier,
-            queue=queue,
-            exception=exception,
-            dependency=dependency,
-        )
+        entry_id = dead_letter_place(call.stores).add(
+            task_name=task.name, task_id=call.task_id, args=call.args, kwargs=call.kwargs,
+            guard=guard, reason=reason, attempts=attempts, tier=tier, queue=call.queue,
+            exception=exception, dependency=dependency)
     except StorageError as exc:
-        logger.error(
-            "dead letter NOT recorded for %s[%s] args=%r kwargs=%r: %s",
-            task.name,
-            call.task_id,
-            call.args,
-            call.kwargs,
-            exc,
-        )
+        logger.error("dead letter NOT recorded for %s[%s] args=%r kwargs=%r: %s",
+                     task.name, call.task_id, call.args, call.kwargs, exc)
     count_outcome(task.app, Outcome.DEAD_LETTERED.value, guard=guard, tier=tier, name=name,
                   reason=reason)
-    logger.warning(
-        "job dead-lettered",
-        extra={
-            "task_id": call.task_id,
-            "task_name": task.name,
-            "tier": tier,
-            "guard": guard,
-            "outcome": Outcome.DEAD_LETTERED.value,
-            "reason": reason,
-            "dead_letter_id": entry_id,
-        },
-    )
+    logger.warning("job dead-lettered", extra={
+        "task_id": call.task_id, "task_name": task.name, "tier": tier, "guard": guard,
+        "outcome": Outcome.DEAD_LETTERED.value, "reason": reason, "dead_letter_id": entry_id})
     suffix = f" (dead letter {entry_id})" if entry_id is not None else " (record FAILED)"
-    return DeadLettered(
-        f"DEAD-LETTERED by {guard}: {reason}{suffix}",
-        reason=reason,
-        guard=guard,
-        dead_letter_id=entry_id,
-    )
+    return DeadLettered(f"DEAD-LETTERED by {guard}: {reason}{suffix}", reason=reason,
+                        guard=guard, dead_letter_id=entry_id)

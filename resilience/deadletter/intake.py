@@ -1,39 +1,14 @@
 """The worker's intake: every message that cannot become a task call ends as a dead letter.
 
-Celery's consumer hands a message to the task's strategy, which builds a request from it.
-Messages that fail before that point never reach a task's guards, so the poison cap and the
-dead-letter table never see them, and Celery drops them with one log line:
-
-- a body that cannot be decoded, or a content type the worker does not accept (pickle);
-- no `task` header (not a Celery message), or a task no worker registers;
-- a body that is not `[args, kwargs, embed]` with a list, a dict and a dict. Celery unpacks
-  it while building the request, in the worker's main process: the `ValueError` escapes the
-  consumer, the worker dies, the message is restored, and the next worker dies on it too.
-
-`IntakeConsumer` is Celery's own consumer (select it with the `worker_consumer` setting, as
-`jobs.platform` does) with those four hooks recording the raw message and its reason in the
-dead-letter table before the message is settled (acknowledged, or rejected as Celery
-would), and each strategy checking the body's shape first. Recording happens in the main
-process, once per bad message.
-
-**When the row cannot be written** (PostgreSQL down) the message is *parked*, never dropped
-and never left holding a slot: it stays unacknowledged in the consumer, which raises its
-prefetch by one while it holds it (exactly what Celery does for a countdown job, so the
-pool's slots keep taking jobs), and records it again on the consumer's timer, the oldest
-first, after 1 s, 2 s, 4 s ... at most `retry_max_seconds` apart. While anything is parked a
-new bad message joins the park without a write of its own (PostgreSQL is known down: one
-connection attempt per retry, not one per message). When the row is written the message is
-settled as it would have been at once. A message parked for `park_seconds` (half the
-broker's visibility timeout, at most 5 minutes: before Redis would restore it to another
-worker, and before RabbitMQ's consumer timeout) goes back to its queue (rejected with
-requeue) and is parked again by whichever worker takes it: a message that cannot be
-recorded comes round once per window, never in a hot loop. A worker that dies or loses its
-connection with messages parked loses nothing: unacknowledged, they return to the queue.
-A row PostgreSQL *refuses* (a NUL character in a header, say) is written again cut down to
-what any row can hold (the raw message as base64), so refusal never parks a message forever.
-Each park is counted as DEFERRED (guard "intake"), each row as DEAD-LETTERED. On RabbitMQ
-quorum queues Celery's prefetch is static, so there a parked message keeps its slot until the
-window gives it back (Celery's countdown jobs share the limitation).
+Messages that fail before Celery builds a request never reach a task's guards: Celery drops
+them with one log line, and a body that is not `[args, kwargs, embed]` raises in the
+worker's main process and kills it, on every worker it is restored to. `IntakeConsumer` is
+Celery's consumer (the `worker_consumer` setting) with its four error hooks recording the
+raw message and its reason in the dead-letter table before the message is settled, and each
+strategy checking the body's shape first. When the row cannot be written the message is
+*parked*: held unacknowledged with the prefetch raised by one (as Celery does for a
+countdown job), recorded again on the consumer's timer with backoff, and given back to its
+queue after the park window. Reasons, the park and its limits: docs/failure.md, "Intake".
 """
 
 from __future__ import annotations
@@ -51,7 +26,7 @@ from typing import Any
 from celery.worker.consumer import Consumer
 
 from resilience.counters import count_outcome
-from resilience.deadletter.place import dead_letter
+from resilience.deadletter.place import dead_letter, jsonable
 from resilience.errors import ConfigurationError, StoreUnavailable
 from resilience.outcomes import Outcome
 from resilience.stores import stores_for
@@ -97,10 +72,6 @@ def check_headers(headers: Any) -> None:
 _DATA_ERRORS = (ValueError, TypeError, KeyError, AttributeError)
 
 
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=repr))
-
-
 def raw_message(message: Any, *, runnable: bool) -> dict[str, Any]:
     """What arrived, as JSON: headers, properties, delivery info and the body.
 
@@ -121,9 +92,9 @@ def raw_message(message: Any, *, runnable: bool) -> dict[str, Any]:
         "runnable": runnable,
         "content_type": message.content_type,
         "content_encoding": message.content_encoding,
-        "headers": _jsonable(headers),
-        "properties": _jsonable(message.properties or {}),
-        "delivery_info": _jsonable({k: delivery.get(k) for k in ("exchange", "routing_key")}),
+        "headers": jsonable(headers),
+        "properties": jsonable(message.properties or {}),
+        "delivery_info": jsonable({k: delivery.get(k) for k in ("exchange", "routing_key")}),
         "body_bytes": len(body),
         "body_truncated": len(body) > len(kept),
         **encoded,

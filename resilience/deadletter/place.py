@@ -1,9 +1,7 @@
 """Write, list and requeue dead letters (PostgreSQL, table `resilience_dead_letters`).
 
-A dead letter keeps what is needed to run the job again: the task name, its original
-arguments (JSON, as they were sent) and its queue, plus why it was given up on.
-Requeue marks the row first (one UPDATE ... WHERE requeued_at IS NULL) and then publishes,
-so two operators requeueing the same entry publish it once.
+A dead letter keeps what is needed to run the job again (task name, original arguments as
+JSON, queue) and why it was given up on. See docs/failure.md, "Dead-letter place".
 """
 
 from __future__ import annotations
@@ -60,8 +58,8 @@ class DeadLetter:
     dependency: str | None = None
 
 
-def _jsonable(value: Any) -> Any:
-    # Arguments were JSON on the wire; anything else (a test calling inline) is kept as text.
+def jsonable(value: Any) -> Any:
+    """`value` as JSON can hold it: as it is, or with what JSON cannot carry as its repr."""
     try:
         json.dumps(value)
         return value
@@ -70,19 +68,9 @@ def _jsonable(value: Any) -> Any:
 
 
 def dead_letter(
-    engine: Engine,
-    *,
-    task_name: str,
-    task_id: str | None,
-    args: Any,
-    kwargs: Any,
-    guard: str,
-    reason: str,
-    attempts: int,
-    tier: str | None = None,
-    queue: str | None = None,
-    exception: BaseException | None = None,
-    raw_message: dict[str, Any] | None = None,
+    engine: Engine, *, task_name: str, task_id: str | None, args: Any, kwargs: Any, guard: str,
+    reason: str, attempts: int, tier: str | None = None, queue: str | None = None,
+    exception: BaseException | None = None, raw_message: dict[str, Any] | None = None,
     dependency: str | None = None,
 ) -> int:
     """Record a job in the dead-letter place and return the entry's id.
@@ -95,30 +83,20 @@ def dead_letter(
         StoreRejected / StoreUnavailable / StorageError: PostgreSQL refused the row or
             could not be reached.
     """
-    row = {
-        "task_name": task_name,
-        "task_id": task_id,
-        "args": _jsonable(list(args or ())),
-        "kwargs": _jsonable(dict(kwargs or {})),
-        "tier": tier,
-        "queue": queue,
-        "guard": guard,
-        "reason": reason,
-        "exception_type": None if exception is None else _qualified_name(type(exception)),
-        "exception_message": None if exception is None else str(exception)[:4000],
-        "attempts": attempts,
-        "raw_message": raw_message,
-        "dependency": dependency,
-    }
+    failed = exception is not None
+    row = dict(
+        task_name=task_name, task_id=task_id, tier=tier, queue=queue, guard=guard,
+        reason=reason, attempts=attempts, raw_message=raw_message, dependency=dependency,
+        args=jsonable(list(args or ())), kwargs=jsonable(dict(kwargs or {})),
+        exception_type=_qualified_name(type(exception)) if failed else None,
+        exception_message=str(exception)[:4000] if failed else None,
+    )
     with (
         wrap_store_errors("dead-letter place: insert", task_id=task_id),
         engine.begin() as connection,
     ):
-        return int(
-            connection.execute(
-                dead_letters.insert().values(**row).returning(dead_letters.c.id)
-            ).scalar_one()
-        )
+        return int(connection.execute(
+            dead_letters.insert().values(**row).returning(dead_letters.c.id)).scalar_one())
 
 
 def _qualified_name(cls: type) -> str:
@@ -169,8 +147,10 @@ def runnable(entry: DeadLetter) -> bool:
 def requeue(engine: Engine, app: Celery, entry_id: int) -> str:
     """Publish the entry's task again with its original arguments; return the new task id.
 
-    Uses the registered task's `apply_async` (argument validation and enqueue guards apply)
-    when the task is known to this process, else `app.send_task` to the recorded queue.
+    The row is marked (if still pending) and the job published in one transaction: two
+    operators publish it once, a failed publish rolls the mark back. Published through the
+    registered task's `apply_async` (argument validation and enqueue guards apply), else
+    `app.send_task` to the recorded queue.
 
     Raises:
         DeadLetterNotFound: no such entry, or it was already requeued.
@@ -205,7 +185,6 @@ def requeue(engine: Engine, app: Celery, entry_id: int) -> str:
                 result = app.send_task(
                     entry.task_name, args=list(entry.args), kwargs=dict(entry.kwargs), **options
                 )
-            # Still inside the transaction: a failed publish rolls the mark back.
             connection.execute(
                 table.update().where(table.c.id == entry_id).values(requeued_task_id=result.id)
             )

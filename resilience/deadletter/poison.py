@@ -1,22 +1,11 @@
 """Poison messages: a message whose execution never finishes is dead-lettered after N deliveries.
 
-A message that crashes its worker process every time (segfault, OOM kill, `os._exit`) loops
-forever under `acks_late` + `reject_on_worker_lost`: the broker requeues it at once.
-`PoisonGuard` counts the deliveries of such a message in Redis, per task id, and when a
-delivery finds the count above `max_deliveries` the job is dead-lettered instead of run.
-
-Only redeliveries are counted. Both brokers mark a message they give back: RabbitMQ sets
-`redelivered`, and kombu's Redis transport sets it on every restore (a rejected message, a
-visibility-timeout restore, a warm shutdown's unacked messages). A first delivery therefore
-costs nothing; a redelivered one increments the counter (one Lua call), and any normal end
-of its execution — success, error, retry, a guard's stop — deletes it. Only executions that
-never return leave the count behind. A retry or a deferral is a new message, counted anew.
-
-It sits at `Stage.DEADLINE` (outermost): a poison message must be stopped before any guard
-takes a claim, a lock or a breaker permit for it.
-
-When Redis is unreachable the guard fails open (runs the job, warns): losing the poison check
-for a while is cheaper than stopping every job.
+A message that kills its worker process each time loops forever under `acks_late` +
+`reject_on_worker_lost`. `PoisonGuard` counts only redeliveries (`delivery_info
+["redelivered"]`, set by RabbitMQ and kombu's Redis restore), per task id in Redis; any
+normal end of an execution deletes the count, so only executions that never return leave it
+behind. It runs before any guard takes a claim, a lock or a permit, and fails open when Redis
+is unreachable. See docs/failure.md, "Poison messages".
 """
 
 from __future__ import annotations
@@ -59,8 +48,7 @@ class PoisonConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.max_deliveries, int) or self.max_deliveries < 1:
             raise ConfigurationError(
-                f"max_deliveries must be an int >= 1, got {self.max_deliveries!r}"
-            )
+                f"max_deliveries must be an int >= 1, got {self.max_deliveries!r}")
         if self.ttl_seconds <= 0:
             raise ConfigurationError(f"ttl_seconds must be > 0, got {self.ttl_seconds}")
 
@@ -72,9 +60,8 @@ class PoisonGuard(Guard):
     stage = Stage.POISON
     SCRIPT = LuaScript.load(__file__, "deliveries.lua")
 
-    def __init__(
-        self, policy: PoisonConfig, *, client: Callable[[], redis.Redis] | None = None
-    ) -> None:
+    def __init__(self, policy: PoisonConfig, *,
+                 client: Callable[[], redis.Redis] | None = None) -> None:
         self.policy = policy
         self._client = client
 
@@ -85,13 +72,11 @@ class PoisonGuard(Guard):
         task_id = call.task_id
         if not task_id or getattr(call.request, "called_directly", False):
             return
-        if not redelivered(call.request):
-            return
+        if not (getattr(call.request, "delivery_info", None) or {}).get("redelivered"):
+            return  # a first delivery costs nothing
         try:
-            deliveries = int(
-                self.SCRIPT(self._redis(call), [deliveries_key(task_id)],
-                            [int(self.policy.ttl_seconds * 1000)])
-            )
+            deliveries = int(self.SCRIPT(self._redis(call), [deliveries_key(task_id)],
+                                         [int(self.policy.ttl_seconds * 1000)]))
         except Exception as exc:  # noqa: BLE001 - fail open: the job runs, with a warning
             logger.warning("poison check skipped for %s (Redis unavailable): %s", task_id, exc)
             return
@@ -101,13 +86,9 @@ class PoisonGuard(Guard):
         if deliveries > self.policy.max_deliveries:
             self._forget(call)
             raise call.dead_letter(
-                guard=self.name,
-                reason=(
-                    f"poison message: delivered {deliveries} times, the previous "
-                    f"{deliveries - 1} never finished (worker lost each time)"
-                ),
-                attempts=deliveries - 1,
-            )
+                guard=self.name, attempts=deliveries - 1,
+                reason=f"poison message: delivered {deliveries} times, the previous "
+                       f"{deliveries - 1} never finished (worker lost each time)")
 
     def _forget(self, call: Call) -> None:
         try:
@@ -121,15 +102,8 @@ class PoisonGuard(Guard):
             self._forget(call)
 
 
-def redelivered(request: Any) -> bool:
-    """Did the broker give this message back before (a requeue, a restore)?"""
-    info = getattr(request, "delivery_info", None) or {}
-    return bool(info.get("redelivered"))
-
-
-def poison_guard(
-    config: PoisonConfig | None = None, /, **overrides: Any
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def poison_guard(config: PoisonConfig | None = None, /,
+                 **overrides: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: dead-letter a message after `max_deliveries` executions that never returned.
 
     Takes a `PoisonConfig` and/or keyword overrides of its fields (options, defaults and
@@ -139,8 +113,4 @@ def poison_guard(
         ConfigurationError: an unknown option, max_deliveries < 1 or ttl_seconds <= 0.
     """
     guard = PoisonGuard(configured(PoisonConfig, config, overrides, where="poison_guard"))
-
-    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        return attach(func, guard)
-
-    return decorate
+    return lambda func: attach(func, guard)

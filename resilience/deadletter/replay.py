@@ -1,20 +1,9 @@
 """Automatic replay: dead letters of a dependency that was down, requeued once it recovered.
 
-A job given up on because its dependency's breaker was open, or because the dependency's
-retry budget was spent, records that dependency (`resilience_dead_letters.dependency`, written by
-`give_up`). Such a job was fine; its dependency was not. `AutoReplay.run_once` (the beat's
-`jobs.maintenance.replay_dead_letters`) requeues those rows when:
-
-- the dependency's breaker (the breaker of that name; a dependency without one counts as
-  closed) is closed, or forced closed, and has been for `closed_for_seconds` on the
-  breaker store's clock; open, half-open or forced open: the rows wait;
-- the row itself was dead-lettered at least `closed_for_seconds` ago, so a row given up by
-  a spent budget while the breaker stayed closed also waits that long;
-
-paced by a fleet-wide rate limit (GCRA in Redis, `rate`), at most `max_rows_per_run` rows
-and `max_run_seconds` per run. Requeueing is `requeue_many`: each row once, through the
-outbox, whatever runs at the same time. A replayed job that fails again is a new dead
-letter, replayed again only after the dependency has again been closed long enough.
+`AutoReplay.run_once` (the beat's `jobs.maintenance.replay_dead_letters`) requeues, through
+`requeue_many`, the rows whose recorded dependency's breaker has stayed closed for
+`closed_for_seconds` (and that are at least that old), paced by a fleet-wide GCRA limit in
+Redis. The rules: docs/failure.md, "Automatic replay".
 """
 
 from __future__ import annotations
@@ -31,12 +20,7 @@ import sqlalchemy as sa
 
 from resilience.circuit.backends.redis import RedisBreakerBackend
 from resilience.connections import wrap_store_errors
-from resilience.deadletter.bulk import (
-    STOPPED_BY_ADMIT,
-    RequeueReport,
-    Selection,
-    requeue_many,
-)
+from resilience.deadletter.bulk import STOPPED_BY_ADMIT, RequeueReport, Selection, requeue_many
 from resilience.deadletter.models import dead_letters
 from resilience.deadletter.place import DeadLetter
 from resilience.errors import ConfigurationError
@@ -81,17 +65,14 @@ class ReplayConfig:
     dependencies: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        if not self.closed_for_seconds >= 0:
-            raise ConfigurationError(
-                f"closed_for_seconds must be >= 0, got {self.closed_for_seconds!r}")
+        for name in ("closed_for_seconds", "max_run_seconds"):
+            if not getattr(self, name) >= 0:
+                raise ConfigurationError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         parse(self.rate)  # raises ConfigurationError naming the problem
         for name in ("max_rows_per_run", "batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigurationError(f"{name} must be an integer >= 1, got {value!r}")
-        if not self.max_run_seconds >= 0:
-            raise ConfigurationError(
-                f"max_run_seconds must be >= 0, got {self.max_run_seconds!r}")
         if self.dependencies is not None:
             if isinstance(self.dependencies, str) or not all(
                     isinstance(name, str) and name for name in self.dependencies):
