@@ -14,11 +14,6 @@ from resilience.store_down import StoreDown, store_down_policy
 POLICIES = ("skip", "defer")
 
 
-def split_urls(value: str) -> list[str]:
-    """The URLs of a comma-separated list (`REDLOCK_URLS`), blanks dropped."""
-    return [part.strip() for part in value.split(",") if part.strip()]
-
-
 @dataclass(frozen=True, kw_only=True)
 class LockConfig:
     """Options shared by both guards.
@@ -126,11 +121,10 @@ class ExclusiveConfig(LockConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         validate_ttl(self.ttl_seconds)
-        if self.nodes is not None:
-            if isinstance(self.nodes, str):
-                object.__setattr__(self, "nodes", tuple(split_urls(self.nodes)))
-            else:
-                object.__setattr__(self, "nodes", tuple(self.nodes))
+        if self.nodes is not None:  # a sequence, or a comma-separated `REDLOCK_URLS`
+            object.__setattr__(self, "nodes", tuple(
+                [url.strip() for url in self.nodes.split(",") if url.strip()]
+                if isinstance(self.nodes, str) else self.nodes))
             require_node_count(len(self.nodes))
         object.__setattr__(self, "heartbeat_options", HeartbeatConfig(
             renew_fraction=self.renew_fraction, max_extensions=self.max_extensions))

@@ -45,6 +45,7 @@ _ADVANCE = text(
     RETURNING token
     """
 )
+_NEWEST = text("SELECT token FROM resilience_fencing_marks WHERE key = :key")
 
 
 class FencingTokens:
@@ -83,22 +84,20 @@ class FencingTokens:
         Raises:
             StaleFencingToken: a newer token was already seen for `key`.
         """
-        memory = _memory_twin()
-        if memory is not None:
-            memory.guard_write(connection, key, token)
-            return
         if token is None:
             raise StaleFencingToken(f"write to {key!r} carries no fencing token", key=key)
-        admitted = connection.execute(_ADVANCE, {"key": key, "token": int(token)}).first()
-        if admitted is None:
-            newest = connection.execute(
-                text("SELECT token FROM resilience_fencing_marks WHERE key = :key"), {"key": key}
-            ).scalar()
-            raise StaleFencingToken(
-                f"write to {key!r} refused: fencing token {token} is older than {newest}, "
-                "the newest seen; this holder lost its lock",
-                key=key, token=int(token), newest=newest,
-            )
+        memory = _memory_twin()
+        if memory is not None:
+            newest = memory.advance(key, int(token))
+            if newest is None:
+                return
+        elif connection.execute(_ADVANCE, {"key": key, "token": int(token)}).first() is None:
+            newest = connection.execute(_NEWEST, {"key": key}).scalar()
+        else:
+            return
+        raise StaleFencingToken(
+            f"write to {key!r} refused: fencing token {token} is older than {newest}, "
+            "the newest seen; this holder lost its lock", key=key, token=int(token), newest=newest)
 
     def newest(self, key: str) -> int | None:
         """The newest token a resource has accepted for `key` (None: never written)."""
@@ -106,9 +105,7 @@ class FencingTokens:
             wrap_store_errors("reading a fencing mark", key=key),
             self.engine.connect() as connection,
         ):
-            return connection.execute(
-                text("SELECT token FROM resilience_fencing_marks WHERE key = :key"), {"key": key}
-            ).scalar()
+            return connection.execute(_NEWEST, {"key": key}).scalar()
 
 
 def _memory_twin() -> MemoryFencingTokens | None:

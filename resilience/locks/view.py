@@ -5,11 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from resilience.locks.registry import describe
+from resilience.locks.registry import BEAT_LEADER, describe
 from resilience.stores import Stores
 from resilience.views import Column, Family, Row, Source, View
-
-BEAT_LEADER = "beat-leader"
 
 
 def held_rows(stores: Stores, redlock_urls: Sequence[str]) -> list[Row]:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from resilience.errors import LockNotOwnedError, StaleFencingToken
+from resilience.errors import LockNotOwnedError
 from resilience.holders import Holder
 from resilience.locks.backends import Claimant, Lease, Taken, validate_ttl
 
@@ -50,30 +50,15 @@ class MemoryFencingTokens:
             self._last += 1
             return self._last
 
-    def guard_write(self, connection: Any, key: str, token: int | None) -> None:
-        """Admit a write to `key` only if `token` is the newest seen (equal passes).
-
-        `connection` is not used: the mark is kept here and advanced at once.
-
-        Raises:
-            StaleFencingToken: no token, or a newer one was already seen for `key`.
-        """
-        if token is None:
-            raise StaleFencingToken(f"write to {key!r} carries no fencing token", key=key)
+    def advance(self, key: str, token: int) -> int | None:
+        """Raise `key`'s mark to `token` at once (equal passes); the newer mark that refuses
+        it, or None when admitted (`FencingTokens.guard_write` raises)."""
         with self._lock:
             newest = self.marks.get(key)
-            if newest is not None and newest > int(token):
-                raise StaleFencingToken(
-                    f"write to {key!r} refused: fencing token {token} is older than {newest}, "
-                    "the newest seen; this holder lost its lock",
-                    key=key, token=int(token), newest=newest,
-                )
-            self.marks[key] = int(token)
-
-    def newest(self, key: str) -> int | None:
-        """The newest token a write was admitted with for `key` (None: never written)."""
-        with self._lock:
-            return self.marks.get(key)
+            if newest is not None and newest > token:
+                return newest
+            self.marks[key] = token
+            return None
 
 
 def memory_fencing(stores: Stores) -> MemoryFencingTokens:
