@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING
 from sqlalchemy.exc import DBAPIError
 
 from resilience.errors import ConfigurationError
+from resilience.idempotency.backends import FAILED, IN_PROGRESS
 from resilience.idempotency.backends.postgres import wrap_database_error
-from resilience.idempotency.models import FAILED, IN_PROGRESS, TABLE_NAME
+from resilience.idempotency.models import TABLE_NAME
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -148,22 +149,16 @@ class CleanupReport:
         }
 
 
-def _batches(
-    engine: Engine,
-    sql: str,
-    parameters: dict[str, float | int],
-    policy: CleanupConfig,
-    sleep: Callable[[float], None],
-    clock: Callable[[], float],
-    action: str,
-) -> CleanupReport:
+def _batches(engine: Engine, sql: str, policy: CleanupConfig, sleep: Callable[[float], None],
+             clock: Callable[[], float], action: str, **parameters: float) -> CleanupReport:
     started = clock()
     total = batches = 0
     exhausted = False
     while True:
         try:
             with engine.begin() as connection:
-                affected = connection.exec_driver_sql(sql, parameters).rowcount
+                affected = connection.exec_driver_sql(
+                    sql, {"batch_size": policy.batch_size, **parameters}).rowcount
         except DBAPIError as exc:
             raise wrap_database_error(exc, action) from exc
         total += affected
@@ -182,12 +177,9 @@ def _batches(
     )
 
 
-def run_cleanup(
-    engine: Engine,
-    policy: CleanupConfig | None = None,
-    sleep: Callable[[float], None] = time.sleep,
-    clock: Callable[[], float] = time.monotonic,
-) -> CleanupReport:
+def run_cleanup(engine: Engine, policy: CleanupConfig | None = None,
+                sleep: Callable[[float], None] = time.sleep,
+                clock: Callable[[], float] = time.monotonic) -> CleanupReport:
     """Delete expired finished records until none is left or the time budget is spent.
 
     Safe to run twice at once: `SKIP LOCKED` splits the rows between the runs.
@@ -195,11 +187,8 @@ def run_cleanup(
     Raises:
         StoreUnavailable, StorageError.
     """
-    policy = policy or CleanupConfig()
-    report = _batches(
-        engine, DELETE_EXPIRED_SQL, {"batch_size": policy.batch_size}, policy, sleep, clock,
-        "cleanup",
-    )
+    report = _batches(engine, DELETE_EXPIRED_SQL, policy or CleanupConfig(), sleep, clock,
+                      "cleanup")
     log = logger.warning if report.exhausted else logger.info
     log(
         "idempotency cleanup deleted %d expired records in %d batches, %.1f s (%.0f rows/s)%s",
@@ -209,33 +198,16 @@ def run_cleanup(
     return report
 
 
-def delete_expired(
-    engine: Engine,
-    policy: CleanupConfig | None = None,
-    sleep: Callable[[float], None] = time.sleep,
-    clock: Callable[[], float] = time.monotonic,
-) -> int:
-    """Delete expired finished records; returns how many (see `run_cleanup`).
-
-    Raises:
-        StoreUnavailable, StorageError.
-    """
-    return run_cleanup(engine, policy, sleep, clock).rows
-
-
-def reap_abandoned(
-    engine: Engine,
-    policy: CleanupConfig | None = None,
-    sleep: Callable[[float], None] = time.sleep,
-    clock: Callable[[], float] = time.monotonic,
-) -> int:
+def reap_abandoned(engine: Engine, policy: CleanupConfig | None = None,
+                   sleep: Callable[[float], None] = time.sleep,
+                   clock: Callable[[], float] = time.monotonic) -> int:
     """Mark claims abandoned long ago as failed (reclaimable); returns how many.
 
     Raises:
         StoreUnavailable, StorageError.
     """
     policy = policy or CleanupConfig()
-    parameters = {"batch_size": policy.batch_size, "grace_seconds": float(policy.grace_seconds)}
-    reaped = _batches(engine, REAP_SQL, parameters, policy, sleep, clock, "reap").rows
+    reaped = _batches(engine, REAP_SQL, policy, sleep, clock, "reap",
+                      grace_seconds=float(policy.grace_seconds)).rows
     logger.info("idempotency reaper marked %d abandoned claims failed", reaped)
     return reaped

@@ -1,16 +1,7 @@
 """The idempotency record table: one row per (task name, key), the durable truth.
 
-State machine of a row:
-
-    (none) --claim--> in_progress --complete--> succeeded
-                          |  \\--fail (non-retryable)--> failed
-                          |---release (retryable): lease ends now, row stays in_progress
-                          '---reaper (lease expired long ago)--> failed
-
-A claim may take over a row when its lease has expired, when it failed (failures are not
-cached), or when the whole record has expired; each takeover increments `attempt`, the
-fencing number, and writes a fresh `lease_owner` token. Completion, failure and release
-match on both, so a holder whose claim was taken over changes nothing.
+Its state machine and fencing pair: `resilience.idempotency.backends`; why the primary key
+is the natural key and completions are HOT updates: docs/idempotency.md, "The table".
 """
 
 from __future__ import annotations
@@ -28,32 +19,15 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-from resilience.idempotency.backends import FAILED, IN_PROGRESS, STATES, SUCCEEDED
 from resilience.schema import metadata
 
 TABLE_NAME = "resilience_idempotency_records"
 
-__all__ = [
-    "FAILED",
-    "FILLFACTOR",
-    "IN_PROGRESS",
-    "STATES",
-    "SUCCEEDED",
-    "TABLE_NAME",
-    "idempotency_records",
-]
-
-#: Percent of each heap page inserts fill; the rest keeps a completed row version on the
-#: same page as its claim, which a HOT update needs.
-FILLFACTOR = 80
-
 idempotency_records = Table(
     TABLE_NAME,
     metadata,
-    # Ids, names and keys are TEXT: a length limit here would turn a long value into an
-    # error on every attempt (keys are bounded by resilience.keys.MAX_KEY_LENGTH).
-    # The natural key is the primary key: every decision finds its row by it, and a
-    # surrogate id would cost one more index entry per claim and nothing reads it.
+    # Names and keys are TEXT: a length limit would turn a long value into an error on
+    # every attempt (keys are bounded by resilience.keys.MAX_KEY_LENGTH).
     Column("task_name", Text, primary_key=True, comment="namespace of the key"),
     Column("key", Text, primary_key=True, comment="the idempotency key"),
     Column("fingerprint", String(64), nullable=False, comment="sha256 of the bound arguments"),
@@ -74,12 +48,9 @@ idempotency_records = Table(
         "only when it comes after the lease",
     ),
     CheckConstraint("state IN ('in_progress', 'succeeded', 'failed')", name="state_known"),
-    # Completions are HOT updates (no index entry, no new index tuple): the only index
-    # besides the primary key is cleanup's, on a column a completion within the lease
-    # leaves as it is, and FILLFACTOR leaves each page room for the completed version.
-    # No index reads `state` (even a partial index's predicate would make every completion
-    # a non-HOT update): the reaper and the open-claims count scan the table (see
-    # docs/idempotency.md, "The table").
+    # The only index besides the primary key: no index may read a column a completion
+    # changes (not even `state`), so that completions stay HOT updates; the fillfactor
+    # leaves each page room for the completed version.
     Index("ix_resilience_idempotency_records_expires_at", "expires_at"),
-    postgresql_with={"fillfactor": FILLFACTOR},
+    postgresql_with={"fillfactor": 80},
 )

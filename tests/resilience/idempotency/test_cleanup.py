@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from resilience.idempotency.cleanup import CleanupConfig, delete_expired, reap_abandoned
+from resilience.idempotency.cleanup import CleanupConfig, reap_abandoned, run_cleanup
 
 INSERT = text(
     """
@@ -75,7 +75,7 @@ class TestCleanup:
         policy = CleanupConfig(batch_size=97, pause_seconds=0.0, max_batches=1000)
         results: list[int] = []
         threads = [
-            threading.Thread(target=lambda: results.append(delete_expired(engine, policy)))
+            threading.Thread(target=lambda: results.append(run_cleanup(engine, policy).rows))
             for _ in range(2)
         ]
         for thread in threads:
@@ -93,11 +93,11 @@ class TestCleanup:
     def test_batches_are_bounded_and_paused(self, engine: Any) -> None:
         """A run stops after max_batches and sleeps between batches (sleep injected)."""
         task = f"tests.cleanup.{uuid.uuid4().hex[:8]}"
-        delete_expired(engine, CleanupConfig(batch_size=1000, pause_seconds=0))
+        run_cleanup(engine, CleanupConfig(batch_size=1000, pause_seconds=0))
         seed(engine, task, "expired_ok-", 50, "succeeded", -5)
         pauses: list[float] = []
         policy = CleanupConfig(batch_size=10, pause_seconds=0.25, max_batches=3)
-        assert delete_expired(engine, policy, sleep=pauses.append) == 30
+        assert run_cleanup(engine, policy, sleep=pauses.append).rows == 30
         assert pauses == [0.25, 0.25]
         assert counts(engine, task) == {"expired_ok": 20}
 
