@@ -1,30 +1,20 @@
 """`CircuitBreaker`: one named breaker over a backend, with the store-down policy applied.
 
-    closed ──(calls >= minimum_calls and failure or slow rate >= threshold)──▶ open
-    open ──(open_seconds elapsed; next acquire)──▶ half_open
-    half_open ──(half_open_probes successes)──▶ closed
-    half_open ──(one failure or slow probe, or no verdict within probe_timeout)──▶ open
-    any ──(operator)──▶ forced_open | forced_closed | closed (reset)
-
-Every transition happens inside one atomic step of the backend (`acquire` or `record`: a
-Lua script on Redis server time in `backends/redis.py`), so two workers can never both see
-"closed → open" or hand out more probes than allowed. Transitions are logged here and
-counted through the backend (`BreakerBackend.count`).
-
-With `local_state_seconds` > 0 (the default) a closed breaker is read from this process's
-copy and its successes are sent in aggregate (`local.py`); every decision still runs the
-backend's atomic step.
+Every transition happens inside one atomic step of the backend (`acquire` or `record`), so
+two workers never both see "closed -> open" nor hand out more probes than allowed. The state
+machine, and the local copy of a closed breaker (`local.py`): docs/failure.md.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from time import monotonic
 from typing import TYPE_CHECKING
 
 from resilience.circuit.backends import BreakerBackend, BreakerState, Peek, Permission, Verdict
 from resilience.circuit.config import BreakerConfig
-from resilience.circuit.local import LocalBreaker, local_breaker, monotonic
+from resilience.circuit.local import CLOSED, Batch, LocalBreaker, local_breaker
 from resilience.errors import ConfigurationError, StorageError, StoreRejected
 from resilience.outcomes import Outcome
 from resilience.store_down import StoreDown
@@ -57,9 +47,8 @@ class CircuitBreaker:
         return local
 
     def acquire(self) -> Permission:
-        """May a call go ahead now? Applies `on_store_down` when the store is unreachable.
-
-        A fresh local copy of a closed breaker answers without the store.
+        """May a call go ahead now? A fresh local copy of a closed breaker answers without
+        the store; `on_store_down` applies when the store is unreachable.
 
         Raises:
             StoreRejected: the store refused the step (no retry can fix it).
@@ -93,7 +82,7 @@ class CircuitBreaker:
             exc,
         )
         if allowed:
-            self._count(Outcome.FAIL_OPEN.value)
+            self.backend.count(self.name, Outcome.FAIL_OPEN.value)
         return Permission(
             allowed, "unknown", -1, wait_seconds=self.config.open_seconds, store_down=True
         )
@@ -109,54 +98,50 @@ class CircuitBreaker:
         """The guard's prefetch: a fresh local copy answers at once; otherwise the state
         read is queued into the call's read round (and refreshes the copy)."""
         local = self.local()
-        asked = monotonic()
-        if local is not None:
-            cached = local.permission(self.config, asked)
-            if cached is not None:
-                then(cached)
-                return
-
-            def seen(peek: Peek | StorageError) -> None:
-                if isinstance(peek, Permission):
-                    local.saw(peek.state, peek.generation, asked)
-                elif peek is None:
-                    local.forget()  # not closed: only acquire.lua can tell
-                then(peek)
-
-            self.backend.peek_later(rounds, self.name, seen)
+        if local is None:
+            self.backend.peek_later(rounds, self.name, then)
             return
-        self.backend.peek_later(rounds, self.name, then)
+        asked = monotonic()
+        cached = local.permission(self.config, asked)
+        if cached is not None:
+            then(cached)
+            return
 
-    def _aggregated(
-        self, local: LocalBreaker | None, permission: Permission, outcome: str, slow: bool
-    ) -> bool:
-        """Is this outcome one the local layer takes (no script now)? Counts a success."""
-        if local is None or permission.state not in ("closed", "forced_closed"):
-            return False
-        if outcome == "failure" or slow:
-            return False  # may trip the breaker: a decision, sent at once
-        if outcome == "success" and permission.state == "closed":
-            local.add(self.config, permission.generation, monotonic())
-        return True  # ignored, or forced_closed: record.lua would change nothing
+        def seen(peek: Peek | StorageError) -> None:
+            if isinstance(peek, Permission):
+                local.saw(peek.state, peek.generation, asked)
+            elif peek is None:
+                local.forget()  # not closed: only acquire.lua can tell
+            then(peek)
+
+        self.backend.peek_later(rounds, self.name, seen)
+
+    def _before_record(
+        self, permission: Permission, outcome: str, slow: bool
+    ) -> tuple[LocalBreaker | None, Batch, bool]:
+        """The local copy, the pending successes to send first (in order: a failure is
+        judged on them), and whether the outcome itself needs a script: not when the local
+        layer counted it, nor when record.lua would change nothing (ignored, forced_closed)."""
+        local = self.local()
+        if local is None:
+            return None, [], True
+        if permission.state in CLOSED and outcome != "failure" and not slow:
+            if outcome == "success" and permission.state == "closed":
+                local.add(self.config, permission.generation, monotonic())
+            return local, local.take() if local.due(monotonic()) else [], False
+        return local, local.take(), True  # may trip the breaker: a decision, sent at once
 
     def record(self, permission: Permission, outcome: str, *, duration_seconds: float) -> Verdict:
-        """Report a permitted call's outcome: 'success', 'failure' or 'ignored'.
-
-        With a local copy a closed breaker's success is counted here and sent in
-        aggregate (its verdict then shows no figures); a failure first sends what is
-        pending.
-        """
+        """Report a permitted call's outcome: 'success', 'failure' or 'ignored'. A success
+        the local layer counts shows no figures in its verdict."""
         if permission.store_down:
             return Verdict("", "unknown")
         slow = self._slow(outcome, duration_seconds)
-        local = self.local()
-        if self._aggregated(local, permission, outcome, slow):
-            assert local is not None
-            if local.due(monotonic()):
-                local.send_now(local.take())
-            return Verdict("", permission.state)
+        local, pending, needed = self._before_record(permission, outcome, slow)
         if local is not None:
-            local.send_now(local.take())  # in order: the failure is judged on them
+            local.send_now(pending)
+        if not needed:
+            return Verdict("", permission.state)
         try:
             verdict = self.backend.record(self.config, permission.generation, outcome, slow)
         except StorageError as exc:
@@ -173,14 +158,11 @@ class CircuitBreaker:
         if permission.store_down:
             return
         slow = self._slow(outcome, duration_seconds)
-        local = self.local()
-        if self._aggregated(local, permission, outcome, slow):
-            assert local is not None
-            if local.due(monotonic()):
-                local.send_later(rounds, local.take())
-            return
+        local, pending, needed = self._before_record(permission, outcome, slow)
         if local is not None:
-            local.send_later(rounds, local.take())
+            local.send_later(rounds, pending)
+        if not needed:
+            return
 
         def done(verdict: Verdict | StorageError) -> None:
             if isinstance(verdict, StorageError):
@@ -217,7 +199,7 @@ class CircuitBreaker:
 
     def _transitioned(self, state: str, why: str) -> None:
         logger.warning("breaker %s -> %s (%s)", self.name, state, why)
-        self._count(f"BREAKER_{state.upper()}")
+        self.backend.count(self.name, f"BREAKER_{state.upper()}")
 
     def describe(self) -> BreakerState:
         """This breaker's live state (see `BreakerBackend.describe`).
@@ -226,6 +208,3 @@ class CircuitBreaker:
             StorageError: the store failed.
         """
         return self.backend.describe([self.name])[0]
-
-    def _count(self, outcome: str) -> None:
-        self.backend.count(self.name, outcome)

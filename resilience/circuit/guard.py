@@ -1,17 +1,9 @@
 """`BreakerGuard` (Stage.BREAKER) and the `@circuit_breaker(...)` decorator.
 
-Before the body: ask the breaker. Open (or half-open with every probe handed out) →
-the call never reaches the dependency and spends no retry budget (the retry guard sits
-inside): it is DEFERRED until the breaker may half-open, or dead-lettered when that moment
-lies beyond the job's deadline (the `deadline` header of the deadline guard, or Celery's
-`expires`, whichever is earlier). With `fallback=` the fallback's result is returned
-instead (outcome SKIPPED, details `{"fallback": true}`): graceful degradation.
-
-After the body: success (slow if it took `slow_call_seconds` or more); an error classified
-retryable (see `resilience.classify`) is a failure; a non-retryable error (the
-dependency answered: 4xx, bad input) and a guard's stop are "ignored" — no verdict, a probe
-permit is given back. The original error is looked through Celery's `Retry` and the retry
-guard's `DeadLettered`.
+Open (or half-open with every probe out): the call is DEFERRED until the breaker may
+half-open, dead-lettered when that lies beyond the job's deadline, or answered by
+`fallback=`. A retryable error is a failure; a non-retryable one and a guard's stop are
+"ignored" (a probe permit is given back). See docs/failure.md, "Circuit breaker".
 """
 
 from __future__ import annotations
@@ -19,18 +11,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Retry
 
 from resilience.admission.breaker import BreakerAdmissionGuard
-from resilience.circuit.backends import BreakerBackend, Peek, Permission, backend_of_app
+from resilience.circuit.backends import BreakerBackend, Permission, backend_of_app
 from resilience.circuit.breaker import CircuitBreaker
 from resilience.circuit.config import AdmissionConfig, BreakerConfig, CountWindow, TimeWindow
 from resilience.classify import ClassifyHook, is_retryable
 from resilience.config import configured
-from resilience.errors import DeadLettered, StorageError, StoreRejected, StoreUnavailable
+from resilience.errors import DeadLettered, StoreRejected, StoreUnavailable
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Guard, Stage, attach
 from resilience.store_down import store_failed
@@ -43,18 +34,13 @@ logger = logging.getLogger("resilience.circuit")
 
 def original_error(exc: BaseException) -> BaseException:
     """The body's own error behind Celery's `Retry` or the retry guard's `DeadLettered`."""
-    seen = 0
-    while seen < 5:
-        seen += 1
+    for _ in range(5):
         if isinstance(exc, Retry) and isinstance(exc.exc, BaseException):
             exc = exc.exc
-        elif isinstance(exc, DeadLettered | Retry):
-            inner = exc.__cause__ or exc.__context__
-            if inner is None:
-                return exc
-            exc = inner
+        elif isinstance(exc, DeadLettered | Retry) and (exc.__cause__ or exc.__context__):
+            exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
         else:
-            return exc
+            break
     return exc
 
 
@@ -98,12 +84,13 @@ class BreakerGuard(Guard):
 
     def prefetch(self, call: Call) -> None:
         assert self.breaker is not None, "BreakerGuard used before bind()"
-        self.breaker.peek_later(call.reads, lambda peek: call.keep(self, _Peek(peek)))
+        # A 1-tuple: a kept None (the breaker is not closed) is not "nothing prefetched".
+        self.breaker.peek_later(call.reads, lambda peek: call.keep(self, (peek,)))
 
     def before_run(self, call: Call) -> None:
         assert self.breaker is not None, "BreakerGuard used before bind()"
         kept = call.take_back(self)
-        peek = kept.peek if isinstance(kept, _Peek) else None
+        peek = kept[0] if kept is not None else None
         if isinstance(peek, StoreUnavailable):
             # The store just failed the call's read; asking again would only wait twice.
             permission = self.breaker.store_down(peek)
@@ -179,13 +166,6 @@ class BreakerGuard(Guard):
 
     def on_stop(self, call: Call, stop: Stop) -> None:
         self._finish(call, "ignored")
-
-
-@dataclass(frozen=True)
-class _Peek:
-    """The breaker's slot between prefetch and before_run: what the state read told."""
-
-    peek: Peek | StorageError
 
 
 def circuit_breaker(

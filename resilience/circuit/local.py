@@ -1,35 +1,17 @@
 """A process's copy of a closed breaker, and its successes waiting to be sent (issue 14).
 
-Per process and per breaker (of one backend), with `BreakerConfig.local_state_seconds`
-(`S`, default 0.1) above 0:
-
-- admission: while this process's copy of the state says closed / forced_closed and was
-  read less than `S` ago, a call is admitted with no Redis operation. A stale copy is read
-  again with the call's other reads (the `HMGET` the guard always sent); any state but
-  closed takes today's exact path (acquire.lua), and a copy is never kept for it.
-- outcomes: a success of a closed breaker is added to a count here; the counts are sent as
-  ONE record.lua call (`calls=N`: a count window gets N entries) once the oldest is `S`
-  old: by the call that finds them due, in its write round, or by the timer thread when no
-  call comes (`resilience.flushing`, which also flushes at shutdown and is
-  fork-safe). Both, because the call's round costs no extra round trip under traffic and
-  the timer bounds the delay when traffic stops. An "ignored" outcome of a closed breaker
-  (record.lua changes nothing for it) sends nothing.
-- decisions go at once: a failure or a slow call (either can trip the breaker) is recorded
-  as today, right after the pending successes (same round, in order), so the rate it is
-  judged on counts them. Probes (half-open) and every other state: today's path.
-
-What this changes in the guarantees (docs/failure.md, "Local state"): a trip made in
-another process stops admission here at most `S` later (plus one read in flight); the
-successes a SIGKILLed process held (its last `S` seconds) are lost, so the failure rate
-reads slightly high (the breaker opens marginally early, never late). `S = 0` is the exact
-per-call behaviour.
+With `BreakerConfig.local_state_seconds` (`S`) above 0, a copy read less than `S` ago that
+says closed admits a call with no Redis operation, and a closed breaker's successes are sent
+as one record.lua call (`calls=N`) once the oldest is `S` old: by the call that finds them
+due (in its write round) or by the timer of `resilience.flushing`. Failures and slow calls
+are decisions, sent at once after the pending successes. What this costs in staleness and
+lost counts: docs/failure.md, "Local state".
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -149,8 +131,3 @@ class LocalBreaker:
 def local_breaker(backend: BreakerBackend, name: str) -> LocalBreaker:
     """This process's `LocalBreaker` of breaker `name` in `backend`."""
     return flushing.member(("breaker", backend, name), lambda: LocalBreaker(backend, name))
-
-
-def monotonic() -> float:
-    """The clock of local copies and pending counts."""
-    return time.monotonic()

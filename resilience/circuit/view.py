@@ -5,11 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from resilience.circuit.backends.base import STATES
 from resilience.circuit.backends.redis import RedisBreakerBackend
 from resilience.views import Column, Family, Row, Source, View, marked, seconds
-
-#: Every state a breaker can be in (`jobs_breaker_state` has one series per state).
-STATES = ("closed", "open", "half_open", "forced_open", "forced_closed")
 
 
 def _rounded(value: float | None, digits: int) -> float | None:

@@ -25,5 +25,5 @@ def backend_of_app(app: Any) -> BreakerBackend:
     """The breakers of `app`'s tasks: on its shared Redis (one backend per app, so its
     tasks share the process's local copies), in memory on `MemoryStores`."""
     return stores_for(app).backend(
-        "circuit", RedisBreakerBackend.on_stores, memory=MemoryBreakerBackend
+        "circuit", lambda stores: RedisBreakerBackend(stores.redis), memory=MemoryBreakerBackend
     )

@@ -1,25 +1,23 @@
 """The storage Protocol of the circuit breakers: the atomic steps, and what they return.
 
-Every step that decides (`acquire`, `record`, `force`) reads and changes one breaker at
-once, so no two workers see the same transition. The state machine is written once per
-store: as Lua scripts in Redis (`redis.py`, the specification), and in Python for one
-process (`memory.py`). The `*_later` steps queue into a call's rounds
-(`resilience.pipeline.Call.reads` / `writes`) where a store batches, and run at once where
-it does not.
+Every deciding step (`acquire`, `record`, `force`) reads and changes one breaker at once, so
+no two workers see the same transition. Lua scripts in Redis (`redis.py`) are the
+specification; `memory.py` follows them for one process. The `*_later` steps queue into a
+call's rounds (`Call.reads` / `writes`) where a store batches, and run at once otherwise.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from resilience.batch import Rounds
     from resilience.circuit.config import BreakerConfig
     from resilience.errors import StorageError
 
-#: The states a breaker can be in.
+#: The states a breaker can be in (`jobs_breaker_state` has one series per state).
 STATES = ("closed", "open", "half_open", "forced_open", "forced_closed")
 
 
@@ -72,6 +70,30 @@ class BreakerState:
     #: While open: how long until the next acquire may half-open it.
     retry_in_seconds: float | None = None
 
+    @classmethod
+    def decode(cls, name: str, fields: Mapping[str, Any], *, now_ms: int) -> BreakerState:
+        """A state hash's fields (Redis strings, or the memory backend's ints) at `now_ms`."""
+
+        def number(field: str) -> int:
+            try:
+                return int(float(fields.get(field) or 0))
+            except ValueError:
+                return 0
+
+        state = fields.get("state") or "closed"
+        changed_at, open_until = number("changed_at"), number("open_until")
+        return cls(
+            name=name, state=state, generation=number("gen"), calls=number("calls"),
+            failures=number("failures"), slow_calls=number("slow"),
+            probes=number("probes") if state == "half_open" else 0,
+            times_opened=number("n_opened"), times_half_opened=number("n_half_opened"),
+            times_closed=number("n_closed"), probes_total=number("n_probes"),
+            seconds_in_state=(now_ms - changed_at) / 1000 if changed_at else None,
+            retry_in_seconds=(
+                max(0, open_until - now_ms) / 1000 if state == "open" and open_until else None
+            ),
+        )
+
     @property
     def open(self) -> bool:
         """Calls are refused now (open, or held open by an operator)."""
@@ -89,33 +111,22 @@ Peek = Permission | None
 
 
 class BreakerBackend(Protocol):
-    """Where the breakers live; each step is one atomic operation of the store."""
+    """Where the breakers live; each step is one atomic operation of the store. Every step
+    but `count` raises `StorageError` when the store fails."""
 
     def acquire(self, config: BreakerConfig) -> Permission:
-        """May a call go ahead now? Opens to half-open when the open period is over.
-
-        Raises:
-            StorageError: the store failed (StoreUnavailable, StoreRejected).
-        """
+        """May a call go ahead now? Opens to half-open when the open period is over."""
 
     def record(
         self, config: BreakerConfig, generation: int, outcome: str, slow: bool, calls: int = 1
     ) -> Verdict:
         """Report a call's outcome ('success', 'failure', 'ignored') under the generation
         it was admitted in; applies the transition it causes. `calls` > 1 reports that many
-        equal outcomes at once (a process's aggregated successes; a closed breaker only).
-
-        Raises:
-            StorageError: the store failed.
-        """
+        equal outcomes at once (a process's aggregated successes; a closed breaker only)."""
 
     def force(self, name: str, state: str) -> str:
         """Set `state` ('forced_open', 'forced_closed', 'closed'): a new generation, an
-        empty window. Returns the previous state.
-
-        Raises:
-            StorageError: the store failed.
-        """
+        empty window. Returns the previous state."""
 
     def peek_later(
         self, rounds: Rounds, name: str, then: Callable[[Peek | StorageError], None]
@@ -123,14 +134,8 @@ class BreakerBackend(Protocol):
         """Read the state into the call's read round; `then` gets a `Peek` or the error."""
 
     def record_later(
-        self,
-        rounds: Rounds,
-        config: BreakerConfig,
-        generation: int,
-        outcome: str,
-        slow: bool,
-        then: Callable[[Verdict | StorageError], None],
-        calls: int = 1,
+        self, rounds: Rounds, config: BreakerConfig, generation: int, outcome: str, slow: bool,
+        then: Callable[[Verdict | StorageError], None], calls: int = 1,
     ) -> None:
         """`record`, queued into the call's write round; `then` gets the verdict or error."""
 
@@ -138,11 +143,7 @@ class BreakerBackend(Protocol):
         self, names: Iterable[str] = (), *, include_stored: bool = False
     ) -> list[BreakerState]:
         """Live state of the breakers `names` (and, with `include_stored`, of every breaker
-        the store holds), sorted by name; one read of the store.
-
-        Raises:
-            StorageError: the store failed.
-        """
+        the store holds), sorted by name; one read of the store."""
 
     def names(self) -> list[str]:
         """Every breaker the store holds state for, sorted."""

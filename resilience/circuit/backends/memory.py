@@ -1,8 +1,6 @@
-"""Breakers in process memory: one process only (tests, a single-process app).
-
-The same state machine as `acquire.lua`, `record.lua` and `force.lua` (those scripts are
-the specification; each method below follows its script step by step), under one lock
-instead of Redis' single thread, on an injectable clock instead of Redis server time.
+"""Breakers in process memory (tests, a single-process app): each method follows its Lua
+script (`acquire.lua`, `record.lua`, `force.lua`) step by step, under one lock instead of
+Redis' single thread, on an injectable clock instead of Redis server time.
 """
 
 from __future__ import annotations
@@ -52,6 +50,14 @@ class _Breaker:
         self.slots.clear()
         self.calls = self.failures = self.slow = 0
 
+    def move(self, state: str, now: int) -> None:
+        """A transition: a new generation, its time and its tally."""
+        self.gen += 1
+        self.state = state
+        self.changed_at = now
+        tally = {"open": "n_opened", "half_open": "n_half_opened", "closed": "n_closed"}[state]
+        setattr(self, tally, getattr(self, tally) + 1)
+
 
 class MemoryBreakerBackend:
     """Breakers in a dict behind a lock; the clock is injectable.
@@ -87,20 +93,14 @@ class MemoryBreakerBackend:
             if state == "open":
                 if now < breaker.open_until:
                     return Permission(False, state, breaker.gen, (breaker.open_until - now) / 1000)
-                breaker.gen += 1
-                breaker.state = "half_open"
+                breaker.move("half_open", now)
                 breaker.probes = breaker.probes_ok = 0
                 breaker.half_open_until = now + int(config.probe_timeout_seconds * 1000)
-                breaker.changed_at = now
-                breaker.n_half_opened += 1
                 transition = "half_open"
             elif now >= breaker.half_open_until:
                 # Probes were handed out but no verdict came back in time: open again.
-                breaker.gen += 1
-                breaker.state = "open"
+                breaker.move("open", now)
                 breaker.open_until = now + open_ms
-                breaker.changed_at = now
-                breaker.n_opened += 1
                 return Permission(False, "open", breaker.gen, open_ms / 1000, "open")
             if breaker.probes < config.half_open_probes:
                 breaker.probes += 1
@@ -148,21 +148,15 @@ class MemoryBreakerBackend:
             return Verdict("open", "open")
         breaker.probes_ok += 1
         if breaker.probes_ok >= config.half_open_probes:
-            breaker.state = "closed"
-            breaker.gen += 1
-            breaker.changed_at = now
-            breaker.n_closed += 1
+            breaker.move("closed", now)
             breaker.clear_window()
             return Verdict("closed", "closed")
         return Verdict("", breaker.state)
 
     @staticmethod
     def _open(config: BreakerConfig, breaker: _Breaker, now: int) -> None:
-        breaker.state = "open"
-        breaker.gen += 1
+        breaker.move("open", now)
         breaker.open_until = now + int(config.open_seconds * 1000)
-        breaker.changed_at = now
-        breaker.n_opened += 1
         breaker.clear_window()
 
     @staticmethod
@@ -225,14 +219,8 @@ class MemoryBreakerBackend:
         then(peek)
 
     def record_later(
-        self,
-        rounds: Rounds,
-        config: BreakerConfig,
-        generation: int,
-        outcome: str,
-        slow: bool,
-        then: Callable[[Verdict | StorageError], None],
-        calls: int = 1,
+        self, rounds: Rounds, config: BreakerConfig, generation: int, outcome: str, slow: bool,
+        then: Callable[[Verdict | StorageError], None], calls: int = 1,
     ) -> None:
         then(self.record(config, generation, outcome, slow, calls))
 
@@ -248,31 +236,10 @@ class MemoryBreakerBackend:
             now = self._now_ms()
             wanted = set(names) | (set(self._breakers) if include_stored else set())
             return [
-                _state(name, self._breakers.get(name) or _Breaker(), now) for name in sorted(wanted)
+                BreakerState.decode(name, vars(self._breakers.get(name) or _Breaker()), now_ms=now)
+                for name in sorted(wanted)
             ]
 
     def count(self, name: str, outcome: str) -> None:
         with self._lock:
             self.counted[(name, outcome)] += 1
-
-
-def _state(name: str, breaker: _Breaker, now: int) -> BreakerState:
-    return BreakerState(
-        name=name,
-        state=breaker.state,
-        generation=breaker.gen,
-        calls=breaker.calls,
-        failures=breaker.failures,
-        slow_calls=breaker.slow,
-        probes=breaker.probes if breaker.state == "half_open" else 0,
-        times_opened=breaker.n_opened,
-        times_half_opened=breaker.n_half_opened,
-        times_closed=breaker.n_closed,
-        probes_total=breaker.n_probes,
-        seconds_in_state=(now - breaker.changed_at) / 1000 if breaker.changed_at else None,
-        retry_in_seconds=(
-            max(0, breaker.open_until - now) / 1000
-            if breaker.state == "open" and breaker.open_until
-            else None
-        ),
-    )

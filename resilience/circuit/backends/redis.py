@@ -3,7 +3,7 @@
 Key layout (`resilience.keys.redis_key`): `resilience:breaker:{<name>}` holds the state hash
 and `resilience:breaker:{<name>}:window` the window, the name percent-encoded inside the
 hash tag, so no breaker name can name another breaker's window and both keys of a script
-share a Redis Cluster slot. This module is the only reader of that layout (`describe`).
+share a Redis Cluster slot.
 
 State hash fields: state, gen, open_until / half_open_until (ms, server time), probes,
 probes_ok, calls / failures / slow (count window), changed_at (ms), and the transition
@@ -18,20 +18,18 @@ from typing import TYPE_CHECKING, Any
 from resilience.batch import for_client
 from resilience.circuit.backends.base import BreakerState, Peek, Permission, Verdict
 from resilience.circuit.config import BreakerConfig, CountWindow
-from resilience.connections import StoreBackend, translate_store_error, wrap_store_errors
-from resilience.connections.redis import read_hashes
+from resilience.connections import translate_store_error, wrap_store_errors
+from resilience.connections.redis import RedisStoreBackend, read_hashes
 from resilience.counters import count
 from resilience.keys import redis_key, stored_keys
 from resilience.scripts import LuaScript
 from resilience.stores import stores_for
 
 if TYPE_CHECKING:
-    import redis
     from celery import Celery
 
     from resilience.batch import Rounds
     from resilience.errors import StorageError
-    from resilience.stores import Stores
 
 NAMESPACE = "resilience:breaker"
 
@@ -46,20 +44,13 @@ def window_key(name: str) -> str:
     return redis_key(NAMESPACE, name, "window")
 
 
-class RedisBreakerBackend(StoreBackend):
-    """Runs `acquire.lua`, `record.lua` and `force.lua`; scripts registered once per client.
-
-    Args:
-        client: a callable returning the process's Redis client (fork-safe).
-    """
+class RedisBreakerBackend(RedisStoreBackend):
+    """Runs `acquire.lua`, `record.lua` and `force.lua`; scripts registered once per client."""
 
     store_operation = "breaker"
     ACQUIRE = LuaScript.load(__file__, "acquire.lua")
     RECORD = LuaScript.load(__file__, "record.lua")
     FORCE = LuaScript.load(__file__, "force.lua")
-
-    def __init__(self, client: Callable[[], redis.Redis]) -> None:
-        self._client = client
 
     @classmethod
     def of_app(cls, app: Celery) -> RedisBreakerBackend:
@@ -71,19 +62,11 @@ class RedisBreakerBackend(StoreBackend):
             ConfigurationError: the app's stores are in memory (`backend_of_app` then gives
                 the in-memory breakers).
         """
-        return stores_for(app).backend("circuit", cls.on_stores)
-
-    @classmethod
-    def on_stores(cls, stores: Stores) -> RedisBreakerBackend:
-        """A backend on `stores`' shared Redis (`Stores.redis`, fork-safe)."""
-        return cls(stores.redis)
-
-    def client(self) -> redis.Redis:
-        return self._client()
+        return stores_for(app).backend("circuit", lambda stores: cls(stores.redis))
 
     def _run(self, script: LuaScript, name: str, args: list[Any]) -> Any:
         with wrap_store_errors("breaker", breaker=name):
-            return script(self._client(), [state_key(name), window_key(name)], args)
+            return script(self.client, [state_key(name), window_key(name)], args)
 
     def acquire(self, config: BreakerConfig) -> Permission:
         allowed, state, generation, wait_ms, transition = self._run(
@@ -152,7 +135,7 @@ class RedisBreakerBackend(StoreBackend):
             else:
                 then(self.permission_from_peek(reply))
 
-        for_client(rounds, self.client()).command(
+        for_client(rounds, self.client).command(
             "HMGET", state_key(name), "state", "gen", then=done
         )
 
@@ -175,14 +158,8 @@ class RedisBreakerBackend(StoreBackend):
         return Permission(True, state, generation)
 
     def record_later(
-        self,
-        rounds: Rounds,
-        config: BreakerConfig,
-        generation: int,
-        outcome: str,
-        slow: bool,
-        then: Callable[[Verdict | StorageError], None],
-        calls: int = 1,
+        self, rounds: Rounds, config: BreakerConfig, generation: int, outcome: str, slow: bool,
+        then: Callable[[Verdict | StorageError], None], calls: int = 1,
     ) -> None:
         """Queue record.lua; `then` gets its `Verdict` or the store's error."""
 
@@ -192,7 +169,7 @@ class RedisBreakerBackend(StoreBackend):
             else:
                 then(self.verdict(reply))
 
-        batch = for_client(rounds, self.client())
+        batch = for_client(rounds, self.client)
         batch.script(
             self.RECORD.for_client(batch.client),
             [state_key(config.name), window_key(config.name)],
@@ -204,7 +181,7 @@ class RedisBreakerBackend(StoreBackend):
     def _stored_keys(self) -> dict[str, str]:
         """State key -> name of every breaker with state in Redis (one SCAN). A name too
         long to keep shows as its digest (`resilience.keys.decode_key_part`)."""
-        return stored_keys(self._client(), NAMESPACE)  # windows (suffixed) left out
+        return stored_keys(self.client, NAMESPACE)  # windows (suffixed) left out
 
     def names(self) -> list[str]:
         """Every breaker that has state in Redis."""
@@ -220,46 +197,16 @@ class RedisBreakerBackend(StoreBackend):
         if include_stored:
             keys = {**self._stored_keys(), **keys}
         ordered = sorted(keys.items(), key=lambda item: item[1])
-        now_ms, hashes = read_hashes(self._client(), [key for key, _ in ordered])
+        now_ms, hashes = read_hashes(self.client, [key for key, _ in ordered])
         return [
-            decode_state(name, fields, now_ms=now_ms)
+            BreakerState.decode(name, fields, now_ms=now_ms)
             for (_, name), fields in zip(ordered, hashes, strict=True)
         ]
 
     def count(self, name: str, outcome: str) -> None:
         try:
-            client = self._client()
+            client = self.client
         except Exception:  # noqa: BLE001 - counting never fails a call
             return
         count(client, outcome=outcome, guard="breaker", name=name)
 
-
-def decode_state(name: str, fields: dict[str, str], *, now_ms: int) -> BreakerState:
-    """A state hash as a `BreakerState` at server time `now_ms` (the one decoder)."""
-
-    def number(field: str) -> int:
-        try:
-            return int(float(fields.get(field) or 0))
-        except ValueError:
-            return 0
-
-    state = fields.get("state") or "closed"
-    changed_at = number("changed_at")
-    open_until = number("open_until")
-    return BreakerState(
-        name=name,
-        state=state,
-        generation=number("gen"),
-        calls=number("calls"),
-        failures=number("failures"),
-        slow_calls=number("slow"),
-        probes=number("probes") if state == "half_open" else 0,
-        times_opened=number("n_opened"),
-        times_half_opened=number("n_half_opened"),
-        times_closed=number("n_closed"),
-        probes_total=number("n_probes"),
-        seconds_in_state=(now_ms - changed_at) / 1000 if changed_at else None,
-        retry_in_seconds=(
-            max(0, open_until - now_ms) / 1000 if state == "open" and open_until else None
-        ),
-    )
