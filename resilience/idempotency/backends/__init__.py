@@ -139,17 +139,8 @@ class Transaction(Protocol):
 class IdempotencyBackend(Protocol):
     """Where records live; every step is one atomic store operation."""
 
-    def claim(
-        self,
-        *,
-        task_name: str,
-        key: str,
-        fingerprint: str,
-        owner: str,
-        task_id: str | None,
-        lease_seconds: float,
-        ttl_seconds: float,
-    ) -> ClaimResult:
+    def claim(self, *, task_name: str, key: str, fingerprint: str, owner: str,
+              task_id: str | None, lease_seconds: float, ttl_seconds: float) -> ClaimResult:
         """Claim `key` for `owner` (insert, or take over an expired, failed or released
         record of the same arguments), or return the record that stands in the way.
 
@@ -194,16 +185,3 @@ class IdempotencyBackend(Protocol):
     def holders(self, *, limit: int) -> list[Holder]:
         """Open claims (someone holds the lease, or held it until it lapsed), oldest first."""
 
-
-__all__ = [
-    "FAILED",
-    "HOLDER_KIND",
-    "IN_PROGRESS",
-    "STATES",
-    "SUCCEEDED",
-    "Claim",
-    "ClaimResult",
-    "IdempotencyBackend",
-    "Record",
-    "Transaction",
-]

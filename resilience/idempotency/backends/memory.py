@@ -8,7 +8,7 @@ body receives None); its completion applies when it commits.
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -71,17 +71,8 @@ class MemoryIdempotencyBackend:
             or (row.state == IN_PROGRESS and (row.lease_expires_at is None or lease_over))
         )
 
-    def claim(
-        self,
-        *,
-        task_name: str,
-        key: str,
-        fingerprint: str,
-        owner: str,
-        task_id: str | None,
-        lease_seconds: float,
-        ttl_seconds: float,
-    ) -> ClaimResult:
+    def claim(self, *, task_name: str, key: str, fingerprint: str, owner: str,
+              task_id: str | None, lease_seconds: float, ttl_seconds: float) -> ClaimResult:
         with self._lock:
             now = self.clock()
             row = self._rows.get((task_name, key))
@@ -89,71 +80,53 @@ class MemoryIdempotencyBackend:
             if taken:
                 created = now if row is None or row.expires_at <= now else row.created_at
                 row = self._rows[(task_name, key)] = _Row(
-                    fingerprint=fingerprint,
-                    state=IN_PROGRESS,
-                    attempt=1 if row is None else row.attempt + 1,
-                    lease_owner=owner,
-                    lease_expires_at=now + lease_seconds,
-                    task_id=task_id,
-                    created_at=created,
-                    updated_at=now,
-                    expires_at=now + ttl_seconds,
-                )
+                    fingerprint=fingerprint, state=IN_PROGRESS,
+                    attempt=1 if row is None else row.attempt + 1, lease_owner=owner,
+                    lease_expires_at=now + lease_seconds, task_id=task_id, created_at=created,
+                    updated_at=now, expires_at=now + ttl_seconds)
             assert row is not None
             claimed = taken or (row.state == IN_PROGRESS and row.lease_owner == owner)
             return ClaimResult(
                 claim=Claim(task_name=task_name, key=key, attempt=row.attempt, owner=owner)
-                if claimed
-                else None,
-                attempt=row.attempt,
-                state=row.state,
-                fingerprint=row.fingerprint,
-                result=row.result,
-                error=row.error,
-                task_id=row.task_id,
+                if claimed else None,
+                attempt=row.attempt, state=row.state, fingerprint=row.fingerprint,
+                result=row.result, error=row.error, task_id=row.task_id,
                 lease_owner=row.lease_owner,
-                lease_remaining_seconds=None
-                if row.lease_expires_at is None
+                lease_remaining_seconds=None if row.lease_expires_at is None
                 else row.lease_expires_at - now,
                 expires_in_seconds=row.expires_at - now,
             )
 
+    def _held(self, claim: Claim) -> _Row | None:
+        """The row `claim` still holds (its fencing pair matches), else None; under `_lock`."""
+        row = self._rows.get((claim.task_name, claim.key))
+        if row is None or row.state != IN_PROGRESS or (
+                row.attempt, row.lease_owner) != (claim.attempt, claim.owner):
+            return None
+        return row
+
     def _finish(self, claim: Claim, **changes: Any) -> bool:
         with self._lock:
-            row = self._rows.get((claim.task_name, claim.key))
-            if (
-                row is None
-                or row.state != IN_PROGRESS
-                or row.attempt != claim.attempt
-                or row.lease_owner != claim.owner
-            ):
+            row = self._held(claim)
+            if row is None:
                 return False
             now = self.clock()
             ttl_seconds = changes.pop("ttl_seconds", None)
             if ttl_seconds is not None:
-                changes.update(
-                    lease_owner=None, lease_expires_at=None, expires_at=now + ttl_seconds
-                )
+                changes.update(lease_owner=None, lease_expires_at=None,
+                               expires_at=now + ttl_seconds)
             for name, value in changes.items():
                 setattr(row, name, value)
             row.updated_at = now
             return True
 
     def complete(self, claim: Claim, result_json: str, ttl_seconds: float) -> bool:
-        import json
-
-        return self._finish(
-            claim,
-            state=SUCCEEDED,
-            result=json.loads(result_json),
-            error=None,
-            ttl_seconds=ttl_seconds,
-        )
+        return self._finish(claim, state=SUCCEEDED, result=json.loads(result_json), error=None,
+                            ttl_seconds=ttl_seconds)
 
     def fail(self, claim: Claim, error: str, ttl_seconds: float) -> bool:
-        return self._finish(
-            claim, state=FAILED, result=None, error=error[:4000], ttl_seconds=ttl_seconds
-        )
+        return self._finish(claim, state=FAILED, result=None, error=error[:4000],
+                            ttl_seconds=ttl_seconds)
 
     def release(self, claim: Claim) -> bool:
         return self._finish(claim, lease_owner=None, lease_expires_at=self.clock())
@@ -166,21 +139,10 @@ class MemoryIdempotencyBackend:
 
     # -- the operator's side ---------------------------------------------------------------
     def _record(self, task_name: str, key: str, row: _Row) -> Record:
-        return Record(
-            task_name=task_name,
-            key=key,
-            fingerprint=row.fingerprint,
-            state=row.state,
-            result=row.result,
-            error=row.error,
-            attempt=row.attempt,
-            lease_owner=row.lease_owner,
-            lease_expires_at=_datetime(row.lease_expires_at),
-            task_id=row.task_id,
-            created_at=_datetime(row.created_at),
-            updated_at=_datetime(row.updated_at),
-            expires_at=_datetime(row.expires_at),
-        )
+        fields = dict(vars(row))
+        for name in ("lease_expires_at", "created_at", "updated_at", "expires_at"):
+            fields[name] = _datetime(fields[name])
+        return Record(task_name=task_name, key=key, **fields)
 
     def read(self, task_name: str, key: str) -> Record | None:
         with self._lock:
@@ -218,24 +180,14 @@ class MemoryIdempotencyBackend:
         with self._lock:
             now = self.clock()
             open_claims = sorted(
-                (
-                    (name, key, dataclasses.replace(row))
-                    for (name, key), row in self._rows.items()
-                    if row.state == IN_PROGRESS and row.lease_owner is not None
-                ),
-                key=lambda item: item[2].updated_at,
-            )
-        return [
-            Holder(
-                kind=HOLDER_KIND,
-                key=f"{name}:{key}",
-                owner=row.task_id or row.lease_owner,
-                token=row.attempt,
-                held_seconds=max(0.0, now - row.updated_at),
-                alive=row.lease_expires_at is not None and row.lease_expires_at > now,
-            )
-            for name, key, row in open_claims[:limit]
-        ]
+                ((name, key, row) for (name, key), row in self._rows.items()
+                 if row.state == IN_PROGRESS and row.lease_owner is not None),
+                key=lambda item: item[2].updated_at)
+            return [Holder(kind=HOLDER_KIND, key=f"{name}:{key}",
+                           owner=row.task_id or row.lease_owner, token=row.attempt,
+                           held_seconds=max(0.0, now - row.updated_at),
+                           alive=row.lease_expires_at is not None and row.lease_expires_at > now)
+                    for name, key, row in open_claims[:limit]]
 
 
 class MemoryTransaction:
@@ -250,14 +202,9 @@ class MemoryTransaction:
     def complete(self, claim: Claim | None, result_json: str, ttl_seconds: float) -> bool:
         if claim is None:
             return True
-        record = self._backend.read(claim.task_name, claim.key)
-        if (
-            record is None
-            or record.state != IN_PROGRESS
-            or record.attempt != claim.attempt
-            or record.lease_owner != claim.owner
-        ):
-            return False
+        with self._backend._lock:
+            if self._backend._held(claim) is None:
+                return False
         self._staged = (claim, result_json, ttl_seconds)
         return True
 
