@@ -1,27 +1,17 @@
 """`@unique`: `.delay()` of a job already queued (or running) returns the existing job.
 
-Enqueue side (`EnqueueStage.UNIQUE`): one Lua script either takes the Redis key
-`resilience:unique:{<task>:<key>}` (encoded, see `resilience.keys.redis_key`) for the new
-task id (with a TTL) or returns the task id that holds it; a duplicate gets that job's
-`AsyncResult` (or `DuplicateJob`). A later enqueue guard that refuses, or a publish that
-fails, gives the key back at once (`give_back`): a key never names a job that was not sent.
-Execution side (a guard at the outermost stage): the key is given back when the job
-starts (`until_started`) or when it finishes (`until_finished`), only if it still names this
-job (compare-and-delete), so a late release never frees another job's key.
+Enqueue side (`EnqueueStage.UNIQUE`): one Lua script takes the Redis key
+`resilience:unique:{<task>:<key>}` for the new task id (with a TTL) or returns the task id
+holding it; a duplicate gets that job's `AsyncResult` (or `DuplicateJob`). A later enqueue
+guard that refuses, or a failed publish, gives the key back at once (`give_back`): a key
+never names a job that was not sent. Execution side (the outermost stage): the key is
+given back when the job starts (`until_started`) or finishes (`until_finished`), only if it
+still names this job (compare-and-delete), so a late release never frees another job's key.
 
-A duplicate whose task id its caller fixed before the enqueue (an outbox row's, a canvas
-member's, an explicit `task_id`) would leave that id PENDING forever, since nothing ever runs
-with it: a batch would never complete, a chord never count it. So that id is given its
-outcome at once (`UniqueEnqueueGuard.settle`), as if a worker had stopped it: the REJECTED
-outcome naming the holder (`details.existing_task_id`) as its result, or, with
-`raise_on_duplicate` and for a chord member, a failure (`DuplicateJob`, `JobStopped`) that the
-chord counts; `job_deduplicated` tells the rest (a batch counts its member SKIPPED). A
-`.delay()` without a task id gets the holder's AsyncResult and stores nothing: nobody knows
-the id it never used.
-
-Unique enqueue is a cheap dedupe of the queue, not a correctness guarantee: if Redis is
-down the job is enqueued anyway (fail open, counted), and the TTL bounds how long a key
-survives a job that was lost. Use `@idempotent` for effects that must happen once.
+A duplicate whose task id its caller fixed (an outbox row's, a canvas member's, an explicit
+`task_id`) would stay PENDING forever, so it is given its outcome at once (`settle`).
+A cheap dedupe of the queue, not a guarantee: with Redis down the job is enqueued anyway
+(fail open, counted); use `@idempotent` for effects that must happen once.
 """
 
 from __future__ import annotations
@@ -36,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from celery import signals, states
 from celery.app.task import Context
+from celery.exceptions import Retry
 from celery.utils.dispatch import Signal
 
 from resilience.admission.broker import UNIQUE_HEADER, broker_redis, guarded_publish
@@ -106,13 +97,6 @@ class UniqueConfig:
             raise ConfigurationError(
                 f"mode must be 'until_started' or 'until_finished', got {self.mode!r}"
             )
-
-
-class _InPush(tuple[str, str]):
-    """(key, task id) of a unique key the transport takes in the push (guarded publish)."""
-
-    def __new__(cls, key: str, task_id: str) -> _InPush:
-        return super().__new__(cls, (key, task_id))
 
 
 class UniqueKeys:
@@ -225,7 +209,7 @@ class UniqueEnqueueGuard(EnqueueGuard):
             headers = dict(publish.options.get("headers") or {})
             headers[UNIQUE_HEADER] = {"key": key, "task_id": task_id, "ttl_ms": ttl_ms}
             publish.options["headers"] = headers
-            publish.state[GUARD_NAME] = _InPush(key, task_id)
+            publish.state[GUARD_NAME] = (key, task_id, True)  # taken in the push
             return
         store = self.keys.store(publish.task.app)
         try:
@@ -241,7 +225,7 @@ class UniqueEnqueueGuard(EnqueueGuard):
             self._count(publish, Outcome.FAIL_OPEN.value)
             return
         if holder is None:
-            publish.state[GUARD_NAME] = (key, task_id)
+            publish.state[GUARD_NAME] = (key, task_id, False)
             return
         self._duplicate(publish, key, holder)
 
@@ -329,13 +313,8 @@ class UniqueEnqueueGuard(EnqueueGuard):
                 raise answer
 
     def _count(self, publish: Publish, outcome: str) -> None:
-        count_outcome(
-            publish.task.app,
-            outcome,
-            guard=GUARD_NAME,
-            tier=self.keys.tier,
-            name=self.keys.task_name,
-        )
+        count_outcome(publish.task.app, outcome, guard=GUARD_NAME, tier=self.keys.tier,
+                      name=self.keys.task_name)
 
     def give_back(self, publish: Publish, error: BaseException) -> None:
         """A later guard refused the job or the publish failed: the key names no job, so
@@ -343,8 +322,8 @@ class UniqueEnqueueGuard(EnqueueGuard):
         taken = publish.state.pop(GUARD_NAME, None)
         if taken is None:
             return
-        key, task_id = taken
-        if isinstance(taken, _InPush):
+        key, task_id, in_push = taken
+        if in_push:
             (publish.options.get("headers") or {}).pop(UNIQUE_HEADER, None)
             if isinstance(error, DuplicateJob) and error.fields.get("key") == key:
                 self._duplicate(publish, key, str(error.fields["task_id"]))
@@ -382,8 +361,6 @@ class UniqueReleaseGuard(Guard):
             self._release(call)
 
     def on_error(self, call: Call, exc: BaseException) -> None:
-        from celery.exceptions import Retry
-
         # A retry keeps the same task id in the queue: the job is not finished.
         if self.keys.config.mode == "until_finished" and not isinstance(exc, Retry):
             self._release(call)
