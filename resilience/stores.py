@@ -1,18 +1,9 @@
-"""Connections to the shared stores (Redis, PostgreSQL), one set per process.
+"""The stores (Redis, PostgreSQL) registered on a Celery app, one set of clients per process.
 
-Guards reach the stores through the `Stores` registered on the Celery app, so `resilience`
-works with any app. Clients are created lazily and dropped in a forked child
-(`resilience.connections.on_fork`): a prefork child must never reuse its parent's sockets.
-
-Native store errors become the package's own at the connection layer
-(`resilience.connections`).
-
-Every guard asks its stores for its backend (`Stores.backend(kind, build, memory=...)`):
-real stores build the Redis or PostgreSQL one, `MemoryStores` hands out the guard's
-in-memory one (one per kind, shared by every task of the app). So one switch puts every
-guard of an app in memory, and no guard knows about tests: `resilience_stores = "memory"`
-in `app.conf`, or `use_memory_stores()` for every app of the process (the pytest plugin,
-`resilience.testing`).
+Clients are made lazily and dropped in a forked child (`resilience.connections.on_fork`).
+Every guard asks its stores for its backend (`Stores.backend`): real stores build the
+Redis or PostgreSQL one, `MemoryStores` the guard's in-memory one, so one switch
+(`resilience_stores = "memory"`, or `use_memory_stores()`) puts every guard in memory.
 """
 
 from __future__ import annotations
@@ -22,13 +13,11 @@ import threading
 import weakref
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from resilience.connections import on_fork, postgres
 from resilience.connections.redis import check_redis_url, redis_from_url
-from resilience.errors import (
-    ConfigurationError,
-)
+from resilience.errors import ConfigurationError
 from resilience.redact import redact_url
 
 if TYPE_CHECKING:
@@ -128,19 +117,11 @@ class Stores:
 
     @classmethod
     def from_conf(cls, conf: Any) -> Stores:
-        """The stores an app's configuration names (`app.conf.resilience_*`).
-
-        Keys: `resilience_redis_url` (required), `resilience_database_url`,
-        `resilience_redlock_urls` (a list or a comma-separated string),
-        `resilience_locks_database_url`, `resilience_pool_mode`,
-        `resilience_socket_timeout_seconds`, `resilience_statement_timeout_seconds`,
-        `resilience_transactions` with
-        `resilience_django_database` (under "django" an unset database URL is that Django
-        database's, read when the stores are built). Django's `CELERY_RESILIENCE_*` settings arrive
-        here through Celery's `namespace="CELERY"`.
-
-        `resilience_stores = "memory"` gives `MemoryStores` instead (one process, no Redis
-        or PostgreSQL: unit tests); the URLs are then not read.
+        """The stores `app.conf.resilience_*` names (the keys: docs/library.md); each is
+        `__init__`'s argument of the same name, `resilience_redlock_urls` may be a
+        comma-separated string, and under `resilience_transactions = "django"` an unset
+        database URL is the Django database's. `resilience_stores = "memory"` gives
+        `MemoryStores` (the URLs are then not read).
 
         Raises:
             ConfigurationError: `resilience_redis_url` is missing, or a value is invalid.
@@ -162,8 +143,9 @@ class Stores:
         redlock = conf.get("resilience_redlock_urls") or ()
         if isinstance(redlock, str):
             redlock = [url.strip() for url in redlock.split(",") if url.strip()]
-        timeout = conf.get("resilience_socket_timeout_seconds")
-        statement_timeout = conf.get("resilience_statement_timeout_seconds")
+        timeouts = {name: float(value)
+                    for name in ("socket_timeout_seconds", "statement_timeout_seconds")
+                    if (value := conf.get(f"resilience_{name}")) is not None}
         database_url = conf.get("resilience_database_url") or None
         transactions = conf.get("resilience_transactions") or "sqlalchemy"
         django_database = conf.get("resilience_django_database") or "default"
@@ -176,29 +158,18 @@ class Stores:
             database_url=database_url,
             redlock_urls=tuple(redlock),
             locks_database_url=conf.get("resilience_locks_database_url") or None,
-            socket_timeout_seconds=5.0 if timeout is None else float(timeout),
-            statement_timeout_seconds=(5.0 if statement_timeout is None
-                                       else float(statement_timeout)),
             pool_mode=conf.get("resilience_pool_mode"),
             transactions=transactions,
             django_database=django_database,
+            **timeouts,
         )
 
     def backend(self, kind: str, build: Callable[[Stores], _Backend],
                 memory: Callable[[], _Backend] | None = None, *,
                 variant: Hashable = None) -> _Backend:
-        """The backend a guard keeps its state in: `build(self)` (Redis, PostgreSQL), built
-        once per process for each `kind` and `variant` (a forked child builds its own), so
-        a guard may resolve it once at `bind()`; `MemoryStores` returns its one `memory()`
-        instance of `kind` instead.
-
-        Args:
-            kind: what the backend holds ("idempotency", "circuit", ...), one name per
-                state shared by every task of the app.
-            build: makes the backend on these stores' servers.
-            memory: makes the in-memory backend (no argument); None: the guard has none.
-            variant: what else `build` depends on (a guard's options), when it does.
-        """
+        """The backend a guard keeps its state in: `build(self)`, once per process for each
+        `kind` ("idempotency", ...) and `variant` (what else `build` depends on); under
+        `MemoryStores`, the one `memory()` instance of `kind` (None: the guard has none)."""
         key = ("backend", kind, variant)
         found = self._cache.get(key)
         if found is None:
@@ -209,13 +180,11 @@ class Stores:
         return found
 
     def begin_transaction(self) -> Callable[[], Any] | None:
-        """What opens a `transactional=True` body's transaction when an integration runs
-        it (`transactions="django"`: `transaction.atomic` on `django_database`); None: a
-        SQLAlchemy Session on `engine()`.
+        """What opens a `transactional=True` body's transaction under an integration
+        (`transaction.atomic` on `django_database`); None: a SQLAlchemy Session on `engine()`.
 
         Raises:
-            ConfigurationError: the integration never registered itself (its app is not
-                installed).
+            ConfigurationError: the integration never registered itself.
         """
         if self.transactions == "sqlalchemy":
             return None
@@ -228,26 +197,22 @@ class Stores:
 
     @property
     def database_url(self) -> str:
-        """The durable store's URL (SQLAlchemy, psycopg2 driver).
-
-        Raises:
-            ConfigurationError: no PostgreSQL configured (a Redis-only setup).
-        """
-        if self._database_url is None:
-            raise _no_database("database_url")
-        return self._database_url
+        """The durable store's URL (SQLAlchemy, psycopg2 driver); ConfigurationError in a
+        Redis-only setup."""
+        return self._database_url or self._no_server("database_url")
 
     @property
     def locks_database_url(self) -> str:
-        """Where session-bound work runs (advisory locks: singletons, beat leadership):
-        PostgreSQL directly when `database_url` points at a transaction-mode pooler.
+        """Where session-bound work runs (advisory locks): PostgreSQL directly when
+        `database_url` is a transaction-mode pooler; ConfigurationError in a Redis-only setup."""
+        return self._locks_database_url or self._no_server("locks_database_url")
 
-        Raises:
-            ConfigurationError: no PostgreSQL configured (a Redis-only setup).
-        """
-        if self._locks_database_url is None:
-            raise _no_database("locks_database_url")
-        return self._locks_database_url
+    def _no_server(self, what: str) -> NoReturn:
+        raise ConfigurationError(
+            f"this guard keeps its state in PostgreSQL but no {what} is configured: set "
+            "app.conf.resilience_database_url (Django: CELERY_RESILIENCE_DATABASE_URL), or "
+            "Stores(database_url=...)"
+        )
 
     @property
     def has_database(self) -> bool:
@@ -263,13 +228,9 @@ class Stores:
         self._lock = threading.RLock()  # a parent's thread may have held it at the fork
 
     def redis(self) -> redis.Redis:
-        """The process's client for the shared Redis (decoded responses).
-
-        Each call waits at most `socket_timeout_seconds` (connect, then read), and once one
-        has timed out every call of the process fails at once (`StoreUnavailable`) for as
-        long again: the guards of one job (poison, pause, cancel, limits, breaker, counters)
-        meet a partitioned Redis in one timeout, not one each (`redis_from_url`'s
-        `hold_after_timeout_seconds`)."""
+        """The process's client for the shared Redis (decoded responses). After a timeout
+        every call fails at once for `socket_timeout_seconds`: the guards of one job meet a
+        partitioned Redis in one timeout, not one each (`UnreachableHold`)."""
         client = self._cache.get("redis")
         if client is None:
             client = redis_from_url(
@@ -310,14 +271,10 @@ class Stores:
         return max(1, int(self.statement_timeout_seconds * 1000))
 
     def guard_engine(self) -> Engine:
-        """`engine()` (same pool) for a guard's own statements: each transaction it begins
-        first runs `SET LOCAL statement_timeout` and `lock_timeout` at
-        `statement_timeout_seconds`, so a guard statement stuck behind a row or advisory lock
-        that a vanished or stuck transaction holds ends as `StoreUnavailable` (SQLSTATE
-        57014 / 55P03) instead of waiting for it. `SET LOCAL` lasts one transaction, so a
-        transaction pooler (PgBouncer) accepts it and nothing leaks to the next user of the
-        server connection. Bodies and callers' transactions use `engine()`: user work may
-        be long."""
+        """`engine()` (same pool) whose transactions first `SET LOCAL statement_timeout` and
+        `lock_timeout`: a guard statement stuck behind a vanished transaction's lock ends as
+        `StoreUnavailable` instead of waiting. `SET LOCAL` lasts one transaction, so a
+        pooler accepts it. Bodies use `engine()`: user work may be long."""
         engine = self._cache.get("guard_engine")
         if engine is None:
             engine = self._cache["guard_engine"] = self.engine().execution_options(
@@ -338,14 +295,9 @@ class Stores:
 
 
 class MemoryStores(Stores):
-    """Guard state in this process's memory: no Redis, no PostgreSQL (unit tests, eager mode,
-    a single-process app). Each guard gets its in-memory backend (`backend`); a guard that
-    has none, or code reaching for a server (`redis()`, `engine()`), gets
-    `ConfigurationError` naming it: nothing silently goes to a real server.
-
-    State is shared by the tasks of one app within the process (a worker in a thread, as
-    `celery.contrib.pytest`'s `celery_worker` runs, shares it); a prefork child has its own.
-    `reset()` empties it (between two tests).
+    """Guard state in this process's memory (unit tests, eager mode, one process): each
+    guard gets its in-memory backend; one that has none, or code reaching for a server,
+    gets `ConfigurationError`. Shared by the app's tasks in the process; `reset()` empties it.
     """
 
     def __init__(self) -> None:
@@ -366,11 +318,7 @@ class MemoryStores(Stores):
     def backend(self, kind: str, build: Callable[[Stores], _Backend],
                 memory: Callable[[], _Backend] | None = None, *,
                 variant: Hashable = None) -> _Backend:
-        """The one in-memory backend of `kind` (made on first use), whatever `variant`.
-
-        Raises:
-            ConfigurationError: the guard has no in-memory backend.
-        """
+        """The one in-memory backend of `kind` (made on first use), whatever `variant`."""
         if memory is None:
             raise ConfigurationError(
                 f"{kind} has no in-memory backend: with resilience_stores='memory' (or "
@@ -392,37 +340,18 @@ class MemoryStores(Stores):
                     instance.__dict__.clear()
                     instance.__dict__.update(fresh.__dict__)
 
-    def _no_server(self, what: str) -> ConfigurationError:
-        return ConfigurationError(
+    def _no_server(self, what: str) -> NoReturn:
+        raise ConfigurationError(
             f"in-memory stores (resilience_stores='memory' or resilience.testing) have no "
             f"{what}: a guard or view that needs one cannot run in memory"
         )
 
     def redis(self) -> redis.Redis:
-        """Raises `ConfigurationError`: there is no Redis."""
-        raise self._no_server("Redis")
+        """Raises `ConfigurationError`: there is no Redis (nor PostgreSQL: `engine()`, ...)."""
+        self._no_server("Redis")
 
     def engine(self) -> Engine:
-        """Raises `ConfigurationError`: there is no PostgreSQL."""
-        raise self._no_server("PostgreSQL")
-
-    def guard_engine(self) -> Engine:
-        """Raises `ConfigurationError`: there is no PostgreSQL."""
-        raise self._no_server("PostgreSQL")
-
-    def statements(self) -> postgres.StatementRunner:
-        """Raises `ConfigurationError`: there is no PostgreSQL."""
-        raise self._no_server("PostgreSQL")
-
-    @property
-    def database_url(self) -> str:
-        """Raises `ConfigurationError`: there is no PostgreSQL."""
-        raise self._no_server("PostgreSQL")
-
-    @property
-    def locks_database_url(self) -> str:
-        """Raises `ConfigurationError`: there is no PostgreSQL."""
-        raise self._no_server("PostgreSQL")
+        self._no_server("PostgreSQL")
 
 
 def _sqlalchemy_url(url: str) -> str:
@@ -431,14 +360,6 @@ def _sqlalchemy_url(url: str) -> str:
         if url.startswith(prefix):
             return "postgresql+psycopg2://" + url[len(prefix) :]
     return url
-
-
-def _no_database(name: str) -> ConfigurationError:
-    return ConfigurationError(
-        f"this guard keeps its state in PostgreSQL but no {name} is configured: set "
-        "app.conf.resilience_database_url (Django: CELERY_RESILIENCE_DATABASE_URL), or "
-        "Stores(database_url=...)"
-    )
 
 
 @dataclass(frozen=True)
