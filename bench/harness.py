@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import time
@@ -16,6 +17,28 @@ from rich.table import Table
 from tests.harness import Services, Worker, running, task_modules
 
 console = Console(stderr=False)
+
+
+def parse(argv: Sequence[str], scenario: str, **defaults: Any) -> argparse.Namespace:
+    """A scenario's `--name value` options: each default, or `(default, help)`, gives the
+    option's type; a False default makes a flag."""
+    parser = argparse.ArgumentParser(prog=f"python -m bench {scenario}")
+    for name, given in defaults.items():
+        default, text = given if isinstance(given, tuple) else (given, None)
+        flag = "--" + name.replace("_", "-")
+        if default is False:
+            parser.add_argument(flag, action="store_true", help=text)
+        else:
+            parser.add_argument(flag, type=type(default), default=default, help=text)
+    return parser.parse_args(argv)
+
+
+def redis() -> Any:
+    """The platform's shared-state Redis client (inside `platform()`)."""
+    from jobs import app
+    from resilience.stores import stores_for
+
+    return stores_for(app).redis()
 
 
 @contextmanager

@@ -20,29 +20,20 @@ import time
 import uuid
 from typing import Any
 
-from bench.harness import platform
+from bench.harness import RoundTrips, platform
 from tests.harness import ARTIFACTS
 
 VARIANTS = ("plain", "guarded", "handrolled", "replay")
-counts = {"redis": 0, "pg": 0}
+counts = {"pg": 0}
 
 
-def _count_round_trips() -> None:
-    """Count what is sent: redis-py's packed sends, the guard backend's statements and the
-    hand-rolled task's cursor executions."""
+def _count_statements() -> None:
+    """Count the guard backend's statements and the hand-rolled task's cursor executions."""
     import psycopg2.extensions
-    import redis.connection
 
     import bench.tasks_idempotency as tasks
     from resilience.idempotency.backends import postgres
 
-    send = redis.connection.Connection.send_packed_command
-
-    def counted_send(self: Any, *args: Any, **kwargs: Any) -> Any:
-        counts["redis"] += 1
-        return send(self, *args, **kwargs)
-
-    redis.connection.Connection.send_packed_command = counted_send
     execute = postgres.PostgresIdempotencyBackend._execute
 
     def counted_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -89,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
 
         with stores_for(app).engine().begin() as connection:
             connection.exec_driver_sql(HANDROLLED_DDL)
-        _count_round_trips()
+        _count_statements()
         hostname = "trace@bench"
         tasks = {"plain": idem_bench_plain, "guarded": idem_bench_guarded,
                  "handrolled": idem_bench_handrolled, "replay": idem_bench_guarded}
@@ -119,20 +110,21 @@ def main(argv: list[str] | None = None) -> None:
             for name in VARIANTS:
                 counter = guarded if name == "replay" else f"bench:trace:{uuid.uuid4().hex}"
                 guarded = counter if name == "guarded" else guarded
-                counts.update(redis=0, pg=0)
+                counts["pg"] = 0
                 profile = (cProfile.Profile() if options.profile == name and attempt == 2
                            else None)
-                wall, cpu = time.perf_counter(), time.process_time()
-                if profile is not None:
-                    profile.enable()
-                run(tasks[name], counter, n)
-                if profile is not None:
-                    profile.disable()
-                    profile.dump_stats(ARTIFACTS / f"idempotency-{name}.prof")
-                results.setdefault(name, []).append((
-                    (time.perf_counter() - wall) / n * 1e6,
-                    (time.process_time() - cpu) / n * 1e6,
-                    counts["redis"] / n, counts["pg"] / n))
+                with RoundTrips() as trips:
+                    wall, cpu = time.perf_counter(), time.process_time()
+                    if profile is not None:
+                        profile.enable()
+                    run(tasks[name], counter, n)
+                    if profile is not None:
+                        profile.disable()
+                        profile.dump_stats(ARTIFACTS / f"idempotency-{name}.prof")
+                    results.setdefault(name, []).append((
+                        (time.perf_counter() - wall) / n * 1e6,
+                        (time.process_time() - cpu) / n * 1e6,
+                        trips.count / n, counts["pg"] / n))
         for name, rows in results.items():
             wall, cpu, redis_trips, pg_trips = min(rows)
             print(f"{name:11s} wall {wall:6.0f} µs/job  cpu {cpu:6.0f} µs/job  "

@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
 import uuid
 from typing import Any
 
-from bench.harness import Stopwatch, platform, purge, table, wait_until, workers
+from bench.harness import Stopwatch, parse, platform, purge, redis, table, wait_until, workers
 
 
 def run(argv: list[str]) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m bench baseline")
-    parser.add_argument("--messages", type=int, default=5000)
-    parser.add_argument("--concurrency", type=int, default=2)
-    options = parser.parse_args(argv)
-
+    options = parse(argv, "baseline", messages=5000, concurrency=2)
     with platform():
         from bench.tasks_guards import guards_bench_platform as noop
-        from resilience.stores import stores_for
 
-        redis = stores_for(noop.app).redis()
+        client = redis()
         purge(["standard"])
         counter = f"bench:baseline:{uuid.uuid4().hex}"
 
@@ -29,7 +23,7 @@ def run(argv: list[str]) -> dict[str, Any]:
         enqueue_seconds = watch.elapsed
 
         with workers("standard", concurrency=options.concurrency):
-            drain_seconds = wait_until(lambda: int(redis.get(counter) or 0) >= options.messages,
+            drain_seconds = wait_until(lambda: int(client.get(counter) or 0) >= options.messages,
                                        poll_seconds=0.01)
 
     enqueue_per_s = options.messages / enqueue_seconds

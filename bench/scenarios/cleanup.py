@@ -14,12 +14,11 @@ claim + completion pairs run with the guard's own SQL.
 
 from __future__ import annotations
 
-import argparse
 import time
 import uuid
 from typing import Any
 
-from bench.harness import platform, psql, table
+from bench.harness import parse, platform, psql, table
 
 OLD_BATCH, OLD_PAUSE_SECONDS, OLD_MAX_BATCHES, OLD_INTERVAL_SECONDS = 1000, 0.1, 100, 600.0
 NEW_INTERVAL_SECONDS = 60.0
@@ -86,19 +85,15 @@ def _hot_ratio(database_url: str, completions: int) -> tuple[int, int]:
 
 
 def run(argv: list[str]) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m bench cleanup")
-    parser.add_argument("--rows", type=int, default=200_000, help="expired records per variant")
-    parser.add_argument("--completions", type=int, default=2000)
-    parser.add_argument("--batch-size", type=int, default=1000)
-    options = parser.parse_args(argv)
+    options = parse(argv, "cleanup", rows=(200_000, "expired records per variant"),
+                    completions=2000, batch_size=1000)
 
     with platform():
         from jobs import app
         from resilience.idempotency.cleanup import CleanupConfig, run_cleanup
         from resilience.stores import stores_for
 
-        stores = stores_for(app)
-        engine = stores.engine()
+        engine = stores_for(app).engine()
         url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
         run_cleanup(engine)  # start from an empty backlog
 

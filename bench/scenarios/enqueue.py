@@ -16,21 +16,17 @@ Redis transport) and the deadline stamp (no round trip). `@unique` adds its key 
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from typing import Any
 
-from bench.harness import RoundTrips, paired_ratio, platform, purge, table
+from bench.harness import RoundTrips, paired_ratio, parse, platform, purge, table
 
 VARIANTS = ("plain", "platform", "unique", "celery_once", "celery_singleton", "enqueue_in")
 
 
 def run(argv: list[str]) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m bench enqueue")
-    parser.add_argument("--messages", type=int, default=3000, help="jobs per variant and round")
-    parser.add_argument("--rounds", type=int, default=3)
-    options = parser.parse_args(argv)
+    options = parse(argv, "enqueue", messages=(3000, "jobs per variant and round"), rounds=3)
     n = options.messages
 
     # The bench queue takes the optional tier's bulkhead: room for a whole round.
@@ -61,9 +57,7 @@ def run(argv: list[str]) -> dict[str, Any]:
             "celery_singleton": tasks.enqueue_celery_singleton, "enqueue_in": InTransaction,
         }
         present = [variant for variant in VARIANTS if senders[variant] is not None]
-        rates: dict[str, list[float]] = {variant: [] for variant in present}
-        trips: dict[str, list[float]] = {variant: [] for variant in present}
-        cpu_us: dict[str, list[float]] = {variant: [] for variant in present}
+        rates, trips, cpu_us = ({variant: [] for variant in present} for _ in range(3))
         purge([tasks.QUEUE])
         for variant in present:  # warm: connections, scripts, declared queue
             for index in range(20):

@@ -18,7 +18,6 @@ goes on a given machine.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import uuid
 from typing import Any
@@ -27,6 +26,7 @@ from bench.harness import (
     drain_paused,
     drain_rate,
     paired_ratio,
+    parse,
     platform,
     purge,
     table,
@@ -40,14 +40,10 @@ LABELS = {"cache": "cache read", "ping": "cache read + SELECT 1",
 
 
 def run(argv: list[str]) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m bench idempotency")
-    parser.add_argument("--messages", type=int, default=1000, help="messages per round")
-    parser.add_argument("--rounds", type=int, default=6, help="rounds of each variant")
-    parser.add_argument("--concurrency", type=int, default=2)
-    parser.add_argument("--breakdown", action="store_true",
-                        help="also run the guard's steps one by one: Redis cache read, + a "
-                             "PostgreSQL SELECT 1, + the claim (no completion)")
-    options = parser.parse_args(argv)
+    options = parse(argv, "idempotency", messages=(1000, "messages per round"),
+                    rounds=(6, "rounds of each variant"), concurrency=2,
+                    breakdown=(False, "also run the guard's steps one by one: Redis cache "
+                                      "read, + a PostgreSQL SELECT 1, + the claim"))
     n = options.messages
 
     with platform():

@@ -8,7 +8,6 @@ start, the enqueue timestamp travels in the arguments) at p99, flooded / quiet.
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import time
 import uuid
@@ -16,8 +15,7 @@ from typing import Any
 
 import psutil
 
-from bench.harness import percentile, platform, purge, queue_depth, summary, table, wait_until
-from bench.harness import workers as start_workers
+from bench import harness
 
 
 def lower_priority(workers: list[Any], niceness: int) -> None:
@@ -58,7 +56,7 @@ def flood(per_second: float, sleep_seconds: float, niceness: int, flooding: Any,
     results.put((sent, discarded))
 
 
-def critical_phase(redis: Any, run: str, per_second: float, seconds: float,
+def critical_phase(run: str, per_second: float, seconds: float,
                    work_seconds: float) -> list[float]:
     """Publish critical probes on a fixed schedule; return their queue waits (ms)."""
     from bench.tasks_overload import critical_probe
@@ -70,37 +68,27 @@ def critical_phase(redis: Any, run: str, per_second: float, seconds: float,
         if pause > 0:
             time.sleep(pause)
         critical_probe.apply_async((run, time.time(), work_seconds))
-    key = f"bench:isolation:{run}"
-    wait_until(lambda: redis.llen(key) >= total, timeout_seconds=120,
-               what=f"{total} critical probes", poll_seconds=0.05)
-    return [float(value) for value in redis.lrange(key, 0, -1)]
+    key, client = f"bench:isolation:{run}", harness.redis()
+    harness.wait_until(lambda: client.llen(key) >= total, timeout_seconds=120,
+                       what=f"{total} critical probes", poll_seconds=0.05)
+    return [float(value) for value in client.lrange(key, 0, -1)]
 
 
 def run(argv: list[str]) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m bench isolation")
-    parser.add_argument("--seconds", type=float, default=5.0, help="length of each phase")
-    parser.add_argument("--rounds", type=int, default=5,
-                        help="quiet/flooded pairs, alternating so both see the same machine")
-    parser.add_argument("--critical-per-second", type=float, default=20.0)
-    parser.add_argument("--critical-work-seconds", type=float, default=0.02)
-    parser.add_argument("--optional-concurrency", type=int, default=4)
-    parser.add_argument("--optional-sleep-seconds", type=float, default=0.5)
-    parser.add_argument("--flood-factor", type=float, default=10.0)
-    parser.add_argument("--optional-nice", type=int, default=10,
-                        help="CPU niceness of the optional worker and the flood producer")
-    options = parser.parse_args(argv)
+    options = harness.parse(
+        argv, "isolation", seconds=(5.0, "length of each phase"),
+        rounds=(5, "quiet/flooded pairs, alternating so both see the same machine"),
+        critical_per_second=20.0, critical_work_seconds=0.02, optional_concurrency=4,
+        optional_sleep_seconds=0.5, flood_factor=10.0,
+        optional_nice=(10, "CPU niceness of the optional worker and the flood producer"))
 
     capacity = options.optional_concurrency / options.optional_sleep_seconds
     flood_rate = capacity * options.flood_factor
     waits: dict[str, list[float]] = {"quiet": [], "flooded": []}
     flood_stats = {"sent": 0, "discarded": 0, "max_depth": 0}
 
-    with platform():
-        from jobs import app
-        from resilience.stores import stores_for
-
-        redis = stores_for(app).redis()
-        purge(["critical", "optional"])
+    with harness.platform():
+        harness.purge(["critical", "optional"])
         context = multiprocessing.get_context("spawn")
         flooding, finished, results = context.Event(), context.Event(), context.Queue()
         producer = context.Process(
@@ -109,9 +97,9 @@ def run(argv: list[str]) -> dict[str, Any]:
                   finished, results),
         )
         producer.start()
-        with start_workers("critical", count=1, concurrency=2), \
-                start_workers("optional", count=1, concurrency=options.optional_concurrency,
-                              pool="threads") as optional_workers:
+        with harness.workers("critical", count=1, concurrency=2), \
+                harness.workers("optional", count=1, concurrency=options.optional_concurrency,
+                                pool="threads") as optional_workers:
             lower_priority(optional_workers, options.optional_nice)
             for _ in range(options.rounds):
                 for phase in ("quiet", "flooded"):
@@ -119,28 +107,28 @@ def run(argv: list[str]) -> dict[str, Any]:
                         flooding.set()
                         time.sleep(1.0)  # let the flood build a backlog first
                     waits[phase] += critical_phase(
-                        redis, uuid.uuid4().hex, options.critical_per_second, options.seconds,
+                        uuid.uuid4().hex, options.critical_per_second, options.seconds,
                         options.critical_work_seconds,
                     )
                     if phase == "flooded":
                         flooding.clear()
                         flood_stats["max_depth"] = max(flood_stats["max_depth"],
-                                                       queue_depth("optional"))
-                    purge(["optional"])
+                                                       harness.queue_depth("optional"))
+                    harness.purge(["optional"])
             finished.set()
             flood_stats["sent"], flood_stats["discarded"] = results.get(timeout=60)
             producer.join(30)
 
-    quiet, flooded = summary(waits["quiet"]), summary(waits["flooded"])
+    quiet, flooded = harness.summary(waits["quiet"]), harness.summary(waits["flooded"])
     ratio = flooded["p99"] / quiet["p99"] if quiet["p99"] > 0 else float("inf")
-    table(
+    harness.table(
         f"isolation: critical {options.critical_per_second:g}/s; optional flooded at "
         f"{flood_rate:g}/s = {options.flood_factor:g}x its capacity ({capacity:g}/s)",
         ["phase", "jobs", "wait p50 ms", "wait p99 ms", "wait mean ms"],
         [(phase, len(waits[phase]), s["p50"], s["p99"], s["mean"])
          for phase, s in (("quiet", quiet), ("flooded", flooded))],
     )
-    table("optional flood", ["published", "discarded by bulkhead", "max queue depth"],
+    harness.table("optional flood", ["published", "discarded by bulkhead", "max queue depth"],
           [(flood_stats["sent"], flood_stats["discarded"], flood_stats["max_depth"])])
     return {
         "critical_wait_p99_ms_quiet": round(quiet["p99"], 2),
@@ -153,5 +141,5 @@ def run(argv: list[str]) -> dict[str, Any]:
         "optional_capacity_per_s": capacity,
         "optional_published": flood_stats["sent"],
         "optional_discarded": flood_stats["discarded"],
-        "p999_ms_flooded": round(percentile(waits["flooded"], 0.999), 2),
+        "p999_ms_flooded": round(harness.percentile(waits["flooded"], 0.999), 2),
     }

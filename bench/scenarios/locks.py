@@ -10,7 +10,6 @@ Variants, measured in alternating rounds so machine noise hits all of them alike
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 import uuid
@@ -18,14 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.harness import percentile, platform, table
+from bench.harness import parse, percentile, platform, table
 
 
 def run(argv: list[str]) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m bench locks")
-    parser.add_argument("--iterations", type=int, default=2000, help="per variant")
-    parser.add_argument("--rounds", type=int, default=10)
-    options = parser.parse_args(argv)
+    options = parse(argv, "locks", iterations=(2000, "per variant"), rounds=10)
 
     import redis
     from pottery import Redlock as PotteryRedlock
@@ -101,15 +97,9 @@ def run(argv: list[str]) -> dict[str, Any]:
             for name, values in samples.items()]
     table("locks: acquire + release latency (ms)", ["lock", "samples", "p50 ms", "p99 ms"], rows)
     p50 = {name: percentile(values, 0.5) for name, values in samples.items()}
-    figures = {
-        "pg_advisory_p50_ms": round(p50["pg_advisory"], 3),
-        "redis_lock_p50_ms": round(p50["redis_lock"], 3),
-        "redlock3_p50_ms": round(p50["redlock3"], 3),
-        "redlock5_p50_ms": round(p50["redlock5"], 3),
-        "pottery5_p50_ms": round(p50["pottery5"], 3),
+    return {
+        **{f"{name}_p50_ms": round(value, 3) for name, value in p50.items()},
         "redlock5_p99_ms": round(percentile(samples["redlock5"], 0.99), 3),
-        "pg_session_p50_ms": round(p50["pg_session"], 3),
         "redlock5_vs_single": round(p50["redlock5"] / p50["redis_lock"], 2),
         "redlock5_vs_pottery": round(p50["redlock5"] / p50["pottery5"], 3),
     }
-    return figures

@@ -8,10 +8,9 @@ commands one snapshot sends (INFO commandstats delta on both Redis databases' se
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
-from bench.harness import Stopwatch, platform, summary, table
+from bench.harness import Stopwatch, parse, platform, summary, table
 
 
 def _commands(client: Any) -> int:
@@ -19,11 +18,7 @@ def _commands(client: Any) -> int:
 
 
 def run(argv: list[str]) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m bench observe")
-    parser.add_argument("--rounds", type=int, default=100)
-    parser.add_argument("--breakers", type=int, default=20)
-    options = parser.parse_args(argv)
-
+    options = parse(argv, "observe", rounds=100, breakers=20)
     with platform():
         from prometheus_client import generate_latest
 
@@ -37,7 +32,6 @@ def run(argv: list[str]) -> dict[str, Any]:
         from resilience.retry.budget import RedisBudgetBackend, RetryBudget
         from resilience.stores import stores_for
 
-        app.loader.import_default_modules()
         stores = stores_for(app)
         redis = stores.redis()
         for n in range(options.breakers):

@@ -6,13 +6,12 @@ guarded task's GCRA limit holds across all of them. Grant times are Redis server
 
 from __future__ import annotations
 
-import argparse
 import threading
 import time
 import uuid
 from typing import Any
 
-from bench.harness import Stopwatch, platform, purge, table, wait_until, workers
+from bench.harness import Stopwatch, parse, platform, purge, redis, table, wait_until, workers
 from resilience.ratelimit.algorithms import GCRA, SLIDING_WINDOW, Params
 
 
@@ -28,10 +27,10 @@ def max_in_window(times: list[float], window: float) -> int:
 def decision_throughput(backend: Any, algorithm: str, seconds: float, threads: int) -> float:
     """Decisions per second from `threads` callers hammering one key (mostly denials)."""
     key, done, stop = uuid.uuid4().hex, [0] * threads, threading.Event()
-    if algorithm == "gcra":
-        step, params = GCRA, Params(limit=1, period_us=100_000, interval_us=100_000, burst=1)
-    else:
-        step, params = SLIDING_WINDOW, Params(limit=10, period_us=1_000_000)
+    step, params = {
+        "gcra": (GCRA, Params(limit=1, period_us=100_000, interval_us=100_000, burst=1)),
+        "sliding_window": (SLIDING_WINDOW, Params(limit=10, period_us=1_000_000)),
+    }[algorithm]
 
     def hammer(index: int) -> None:
         while not stop.is_set():
@@ -49,50 +48,42 @@ def decision_throughput(backend: Any, algorithm: str, seconds: float, threads: i
     return sum(done) / watch.elapsed
 
 
-def observed(redis: Any, task: Any, jobs: int,
-             timeout_seconds: float) -> tuple[float, int, float, int]:
+def observed(task: Any, jobs: int, timeout_seconds: float) -> tuple[float, int, float, int]:
     """Enqueue `jobs`, wait for every grant.
 
     Returns:
         (grants per second, most grants in any 1 s window, seconds, denials).
     """
-    run = uuid.uuid4().hex
+    run, client = uuid.uuid4().hex, redis()
     for n in range(jobs):
         task.delay(run, n)
     key = f"bench:ratelimit:{run}"
-    wait_until(lambda: redis.llen(key) >= jobs, timeout_seconds=timeout_seconds,
+    wait_until(lambda: client.llen(key) >= jobs, timeout_seconds=timeout_seconds,
                what=f"{jobs} grants", poll_seconds=0.05)
-    grants = sorted(float(value) for value in redis.lrange(key, 0, -1))
-    denied = redis.llen(f"{key}:denied")
+    grants = sorted(float(value) for value in client.lrange(key, 0, -1))
+    denied = client.llen(f"{key}:denied")
     span = grants[-1] - grants[0]
     rate = (len(grants) - 1) / span if span > 0 else float("inf")
     return rate, max_in_window(grants, 1.0), span, denied
 
 
 def run(argv: list[str]) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m bench ratelimit")
-    parser.add_argument("--jobs", type=int, default=150, help="guarded jobs (10/s: ~15 s)")
-    parser.add_argument("--plain-jobs", type=int, default=90)
-    parser.add_argument("--decision-seconds", type=float, default=3.0)
-    parser.add_argument("--threads", type=int, default=4)
-    options = parser.parse_args(argv)
-
+    options = parse(argv, "ratelimit", jobs=(150, "guarded jobs (10/s: ~15 s)"), plain_jobs=90,
+                    decision_seconds=3.0, threads=4)
     with platform():
         from bench.tasks_overload import BENCH_RATE_PER_SECOND, plain_rated, rated, rated_burst
         from resilience.ratelimit import RedisBackend
         from resilience.stores import stores_for
 
-        redis = stores_for(rated.app).redis()
         backend = RedisBackend(stores_for(rated.app).redis, prefix="bench:limits")
-        gcra_per_s = decision_throughput(backend, "gcra", options.decision_seconds,
-                                         options.threads)
-        window_per_s = decision_throughput(backend, "sliding_window", options.decision_seconds,
-                                           options.threads)
+        gcra_per_s, window_per_s = (
+            decision_throughput(backend, algorithm, options.decision_seconds, options.threads)
+            for algorithm in ("gcra", "sliding_window"))
         purge(["standard"])
         with workers("standard", count=3, concurrency=2):
-            plain = observed(redis, plain_rated, options.plain_jobs, 300)
-            guarded = observed(redis, rated, options.jobs, 600)
-            burst = observed(redis, rated_burst, options.jobs, 600)
+            plain = observed(plain_rated, options.plain_jobs, 300)
+            guarded = observed(rated, options.jobs, 600)
+            burst = observed(rated_burst, options.jobs, 600)
 
     table(
         f"ratelimit: {BENCH_RATE_PER_SECOND}/s configured, 3 workers x2 processes",

@@ -11,7 +11,6 @@ amplification = dependency calls / jobs enqueued.
 
 from __future__ import annotations
 
-import argparse
 import threading
 import time
 from collections import Counter
@@ -20,7 +19,7 @@ from typing import Any
 
 from celery import states
 
-from bench.harness import Stopwatch, platform, purge, table, workers
+from bench.harness import Stopwatch, parse, platform, purge, table, workers
 
 
 class FailingDependency:
@@ -89,20 +88,15 @@ def storm(task: Any, *, rate_per_s: float, seconds: float) -> dict[str, float]:
             if watch.elapsed > seconds + 300:
                 raise TimeoutError(f"storm jobs did not finish in time: {finished}")
             time.sleep(0.2)
-        elapsed = watch.elapsed
-        failed = finished.get(states.FAILURE, 0)
-        return {"jobs": jobs, "calls": dependency.calls, "failed": failed,
-                "amplification": dependency.calls / jobs, "seconds": elapsed}
+        return {"jobs": jobs, "calls": dependency.calls, "failed": finished[states.FAILURE],
+                "amplification": dependency.calls / jobs, "seconds": watch.elapsed}
     finally:
         dependency.close()
 
 
 def run(argv: list[str]) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m bench storm")
-    parser.add_argument("--rate", type=float, default=20.0, help="jobs enqueued per second")
-    parser.add_argument("--seconds", type=float, default=15.0, help="length of the storm")
-    parser.add_argument("--workers", type=int, default=3, help="worker processes")
-    options = parser.parse_args(argv)
+    options = parse(argv, "storm", rate=(20.0, "jobs enqueued per second"),
+                    seconds=(15.0, "length of the storm"), workers=(3, "worker processes"))
 
     with platform():
         from bench.tasks_failure import storm_budgeted, storm_plain
@@ -116,12 +110,8 @@ def run(argv: list[str]) -> dict[str, Any]:
         f"storm: 100 % failing dependency, {options.rate:g} jobs/s for {options.seconds:g} s, "
         f"{options.workers} worker processes",
         ["variant", "jobs", "dependency calls", "calls per job", "failed jobs"],
-        [
-            ("retry budget (ratio 0.2)", budgeted["jobs"], budgeted["calls"],
-             budgeted["amplification"], budgeted["failed"]),
-            ("plain autoretry max_retries=3", plain["jobs"], plain["calls"],
-             plain["amplification"], plain["failed"]),
-        ],
+        [(label, r["jobs"], r["calls"], r["amplification"], r["failed"]) for label, r in
+         (("retry budget (ratio 0.2)", budgeted), ("plain autoretry max_retries=3", plain))],
     )
     return {
         "amplification_budgeted": round(budgeted["amplification"], 3),
