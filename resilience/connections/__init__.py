@@ -1,17 +1,11 @@
 """The connection layer: one fork hook and one translation of native store errors.
 
-Every Redis client and PostgreSQL connection of the library lives under this package
-(`connections.redis`, `connections.postgres`). Two rules hold for all of them:
-
-- **Fork safety in one place.** A prefork child must never reuse its parent's sockets.
-  `on_fork(callback)` registers what to drop in a child; one `os.register_at_fork` hook
-  runs the callbacks, so no cache compares `os.getpid()` on its hot path.
-- **Errors translated once.** A backend on a server store subclasses `StoreBackend`: its
-  public methods are wrapped when the class is defined (`__init_subclass__`, as the
-  `limits` library's `Storage` does), so a native redis-py, psycopg2 or SQLAlchemy error
-  leaves as `StoreUnavailable` (the store cannot serve now), `StoreRejected` (it refused an
-  operation no retry mends), `SchemaMissing` or `StorageError`, and a new backend cannot
-  forget it. `wrap_store_errors` does the same around code that is not a backend method.
+- `on_fork(callback)`: what to drop in a forked child (a child never reuses its parent's
+  sockets); one `os.register_at_fork` hook, so no cache compares `os.getpid()`.
+- `StoreBackend`: its subclasses' public methods are wrapped at class definition (as the
+  `limits` library's `Storage`), so a native redis-py, psycopg2 or SQLAlchemy error leaves
+  as `StoreUnavailable`, `StoreRejected`, `SchemaMissing` or `StorageError`, and a new
+  backend cannot forget it. `wrap_store_errors` does the same around other code.
 """
 
 from __future__ import annotations
@@ -36,10 +30,8 @@ _forked_lock = threading.Lock()
 
 
 def on_fork(callback: Callable[[], Any]) -> None:
-    """Run `callback()` in every child process forked after this call, before anything
-    else of the child uses a connection: drop the parent's clients and sockets there (never
-    close them: they are the parent's). A bound method is held weakly, so registering an
-    object's method does not keep the object alive."""
+    """Run `callback()` in every child forked later, before the child uses a connection: it
+    drops (never closes) the parent's clients. A bound method is held weakly."""
     ref: Callable[[], Callable[[], Any] | None] = (
         weakref.WeakMethod(callback) if inspect.ismethod(callback)
         else lambda: callback)  # a strong reference with WeakMethod's shape
@@ -141,24 +133,30 @@ def _redis_verdict(exc: BaseException) -> type[StorageError] | None:
     return StorageError
 
 
+#: DB-API error classes (psycopg2's and SQLAlchemy's share the names) by verdict.
+_DBAPI_UNAVAILABLE = ("OperationalError", "InterfaceError", "DisconnectionError", "TimeoutError")
+_DBAPI_REJECTED = ("DataError", "IntegrityError", "ProgrammingError", "NotSupportedError")
+
+
+def _dbapi_class_verdict(exc: BaseException, module: Any) -> type[StorageError]:
+    """The verdict of a DB-API error's class (no server code: the connection failed)."""
+    for verdict, names in ((StoreUnavailable, _DBAPI_UNAVAILABLE),
+                           (StoreRejected, _DBAPI_REJECTED)):
+        if any(isinstance(exc, getattr(module, name, ())) for name in names):
+            return verdict
+    return StorageError
+
+
 def _psycopg2_verdict(exc: BaseException) -> type[StorageError] | None:
     psycopg2 = sys.modules.get("psycopg2")
     if psycopg2 is None or not isinstance(exc, psycopg2.Error):
         return None
-    code = getattr(exc, "pgcode", None) or ""
-    if code[:2] in _PG_UNAVAILABLE_CLASSES:
+    code = (getattr(exc, "pgcode", None) or "")[:2]
+    if code in _PG_UNAVAILABLE_CLASSES:
         return StoreUnavailable
-    if code[:2] in _PG_REJECTED_CLASSES:
+    if code in _PG_REJECTED_CLASSES:
         return StoreRejected
-    # No server code (the connection failed or broke): the psycopg2 class decides.
-    if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError):
-        return StoreUnavailable
-    if isinstance(
-        exc, psycopg2.DataError | psycopg2.IntegrityError | psycopg2.ProgrammingError
-        | psycopg2.NotSupportedError
-    ):
-        return StoreRejected
-    return StorageError
+    return _dbapi_class_verdict(exc, psycopg2)
 
 
 def _sqlalchemy_verdict(exc: BaseException) -> type[StorageError] | None:
@@ -171,17 +169,7 @@ def _sqlalchemy_verdict(exc: BaseException) -> type[StorageError] | None:
         native = _psycopg2_verdict(exc.orig) if exc.orig is not None else None
         if native is not None and native is not StorageError:
             return native
-    if isinstance(
-        exc, errors.OperationalError | errors.InterfaceError | errors.DisconnectionError
-        | errors.TimeoutError
-    ):
-        return StoreUnavailable
-    if isinstance(
-        exc, errors.DataError | errors.IntegrityError | errors.ProgrammingError
-        | errors.NotSupportedError
-    ):
-        return StoreRejected
-    return StorageError
+    return _dbapi_class_verdict(exc, errors)
 
 
 def _verdict(exc: BaseException) -> tuple[type[StorageError], str] | None:
@@ -210,14 +198,10 @@ def translate_store_error(
 ) -> StorageError | SchemaMissing:
     """The package's error for a native store error `exc`, raised under `what`.
 
-    `StoreUnavailable` when the store cannot serve now (connection refused or reset,
-    timeouts, Redis loading, read-only, failover, PostgreSQL deadlock, serialization
-    failure, shutdown); `StoreRejected` when it refused an operation that will fail again
-    (Redis WRONGTYPE and other error replies, a value too long, a constraint, an index row
-    too large); `SchemaMissing` (a `ConfigurationError`: no retry mends it) when a
-    `resilience_*` table does not exist; `StorageError` for anything else. A
-    `StorageError` or `SchemaMissing` is returned unchanged.
-    Messages and the `cause` field are redacted: no password of a URL or DSN survives.
+    `StoreUnavailable` when the store cannot serve now (connection, timeout, loading,
+    failover, deadlock); `StoreRejected` when the operation will fail again (an error
+    reply, a value too long, a constraint); `SchemaMissing` when a `resilience_*` table is
+    missing; else `StorageError`. Ours are returned unchanged; messages are redacted.
 
     Args:
         exc: the error caught.
@@ -230,12 +214,7 @@ def translate_store_error(
     if missing is not None:
         return missing
     cls, store = _verdict(exc) or (StorageError, "store")
-    if cls is StoreUnavailable:
-        verdict = f"{store} unavailable"
-    elif cls is StoreRejected:
-        verdict = f"{store} refused the operation"
-    else:
-        verdict = f"{store} error"
+    verdict = f"{store} " + _VERDICT_TEXT.get(cls, "error")
     context = ", ".join(f"{name}={_shorten(value)}" for name, value in fields.items())
     driver = getattr(exc, "orig", None) or exc
     code = getattr(driver, "pgcode", None)
@@ -247,6 +226,8 @@ def translate_store_error(
         cause=redact(repr(exc))[:_DETAIL_LENGTH * 2],
     )
 
+
+_VERDICT_TEXT = {StoreUnavailable: "unavailable", StoreRejected: "refused the operation"}
 
 #: PostgreSQL's undefined_table, and the relation its message names.
 _UNDEFINED_TABLE = "42P01"
@@ -307,31 +288,19 @@ class _StoreErrorTranslation(contextlib.ContextDecorator):
 
 
 def wrap_store_errors(what: str, **fields: Any) -> _StoreErrorTranslation:
-    """Context manager and decorator: native store errors leave as `StorageError`s.
-
-    Redis, psycopg2, SQLAlchemy and socket errors raised inside become `StoreUnavailable`,
-    `StoreRejected` or `StorageError` (see `translate_store_error`), with the native error
-    as `__cause__`; any other exception passes through untouched.
+    """Context manager and decorator: native store errors raised inside leave as
+    `translate_store_error` makes them (the native one as `__cause__`); others pass.
 
         with wrap_store_errors("rate limit", key=key):
             script(keys=[...], args=[...])
-
-    Args:
-        what: the operation, as the message should name it.
-        fields: structured fields of the error (`key=...`), also quoted in the message.
     """
     return _StoreErrorTranslation(what, fields)
 
 
 class StoreBackend:
-    """Base of every backend on a server store (Redis, PostgreSQL).
-
-    Each public method a subclass defines (a plain function whose name has no leading
-    underscore) is wrapped once, at class definition: a native store error raised in it
-    leaves as the package's own (`translate_store_error`), naming `store_operation` and the
-    method. An error already translated inside (with structured fields such as `key`)
-    passes unchanged. Generators and properties are left as they are.
-    """
+    """Base of every backend on a server store: each public method (not generators or
+    properties) is wrapped at class definition, so a native store error leaves as
+    `translate_store_error` makes it, naming `store_operation` and the method."""
 
     #: How errors name this backend's operations ("idempotency store").
     store_operation: ClassVar[str] = "store"

@@ -1,16 +1,6 @@
-"""Redis clients for every topology, and the client helpers that know a Cluster.
-
-`redis_from_url` builds one redis-py client from a URL: one server, a Sentinel-managed
-master or a Redis Cluster. `client_for` keeps one per URL and options for the process,
-dropped in a forked child by the one fork hook (`resilience.connections.on_fork`), as
-`Stores` drops its own. A client of one server or Sentinel can share an `UnreachableHold`,
-so a partitioned server costs one timeout, not one per call. `RedisStoreBackend` is the
-base of the Redis backends (errors translated by `StoreBackend`). `is_cluster`, `mget` and
-`read_hashes` hide what a Cluster does differently (commands per slot, no TIME in a
-pipeline).
-
-The verdicts on redis-py's errors stay with the others in `resilience.connections` (the
-one translation, which this module's backends import).
+"""Redis clients for every topology (`redis_from_url`, `client_for`: one per URL and
+process), the base of the Redis backends, and helpers that hide what a Cluster does
+differently (`is_cluster`, `mget`, `read_hashes`). Error verdicts: `resilience.connections`.
 """
 
 from __future__ import annotations
@@ -74,13 +64,9 @@ def redis_from_url(url: str, **options: Any) -> Any:
       (`redis.cluster.RedisCluster`; any reachable node discovers the rest). Default
       port 6379. Guard keys carry hash tags, so every script's keys share a slot.
 
-    `rediss+sentinel://` and `rediss+cluster://` connect with TLS. `options` are
-    redis-py connection options (`decode_responses`, `socket_timeout`, ...), and
-    `hold_after_timeout_seconds` (one server or Sentinel): once a connect or a read of the
-    client has timed out, every call of the client fails at once with redis-py's
-    `TimeoutError` for that many seconds instead of waiting out its own timeout, and the
-    first call after it tries the network again (`UnreachableHold`). Not for a Cluster,
-    whose nodes fail one by one.
+    `rediss+...` connect with TLS. `options` are redis-py's, and
+    `hold_after_timeout_seconds` (not for a Cluster, whose nodes fail one by one): after a
+    timeout every call fails at once for that long (`UnreachableHold`).
 
     Raises:
         ConfigurationError: the URL is malformed (no hosts, no Sentinel service name).
@@ -146,14 +132,9 @@ def redis_from_url(url: str, **options: Any) -> Any:
 
 
 class UnreachableHold:
-    """One client's memory of its last timeout: after a connect or read that timed out,
-    its calls fail at once for `hold_seconds` (a partitioned server answers nothing, so each
-    call would wait out the full timeout again); an answer clears it.
-
-    Args:
-        hold_seconds: how long calls fail without trying after a timeout.
-        server: the server's redacted URL, for the error message.
-    """
+    """One client's memory of its last timeout: its calls then fail at once for
+    `hold_seconds` (a partitioned server would make each wait out the full timeout again);
+    an answer clears it. `server` is the redacted URL, for the message."""
 
     def __init__(self, hold_seconds: float, server: str) -> None:
         self.hold_seconds = float(hold_seconds)
@@ -224,12 +205,8 @@ _clients_lock = threading.Lock()
 
 
 def client_for(url: str, **options: Any) -> Any:
-    """This process's client for `url` with `options` (see `redis_from_url`; hashable
-    values), made on first use: callers that name the same nodes share their pools.
-
-    Raises:
-        ConfigurationError: the URL is malformed.
-    """
+    """This process's client for `url` with `options` (`redis_from_url`'s, hashable), made
+    on first use: callers naming the same nodes share their pools."""
     key = (url, tuple(sorted(options.items())))
     found = _clients.get(key)
     if found is None:
@@ -250,28 +227,21 @@ on_fork(_forget_clients)
 
 
 def is_cluster(client: Any) -> bool:
-    """Whether `client` is a Redis Cluster client (`redis.cluster.RedisCluster`), whose
-    multi-key commands, pipelines and connections work per master."""
+    """Whether `client` is a `RedisCluster` (multi-key commands and pipelines per master)."""
     return isinstance(client, RedisCluster)
 
 
 def mget(client: Any, keys: Sequence[str]) -> list[Any]:
-    """The values of `keys` (None where missing), in order: one MGET on one server; on a
-    Redis Cluster, whose MGET must stay in one slot, one MGET per slot, pipelined per master
-    (redis-py's `mget_nonatomic`)."""
+    """The values of `keys` (None where missing): one MGET, or on a Cluster one per slot
+    (`mget_nonatomic`)."""
     if is_cluster(client):
         return list(client.mget_nonatomic(list(keys)))
     return list(client.mget(list(keys)))
 
 
 def read_hashes(client: Any, keys: Sequence[str]) -> tuple[int, list[dict[str, str]]]:
-    """Redis server time in ms and the fields of each hash of `keys`, in one round trip
-    (the `describe()` of the breakers and the retry budgets).
-
-    On a Redis Cluster, whose pipelines refuse TIME (it has no key, so no slot), the clock
-    is read from one master first and the hashes, which live on different masters, in one
-    cluster pipeline (one round trip per master).
-    """
+    """Redis server time in ms and the fields of each hash of `keys`, in one round trip. A
+    Cluster pipeline refuses TIME (no key, no slot): the clock is read first there."""
     if is_cluster(client):
         seconds, micros = client.time()
         with client.pipeline(transaction=False) as pipe:
