@@ -107,9 +107,4 @@ class Heartbeat:
                 f"lock {self.lease.name!r} lost ({self.lost_reason}); stopping before commit",
                 key=self.lease.name, token=self.lease.fencing_token,
             )
-        if not self.lease.valid():
-            raise LockNotOwnedError(
-                f"lock {self.lease.name!r} lease expired {-self.lease.remaining_seconds():.3f}s "
-                "ago (the holder was paused or renewals stalled); stopping before commit",
-                key=self.lease.name, token=self.lease.fencing_token,
-            )
+        self.lease.check(" (the holder was paused or renewals stalled)")

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from resilience.errors import ConfigurationError
+from resilience.errors import ConfigurationError, LockNotOwnedError
 from resilience.holders import Holder
 
 
@@ -63,6 +63,13 @@ class Lease:
         """True while the lease has time left on this process's clock."""
         return self.remaining_seconds() > 0
 
+    def check(self, why: str = "") -> None:
+        """Raise LockNotOwnedError once the lease is past its deadline (`why` says more)."""
+        if not self.valid():
+            raise LockNotOwnedError(
+                f"lock {self.name!r} lease expired {-self.remaining_seconds():.3f}s ago{why}; "
+                "stopping before commit", key=self.name, token=self.fencing_token)
+
 
 @dataclass(frozen=True)
 class Claimant:
@@ -70,6 +77,8 @@ class Claimant:
 
     task_id: str | None
     task_name: str
+    #: The body receives the fencing token: its minting must survive a PostgreSQL crash.
+    fenced: bool = False
 
 
 @dataclass

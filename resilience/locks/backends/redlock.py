@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from resilience.connections.redis import check_redis_url, client_for
-from resilience.errors import ConfigurationError, LockError, LockNotOwnedError, StoreUnavailable
+from resilience.errors import ConfigurationError, LockError, StoreUnavailable
 from resilience.holders import Holder
 from resilience.locks.backends import Claimant, Lease, Taken, validate_ttl
 from resilience.locks.backends.redis import (
@@ -308,12 +308,8 @@ class RedlockBackend:
 
     def check(self, taken: Taken) -> None:
         """The lease still has time on this process's clock (no round trip)."""
-        lease = taken.lease
-        if lease is not None and not lease.valid():
-            raise LockNotOwnedError(
-                f"lock {lease.name!r} lease expired {-lease.remaining_seconds():.3f}s ago; "
-                "stopping before commit", key=lease.name, token=lease.fencing_token,
-            )
+        if taken.lease is not None:
+            taken.lease.check()
 
     def extend(self, taken: Taken) -> bool:
         """Renew the lease on a quorum for its TTL; False when lost."""
