@@ -1,8 +1,7 @@
 """The operator's side of idempotency: show, list and purge records; describe live state.
 
-`jobs idempotency ...` and the status snapshot use these instead of querying the record
-table themselves; every read goes through the backend, so its errors arrive wrapped
-(`StoreUnavailable`, `StorageError`).
+`jobs idempotency ...` and the status snapshot read through the backend, so its errors
+arrive wrapped (`StoreUnavailable`, `StorageError`).
 """
 
 from __future__ import annotations
@@ -65,9 +64,8 @@ class IdempotencyRecords:
         """The record of `key` under `task_name`, or None."""
         return self.backend.records.read(task_name, key)
 
-    def recent(
-        self, *, limit: int = 20, task_name: str | None = None, state: str | None = None
-    ) -> list[Record]:
+    def recent(self, *, limit: int = 20, task_name: str | None = None,
+               state: str | None = None) -> list[Record]:
         """The most recently updated records, newest first, optionally of one task or state."""
         return self.backend.records.recent(limit=limit, task_name=task_name, state=state)
 
@@ -87,9 +85,8 @@ class IdempotencyRecords:
         estimate = None if exact else getattr(records, "estimate_by_state", None)
         return estimate() if estimate is not None else records.count_by_state()
 
-    def describe(
-        self, *, holders_limit: int = 20, cache_size: bool = True, exact_counts: bool = False
-    ) -> IdempotencyState:
+    def describe(self, *, holders_limit: int = 20, cache_size: bool = True,
+                 exact_counts: bool = False) -> IdempotencyState:
         """Records by state, the oldest open claims, and (when asked) the cache's size.
 
         Args:
@@ -109,11 +106,9 @@ class IdempotencyRecords:
                 cached = 0 if cache is None else cache.size()
             except StorageError as exc:
                 logger.warning("idempotency cache size unknown: %s", exc)
-        return IdempotencyState(
-            by_state=self.count_by_state(exact=exact_counts),
-            holders=self.backend.records.holders(limit=holders_limit),
-            cached_results=cached,
-        )
+        return IdempotencyState(by_state=self.count_by_state(exact=exact_counts),
+                                holders=self.backend.records.holders(limit=holders_limit),
+                                cached_results=cached)
 
 
 def records_for(stores: Stores) -> IdempotencyRecords:
@@ -121,11 +116,6 @@ def records_for(stores: Stores) -> IdempotencyRecords:
     return IdempotencyRecords(cached_backend(stores))
 
 
-def describe(
-    stores: Stores, *, holders_limit: int = 20, cache_size: bool = True,
-    exact_counts: bool = False,
-) -> IdempotencyState:
-    """Live idempotency state of `stores` (see `IdempotencyRecords.describe`)."""
-    return records_for(stores).describe(
-        holders_limit=holders_limit, cache_size=cache_size, exact_counts=exact_counts
-    )
+def describe(stores: Stores, **options: Any) -> IdempotencyState:
+    """Live idempotency state of `stores` (options: `IdempotencyRecords.describe`)."""
+    return records_for(stores).describe(**options)
