@@ -6,9 +6,7 @@
     def charge(customer_id: str, amount: int) -> None: ...
 
 Algorithms (`algorithms.py`, registry `ALGORITHMS`) are pure functions, each with the Lua
-script that runs it atomically on Redis server time (`backends/redis.py`);
-`backends/memory.py` runs the pure functions for one process and tests. The guards
-(`guards.py`, options in `config.py`) take one step of their algorithm per call.
+script that runs it on Redis server time; see docs/overload.md.
 """
 
 from resilience.ratelimit.algorithms import (

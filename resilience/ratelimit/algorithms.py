@@ -1,13 +1,9 @@
 """The limit algorithms: pure functions of (state, now), and the registry that names them.
 
-An algorithm is one `Algorithm` object in `ALGORITHMS`: its pure step (what the in-memory
-backend runs), the Lua script that runs the same arithmetic atomically on Redis server time
-(`backends/<script>`), and how its state is stored. Backends know no algorithm by name: they
-run any registered one (`LimiterBackend.run`), so a new algorithm is one class here, one
-`.lua` file and one registry entry, and the backend tests run it on every backend.
-
-Times are integer microseconds so Python and Lua agree exactly (Lua numbers are doubles,
-exact to 2**53). Nothing here imports a store.
+An algorithm is one `Algorithm` in `ALGORITHMS`: its pure step (what the memory backend
+runs), the Lua script running the same arithmetic on Redis server time, and how its state is
+stored; a new one is a class here, a `.lua` file and a registry entry. Times are integer
+microseconds so Python and Lua agree exactly (Lua numbers are doubles, exact to 2**53).
 """
 
 from __future__ import annotations
@@ -197,14 +193,20 @@ class Algorithm:
         """
         raise ConfigurationError(f"algorithm {self.name!r} holds no slots to release")
 
+    def figures(self, state: Any, now_us: int) -> dict[str, float]:
+        """The algorithm's own figures of `state` (`LimiterState.figures`)."""
+        return {}
+
+    def holders(self, key: str, state: Any, now_us: int) -> tuple[Lease, ...]:
+        """The slots' holders in `state` (`LimiterState.holders`)."""
+        return ()
+
     def describe(self, key: str, state: Any, now_us: int, waiting: int = 0) -> LimiterState:
         """The live figures of `state` at `now_us`."""
         return LimiterState(
-            algorithm=self.name,
-            key=key,
-            now_seconds=now_us / 1e6,
-            used=self.used(state, now_us),
-            waiting=waiting,
+            algorithm=self.name, key=key, now_seconds=now_us / 1e6,
+            used=self.used(state, now_us), waiting=waiting,
+            holders=self.holders(key, state, now_us), figures=self.figures(state, now_us),
         )
 
     def __repr__(self) -> str:
@@ -217,15 +219,9 @@ def gcra(
     """Generic cell rate algorithm: one number of state (the theoretical arrival time).
 
     A request is allowed when, after adding `cost` emission intervals, the theoretical
-    arrival time is at most `burst` intervals ahead of now.
-
-    Bounds, for any arrival pattern, when `interval_us` is the period / limit rounded up
-    (`Rate.emission_interval_us`; rounding down would let one extra permit in): the first
-    and last of n permits granted are at least (n - burst) intervals apart, so a half-open
-    window of one period, (t - period, t], holds at most `limit + burst - 1` permits:
-    `limit` with burst=1 (permits at least one interval apart), limit + b - 1 with burst b.
-    Over any span the long-run rate never exceeds the limit: permits <= span / interval +
-    burst.
+    arrival time is at most `burst` intervals ahead of now. With `interval_us` rounded up
+    (`Rate.emission_interval_us`) any window of one period holds at most
+    `limit + burst - 1` permits (docs/overload.md, "Bounds").
 
     Returns:
         (allowed, new_tat_us, retry_after_us); new_tat_us is the state to store.
@@ -255,32 +251,6 @@ def sliding_window(
     return False, kept, kept[0] + window_us - now_us
 
 
-def lease_acquire(
-    leases: dict[str, int], now_us: int, *, holder: str, limit: int, lease_us: int
-) -> tuple[bool, dict[str, int], int]:
-    """Counting semaphore whose slots are leases: an expired lease is reclaimed.
-
-    `leases` maps holder to expiry. A holder that already has a slot renews it.
-
-    Returns:
-        (allowed, live_leases, retry_after_us); retry_after is when the earliest lease ends.
-    """
-    live = {name: expiry for name, expiry in leases.items() if expiry > now_us}
-    if holder in live or len(live) < limit:
-        live[holder] = now_us + lease_us
-        return True, live, 0
-    return False, live, min(live.values()) - now_us
-
-
-def lease_release(
-    leases: dict[str, int], now_us: int, *, holder: str
-) -> tuple[bool, dict[str, int]]:
-    """Give `holder`'s slot back: (its lease was still live, remaining leases)."""
-    remaining = dict(leases)
-    expiry = remaining.pop(holder, None)
-    return expiry is not None and expiry > now_us, remaining
-
-
 class Gcra(Algorithm):
     """GCRA: O(1) state, permits evenly spaced, `burst` at once (see `gcra`)."""
 
@@ -301,15 +271,9 @@ class Gcra(Algorithm):
     def arguments(self, params: Params, caller: str) -> list[int | str]:
         return [params.interval_us, params.burst, params.cost, caller]
 
-    def describe(self, key: str, state: int | None, now_us: int, waiting: int = 0) -> LimiterState:
+    def figures(self, state: int | None, now_us: int) -> dict[str, float]:
         tat = state if state is not None else now_us
-        return LimiterState(
-            algorithm=self.name,
-            key=key,
-            now_seconds=now_us / 1e6,
-            waiting=waiting,
-            figures={"ahead_seconds": max(0.0, (tat - now_us) / 1e6)},
-        )
+        return {"ahead_seconds": max(0.0, (tat - now_us) / 1e6)}
 
 
 class SlidingWindow(Algorithm):
@@ -335,22 +299,13 @@ class SlidingWindow(Algorithm):
     def used(self, state: list[int] | None, now_us: int) -> int:
         return len(state or [])
 
-    def describe(
-        self, key: str, state: list[int] | None, now_us: int, waiting: int = 0
-    ) -> LimiterState:
-        used = self.used(state, now_us)
-        return LimiterState(
-            algorithm=self.name,
-            key=key,
-            now_seconds=now_us / 1e6,
-            used=used,
-            waiting=waiting,
-            figures={"in_window": used},
-        )
+    def figures(self, state: list[int] | None, now_us: int) -> dict[str, float]:
+        return {"in_window": self.used(state, now_us)}
 
 
 class LeaseSemaphore(Algorithm):
-    """Counting semaphore whose slots are leases; a dead holder's slot returns on expiry."""
+    """Counting semaphore whose slots are leases (holder -> expiry): an expired lease is
+    reclaimed, so a dead holder's slot returns; a holder that has a slot renews it."""
 
     name = "lease"
     namespace = "concurrency"
@@ -362,9 +317,11 @@ class LeaseSemaphore(Algorithm):
     def step(
         self, state: dict[str, int] | None, now_us: int, params: Params, caller: str
     ) -> tuple[bool, dict[str, int], int]:
-        return lease_acquire(
-            state or {}, now_us, holder=caller, limit=params.limit, lease_us=params.period_us
-        )
+        live = {name: expiry for name, expiry in (state or {}).items() if expiry > now_us}
+        if caller in live or len(live) < params.limit:
+            live[caller] = now_us + params.period_us
+            return True, live, 0
+        return False, live, min(live.values()) - now_us  # when the earliest lease ends
 
     def arguments(self, params: Params, caller: str) -> list[int | str]:
         return [params.limit, params.period_us, caller]
@@ -375,29 +332,16 @@ class LeaseSemaphore(Algorithm):
     def release(
         self, state: dict[str, int] | None, now_us: int, caller: str
     ) -> tuple[bool, dict[str, int]]:
-        return lease_release(state or {}, now_us, holder=caller)
+        remaining = dict(state or {})
+        expiry = remaining.pop(caller, None)
+        return expiry is not None and expiry > now_us, remaining
 
-    def describe(
-        self, key: str, state: dict[str, int] | None, now_us: int, waiting: int = 0
-    ) -> LimiterState:
+    def holders(self, key: str, state: dict[str, int] | None, now_us: int) -> tuple[Lease, ...]:
         leases = sorted((state or {}).items(), key=lambda item: (item[1], item[0]))
-        holders = tuple(
-            Lease(
-                kind="concurrency",
-                key=key,
-                owner=holder,
-                alive=expiry > now_us,
-                expires_in_seconds=(expiry - now_us) / 1e6,
-            )
+        return tuple(
+            Lease(kind="concurrency", key=key, owner=holder, alive=expiry > now_us,
+                  expires_in_seconds=(expiry - now_us) / 1e6)
             for holder, expiry in leases
-        )
-        return LimiterState(
-            algorithm=self.name,
-            key=key,
-            now_seconds=now_us / 1e6,
-            used=self.used(state, now_us),
-            waiting=waiting,
-            holders=holders,
         )
 
 

@@ -48,6 +48,10 @@ def _validate_common(config: Any) -> None:
     object.__setattr__(config, "on_store_down", store_down_policy(config.on_store_down))
 
 
+def _refused(kind: str, name: str, problem: str) -> ConfigurationError:
+    return ConfigurationError(f"{kind} {name!r}: {problem}", name=name)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ConcurrencyLimitConfig:
     """At most `limit` executions at once across the fleet, per `name` (and key).
@@ -71,17 +75,12 @@ class ConcurrencyLimitConfig:
 
     def __post_init__(self) -> None:
         _validate_common(self)
+        kind = "concurrency limit"
         if not _positive_integer(self.limit):
-            raise ConfigurationError(
-                f"concurrency limit {self.name!r}: limit must be a positive integer, got "
-                f"{self.limit!r}",
-                name=self.name,
-            )
+            raise _refused(kind, self.name, f"limit must be a positive integer, got {self.limit!r}")
         if self.lease_seconds is not None and not self.lease_seconds > 0:
-            raise ConfigurationError(
-                f"concurrency limit {self.name!r}: lease_seconds must be positive, got "
-                f"{self.lease_seconds!r}",
-                name=self.name,
+            raise _refused(
+                kind, self.name, f"lease_seconds must be positive, got {self.lease_seconds!r}"
             )
 
     def params(self, lease_seconds: float) -> Params:
@@ -117,22 +116,14 @@ class RateLimitConfig:
         if not isinstance(self.rate, Rate):
             object.__setattr__(self, "rate", parse(self.rate))
         if self.algorithm not in RATE_ALGORITHMS:
-            raise ConfigurationError(
-                f"rate limit {self.name!r}: unknown algorithm {self.algorithm!r}; use one of "
-                f"{', '.join(RATE_ALGORITHMS)}",
-                name=self.name,
-            )
+            raise _refused("rate limit", self.name, f"unknown algorithm {self.algorithm!r}; "
+                           f"use one of {', '.join(RATE_ALGORITHMS)}")
         if not _positive_integer(self.burst):
-            raise ConfigurationError(
-                f"rate limit {self.name!r}: burst must be an integer >= 1, got {self.burst!r}",
-                name=self.name,
-            )
+            raise _refused("rate limit", self.name,
+                           f"burst must be an integer >= 1, got {self.burst!r}")
         if self.burst != 1 and not algorithm_named(self.algorithm).bursts:
-            raise ConfigurationError(
-                f"rate limit {self.name!r}: burst applies to gcra only; {self.algorithm} "
-                "allows its whole limit at once",
-                name=self.name,
-            )
+            raise _refused("rate limit", self.name, f"burst applies to gcra only; "
+                           f"{self.algorithm} allows its whole limit at once")
 
     def params(self) -> Params:
         """The limit's figures, as the algorithm reads them."""

@@ -1,12 +1,8 @@
 """Execution guards: cluster-wide concurrency limit and rate limit (stages CONCURRENCY, RATE).
 
-Flow only: options live in `config.py`, the arithmetic in `algorithms.py`, state in a
-backend. Both guards take one step of their algorithm per call (`LimiterBackend.run`); no
-slot or no permit ends the call with `Stop(DEFERRED)`: the message is republished with a
-countdown (the computed retry-after), so a waiting job never spins and never spends a retry.
-When the store is down the guards fail open by default (`on_store_down="fail_open"`: run,
-warn, count `FAIL-OPEN`); `"fail_closed"` defers instead. A store that rejects the decision
-(`StoreRejected`) dead-letters the job.
+Flow only: options in `config.py`, arithmetic in `algorithms.py`, state in a backend. No slot
+or permit: `Stop(DEFERRED)`, republished after the store's retry-after, so a waiting job never
+spins nor spends a retry. Store down, store rejecting: see docs/overload.md.
 """
 
 from __future__ import annotations
@@ -15,7 +11,7 @@ import logging
 import random
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from resilience.config import configured
 from resilience.errors import ConfigurationError, StorageError
@@ -54,15 +50,9 @@ class _LimitGuard(Guard):
 
     config: Any
     algorithm: Algorithm
-    #: The limit's kind in a refusal ("slots", "rate").
-    refusal: ClassVar[str] = "limit"
 
     def __init__(
-        self,
-        config: Any,
-        *,
-        key: KeyOption = None,
-        func: Callable[..., Any] | None = None,
+        self, config: Any, *, key: KeyOption = None, func: Callable[..., Any] | None = None,
         backend: LimiterBackend | None = None,
         random_fraction: Callable[[], float] = random.random,
         on_decision: DecisionHook | None = None,
@@ -107,8 +97,8 @@ class _LimitGuard(Guard):
         raise NotImplementedError
 
     def countdown(self, decision: Decision) -> float:
-        """Seconds until the deferred message comes back: the store's retry-after."""
-        return max(0.05, decision.retry_after_seconds)
+        """Seconds until the deferred message comes back."""
+        raise NotImplementedError
 
     def granted(self, call: Call, key: str, caller: str | None) -> None:
         """A permit or slot was granted; keep what must be given back."""
@@ -121,26 +111,16 @@ class _LimitGuard(Guard):
         try:
             decision = self.backend.run(self.algorithm, key, self.params(call), caller)
         except StorageError as error:
-            store_failed(
-                call,
-                error,
-                guard=self.name,
-                policy=self.config.on_store_down,
-                retry_after_seconds=self.config.retry_seconds,
-                name=self.config.name,
-                details={"limit": self.config.name, "key": key},
-            )
+            store_failed(call, error, guard=self.name, policy=self.config.on_store_down,
+                         retry_after_seconds=self.config.retry_seconds, name=self.config.name,
+                         details={"limit": self.config.name, "key": key})
             return
         self.observe(call, key, decision)
         if not decision.allowed:
             call.count(Outcome.DEFERRED, guard=self.name, name=self.config.name)
-            raise Stop(
-                Outcome.DEFERRED,
-                guard=self.name,
-                reason=self.refused(key),
-                retry_after_seconds=self.countdown(decision),
-                details={"limit": self.config.name, "key": key, "used": decision.used},
-            )
+            raise Stop(Outcome.DEFERRED, guard=self.name, reason=self.refused(key),
+                       retry_after_seconds=self.countdown(decision),
+                       details={"limit": self.config.name, "key": key, "used": decision.used})
         self.granted(call, key, caller)
 
     def observe(self, call: Call, key: str, decision: Decision) -> None:
@@ -242,35 +222,19 @@ class RateLimitGuard(_LimitGuard):
 
 
 def _decorator(
-    guard: type[_LimitGuard],
-    config: Any,
-    key: KeyOption,
-    *,
-    backend: LimiterBackend | None,
-    on_decision: DecisionHook | None,
+    guard: type[_LimitGuard], config_class: type[Any], first: Any, second: Any,
+    second_name: str, key: KeyOption, overrides: dict[str, Any], where: str, **options: Any,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """The decorator attaching one `guard` with `config` to a task function."""
-
-    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        return attach(
-            func, guard(config, key=key, func=func, backend=backend, on_decision=on_decision)
-        )
-
-    return decorate
-
-
-def _limit_config(
-    config_class: type[Any], first: Any, second: Any, second_name: str, key: KeyOption,
-    overrides: dict[str, Any], where: str,
-) -> tuple[Any, KeyOption]:
-    """The config of a limit decorator: from a config instance, or a name (template) and
-    its second positional argument; keyword overrides replace fields."""
+    """A limit decorator attaching one `guard`: its config from a config instance, or a name
+    (template) and its second positional argument; keyword overrides replace fields."""
     if second is not None:
         overrides[second_name] = second
     if isinstance(first, config_class):
-        return configured(config_class, first, overrides, where=where), key
-    name, key = split_name(first, key)
-    return configured(config_class, None, {"name": name, **overrides}, where=where), key
+        config = configured(config_class, first, overrides, where=where)
+    else:
+        name, key = split_name(first, key)
+        config = configured(config_class, None, {"name": name, **overrides}, where=where)
+    return lambda func: attach(func, guard(config, key=key, func=func, **options))
 
 
 def limit_concurrency(
@@ -294,9 +258,8 @@ def limit_concurrency(
         ConfigurationError: an unknown option, limit <= 0, bad lease, a key template naming
             no argument.
     """
-    config, key = _limit_config(ConcurrencyLimitConfig, name_or_config, limit, "limit", key,
-                                overrides, "limit_concurrency")
-    return _decorator(ConcurrencyGuard, config, key, backend=backend, on_decision=on_decision)
+    return _decorator(ConcurrencyGuard, ConcurrencyLimitConfig, name_or_config, limit, "limit",
+                      key, overrides, "limit_concurrency", backend=backend, on_decision=on_decision)
 
 
 def rate_limit(
@@ -319,6 +282,5 @@ def rate_limit(
         ConfigurationError: an unknown option, unparsable rate, limit <= 0, unknown
             algorithm, bad burst.
     """
-    config, key = _limit_config(RateLimitConfig, name_or_config, rate, "rate", key, overrides,
-                                "rate_limit")
-    return _decorator(RateLimitGuard, config, key, backend=backend, on_decision=on_decision)
+    return _decorator(RateLimitGuard, RateLimitConfig, name_or_config, rate, "rate", key,
+                      overrides, "rate_limit", backend=backend, on_decision=on_decision)

@@ -1,13 +1,8 @@
 """Rate notation: `parse("100/minute")` -> `Rate(limit=100, period_seconds=60)`.
 
-Accepted forms: ``"N/unit"``, ``"N/K unit"`` and ``"N per unit"``, where unit is one of
-second, minute, hour, day (singular, plural or s/sec/m/min/h/hr/d). Anything else is a
-`ConfigurationError` at definition time, naming the accepted forms.
-
-Resolution: the limiters count time in whole microseconds (Python and Lua alike), so the
-finest rate is one permit per microsecond (1,000,000/s): a finer rate's emission interval
-would round to 0 µs and stop limiting. The shortest period is 1 ms (a decision is a Redis
-round trip). Both are refused at definition time.
+Forms: ``"N/unit"``, ``"N/K unit"``, ``"N per unit"``; unit second, minute, hour or day.
+The limiters count whole microseconds, so the finest rate is 1,000,000/s (a finer one would
+stop limiting) and the shortest period 1 ms; both are refused (docs/overload.md).
 """
 
 from __future__ import annotations
@@ -20,24 +15,10 @@ from fractions import Fraction
 from resilience.errors import ConfigurationError
 
 _UNITS = {
-    "s": 1.0,
-    "sec": 1.0,
-    "secs": 1.0,
-    "second": 1.0,
-    "seconds": 1.0,
-    "m": 60.0,
-    "min": 60.0,
-    "mins": 60.0,
-    "minute": 60.0,
-    "minutes": 60.0,
-    "h": 3600.0,
-    "hr": 3600.0,
-    "hrs": 3600.0,
-    "hour": 3600.0,
-    "hours": 3600.0,
-    "d": 86400.0,
-    "day": 86400.0,
-    "days": 86400.0,
+    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1.0),
+    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60.0),
+    **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), 3600.0),
+    **dict.fromkeys(("d", "day", "days"), 86400.0),
 }
 
 _PATTERN = re.compile(
@@ -68,12 +49,8 @@ class Rate:
         if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit <= 0:
             raise ConfigurationError(f"a rate limit must be a positive integer, got {self.limit!r}")
         period = self.period_seconds
-        if (
-            isinstance(period, bool)
-            or not isinstance(period, int | float)
-            or not math.isfinite(period)
-            or period <= 0
-        ):
+        if (isinstance(period, bool) or not isinstance(period, int | float)
+                or not math.isfinite(period) or period <= 0):
             raise ConfigurationError(
                 f"a rate period must be positive finite seconds, got {period!r}"
             )
@@ -97,10 +74,6 @@ class Rate:
         # Exact decimal value of the period as written ("0.1" is 1/10, not the float
         # 0.1000000000000000055...), so the µs arithmetic below has no float error.
         return Fraction(str(self.period_seconds)) * 1_000_000
-
-    @property
-    def per_second(self) -> float:
-        return self.limit / self.period_seconds
 
     @property
     def emission_interval_seconds(self) -> float:

@@ -1,21 +1,11 @@
-"""Storage for the limit algorithms: a backend runs any registered algorithm atomically.
-
-The Protocol has no method per algorithm: `run` performs one algorithm's step (the pure
-function in memory, its Lua script on Redis), `release` gives a held slot back, `describe`
-reads live state. A new algorithm (`resilience.ratelimit.algorithms.ALGORITHMS`) needs no
-change here or in a backend.
-"""
+"""Storage for the limit algorithms: a backend runs any registered algorithm atomically, so
+a new algorithm (`resilience.ratelimit.algorithms.ALGORITHMS`) changes nothing here."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from resilience.ratelimit.algorithms import (
-    Algorithm,
-    Decision,
-    LimiterState,
-    Params,
-)
+from resilience.ratelimit.algorithms import Algorithm, Decision, LimiterState, Params
 
 
 class LimiterBackend(Protocol):

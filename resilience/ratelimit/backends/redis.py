@@ -41,22 +41,16 @@ def script(filename: str) -> LuaScript:
     return LuaScript.load(__file__, filename)
 
 
-def _read_time(pipe: Any, stored: str) -> None:
-    pipe.get(stored)
-
-
 def _read_sorted_set(pipe: Any, stored: str) -> None:
     pipe.zrange(stored, 0, -1, withscores=True)
 
 
 #: One reader per state schema: the command queued, and the reply as the pure step's state.
 _READERS: dict[Schema, tuple[Callable[[Any, str], None], Callable[[Any], Any]]] = {
-    Schema.TIME: (_read_time, lambda reply: int(reply) if reply is not None else None),
+    Schema.TIME: (lambda pipe, stored: pipe.get(stored),
+                  lambda reply: int(reply) if reply is not None else None),
     Schema.LOG: (_read_sorted_set, lambda reply: [int(score) for _, score in reply]),
-    Schema.LEASES: (
-        _read_sorted_set,
-        lambda reply: {member: int(score) for member, score in reply},
-    ),
+    Schema.LEASES: (_read_sorted_set, lambda reply: {member: int(s) for member, s in reply}),
 }
 
 
