@@ -1,18 +1,6 @@
-"""Exclusive-run guards: PostgreSQL advisory-lock singletons, Redis locks and Redlock.
-
-    singleton   at most one run per key; PostgreSQL session advisory lock
-    exclusive   at most one holder per key; Redlock + lease heartbeat + fencing token
-    describe    who holds which lock now (`Holder`s), for admin and status views
-
-    config.py       SingletonConfig, ExclusiveConfig (options)
-    guards.py       the flow: SingletonGuard, ExclusiveGuard, Hold, the decorators
-    backends/       LockBackend and its stores: postgres.py (AdvisorySession, the registry),
-                    redis.py (RedisLock, the Lua scripts), redlock.py (Redlock)
-    fencing.py      FencingTokens: tokens from a PostgreSQL sequence, the resource-side check
-    heartbeat.py    Heartbeat: renews a lease while the body runs
-    watcher.py      SessionWatcher: probes a singleton's session while the body runs
-    registry.py     describe(), force_release() (`jobs locks`)
-    beat.py         BeatLeadership: the beat leader lock (resilience.schedules' Scheduler)
+"""Exclusive-run guards: `@singleton` (PostgreSQL session advisory lock, at most one run per
+key) and `@exclusive` (Redlock, lease heartbeat, fencing token, at most one holder per key);
+`describe` and `force_release` for operators. docs/locks.md has a table of the modules.
 """
 
 from resilience.locks.backends import Claimant, Lease, LockBackend, Taken

@@ -1,30 +1,12 @@
 """`BeatLeadership`: run N `celery beat` processes, exactly one of them schedules.
 
-The scheduler is `resilience.schedules.scheduler:Scheduler` (the schedules live in
-PostgreSQL; each slot fires in one transaction guarded by a unique run row). This module is
-the leader election it uses, kept here because it is a lock.
-
-Leadership is a PostgreSQL session advisory lock on a connection the beat process opens for
-itself to the direct lock URL (`Stores.locks_database_url`, `LOCKS_DATABASE_URL` when
-DATABASE_URL is a transaction pooler; backends/postgres.py): one connection per beat
-process, leader or standby. Chosen over a Redis lease because:
-  * SIGKILL / crash of the leader: the kernel closes its socket, PostgreSQL ends the
-    session and frees the lock at once; a standby polls every `poll_seconds`
-    (default 1 s), so takeover happens within ~1 s of the leader's death (a whole host
-    vanishing, or cut off by a partition, is noticed by the server's keepalives, which
-    `AdvisorySession` sets per session, ~11 s after its last packet). A Redis lease would make the
-    standby wait out the TTL, and a short TTL is fragile under load.
-  * SIGTERM: beat exits, the session closes, the lock is free immediately.
-  * no clocks involved, no lease to renew from a blocking scheduler loop.
-The leader checks its session before every scheduling pass (`ensure`), and a fire whose
-last check is older than `CHECK_VALID_SECONDS` checks again first (`checked`); if the
-session was lost (PostgreSQL restart, terminated backend, partition) it stops firing until
-it leads again.
-
-Leadership keeps two beats from firing side by side; it is not what makes a slot fire once.
-A cut-off leader may still be finishing a fire when its successor starts: the run row's
-UNIQUE(schedule, slot) and the row lock of the fire's transaction make the second fire of
-a slot do nothing (`resilience.schedules.store`).
+The leader election of `resilience.schedules.scheduler:Scheduler`: a PostgreSQL session
+advisory lock on a connection each beat process opens to the direct lock URL (why not a
+Redis lease, and the takeover bounds: docs/locks.md, "Leader-elected beat"). The leader
+checks its session before every pass (`ensure`), and a fire whose last check is older than
+`CHECK_VALID_SECONDS` checks again first (`checked`); a lost session stops its fires.
+Leadership only keeps two beats from firing side by side: the run row's UNIQUE(schedule,
+slot) makes a slot fire once (`resilience.schedules.store`).
 """
 
 from __future__ import annotations

@@ -1,21 +1,16 @@
 """Fencing tokens: a number per acquisition that only grows, and a check at the resource.
 
-Tokens come from one PostgreSQL sequence (`nextval`), not from the Redis nodes: a sequence
-is durable and strictly increasing, so a minority (or even a majority) of Redlock nodes
-restarting empty cannot hand out a token again. One global sequence is strictly increasing
-per key too, needs no row lock and costs one round trip.
-
-Why a token minted *after* the lock is granted still orders holders correctly, timeline:
+Tokens come from one PostgreSQL sequence, not from the Redis nodes (why: docs/locks.md). A
+token minted *after* the lock is granted still orders holders correctly, timeline:
 
     A: lock granted at t0 (valid until t0+ttl-drift)   A: mint → 41 at t1
     A: checks t1 < t0+ttl-drift, else gives the lock up and fails the acquisition
     B: can only be granted after A's lease expired (> t0+ttl > t1), so B mints → 42 > 41
     A (paused, resumes): writes with 41 → the resource has seen 42 → StaleFencingToken
 
-`FencingTokens.guard_write` is the resource side for PostgreSQL: inside the caller's
-transaction it raises the key's high-water mark to the token or, if a newer token was
-already seen, raises `StaleFencingToken` so the transaction rolls back. The mark's row
-lock serializes two writers of one key until the first commits.
+`FencingTokens.guard_write` is the resource side: inside the caller's transaction it raises
+the key's high-water mark to the token, or raises `StaleFencingToken` so the transaction
+rolls back; the mark's row lock serializes two writers of one key.
 """
 
 from __future__ import annotations

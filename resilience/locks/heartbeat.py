@@ -1,12 +1,9 @@
 """Lease heartbeat: extend a held lock in the background, and say so when it is lost.
 
-A thread extends the lease every `renew_fraction * ttl` seconds, at most `max_extensions`
-times. When an extension fails (quorum lost, lock taken over) or the cap is reached, the
-heartbeat records the loss; `check()` — registered in `call.checks`, so
-`call.checkpoint()` runs it before the task commits — then raises `LockNotOwnedError`.
-`check()` also compares the lease's own deadline with the monotonic clock, so a holder
-that was paused (SIGSTOP, GC, swap) longer than its lease learns it on resuming, even
-before the heartbeat thread gets a chance to run.
+`check()` (in `call.checks`, run by `call.checkpoint()` before the task commits) raises
+`LockNotOwnedError` once an extension failed, the cap was reached, or the lease's monotonic
+deadline passed: a holder paused (SIGSTOP, GC, swap) past its lease learns it on resuming,
+before the heartbeat thread runs again.
 """
 
 from __future__ import annotations

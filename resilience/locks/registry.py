@@ -1,9 +1,7 @@
 """The operator's side of the locks: who holds what now (`describe`), and `force_release`.
 
-Guards record each acquisition in the held-lock registry (key, holder task, token) and
-delete the row on release. The registry is informational: the truth is the lock itself,
-so every row is checked against it (the advisory lock in `pg_locks`, the owner token on
-the Redlock nodes) and a row a dead holder left behind is reported with `alive=False`.
+The held-lock registry is informational: each row is checked against the lock itself
+(`pg_locks`, the owner token on the Redlock nodes); a dead holder's row is `alive=False`.
 """
 
 from __future__ import annotations

@@ -1,34 +1,20 @@
 """Session watcher: a singleton holder learns, while its body runs, that it lost its lock.
 
-A session advisory lock lives as long as its PostgreSQL session. Nothing else uses that
-session while the body runs, so without a watcher the holder learns of a lost session only
-when it next touches it. The watcher thread, the only user of the session between acquire
-and release, sends one cheap probe on it (`AdvisorySession.probe`: `SELECT pg_backend_pid()`)
-every `period_seconds`, and at once when `check()` asks for one. A failed probe (session
-ended, moved to another backend) marks the hold lost. `check()` — registered in
-`call.checks`, so `call.checkpoint()` and a transactional `@idempotent` commit run it —
-asks for a probe sent after the call and waits for its answer, so a session that ended a
-moment before a commit is caught, as the former query per checkpoint caught it.
-
-A probe sent into a partition does not fail at once (the client's TCP user timeout ends it
-after 10 s), so silence is loss too, like a lease's deadline: when no probe sent in the
-last `period_seconds + timeout_seconds` was answered, the hold is lost, and `check()` never
-waits past that. Timeline with the defaults (2 s + 3 s), A cut from PostgreSQL at c:
+A session advisory lock lives as long as its session, which nothing else uses while the
+body runs. The watcher thread sends one cheap probe on it (`SELECT pg_backend_pid()`) every
+`period_seconds`, and one for each `check()` (in `call.checks`: `call.checkpoint()` and a
+transactional `@idempotent` commit run it), which waits for the answer. A failed probe, or
+silence past `period_seconds + timeout_seconds` (a probe sent into a partition fails only
+at the TCP user timeout, 10 s), is loss. Timeline with the defaults (2 s + 3 s), A cut at c:
 
     A: probe sent at s <= c, answered                    (the server heard A at >= s)
     A: check() raises from s + 5 s <= c + 5 s on          (no answer to a later probe)
     PostgreSQL: ends A's session, freeing the lock, >= 10 s after it last heard A (>= s + 10)
-    B: can take the lock only then, when A already refuses
 
-So a cut-off holder stops believing it holds the lock about 5 s before PostgreSQL can give
-it to another — on this process's monotonic clock, which also makes a holder paused longer
-than the bound (SIGSTOP, swap) learn it on resuming. The bound must stay below the lock
-session's TCP user timeout; `SingletonConfig` refuses a longer one.
-
-A watcher's own thread starts only when it is needed: when its first background probe
-falls due (one process-wide thread, `_FirstProbes`, starts it then) or when `check()` asks
-for a probe. Most bodies end before the first probe is due, so they cost no thread start
-(a thread per call was the dearest step of a guarded call).
+So the bound must stay below the session's TCP user timeout (`SingletonConfig` checks it).
+A watcher's thread starts only when its first probe falls due (one process-wide thread,
+`_FirstProbes`, starts it) or `check()` asks: most bodies end sooner and start no thread.
+See docs/locks.md.
 """
 
 from __future__ import annotations

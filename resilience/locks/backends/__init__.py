@@ -1,14 +1,8 @@
 """Storage of the locks: the few atomic steps the lock flow (`resilience.locks.guards`) needs.
 
-    postgres.py   AdvisoryLockBackend (`@singleton`): a session advisory lock, the held-lock
-                  registry, the SQL, and each thread's dedicated session
-    redis.py      RedisLock: one node, the three Lua scripts (next to it), pipelined fan-out
-    redlock.py    Redlock over N >= 3 nodes, and RedlockBackend (`@exclusive`): Redlock plus a
-                  fencing token and a registry row
-
 A backend hands the flow a `Taken` per acquisition and gets it back to check, extend and
-release it; who holds a key is always reported as a `resilience.holders.Holder`. A
-`SessionLockBackend` (advisory locks) also lets the flow probe the held session.
+release it; holders are reported as `resilience.holders.Holder`s. `AdvisoryLockBackend`
+(postgres.py) serves `@singleton`, `RedlockBackend` (redlock.py) `@exclusive`.
 """
 
 from __future__ import annotations

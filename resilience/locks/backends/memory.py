@@ -1,19 +1,8 @@
 """In-memory locks and fencing tokens (`resilience_stores = "memory"`, `resilience.testing`).
 
-One process, thread-safe: a worker in a thread (`celery.contrib.pytest`'s `celery_worker`)
-and the test share the tables. What a unit test can observe behaves as on the servers:
-
-- `@singleton`: one holder per key (a table keyed like the advisory locks); a second
-  acquisition is refused (SKIPPED / DEFERRED by policy) until the holder's body ends. No
-  expiry: a session lock lives as long as its holder, here the process.
-- `@exclusive`: a lease per key with the guard's TTL on the monotonic clock; an expired
-  lease is taken over; a heartbeat's extension renews it for another TTL (refused once
-  lost); `check` fails past the deadline.
-- fencing tokens (`MemoryFencingTokens`): one counter for both kinds, strictly increasing,
-  and high-water marks per key for `FencingTokens.guard_write`. A mark is advanced at
-  once: it does not roll back with the caller's transaction as PostgreSQL's does.
-
-`MemoryStores.reset()` empties them between tests.
+One process, thread-safe; what a unit test can observe behaves as on the servers
+(docs/library.md says how), except that a fencing mark is advanced at once: it does not
+roll back with the caller's transaction. `MemoryStores.reset()` empties them between tests.
 """
 
 from __future__ import annotations
