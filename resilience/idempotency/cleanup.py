@@ -84,11 +84,8 @@ WHERE r.ctid = ANY(ARRAY(
 
 @dataclass(frozen=True, kw_only=True)
 class CleanupConfig:
-    """How much one cleanup (or reaper) run may do.
-
-    A run repeats short batches until one comes back short (nothing expired is left) or the
-    run has spent `time_budget_seconds`; the next scheduled run continues. So the delete
-    rate follows the insert rate instead of a fixed rows-per-run cap.
+    """How much one cleanup (or reaper) run may do: short batches until one comes back
+    short or `time_budget_seconds` is spent (the next run continues a backlog).
 
     Args:
         batch_size: rows per statement (one short transaction each).

@@ -12,49 +12,37 @@ from resilience.store_down import StoreDown, store_down_policy
 LEASE_MARGIN_SECONDS = 30.0
 #: Default lease when the task has no hard time limit.
 DEFAULT_LEASE_SECONDS = 300.0
-#: Default life of a cached result in Redis. Duplicates mostly come within minutes
-#: (redelivery, retries, double clicks); a later one is still replayed from PostgreSQL,
-#: one round trip slower. Caching for the record's whole TTL would keep rate x 24 h keys
-#: in Redis (~349 B each: ~28 GiB at 1,000 jobs/s), 10 minutes keeps rate x 600.
+#: Default life of a cached result in Redis: duplicates mostly come within minutes, a later
+#: one is replayed from PostgreSQL (why not the record's TTL: docs/idempotency.md, Cache TTL).
 DEFAULT_CACHE_TTL_SECONDS = 600.0
 
 
 @dataclass(frozen=True, kw_only=True)
 class IdempotencyConfig:
-    """Options of `@idempotent`.
+    """Options of `@idempotent` (defaults and trade-offs: docs/idempotency.md, Options).
 
     Args:
         key: None (all bound arguments), a template like ``"transfer:{transfer_id}"``, or
             a callable receiving the bound arguments as keywords.
         ttl_seconds: how long a finished record is kept and replayed (PostgreSQL).
-        cache_ttl_seconds: how long a succeeded result stays in the Redis cache (the fast
-            path; clamped to `ttl_seconds`). Short by default (`DEFAULT_CACHE_TTL_SECONDS`):
-            a duplicate after it is still replayed, from PostgreSQL.
+        cache_ttl_seconds: how long a succeeded result stays in the Redis cache (clamped
+            to `ttl_seconds`); a later duplicate is replayed from PostgreSQL.
         lease_seconds: how long a claim holds before another delivery may take it over;
             None = the task's hard time limit + 30 s. Non-transactional tasks must not
             lease for less than the hard time limit (a live holder would be overtaken).
         transactional: the body receives `session` (SQLAlchemy); its writes and the
             record's completion commit in one transaction.
-        on_store_down: PostgreSQL unreachable at claim time: "fail_closed" (DEFERRED,
-            the default) or "fail_open" (run unguarded, warn, count FAIL-OPEN); see
-            `resilience.store_down`. A store that rejects the claim dead-letters the job.
+        on_store_down: PostgreSQL unreachable at claim time: "fail_closed" (DEFERRED) or
+            "fail_open" (run unguarded); see `resilience.store_down`.
         store_down_retry_seconds: deferral delay when the store is down.
         poll_seconds: longest deferral while another holder's claim is live.
-        cache: the Redis fast path for finished keys: "auto" (default) reads and fills it
-            only while the task's keys replayed in this process in the last 60 s (a fresh
-            job makes no Redis round trip; PostgreSQL answers a duplicate anyway, in two
-            statements), True always (two Redis round trips per fresh job, to spare
-            PostgreSQL every duplicate), False never.
+        cache: the Redis fast path for finished keys: "auto" (only while the task's keys
+            were replayed in this process lately), True (always), False (never).
         synchronous_commit: wait for PostgreSQL's WAL flush on the claim and (outside
-            transactional mode) the completion. Off by default: it halves their latency,
-            and a PostgreSQL *crash* may then forget the last ~0.6 s of records, which can
-            re-run a non-transactional body (the same exposure as a worker crash between
-            effect and record). Transactional mode's completion commits with the body's
-            writes and is always durable. Set per statement (`SET LOCAL`, in the same
-            query), so it works behind PgBouncer.
-        prepared_statements: prepare the claim/completion statements once per connection
-            (saves PostgreSQL's parse and plan per call); turned off automatically when
-            the stores declare a transaction/statement pooler (`JOBS_PG_POOL_MODE`).
+            transactional mode) the completion; off, a PostgreSQL crash may forget the last
+            ~0.6 s of records. Set per statement, so it works behind PgBouncer.
+        prepared_statements: prepare the claim/completion statements once per connection;
+            off by itself when the stores declare a transaction/statement pooler.
     """
 
     key: KeyOption = None

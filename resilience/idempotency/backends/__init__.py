@@ -7,14 +7,12 @@ A record is one row per (task name, key); its state machine (models.py has the t
                           |---release (retryable): lease ends now, row stays in_progress
                           '---reaper (lease expired long ago)--> failed
 
-Every step the guard takes is one atomic store operation (`claim`, `complete`, `fail`,
-`release`); `complete`, `fail` and `release` match the claim's fencing pair (attempt, owner
-token), so a holder whose claim was taken over changes nothing. Transactional mode adds
-`begin()`: a `Transaction` whose `session` the body writes through and whose `complete`
-records the result inside the same transaction, committed or rolled back as one.
-
-Backends: `postgres.PostgresIdempotencyBackend` (the durable truth) and
-`memory.MemoryIdempotencyBackend` (one process: tests, a single-process app).
+Each step is one atomic store operation; `complete`, `fail` and `release` match the claim's
+fencing pair (attempt, owner token), so a holder whose claim was taken over changes nothing.
+A claim takes a row over (attempt + 1, a fresh owner) when its lease ended or it failed
+(same fingerprint), or the whole record expired. Transactional mode adds `begin()`: the
+body writes through the `Transaction`'s `session`, and its `complete` records the result in
+the same transaction.
 """
 
 from __future__ import annotations
