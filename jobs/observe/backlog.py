@@ -1,30 +1,7 @@
-"""What waits in the tier queues, read apart from the worker's consumer.
-
-- `fresh_backlog`: the messages waiting in some queues, read on a broker connection opened
-  for the read and closed after it. The consumption watchdog (watchdog.py) asks it, because
-  the consumer's own connections are exactly what may be wedged; a broker that a new
-  connection cannot reach within the timeout is an outage (None), not a backlog.
-- `oldest_ages`: seconds the oldest message of each tier has waited, for
-  `jobs_queue_oldest_age_seconds`.
-
-**Where the age comes from.** Neither kombu's envelope (`properties`: delivery tag,
-priority, reply-to...) nor Celery's protocol-2 headers (`id`, `task`, `eta`, `expires`,
-`retries`, `origin`...) carry a send time, and the deadline guard's `enqueued_at` is kept
-across retries and deferrals (it dates the job, not the message: a job retried for an hour
-would look an hour old in the queue). So every publish is stamped with `published_at` (epoch
-seconds, the producer's clock) by `stamp_published_at`, a `before_task_publish` receiver the
-platform app connects: first publishes, retries, deferrals and the outbox relay's publishes
-alike. A message restored after its worker died keeps its stamp (it has been waiting to be
-done since then). Clock skew between producers and the exporter shifts the age by the skew.
-
-Redis: kombu pushes with LPUSH and the platform's fetch takes from the right, so each
-priority list's tail (`LINDEX list -1`) is its oldest message; the tier's age is the oldest
-tail's. One pipeline of LINDEX per scrape, no scan. An empty tier is 0 s old; a tier whose
-tail carries no stamp (a producer outside the platform) has no age (the series is absent).
-RabbitMQ: a queue's head cannot be read without taking it (`basic_get` then a requeue marks
-it redelivered and may reorder it), and the broker reports no head age (its management API
-and Prometheus plugin give counts and rates only), so the age is not exported there:
-autoscale on depth.
+"""What waits in the tier queues, read apart from the worker's consumer: `fresh_backlog` (on
+a connection of its own, for the consumption watchdog: the consumer's may be wedged) and
+`oldest_ages` (from the `published_at` stamp on every publish; Redis brokers only). Why the
+stamp, and why not on RabbitMQ: docs/observe.md (The oldest message's age).
 """
 
 from __future__ import annotations
@@ -68,6 +45,18 @@ def fresh_backlog(app: Celery, queues: Iterable[str], *, timeout_seconds: float)
         return None
 
 
+def per_list(client: Any, lists: dict[str, list[str]], command: str,
+             *args: Any) -> dict[str, list[Any]]:
+    """`command` on every Redis list of `lists` (key -> its lists) in one pipeline: key ->
+    the replies."""
+    with client.pipeline(transaction=False) as pipe:
+        for names in lists.values():
+            for name in names:
+                getattr(pipe, command)(name, *args)
+        replies = iter(pipe.execute())
+    return {key: [next(replies) for _ in names] for key, names in lists.items()}
+
+
 def _redis_backlog(app: Celery, url: str, queues: list[str], timeout_seconds: float) -> int:
     import redis
     from redis.backoff import NoBackoff
@@ -78,11 +67,9 @@ def _redis_backlog(app: Celery, url: str, queues: list[str], timeout_seconds: fl
                                   socket_connect_timeout=timeout_seconds,
                                   retry=Retry(NoBackoff(), 0))
     try:
-        with client.pipeline(transaction=False) as pipe:
-            for queue in queues:
-                for name in names.lists(queue):
-                    pipe.llen(name)
-            return sum(int(size) for size in pipe.execute())
+        lists = {queue: names.lists(queue) for queue in queues}
+        return sum(int(size) for sizes in per_list(client, lists, "llen").values()
+                   for size in sizes)
     finally:
         client.close()
         client.connection_pool.disconnect()
@@ -125,25 +112,15 @@ def oldest_ages(app: Celery, tiers: Iterable[str], *,
     backend = depth_backend_for(app)
     if not isinstance(backend, RedisBrokerDepth):
         return {}
-    tiers = list(tiers)
     lists = {tier: backend.lists(tier) for tier in tiers}
     try:
-        with backend.client().pipeline(transaction=False) as pipe:
-            for tier in tiers:
-                for name in lists[tier]:
-                    pipe.lindex(name, -1)
-            tails = iter(pipe.execute())
+        tails = per_list(backend.client(), lists, "lindex", -1)
     except Exception as exc:
         raise translate_store_error(exc, "oldest messages of the tier queues (broker)") from exc
     now = time.time() if now is None else now
     ages: dict[str, float | None] = {}
-    for tier in tiers:
-        items = [item for item in (next(tails) for _ in lists[tier]) if item is not None]
+    for tier, replies in tails.items():
+        items = [item for item in replies if item is not None]
         stamps = [stamp for stamp in map(published_at, items) if stamp is not None]
-        if not items:
-            ages[tier] = 0.0
-        elif stamps:
-            ages[tier] = max(0.0, now - min(stamps))
-        else:
-            ages[tier] = None
+        ages[tier] = max(0.0, now - min(stamps)) if stamps else None if items else 0.0
     return ages

@@ -1,31 +1,6 @@
-"""Health: liveness (this worker's main loop runs) kept apart from readiness (its stores
-are reachable).
-
-A worker whose Redis or broker is down is alive (restarting it would not help, and would
-lose the tasks it runs) but not ready; a worker whose main loop stopped is dead whatever
-the stores say. So the two are separate checks, each returning a `Check` list:
-
-    jobs health live --local --tier critical   the worker's heartbeat file is fresh: no
-                                               broker round trip (Kubernetes, docker)
-    jobs health live --node critical@HOST      the node answers `celery inspect ping`
-                                               through the broker (operators)
-    jobs health ready                          Redis, the broker and PostgreSQL answer, and
-                                               every migration head is applied
-    jobs health ready --local --tier critical  the worker's own last readiness check, read
-                                               from its file: fresh and passed (the probe)
-
-The local forms are the probes: liveness costs one `stat`, readiness one small file read,
-whatever the size of the fleet, and a broker outage does not fail liveness. The broadcast
-form costs every worker a reply per probe.
-
-Cached readiness: a probe that opened Redis, broker and PostgreSQL connections every few
-seconds from 1,000 pods would be a load of its own (and a PgBouncer / RabbitMQ connection
-storm). Instead a thread of the worker checks every `READY_CHECK_INTERVAL_SECONDS` on the
-worker's own pooled clients (Redis PING, PostgreSQL `SELECT 1` + migration heads; the
-broker from the consumer's state: consuming and not reconnecting, no connection of its
-own) and writes the result and its time to `<heartbeat dir>/<node>.ready`. The probe is
-ready when that file is fresh (`DEFAULT_READY_MAX_AGE_SECONDS`) and every check passed.
-"""
+"""Health: liveness (this worker's main loop runs) apart from readiness (its stores answer),
+each a list of `Check`s; the worker's cached readiness file and its stall mark live beside
+its heartbeat file. See docs/observe.md (Health) and docs/kubernetes.md (probes)."""
 
 from __future__ import annotations
 
@@ -56,23 +31,54 @@ READY_CHECK_INTERVAL_SECONDS = 10.0
 DEFAULT_READY_MAX_AGE_SECONDS = 45.0
 
 
-def heartbeat_dir() -> Path:
-    """The directory of every worker's heartbeat file on this host."""
-    return Path(tempfile.gettempdir()) / "jobs-heartbeat"
-
-
 def heartbeat_path(node: str) -> Path:
-    """The heartbeat file of worker `node` (e.g. `critical@host`)."""
-    return heartbeat_dir() / node.replace(os.sep, "_")
+    """The heartbeat file of worker `node` (e.g. `critical@host`) on this host."""
+    return Path(tempfile.gettempdir()) / "jobs-heartbeat" / node.replace(os.sep, "_")
+
+
+def stalled_path(node: str) -> Path:
+    """The mark the consumption watchdog leaves while worker `node` is stalled."""
+    return heartbeat_path(f"{node}.stalled")
+
+
+def readiness_path(node: str) -> Path:
+    """The readiness file of worker `node`, next to its heartbeat file."""
+    return heartbeat_path(f"{node}.ready")
 
 
 def heartbeat_age(node: str) -> float | None:
     """Seconds since worker `node` last beat on this host, or None without a heartbeat file."""
     try:
-        modified = heartbeat_path(node).stat().st_mtime
+        return max(0.0, time.time() - heartbeat_path(node).stat().st_mtime)
     except FileNotFoundError:
         return None
-    return max(0.0, time.time() - modified)
+
+
+class Periodic:
+    """A daemon thread calling `tick()` every `interval_seconds` until `stop()`."""
+
+    def __init__(self, name: str, interval_seconds: float, tick: Callable[[], Any]) -> None:
+        self.name, self.interval_seconds, self.tick = name, interval_seconds, tick
+        self.stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, *, at_once: bool = False) -> None:
+        self.stopped.clear()
+        self._thread = threading.Thread(target=self._run, args=(at_once,), name=self.name,
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self, join_seconds: float = 0.0) -> None:
+        self.stopped.set()
+        if self._thread is not None and join_seconds:
+            self._thread.join(join_seconds)
+        self._thread = None
+
+    def _run(self, at_once: bool) -> None:
+        if at_once:
+            self.tick()
+        while not self.stopped.wait(self.interval_seconds):
+            self.tick()
 
 
 @dataclass(frozen=True)
@@ -100,8 +106,8 @@ def liveness(app: Celery, node: str, *, timeout_seconds: float = 5.0) -> list[Ch
 
 
 def local_liveness(node: str, *, max_age_seconds: float) -> list[Check]:
-    """Did worker `node`, on this host, beat within `max_age_seconds`? (heartbeat.py) And
-    is it not marked stalled by its consumption watchdog? (watchdog.py)"""
+    """Did worker `node`, on this host, beat within `max_age_seconds`, and is it not marked
+    stalled by its consumption watchdog?"""
     name = f"heartbeat {node}"
     age = heartbeat_age(node)
     if age is None:
@@ -116,13 +122,6 @@ def local_liveness(node: str, *, max_age_seconds: float) -> list[Check]:
     except OSError as exc:
         stalled = f"unreadable stall mark: {type(exc).__name__}"
     return [*checks, Check(f"consumption {node}", False, stalled or "stalled")]
-
-
-def stalled_path(node: str) -> Path:
-    """The mark the consumption watchdog leaves while worker `node` is stalled and not
-    recovering, next to its heartbeat file."""
-    path = heartbeat_path(node)
-    return path.with_name(f"{path.name}.stalled")
 
 
 def mark_stalled(node: str, reason: str) -> None:
@@ -143,10 +142,9 @@ def clear_stalled(node: str) -> None:
 def check_redis(app: Celery) -> Check:
     """The shared guard-state Redis answers PING."""
     try:
-        client = stores_for(app).redis()
+        return ping_redis(stores_for(app).redis())
     except Exception as exc:  # noqa: BLE001
         return _failed("redis", exc)
-    return ping_redis(client)
 
 
 def ping_redis(client: Any) -> Check:
@@ -177,21 +175,31 @@ def migration_heads(database_url: str) -> dict[str, frozenset[str]]:
     return expected_versions(database_url)
 
 
+def missing_migrations(cursor: Any, database_url: str) -> tuple[list[str], bool]:
+    """(the code's migration heads not applied, sorted; whether any is applied), read on a
+    DB-API `cursor` (psycopg2)."""
+    expected = migration_heads(database_url)
+    applied: set[str] = set()
+    for table in expected:  # names of our own, never user input
+        cursor.execute("SELECT to_regclass(%s) IS NOT NULL", (table,))
+        row = cursor.fetchone()
+        if row and row[0]:
+            cursor.execute(f"SELECT version_num FROM {table}")
+            applied |= {version for (version,) in cursor.fetchall()}
+    return sorted(frozenset().union(*expected.values()) - applied), bool(applied)
+
+
 def check_postgres(app: Celery) -> list[Check]:
     """PostgreSQL answers, and the applied migrations are every head of the code's scripts."""
-    from alembic.runtime.migration import MigrationContext
-    from sqlalchemy import text
-
     stores = stores_for(app)
     try:
-        with stores.engine().connect() as connection:
-            connection.execute(text("SELECT 1"))
-            missing = sorted(
-                head
-                for table, heads in migration_heads(stores.database_url).items()
-                for head in heads - set(MigrationContext.configure(
-                    connection, opts={"version_table": table}).get_current_heads())
-            )
+        connection = stores.engine().raw_connection()
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+                missing, _ = missing_migrations(cursor, stores.database_url)
+        finally:
+            connection.close()
     except Exception as exc:  # noqa: BLE001
         return [_failed("postgres", exc), Check("migrations", False, "database unreachable")]
     return [
@@ -207,12 +215,6 @@ def readiness(app: Celery) -> list[Check]:
 
 
 # -- cached readiness ---------------------------------------------------------------------
-def readiness_path(node: str) -> Path:
-    """The readiness file of worker `node`, next to its heartbeat file."""
-    path = heartbeat_path(node)
-    return path.with_name(f"{path.name}.ready")
-
-
 def write_readiness(path: Path, checks: list[Check], *, checked_at: float | None = None) -> None:
     """Record `checks` and when they ran (epoch seconds), atomically (write, then rename):
     a probe never reads half a file."""
@@ -256,21 +258,13 @@ def worker_readiness(app: Celery, broker_connected: Callable[[], bool]) -> list[
 
 
 class ReadinessRecorder:
-    """Runs `check` every `interval_seconds` in a thread and records the result in `path`.
-
-    Args:
-        path: the readiness file (`readiness_path(node)`).
-        check: the checks to run (`worker_readiness` bound to the worker).
-        interval_seconds: time between checks.
-    """
+    """Runs `check` every `interval_seconds` in a thread and records the result in `path`
+    (`readiness_path(node)`); `check` is `worker_readiness` bound to the worker."""
 
     def __init__(self, path: Path, check: Callable[[], list[Check]],
                  interval_seconds: float = READY_CHECK_INTERVAL_SECONDS) -> None:
-        self.path = path
-        self.check = check
-        self.interval_seconds = interval_seconds
-        self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.path, self.check = path, check
+        self._thread = Periodic("jobs-readiness", interval_seconds, self.refresh)
 
     def refresh(self) -> list[Check]:
         """Run the checks once and record them; a failing check is a result, not an error."""
@@ -278,7 +272,7 @@ class ReadinessRecorder:
             checks = self.check()
         except Exception as exc:  # noqa: BLE001 - an unexpected failure is "not ready"
             checks = [_failed("readiness", exc)]
-        if self._stopped.is_set():  # stopping: leave no file behind
+        if self._thread.stopped.is_set():  # stopping: leave no file behind
             return checks
         try:
             write_readiness(self.path, checks)
@@ -289,19 +283,9 @@ class ReadinessRecorder:
 
     def start(self) -> None:
         """Start checking (first check at once, in the thread)."""
-        self._stopped.clear()
-        self._thread = threading.Thread(target=self._run, name="jobs-readiness", daemon=True)
-        self._thread.start()
+        self._thread.start(at_once=True)
 
     def stop(self) -> None:
         """Stop checking and remove the file: a stopped worker is not ready."""
-        self._stopped.set()
-        if self._thread is not None:
-            self._thread.join(1.0)
-            self._thread = None
+        self._thread.stop(join_seconds=1.0)
         self.path.unlink(missing_ok=True)
-
-    def _run(self) -> None:
-        while not self._stopped.is_set():
-            self.refresh()
-            self._stopped.wait(self.interval_seconds)

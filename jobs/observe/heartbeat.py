@@ -1,31 +1,7 @@
-"""The worker's heartbeat file: liveness read locally, with no broker round trip.
-
-`jobs health live --local` checks the file's age. It must mean "this worker's main loop is
-alive", not "the broker answers": a broker outage must not fail every liveness probe of the
-fleet at once (Kubernetes would restart every worker, losing their running tasks).
-
-- While the consumer runs, the beat is a timer entry of the worker's event loop (the hub of
-  the prefork pool), so a main process that is stopped, deadlocked or stuck in a callback
-  stops beating.
-- While the main thread waits for a lost broker, the event loop does not turn, and that is
-  no reason to restart the worker. Two waits were seen on a real worker whose broker
-  Redis was killed: the consumer's reconnect loop (bounded by `broker_connection_max_retries`,
-  then the worker exits), and, with task events on, the event heartbeat's publish, which
-  kombu retries without limit from inside an event-loop timer (the consumer does not even
-  notice the outage until the broker returns). Both are kombu's `retry_over_time`. So a
-  thread of the main process beats while the main thread is inside `retry_over_time`, and
-  while the consumer is stopped (reconnecting, or draining tasks in a warm shutdown).
-
-Celery's extension points connect it: `WorkerHeartbeat` (worker blueprint: the file, the
-timer entry, the thread) and `ConsumerHeartbeat` (consumer blueprint: whether the consumer
-runs), added by `install(app)`, which `jobs.observe.worker` calls from `celeryd_init`. The
-thread beats on through a warm shutdown, while the pool finishes its tasks;
-`worker_shutdown` (after the pool has stopped) removes the file. The file is
-`<tempdir>/jobs-heartbeat/<nodename>` (`TMPDIR` moves it).
-
-The same bootstep starts the worker's readiness recorder (`jobs.observe.health`): a thread
-that checks the stores every 10 s on the worker's own clients and writes
-`<nodename>.ready` beside the heartbeat file, which `jobs health ready --local` reads.
+"""The worker's heartbeat file: liveness read locally (one `stat`), with no broker round
+trip, beaten by the worker's event loop, and by a thread while the main thread waits for a
+lost broker (a broker outage must not fail every liveness probe of the fleet at once).
+The same bootstep starts the worker's readiness recorder. See docs/observe.md (Health).
 """
 
 from __future__ import annotations
@@ -42,6 +18,7 @@ from celery import bootsteps
 from kombu.utils.functional import retry_over_time
 
 from jobs.observe.health import (
+    Periodic,
     ReadinessRecorder,
     heartbeat_path,
     readiness_path,
@@ -59,21 +36,15 @@ ABANDONED_AFTER_SECONDS = 24 * 3600.0
 
 
 class Heartbeat:
-    """The heartbeat file of one worker, beaten by its event loop or, while the main
-    thread waits for the broker or the consumer is down, by a thread of the main process.
-
-    Args:
-        node: the worker's node name.
-        interval_seconds: time between beats.
-    """
+    """The heartbeat file of worker `node`, beaten by its event loop or, while the main
+    thread waits for the broker or the consumer is down, by a thread of the main process."""
 
     def __init__(self, node: str, interval_seconds: float = BEAT_INTERVAL_SECONDS) -> None:
         self.path = heartbeat_path(node)
         self.interval_seconds = interval_seconds
         #: True while the consumer runs (its event loop beats); False: the thread beats.
         self.consuming = False
-        self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = Periodic("jobs-heartbeat", interval_seconds, self._beat_if_waiting)
         self._warned = False
 
     def beat(self) -> None:
@@ -94,25 +65,18 @@ class Heartbeat:
 
     def start(self) -> None:
         """Write the file and start the thread that beats while the consumer is down."""
-        self._stopped.clear()
         self.beat()
         _remove_abandoned(self.path.parent)
-        self._thread = threading.Thread(target=self._beat_while_not_consuming,
-                                        name="jobs-heartbeat", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         """Stop beating and remove the file: a worker that has stopped is not alive."""
-        self._stopped.set()
-        if self._thread is not None:
-            self._thread.join(self.interval_seconds * 2)
-            self._thread = None
+        self._thread.stop(join_seconds=self.interval_seconds * 2)
         self.path.unlink(missing_ok=True)
 
-    def _beat_while_not_consuming(self) -> None:
-        while not self._stopped.wait(self.interval_seconds):
-            if not self.consuming or main_thread_waits_for_broker():
-                self.beat()
+    def _beat_if_waiting(self) -> None:
+        if not self.consuming or main_thread_waits_for_broker():
+            self.beat()
 
 
 def main_thread_waits_for_broker() -> bool:
@@ -141,10 +105,7 @@ class WorkerHeartbeat(bootsteps.StartStopStep):
     """Worker bootstep: the heartbeat file, beaten every second by the worker's timer."""
 
     requires = ("celery.worker.components:Timer",)
-
-    def __init__(self, parent: Any, **kwargs: Any) -> None:
-        super().__init__(parent, **kwargs)
-        self.timer_entry: Any = None
+    timer_entry: Any = None
 
     def create(self, w: Any) -> Heartbeat:
         heartbeat = w.jobs_heartbeat = Heartbeat(w.hostname)
@@ -207,9 +168,6 @@ def install(app: Any) -> None:
 def stop_heartbeat(worker: Any) -> None:
     """Stop `worker`'s heartbeat and readiness checks and remove their files (the worker
     has shut down)."""
-    readiness = getattr(worker, "jobs_readiness", None)
-    if readiness is not None:
-        readiness.stop()
-    heartbeat = getattr(worker, "jobs_heartbeat", None)
-    if heartbeat is not None:
-        heartbeat.stop()
+    for part in (getattr(worker, "jobs_readiness", None), getattr(worker, "jobs_heartbeat", None)):
+        if part is not None:
+            part.stop()

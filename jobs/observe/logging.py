@@ -1,14 +1,6 @@
-"""Structured logs: every guard decision carries task id, task name, tier, guard and outcome.
-
-`resilience.task` logs each decision as `guard decision` with those fields in `extra`; a
-plain formatter drops them. The formatters here keep them:
-
-    JOBS_LOG_FORMAT=logfmt (default)  ... INFO resilience.task: guard decision task_id=... tier=...
-    JOBS_LOG_FORMAT=json              {"time": ..., "level": ..., "message": ..., "task_id": ...}
-    JOBS_LOG_FORMAT=text              Celery's own format, unchanged
-
-`install_worker_logging()` connects Celery's `after_setup_logger` / `after_setup_task_logger`
-signals, so the worker's handlers get the formatter once Celery configured them.
+"""Structured logs: the worker's log lines keep the fields a guard decision carries in
+`extra` (task id, task name, tier, guard, outcome, reason), as logfmt (default), JSON, or
+Celery's own text (`JOBS_LOG_FORMAT`). See docs/observe.md (Structured logs).
 """
 
 from __future__ import annotations
@@ -23,8 +15,6 @@ from resilience.errors import ConfigurationError
 
 #: Attributes every LogRecord has; anything else on a record came from `extra=`.
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
-#: Celery's task logger adds these; they are shown under their own names.
-_CELERY_TASK = {"task_id": "task_id", "task_name": "task_name"}
 #: Fields printed first, in this order, when a record has them.
 ORDERED = ("task_id", "task_name", "tier", "guard", "outcome", "reason")
 FORMATS = ("logfmt", "json", "text")
@@ -45,13 +35,12 @@ def fields_of(record: logging.LogRecord) -> dict[str, Any]:
     running task's id and name when the line was logged inside a task."""
     extra = {key: value for key, value in vars(record).items()
              if key not in _STANDARD and not key.startswith("_")}
-    for key, value in _current_task().items():
+    current = _current_task()
+    for key in ("task_id", "task_name"):  # Celery's task logger says "???" outside a task
         if extra.get(key) in (None, "???"):
-            extra[key] = value
-    if extra.get("task_id") in (None, "???"):
-        extra.pop("task_id", None)
-    if extra.get("task_name") in (None, "???"):
-        extra.pop("task_name", None)
+            extra.pop(key, None)
+            if current.get(key) not in (None, "???"):
+                extra[key] = current[key]
     ordered = {key: extra.pop(key) for key in ORDERED if key in extra}
     return {**ordered, **dict(sorted(extra.items()))}
 
@@ -88,13 +77,8 @@ class JsonFormatter(logging.Formatter):
         entry: dict[str, Any] = {
             "time": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(
                 timespec="milliseconds"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-            "process": record.processName,
-            "pid": record.process,
-        }
-        entry.update(fields_of(record))
+            "level": record.levelname, "logger": record.name, "message": record.getMessage(),
+            "process": record.processName, "pid": record.process, **fields_of(record)}
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
@@ -104,44 +88,28 @@ def log_format() -> str:
     """The chosen format, from `JOBS_LOG_FORMAT` (logfmt, json or text)."""
     chosen = os.environ.get("JOBS_LOG_FORMAT", "logfmt").strip().lower()
     if chosen not in FORMATS:
-
         raise ConfigurationError(
             f"JOBS_LOG_FORMAT={chosen!r} is not a log format; use one of {', '.join(FORMATS)}")
     return chosen
 
 
-def formatter_for(name: str) -> logging.Formatter | None:
-    """The formatter of format `name`; None for `text` (keep Celery's own)."""
-    if name == "json":
-        return JsonFormatter()
-    if name == "logfmt":
-        return LogfmtFormatter()
-    return None
-
-
 def apply_formatter(logger: logging.Logger, name: str | None = None) -> None:
-    """Give every handler of `logger` the structured formatter."""
-    formatter = formatter_for(name or log_format())
-    if formatter is None:
-        return
-    for handler in logger.handlers:
-        handler.setFormatter(formatter)
+    """Give every handler of `logger` the structured formatter (none for `text`: Celery's)."""
+    formatter = {"json": JsonFormatter, "logfmt": LogfmtFormatter}.get(name or log_format())
+    if formatter is not None:
+        for handler in logger.handlers:
+            handler.setFormatter(formatter())
 
 
-_installed = False
+def _on_setup(logger: logging.Logger | None = None, **_: Any) -> None:
+    if logger is not None:
+        apply_formatter(logger)
 
 
 def install_worker_logging() -> None:
-    """Connect Celery's logging signals so worker log lines carry the decision fields."""
-    global _installed
-    if _installed:
-        return
+    """Connect Celery's logging signals so worker log lines carry the decision fields
+    (once: the signals keep one receiver per `dispatch_uid`)."""
     from celery import signals
 
-    def on_setup(logger: logging.Logger | None = None, **_: Any) -> None:
-        if logger is not None:
-            apply_formatter(logger)
-
-    signals.after_setup_logger.connect(on_setup, weak=False)
-    signals.after_setup_task_logger.connect(on_setup, weak=False)
-    _installed = True
+    for signal in (signals.after_setup_logger, signals.after_setup_task_logger):
+        signal.connect(_on_setup, weak=False, dispatch_uid="jobs.observe.logging")

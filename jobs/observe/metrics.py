@@ -1,19 +1,7 @@
-"""Prometheus metrics of the platform (prometheus-client).
-
-Two sources, both correct under prefork workers:
-
-- `SharedStateCollector` reads the shared state when Prometheus scrapes: queue depth and
-  the oldest message's age from the broker, decision counters from Redis
-  (`resilience.counters`, the consumption watchdog's stalls among them), breaker states,
-  retry budget use, limit usage, idempotency records and the outbox backlog. Nothing is counted
-  in process memory, so no prefork child can hold a number the others do not see.
-- `LOCK_HOLD_SECONDS`, a Histogram observed in the worker processes themselves, in
-  prometheus-client's multiprocess mode: every process writes its own mmap file under
-  `PROMETHEUS_MULTIPROC_DIR`, `MultiProcessCollector` sums them at scrape time, and a pool
-  child that exits is marked dead (`worker_process_shutdown`) so its live gauges go away.
-
-`jobs metrics` serves both on http://127.0.0.1:9808/metrics with prometheus-client's own
-HTTP server.
+"""Prometheus metrics: `SharedStateCollector` reads the shared state (broker, Redis counters,
+the views' families) at scrape time, so no prefork child holds a number the others miss;
+the histograms are observed in the worker processes in prometheus-client's multiprocess
+mode (`PROMETHEUS_MULTIPROC_DIR`). `jobs metrics` serves both. See docs/observe.md.
 """
 
 from __future__ import annotations
@@ -45,8 +33,7 @@ DEFAULT_ADDRESS = "127.0.0.1"
 DEFAULT_PORT = 9808
 
 #: How long a singleton / exclusive lock was held, observed in the worker process that held
-#: it. Not registered in any registry: in multiprocess mode the value lives in the mmap
-#: files and `MultiProcessCollector` exports it.
+#: it; in no registry: `MultiProcessCollector` exports the mmap files.
 LOCK_HOLD_SECONDS = Histogram(
     "jobs_lock_hold_seconds",
     "Seconds a task held its singleton/exclusive lock (acquire to release)",
@@ -55,9 +42,8 @@ LOCK_HOLD_SECONDS = Histogram(
     registry=None,
 )
 
-#: How long a durable workflow step took, from its workflow guard's start to its recorded
-#: outcome, observed in the worker process that ran it (`resilience.workflows.observe_steps`,
-#: connected in jobs/observe/worker.py); same multiprocess mode as LOCK_HOLD_SECONDS.
+#: How long a durable workflow step took (its guard's start to its recorded outcome), as
+#: LOCK_HOLD_SECONDS (`resilience.workflows.observe_steps`, connected in worker.py).
 WORKFLOW_STEP_SECONDS = Histogram(
     "jobs_workflow_step_seconds",
     "Seconds a durable workflow step took (guard start to its recorded outcome)",
@@ -87,8 +73,7 @@ class SharedStateCollector(Collector):
         except StorageError as exc:
             logger.warning("oldest message ages not read: %s", exc)
             ages, ages_read = {}, False
-        yield from queue_metrics(snapshot["tiers"])
-        yield from queue_age_metrics(ages)
+        yield from queue_metrics(snapshot["tiers"], ages)
         yield from counter_metrics(snapshot)
         up = GaugeMetricFamily(
             "jobs_observe_section_up",
@@ -117,38 +102,30 @@ def view_metrics(view: View, snapshot: dict[str, Any]) -> Iterator[Metric]:
         yield metric
 
 
-def queue_metrics(tiers: Any) -> Iterator[Metric]:
-    """Each tier's queue depth (absent when the broker was not read) and bulkhead limit."""
+def queue_metrics(tiers: Any, ages: dict[str, float | None]) -> Iterator[Metric]:
+    """Each tier's queue depth (absent when the broker was not read), bulkhead limit, and
+    the age of its oldest waiting message (backlog.py)."""
     depth = GaugeMetricFamily("jobs_queue_depth", "Messages waiting in the tier queue",
                               labels=["tier"])
     limit = GaugeMetricFamily("jobs_queue_max_depth", "The tier's bulkhead limit",
                               labels=["tier"])
-    for tier, row in ({} if missing(tiers) else tiers).items():
-        limit.add_metric([tier], row["max_queue_depth"])
-        if row["depth"] is not None:
-            depth.add_metric([tier], row["depth"])
-    yield depth
-    yield limit
-
-
-def queue_age_metrics(ages: dict[str, float | None]) -> Iterator[Metric]:
-    """Seconds the oldest waiting message of each tier was published ago (Redis brokers;
-    absent on RabbitMQ and for a tier whose oldest message carries no `published_at`):
-    the autoscaling signal beside depth (jobs.observe.backlog)."""
     age = GaugeMetricFamily(
         "jobs_queue_oldest_age_seconds",
         "Seconds since the oldest message waiting in the tier queue was published (0: empty)",
         labels=["tier"])
+    for tier, row in ({} if missing(tiers) else tiers).items():
+        limit.add_metric([tier], row["max_queue_depth"])
+        if row["depth"] is not None:
+            depth.add_metric([tier], row["depth"])
     for tier, seconds in ages.items():
         if seconds is not None:
             age.add_metric([tier], seconds)
-    yield age
+    yield from (depth, limit, age)
 
 
 def counter_metrics(snapshot: dict[str, Any]) -> Iterator[Metric]:
     """Every guard decision by outcome, tier, guard and name; the consumption watchdog's
-    (jobs.observe.watchdog: `reconnect` for each stall seen, `exit` when reconnecting did
-    not help and the worker exited) apart, as stalls."""
+    (`reconnect`, `exit`) apart, as stalls."""
     outcomes = CounterMetricFamily(
         "jobs_guard_outcomes", "Guard decisions fleet-wide, by outcome, tier and guard",
         labels=["outcome", "tier", "guard", "name"])

@@ -1,28 +1,10 @@
-"""One function collecting the whole platform state as a JSON-able dict.
-
-`collect(app)` is what `jobs status`, the Flower page, `/metrics` and `/api/resilience`
-show: one section per view of `VIEWS` (each package's `view.py` declares how to read its
-rows, its columns, metric families and actions; the tiers view is the platform's own).
-Each section is read on its own, in its own `try`: a store that is down turns that section
-into `{"unavailable": "<reason>"}` and the other sections still show. Cost: one HGETALL
-for every counter, one pipelined LLEN per broker, one MGET / pipeline per Redis-held guard
-kind (pause switches, breakers, budgets) plus one small pipeline per declared concurrency
-limit, six SQL statements (live cancellations and pending dead letters included) and one
-for the newest workflows (their steps counted per state), one broadcast.
-
-No SCAN: this runs on every metrics scrape, `jobs status` and web page refresh, and a SCAN
-walks the whole keyspace whatever its pattern (~170 ms per 200k keys, on the Redis every
-guard waits on). The names read are the registry the app declares: its tiers and the
-guards of its registered tasks (every worker, exporter and CLI imports the same app), so
-the view shows a limit even before it has any state in Redis. State under a name no task
-declares (a breaker used by hand, a switch on a task name this app lacks, keyed concurrency
-limits per key) is listed by the admin commands, which do SCAN on request (`jobs breakers
-list`, `jobs paused`, `jobs limits`).
-
-`probe_stores(settings)` asks each store once, quickly (`jobs status` does, before
-collecting): a store that cannot serve becomes one `StoreStatus` saying which store, why,
-and what to do (start the platform, set its URL, run `jobs migrate`), and `collect(app,
-stores=...)` skips the sections that would only wait on it.
+"""One function collecting the whole platform state as a JSON-able dict: `collect(app)`,
+what `jobs status`, the Flower page, `/metrics` and `/api/resilience` show, one section per
+view of `VIEWS`, each read in its own `try` (a store that is down turns that section into
+`{"unavailable": "<reason>"}`). No SCAN: this runs on every scrape and refresh, so the
+names read are those the app declares (docs/production.md). `probe_stores(settings)` asks
+each store once, quickly, so `collect(app, stores=...)` skips what would only wait on a
+store that cannot serve. See docs/observe.md (The snapshot, `jobs status`).
 """
 
 from __future__ import annotations
@@ -42,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from jobs.observe.health import migration_heads
+from jobs.observe.backlog import per_list
+from jobs.observe.health import missing_migrations
 from jobs.settings import Settings
 from jobs.tiers import TIERS
 from resilience.admission import RedisBrokerDepth, depth_backend_for
@@ -95,15 +78,6 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     """`Type: first line of the message` (redacted, at most `limit` characters)."""
     text = redact(str(exc).strip().splitlines()[0]) if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}"[:limit] if text else type(exc).__name__
-
-
-def _section(name: str, errors: dict[str, str], read: Callable[[], Any]) -> Any:
-    try:
-        return read()
-    except Exception as exc:  # noqa: BLE001 - one broken section must not hide the others
-        logger.warning("snapshot section %s unavailable: %s", name, redact(str(exc)))
-        errors[name] = one_line(exc)
-        return unavailable(errors[name])
 
 
 # -- can the stores serve? ---------------------------------------------------------------
@@ -191,11 +165,9 @@ def _probe_amqp(url: str, timeout_seconds: float) -> None:
 
 
 def _probe_database(url: str, timeout_seconds: float) -> tuple[str, str, str] | None:
-    """Connect with psycopg2 alone (no engine, no pool: SQLAlchemy's import alone costs
-    more than the probe) and compare the applied migrations with the code's heads.
-
-    Returns None when migrated, else (problem, reason, fix); raises when unreachable.
-    """
+    """Connect with psycopg2 alone (SQLAlchemy's import alone costs more than the probe) and
+    compare the applied migrations with the code's heads: None when migrated, else
+    (problem, reason, fix); raises when unreachable."""
     import psycopg2
 
     # libpq reads `postgresql://`, not SQLAlchemy's `postgresql+psycopg2://`; its
@@ -204,23 +176,15 @@ def _probe_database(url: str, timeout_seconds: float) -> tuple[str, str, str] | 
     dsn = re.sub(r"^postgres(?:ql)?(?:\+\w+)?://", "postgresql://", url)
     bound = max(2, math.ceil(timeout_seconds))
     connection = psycopg2.connect(dsn, connect_timeout=bound, tcp_user_timeout=bound * 1000)
-    expected = migration_heads(url)
-    applied: set[str] = set()
     try:
         with connection.cursor() as cursor:
-            for table in expected:  # names of our own, never user input
-                cursor.execute("SELECT to_regclass(%s) IS NOT NULL", (table,))
-                row = cursor.fetchone()
-                if row and row[0]:
-                    cursor.execute(f"SELECT version_num FROM {table}")
-                    applied |= {version for (version,) in cursor.fetchall()}
+            missing, applied = missing_migrations(cursor, url)
     finally:
         connection.close()
-    missing = frozenset().union(*expected.values()) - applied
     if not missing:
         return None
-    reason = ("no migration applied" if not applied
-              else f"{len(missing)} migration(s) not applied: {', '.join(sorted(missing))}")
+    reason = (f"{len(missing)} migration(s) not applied: {', '.join(missing)}" if applied
+              else "no migration applied")
     return "not_migrated", reason, MIGRATE_HINT
 
 
@@ -242,11 +206,10 @@ def _diagnose(exc: BaseException, server: str, variable: str) -> tuple[str, str,
 
 
 def probe_stores(settings: Settings, *, timeout_seconds: float = 1.0) -> dict[str, StoreStatus]:
-    """Can each store the snapshot reads serve? One quick connection each, in parallel.
-
-    The probe uses clients of its own (short timeouts, no retries), so `jobs status` with
-    nothing running answers within about a second; the platform's clients and timeouts are
-    untouched. A broker on the guard-state Redis URL is probed once.
+    """Can each store the snapshot reads serve? One quick connection each, in parallel, on
+    clients of the probe's own (short timeouts, no retries: `jobs status` with nothing
+    running answers within about a second). A broker on the guard-state Redis URL is probed
+    once.
 
     Args:
         settings: the platform settings (the URLs; no app is needed).
@@ -255,44 +218,36 @@ def probe_stores(settings: Settings, *, timeout_seconds: float = 1.0) -> dict[st
     Returns:
         `StoreStatus` by store: `broker`, `redis`, `database`.
     """
-    redis_url = settings.effective_redis_url
-    broker_url = settings.effective_broker_url
-    database_url = settings.effective_database_url
     redis_variable = url_variable("redis_url", "REDIS_URL")
-    broker_variable = (url_variable("broker_url", "BROKER_URL") if settings.broker_url
-                       else redis_variable)
-    database_variable = url_variable("database_url", "DATABASE_URL")
-    broker_server = "Redis" if settings.broker_is_redis else "RabbitMQ"
+    stores = (  # store, server, role, url, variable, probe
+        ("broker", "Redis" if settings.broker_is_redis else "RabbitMQ", "broker",
+         settings.effective_broker_url,
+         url_variable("broker_url", "BROKER_URL") if settings.broker_url else redis_variable,
+         _probe_redis if settings.broker_is_redis else _probe_amqp),
+        ("redis", "Redis", "guard state", settings.effective_redis_url, redis_variable,
+         _probe_redis),
+        ("database", "PostgreSQL", "durable state", settings.effective_database_url,
+         url_variable("database_url", "DATABASE_URL"), _probe_database),
+    )
 
-    def run(check: Callable[[], tuple[str, str, str] | None], server: str,
-            variable: str) -> tuple[str | None, str, str]:
+    def run(server: str, url: str, variable: str, probe: Callable[..., Any]) -> tuple[Any, ...]:
         try:
-            return check() or (None, "", "")
+            return probe(url, timeout_seconds) or (None, "", "")
         except Exception as exc:  # noqa: BLE001 - every failure is reported, in words
             return _diagnose(exc, server, variable)
 
     with ThreadPoolExecutor(max_workers=3, thread_name_prefix="status-probe") as pool:
-        redis_result = pool.submit(run, lambda: _probe_redis(redis_url, timeout_seconds),
-                                   "Redis", redis_variable)
-        if broker_url == redis_url:
-            broker_result = redis_result
-        else:
-            probe = _probe_redis if settings.broker_is_redis else _probe_amqp
-            broker_result = pool.submit(run, lambda: probe(broker_url, timeout_seconds),
-                                        broker_server, broker_variable)
-        database_result = pool.submit(
-            run, lambda: _probe_database(database_url, timeout_seconds), "PostgreSQL",
-            database_variable)
-    found = {}
-    for store, server, role, url, variable, result in (
-        ("broker", broker_server, "broker", broker_url, broker_variable, broker_result),
-        ("redis", "Redis", "guard state", redis_url, redis_variable, redis_result),
-        ("database", "PostgreSQL", "durable state", database_url, database_variable,
-         database_result),
-    ):
-        problem, reason, fix = result.result()
-        found[store] = StoreStatus(store=store, server=server, role=role, url=redact_url(url),
-                                   variable=variable, problem=problem, reason=reason, fix=fix)
+        results: dict[str, Any] = {}
+        # The guard-state Redis first: a broker on its URL shares its probe and its line.
+        for _, server, _, url, variable, probe in (stores[1], stores[0], stores[2]):
+            if url not in results:
+                results[url] = pool.submit(run, server, url, variable, probe)
+        found = {}
+        for store, server, role, url, variable, _ in stores:
+            problem, reason, fix = results[url].result()
+            found[store] = StoreStatus(store=store, server=server, role=role,
+                                       url=redact_url(url), variable=variable,
+                                       problem=problem, reason=reason, fix=fix)
     return found
 
 
@@ -321,18 +276,12 @@ def _store_keys(stores: dict[str, StoreStatus] | None) -> dict[str, Any]:
 # -- the platform's own sections --------------------------------------------------------
 def queue_depths(app: Celery, tiers: Iterable[str]) -> dict[str, int]:
     """Messages waiting per tier queue: one pipelined LLEN on Redis, passive declares on AMQP."""
-    tiers = list(tiers)
     backend = depth_backend_for(app)
-    if isinstance(backend, RedisBrokerDepth):
-        with backend.client().pipeline(transaction=False) as pipe:
-            for tier in tiers:
-                for name in backend.lists(tier):
-                    pipe.llen(name)
-            sizes = pipe.execute()
-        steps = len(backend.lists(tiers[0])) if tiers else 0
-        return {tier: sum(int(s) for s in sizes[i * steps:(i + 1) * steps])
-                for i, tier in enumerate(tiers)}
-    return {tier: backend.depth(tier) for tier in tiers}
+    if not isinstance(backend, RedisBrokerDepth):
+        return {tier: backend.depth(tier) for tier in tiers}
+    lists = {tier: backend.lists(tier) for tier in tiers}
+    return {tier: sum(map(int, sizes))
+            for tier, sizes in per_list(backend.client(), lists, "llen").items()}
 
 
 def active_tasks(app: Celery, timeout_seconds: float) -> dict[str, Any]:
@@ -356,9 +305,11 @@ def outcome_counters(client: redis.Redis) -> list[dict[str, Any]]:
 def tiers_section(app: Celery, counters: Any, depths: Any, active: Any) -> dict[str, Any]:
     """Per tier: depth against its limit (FULL at or over it), active, and refusals by kind."""
     tiers: dict[str, Any] = {}
+    read = isinstance(depths, dict) and "unavailable" not in depths
+    counted = isinstance(counters, list)
     for tier in TIERS:
         limits = app.settings.tier(tier)
-        read = isinstance(depths, dict) and "unavailable" not in depths
+        mine = [c for c in counters if c.get("tier") == tier] if counted else []
         row: dict[str, Any] = {
             "max_queue_depth": limits.max_queue_depth,
             "rejection_policy": limits.rejection_policy,
@@ -367,17 +318,14 @@ def tiers_section(app: Celery, counters: Any, depths: Any, active: Any) -> dict[
             "full": depths[tier] >= limits.max_queue_depth if read else None,
             "active": (active["per_tier"].get(tier, 0)
                        if isinstance(active, dict) and "per_tier" in active else None),
+            **{column: sum(c["value"] for c in mine if c.get("outcome") == outcome)
+               if counted else None for column, outcome in TIER_OUTCOMES.items()},
         }
-        for column, outcome in TIER_OUTCOMES.items():
-            row[column] = (sum(c["value"] for c in counters if c.get("tier") == tier
-                               and c.get("outcome") == outcome)
-                           if isinstance(counters, list) else None)
-        if isinstance(counters, list):
+        if counted:
             by_guard: dict[str, dict[str, int]] = {}
-            for c in counters:
-                if c.get("tier") == tier:
-                    guard = by_guard.setdefault(c.get("guard") or "-", {})
-                    guard[c["outcome"]] = guard.get(c["outcome"], 0) + c["value"]
+            for c in mine:
+                guard = by_guard.setdefault(c.get("guard") or "-", {})
+                guard[c["outcome"]] = guard.get(c["outcome"], 0) + c["value"]
             row["by_guard"] = by_guard
         tiers[tier] = row
     return tiers
@@ -417,32 +365,18 @@ SECTIONS = tuple(view.name for view in VIEWS)
 
 
 def unreachable_snapshot(stores: dict[str, StoreStatus]) -> dict[str, Any]:
-    """The snapshot when no store can serve: the same keys, every section saying why.
-
-    Built without the Celery app (nothing could be read), so it costs nothing.
-    """
-    started = time.perf_counter()
-    errors = {name: stores[store].summary for name, store in (
-        ("counters", "redis"), ("queue_depth", "broker"), ("active", "broker"),
-        *((view.name, view.store or "broker") for view in VIEWS))}
-    snapshot: dict[str, Any] = {
-        "taken_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        **_store_keys(stores),
-        **{name: unavailable(errors[name]) for name in SECTIONS},
-        "counters": unavailable(errors["counters"]),
-        "workers": None,
-        "errors": errors,
-    }
-    snapshot["collect_seconds"] = round(time.perf_counter() - started, 3)
-    return snapshot
+    """The snapshot when no store can serve: the same keys, every section saying why; built
+    without the Celery app (nothing could be read), so it costs nothing."""
+    return collect(None, stores=stores)
 
 
-def collect(app: Celery, *, inspect_timeout_seconds: float = 1.0, active: bool = True,
+def collect(app: Celery | None, *, inspect_timeout_seconds: float = 1.0, active: bool = True,
             stores: dict[str, StoreStatus] | None = None) -> dict[str, Any]:
     """The platform's resilience state; a section that cannot be read says why.
 
     Args:
-        app: the platform's Celery app (its settings give tier limits).
+        app: the platform's Celery app (its settings give tier limits); None only when no
+            store serves (`unreachable_snapshot`).
         inspect_timeout_seconds: how long to wait for workers' `active` replies.
         active: ask the workers what runs now (one broadcast); False skips it.
         stores: a `probe_stores` result: sections on a store that cannot serve are not
@@ -450,14 +384,20 @@ def collect(app: Celery, *, inspect_timeout_seconds: float = 1.0, active: bool =
     """
     started = time.perf_counter()
     errors: dict[str, str] = {}
-    source = Source(app=app, tiers=TIERS)
+    source = Source(app=app, tiers=TIERS)  # type: ignore[arg-type]
 
     def section(name: str, store: str, read: Callable[[], Any]) -> Any:
-        status = (stores or {}).get(store)
+        # The tiers section reads the app's settings; without an app it waits on the broker.
+        status = (stores or {}).get(store or ("broker" if app is None else ""))
         if status is not None and not status.ok:
             errors[name] = status.summary
             return unavailable(errors[name])
-        return _section(name, errors, read)
+        try:
+            return read()
+        except Exception as exc:  # noqa: BLE001 - one broken section must not hide the others
+            logger.warning("snapshot section %s unavailable: %s", name, redact(str(exc)))
+            errors[name] = one_line(exc)
+            return unavailable(errors[name])
 
     source.counters = section("counters", "redis", lambda: outcome_counters(source.redis()))
     source.cache["queue_depth"] = section("queue_depth", "broker",
@@ -472,7 +412,7 @@ def collect(app: Celery, *, inspect_timeout_seconds: float = 1.0, active: bool =
            for view in VIEWS},
         "counters": source.counters,
         "workers": running.get("workers") if isinstance(running, dict) else None,
+        "errors": errors,
     }
-    snapshot["errors"] = errors
     snapshot["collect_seconds"] = round(time.perf_counter() - started, 3)
     return snapshot

@@ -1,25 +1,7 @@
-"""Tracing with OpenTelemetry: Celery's own instrumentation, switched on by `OTEL_*` variables.
-
-Off by default. On when `OTEL_TRACES_EXPORTER` names an exporter (`otlp`, `console`, a comma
-list) and `OTEL_SDK_DISABLED` is not `true`; every other setting is OpenTelemetry's own
-(`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_EXPORTER_OTLP_ENDPOINT`,
-`OTEL_TRACES_SAMPLER`, `OTEL_BSP_*`), read by the SDK.
-
-What a trace holds, and who makes it:
-
-- `CeleryInstrumentor` (opentelemetry-instrumentation-celery): a PRODUCER span per publish,
-  whose context travels in the message headers, and a CONSUMER span per execution, child of
-  the publish. A retry or a guard's deferral is published from inside the running task, so
-  the next execution is a child of the last one: request -> deferred -> retried -> ran is
-  one trace. A caller-runs job runs inside the caller's span.
-- `resilience.outcomes`: every guard decision (SHED, REPLAYED, DEFERRED, RETRY, ...) is a
-  `guard.decision` event on the current span, with `guard`, `outcome`, `reason` and
-  `retry_after`.
-- `resilience.outbox`: a row keeps its caller's trace context; the relay publishes in it.
-
-`install_tracing` is called by `jobs.platform.create_app` when enabled, so producers,
-workers (prefork children inherit it: the SDK's span processors restart their threads after
-a fork) and the outbox relay all trace.
+"""Tracing with OpenTelemetry: Celery's own instrumentation, on when `OTEL_TRACES_EXPORTER`
+names an exporter and `OTEL_SDK_DISABLED` is not `true`; every other setting is the SDK's
+own. `jobs.platform.create_app` calls `install_tracing`, so producers, workers and the
+outbox relay trace. What a trace holds: docs/observe.md (Tracing).
 """
 
 from __future__ import annotations

@@ -1,50 +1,8 @@
-"""Consumption watchdog: a worker that stops taking work while it stays alive is restarted.
-
-Celery's most repeated report (celery#4453, #8030, #8082, #8091, #9054, #10205): after a
-broker reconnect, or with a broker connection that went silent without a reset, the worker
-process is up, its PID and TCP checks pass, its heartbeat file ticks, and the backlog grows.
-
-**What counts as a stall.** For `JOBS_WORKER_STALL_SECONDS` (default 60) the worker had
-free slots (fewer reserved requests than its prefetch limit), its consumer was running (not
-inside Celery's own reconnect loop) and it took nothing (no `task_received`), while its
-queues had a backlog seen on two reads a quarter of that time apart. The backlog is read on
-a connection opened for the read (`jobs.observe.backlog.fresh_backlog`), never the
-consumer's own: those are what may be wedged.
-
-**A broker nothing can reach is an outage, not a stall.** When the fresh read fails too,
-the watchdog does nothing and starts its clock again: the worker waits for the broker like
-the rest of the fleet, and resumes when it returns (a fleet must not restart itself during
-a broker blip). A broker that went silent without a reset also blocks the worker's main
-thread on a socket (publishing an event), so its event loop stops beating the heartbeat:
-when the loop has missed beats for max(2 s, S/10), a fresh read is made at once, and while
-it fails the watchdog's thread beats the heartbeat itself (every S/20, reads every S/4), so
-`jobs health live --local` holds through the outage. Once the broker answers again the
-beats stop: a loop that stays blocked then goes stale, or meets the stall check.
-
-**What it does.** Timeline of one stall (S = the stall seconds):
-
-    t0          the worker's broker connections go silent; the backlog grows
-    <= t0+S     stall seen: the consumer is made to reconnect (counted, logged)
-    +S/2        nothing taken since, still a backlog on a fresh read: the worker is
-                marked stalled (`jobs health live --local` fails from now), asks for a
-                warm shutdown with exit status 75, and after S/4 more exits at once
-    <  t0+2S    the worker is gone; its supervisor (Kubernetes, systemd, docker) starts
-                a new one. honcho (`jobs up`) restarts nothing: it stops every process.
-
-Reconnecting: the watchdog shuts down (`shutdown(2)`) every TCP connection of the worker's
-main process to the broker's address. A main thread blocked reading a silent socket (e.g.
-publishing an event) gets its end of stream, and the event loop sees its consumer's socket
-closed: kombu raises a lost connection, and `Consumer.start` runs Celery's own reconnect
-(close, collect, restart the blueprint). If the consumer has not restarted a second later
-(it was not reading a broker socket at all), a callback on its event loop raises the
-connection error instead. Neither depends on the transport's internals (`jobs.broker`):
-only the consumer blueprint (`restart_count`, `hub`), the process's sockets and the
-broker URL. A worker exiting at once is a crashed worker to the platform: its unacknowledged
-messages come back (Redis: after the visibility timeout; RabbitMQ: when its connection
-closes), none is lost.
-
-Not seen: a message that cannot become a task (dead-lettered by the intake) is not counted
-as taken; a stream of only such messages for S seconds would read as a stall.
+"""Consumption watchdog: a worker that stops taking work while it stays alive reconnects
+its consumer, then exits with status 75 for its supervisor to restart (celery#4453, #8030,
+#8082, #8091, #9054, #10205); a broker nothing reaches is an outage, waited out. The stall
+rule, the timeline of one stall and what is not seen: docs/observe.md (Workers that stop
+consuming and stay alive).
 """
 
 from __future__ import annotations
@@ -54,7 +12,6 @@ import logging
 import os
 import signal
 import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,7 +20,7 @@ from typing import Any
 from celery import bootsteps, signals
 
 from jobs.observe.backlog import fresh_backlog
-from jobs.observe.health import clear_stalled, heartbeat_age, mark_stalled
+from jobs.observe.health import Periodic, clear_stalled, heartbeat_age, mark_stalled
 from jobs.observe.heartbeat import main_thread_waits_for_broker
 from jobs.observe.metrics import WATCHDOG
 from jobs.settings import get_settings
@@ -76,17 +33,13 @@ EXIT_STALLED = 75
 #: Counter labels of the watchdog's decisions (`jobs_worker_stalls_total{action}`).
 RECONNECT, EXIT = "reconnect", "exit"
 
+#: Task messages this process's consumer has taken since it started.
 _taken = [0]
 
 
 @signals.task_received.connect(weak=False)
 def _task_taken(**_: Any) -> None:
     _taken[0] += 1
-
-
-def taken() -> int:
-    """Task messages this process's consumer has taken since it started."""
-    return _taken[0]
 
 
 @dataclass(frozen=True)
@@ -136,29 +89,15 @@ class ConsumptionWatchdog:
         self.reconnect, self.give_up, self.count = reconnect, give_up, count
         now = clock()
         self._taken: int | None = None
-        self._queues: tuple[str, ...] = ()
+        #: The queues the consumer consumed when last seen running.
+        self.queues: tuple[str, ...] = ()
         self._idle_since = now
         self._next_read = now
         self._backlog_seen: float | None = None
         self._gave_up = False
         self._reconnected_at: float | None = None
-        self._outage = False
-
-    @property
-    def queues(self) -> tuple[str, ...]:
-        """The queues the consumer consumed when last seen running."""
-        return self._queues
-
-    @property
-    def outage(self) -> bool:
-        """The last fresh read could not reach the broker (and nothing was taken since):
-        the worker waits for the broker like the rest of the fleet."""
-        return self._outage
-
-    @property
-    def reconnecting(self) -> bool:
-        """A reconnect was made and consumption has not come back yet."""
-        return self._reconnected_at is not None
+        #: The last fresh read could not reach the broker (and nothing was taken since).
+        self.outage = False
 
     def check(self) -> str | None:
         """Look once; returns what was decided: 'reconnect', 'recovered', 'exit',
@@ -170,15 +109,15 @@ class ConsumptionWatchdog:
         progressed = self._taken is not None and state.taken != self._taken
         self._taken = state.taken
         if state.queues:
-            self._queues = state.queues
+            self.queues = state.queues
         if self._reconnected_at is not None:  # the consumer restarts: its queues may be ()
             return self._after_reconnect(now, progressed or not state.free_slots)
         busy = not state.free_slots or not state.queues
         if progressed or busy or not state.consuming:
-            self._outage = False
+            self.outage = False
             self._restart_clock(now)
             return None
-        due = (self._outage or state.loop_blocked
+        due = (self.outage or state.loop_blocked
                or now - self._idle_since >= self.stall_seconds - self.read_interval_seconds)
         if not due or now < self._next_read:
             return None
@@ -186,8 +125,8 @@ class ConsumptionWatchdog:
         waiting = self.backlog(state.queues)
         if waiting is None:
             return self._broker_unreachable(now)
-        if self._outage:  # the broker answers again: the stall clock starts now
-            self._outage = False
+        if self.outage:  # the broker answers again: the stall clock starts now
+            self.outage = False
             self._restart_clock(now)
             return None
         if waiting == 0:
@@ -218,7 +157,7 @@ class ConsumptionWatchdog:
             return "recovered"
         if now - self._reconnected_at < self.recover_seconds:
             return None
-        waiting = self.backlog(self._queues)
+        waiting = self.backlog(self.queues)
         if waiting is None:
             self._reconnected_at = None
             return self._broker_unreachable(now)
@@ -227,7 +166,7 @@ class ConsumptionWatchdog:
             self._restart_clock(now)
             return "recovered"
         reason = (f"consumer stalled: {waiting} message(s) waiting in "
-                  f"{','.join(self._queues)}, nothing taken for "
+                  f"{','.join(self.queues)}, nothing taken for "
                   f"{now - self._idle_since:.0f}s, and reconnecting did not help")
         logger.critical("%s; exiting with status %d so the supervisor restarts the worker",
                         reason, EXIT_STALLED)
@@ -237,10 +176,10 @@ class ConsumptionWatchdog:
         return EXIT
 
     def _broker_unreachable(self, now: float) -> str:
-        if not self._outage:
+        if not self.outage:
             logger.warning("the broker cannot be reached on a fresh connection either: an "
                            "outage, not a stall; waiting for it")
-        self._outage = True
+        self.outage = True
         self._restart_clock(now)
         self._next_read = now + self.read_interval_seconds
         return "outage"
@@ -257,7 +196,6 @@ def consumer_state(worker: Any, *, blocked_after_seconds: float = 5.0) -> Consum
     as blocked when its heartbeat file is older than `blocked_after_seconds`."""
     from celery.worker import state
 
-
     consumer = worker.consumer
     heartbeat = getattr(worker, "jobs_heartbeat", None)
     running = heartbeat.consuming if heartbeat is not None else consumer.connection is not None
@@ -266,7 +204,7 @@ def consumer_state(worker: Any, *, blocked_after_seconds: float = 5.0) -> Consum
     qos = getattr(consumer, "qos", None)
     limit = int(getattr(qos, "value", 0) or 0)
     return ConsumerState(
-        taken=taken(),
+        taken=_taken[0],
         free_slots=limit == 0 or len(state.reserved_requests) < limit,
         consuming=running and not main_thread_waits_for_broker(),
         queues=queues,
@@ -342,7 +280,6 @@ def exit_stalled(worker: Any, reason: str, *, grace_seconds: float) -> None:
     status `EXIT_STALLED`, and exit at once if it has not stopped after `grace_seconds`."""
     from celery.worker import state
 
-
     mark_stalled(worker.hostname, reason)
     state.should_stop = EXIT_STALLED  # the event loop raises WorkerShutdown(75)
     hub = getattr(worker.consumer, "hub", None)
@@ -370,26 +307,20 @@ class WorkerWatchdog(bootsteps.StartStopStep):
 
     requires = ("celery.worker.components:Timer",)
 
-    def __init__(self, parent: Any, **kwargs: Any) -> None:
-        super().__init__(parent, **kwargs)
-        self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
-
     def include_if(self, w: Any) -> bool:
         return _stall_seconds(w.app) > 0
 
-    def create(self, w: Any) -> ConsumptionWatchdog:
-
+    def create(self, w: Any) -> Periodic:
         stall = _stall_seconds(w.app)
         timeout = min(5.0, max(0.5, stall / 4))
         # The loop beats every second: a few missed beats make a fresh read due at once.
         blocked_after = max(2.0, stall / 10)
 
         def count(action: str) -> None:
-            tier = ",".join(w.jobs_watchdog.queues) or None
+            tier = ",".join(watchdog.queues) or None
             count_outcome(w.app, "STALLED", guard=WATCHDOG, tier=tier, name=action)
 
-        w.jobs_watchdog = ConsumptionWatchdog(
+        watchdog = w.jobs_watchdog = ConsumptionWatchdog(
             stall_seconds=stall,
             observe=lambda: consumer_state(w, blocked_after_seconds=blocked_after),
             backlog=lambda queues: fresh_backlog(w.app, queues, timeout_seconds=timeout),
@@ -397,36 +328,26 @@ class WorkerWatchdog(bootsteps.StartStopStep):
             give_up=lambda reason: exit_stalled(w, reason, grace_seconds=max(1.0, stall / 4)),
             count=count,
         )
-        return w.jobs_watchdog
 
-    def start(self, w: Any) -> None:
-
-        clear_stalled(w.hostname)  # a previous incarnation's mark
-        self._stopped.clear()
-        self._thread = threading.Thread(
-            target=self._run, args=(w.jobs_watchdog, getattr(w, "jobs_heartbeat", None)),
-            name="jobs-watchdog", daemon=True)
-        self._thread.start()
-
-    def stop(self, w: Any) -> None:
-        self._stopped.set()
-
-    terminate = stop
-
-    def _run(self, watchdog: ConsumptionWatchdog, heartbeat: Any) -> None:
-        while not self._stopped.wait(watchdog.check_interval_seconds):
+        def check() -> None:
             try:
                 watchdog.check()
             except Exception:  # the watchdog must never take the worker down
                 logger.exception("consumption watchdog check failed")
+            heartbeat = getattr(w, "jobs_heartbeat", None)
             if watchdog.outage and heartbeat is not None:
                 # Nothing reaches the broker: the main thread may be blocked on a silent
                 # socket, but a restart would not help. Liveness holds (heartbeat.py).
                 heartbeat.beat()
 
+        return Periodic("jobs-watchdog", watchdog.check_interval_seconds, check)
+
+    def start(self, w: Any) -> None:
+        clear_stalled(w.hostname)  # a previous incarnation's mark
+        super().start(w)
+
 
 def _stall_seconds(app: Any) -> float:
-
     settings = getattr(app, "settings", None) or get_settings()
     return float(settings.worker_stall_seconds)
 

@@ -1,23 +1,9 @@
-"""The resilience view inside Flower's own web app: `/resilience` (page) and `/api/resilience`.
-
-No second web framework: the handlers subclass Flower's `BaseHandler` / `BaseApiHandler`,
-so Flower's basic auth / OAuth apply (`tornado.web.authenticated`, as Flower's own views
-use), the JSON endpoint follows Flower's API rule (open without auth only with
-`FLOWER_UNAUTHENTICATED_API=true`), and the page extends Flower's `base.html` and navbar.
-`run_flower()` is Flower's own command body (same options, environment variables and
-banner) with the handlers added to the application before it starts serving.
-
-A view with a page per row (`View.detail`: a workflow) links each row's first cell to
-`/resilience/<view>/<key>`, which shows the row's document, its figure (the workflow's graph,
-an SVG drawn server-side), its tables and the row's actions as forms.
-
-Operator actions (`POST /resilience/actions/<action>`: pause, resume, cancel, requeue,
-requeue-bulk, the workflows' cancel, retry and replay) are the views' `Action`s: one
-handler runs them, one template loop draws their forms, and each calls the library functions
-the `jobs` CLI commands call. Every POST needs tornado's XSRF token (the `_xsrf` cookie
-echoed in the form field `_xsrf` or the `X-XSRFToken` header), whatever Flower's auth:
-Flower's own check skips the token under basic auth, and a browser sends cached basic
-credentials on a cross-site POST too. GET never changes state.
+"""The resilience view inside Flower's own web app: `/resilience` (the page: every view's
+section and its actions' forms), `/resilience/<view>/<key>` (one row's page, `View.detail`),
+`POST /resilience/actions/<action>` (the views' `Action`s) and `/api/resilience` (JSON).
+The handlers subclass Flower's, so its auth applies; every POST also needs tornado's XSRF
+token whatever the auth (Flower skips it under basic auth, and a browser sends cached
+credentials on a cross-site POST too). GET never changes state. See docs/observe.md.
 """
 
 from __future__ import annotations
@@ -42,7 +28,7 @@ from tornado.ioloop import IOLoop
 from jobs.observe.snapshot import VIEWS, collect, one_line, queue_depths
 from jobs.tiers import TIERS
 from resilience.errors import AdmissionError, ResilienceError, StorageError
-from resilience.views import Action, ActionRefused, Row, Source, Submitted, View, missing
+from resilience.views import Action, ActionRefused, Detail, Row, Source, Submitted, View, missing
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -98,20 +84,15 @@ def page_section(view: View, section: Any) -> dict[str, Any]:
         for row in ([] if reason else view.rows(section))]}
 
 
-def page_sections(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each view's section as the page shows it (`page_section`)."""
-    return [page_section(view, snapshot[view.name]) for view in VIEWS]
-
-
 class ResiliencePage(BaseHandler):
-    """Tiers (FULL at the limit), pauses, cancellations, breakers, budgets, limits, locks,
-    idempotency, beat leader, pending dead letters; and the forms of the operator actions."""
+    """`/resilience`: every view's section, and the forms of the operator actions."""
     @web.authenticated
     async def get(self) -> None:
         snapshot = await snapshot_of(self.capp)
         suggested = await IOLoop.current().run_in_executor(None, suggestions, self.capp)
         self.render(PAGE_TEMPLATE, snapshot=snapshot, suggestions=suggested,
-                    cards=page_forms(), sections=page_sections(snapshot),
+                    cards=page_forms(),
+                    sections=[page_section(view, snapshot[view.name]) for view in VIEWS],
                     refresh_seconds=_refresh_seconds(self),
                     flash=self._take_flash())
 
@@ -140,13 +121,10 @@ def row_page(view: View, key: str) -> str:
     return f"{view.name}/{quote(key, safe='')}"
 
 
-def detail_forms(view: View, document: Row) -> list[dict[str, Any]]:
+def detail_forms(detail: Detail, document: Row) -> list[dict[str, Any]]:
     """The actions of a row's page (`Detail.actions`) that apply to its document, as
     forms: the fields naming the row hidden, the other inputs of the action's first form
     shown (`retry` from step N)."""
-    detail = view.detail
-    if detail is None:
-        return []
     hidden = detail.fields(document) if detail.fields else {}
     return [{"action": action, "hidden": hidden, "id": f"detail-{action.web}",
              "inputs": [field for form in action.forms[:1] for field in form.inputs
@@ -174,19 +152,18 @@ class ResilienceDetail(BaseHandler):
             log = logger.exception if status == 500 else logger.warning
             log("resilience page %s/%s: %s", name, key, one_line(exc))
             self.set_status(status)
-            self.render(DETAIL_TEMPLATE, view=view, key=key, back=row_page(view, key),
-                        document=None, refresh_seconds=0,
-                        error=one_line(exc, 500), heading="", figure="", tables=[], forms=[],
-                        flash=self._take_flash())
-            return
-        live = detail.live is not None and detail.live(document)
+            page = {"document": None, "error": one_line(exc, 500), "refresh_seconds": 0,
+                    "heading": "", "figure": "", "tables": [], "forms": []}
+        else:
+            live = detail.live is not None and detail.live(document)
+            page = {"document": document, "error": None,
+                    "refresh_seconds": _refresh_seconds(self) if live else 0,
+                    "heading": detail.heading(document),
+                    "figure": detail.figure(document) if detail.figure else "",
+                    "tables": [page_section(table, document) for table in detail.tables],
+                    "forms": detail_forms(detail, document)}
         self.render(DETAIL_TEMPLATE, view=view, key=key, back=row_page(view, key),
-                    document=document, error=None,
-                    refresh_seconds=_refresh_seconds(self) if live else 0,
-                    heading=detail.heading(document),
-                    figure=detail.figure(document) if detail.figure else "",
-                    tables=[page_section(table, document) for table in detail.tables],
-                    forms=detail_forms(view, document), flash=self._take_flash())
+                    flash=self._take_flash(), **page)
 
     _take_flash = ResiliencePage._take_flash
 
@@ -237,14 +214,9 @@ def _status_of(action: Action, exc: BaseException) -> int:
     """The HTTP status an action's error answers with."""
     if isinstance(exc, ActionRefused):
         return exc.status
-    declared = [status for kind, status in action.statuses.items() if isinstance(exc, kind)]
-    if declared:
-        return declared[0]
-    if isinstance(exc, AdmissionError):
-        return 409
-    if isinstance(exc, StorageError):
-        return 503
-    return 400 if isinstance(exc, ResilienceError) else 500
+    declared = [*action.statuses.items(), (AdmissionError, 409), (StorageError, 503),
+                (ResilienceError, 400)]
+    return next((status for kind, status in declared if isinstance(exc, kind)), 500)
 
 
 class ResilienceAction(BaseHandler):
@@ -306,20 +278,15 @@ def _refresh_seconds(handler: BaseHandler) -> int:
         return 5
 
 
-def handlers() -> list[tuple[str, type]]:
-    """The URL rules this module adds to Flower."""
-    return [(r"/resilience/?", ResiliencePage),
-            (r"/resilience/actions/([a-z-]+)", ResilienceAction),
-            (rf"/resilience/(?!actions/){_ROW_PAGE.pattern}/?", ResilienceDetail),
-            (r"/api/resilience/?", ResilienceJson)]
-
-
 def add_resilience_handlers(flower_app: Flower) -> None:
     """Add the resilience page, its actions and the API to a Flower application (before its
     catch-all 404)."""
     from flower.app import rewrite_handler
 
-    rules = handlers()
+    rules = [(r"/resilience/?", ResiliencePage),
+             (r"/resilience/actions/([a-z-]+)", ResilienceAction),
+             (rf"/resilience/(?!actions/){_ROW_PAGE.pattern}/?", ResilienceDetail),
+             (r"/api/resilience/?", ResilienceJson)]
     prefix = getattr(flower_app.options, "url_prefix", None)
     if prefix:
         rules = [rewrite_handler(rule, prefix) for rule in rules]
@@ -327,16 +294,13 @@ def add_resilience_handlers(flower_app: Flower) -> None:
 
 
 class QueueDepthCollector:
-    """`flower_queue_depth{queue}` in Flower's own `/metrics` (Flower #1173: Flower counts
-    events, never the broker's queues): messages waiting per tier queue, read from the
-    broker at each scrape (`jobs.observe.snapshot.queue_depths`: one pipelined LLEN on
-    Redis). A broker that cannot be read leaves the family empty for that scrape."""
+    """`flower_queue_depth{queue}` in Flower's own `/metrics` (Flower counts events, never
+    the broker's queues: Flower #1173), read at each scrape; empty when the broker is not."""
     def __init__(self, app: Celery) -> None:
         self.app = app
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
-
 
         family = GaugeMetricFamily("flower_queue_depth", "Messages waiting in the queue",
                                    labels=["queue"])

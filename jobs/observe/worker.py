@@ -1,20 +1,8 @@
-"""Worker-side observation: structured log formatter, lock hold times, dead pool processes.
-
-Import this module in the worker (it is one of the app's `imports`); it connects:
-
-- `after_setup_logger` / `after_setup_task_logger`: the structured formatter (logging.py);
-- `task_prerun` / `task_postrun`: a task whose execution guards hold a singleton or
-  exclusive lock gets its hold time observed in `jobs_lock_hold_seconds` (the lock is held
-  from the exclusivity stage to the end of the body; the few milliseconds of the outer
-  deadline and idempotency guards are included). A call stopped by its own lock guard
-  (SKIPPED/DEFERRED: the lock was never held) is not observed;
-- `resilience.workflows.observe_steps`: each durable workflow step's latency (its guard's
-  start to its recorded outcome) in `jobs_workflow_step_seconds`;
-- `worker_process_shutdown`: `multiprocess.mark_process_dead(pid)`, so Prometheus stops
-  summing the live gauges of a pool process that is gone;
-- `celeryd_init` / `worker_shutdown`: the heartbeat file `jobs health live --local` reads
-  (heartbeat.py): its bootsteps are added before the worker is built, and the file is
-  removed once the worker has stopped.
+"""Worker-side observation, connected on import (one of the app's `imports`): the structured
+log formatter, `jobs_lock_hold_seconds` (task_prerun to task_postrun of a task holding a
+singleton or exclusive lock; a call its own lock guard stopped never held it),
+`jobs_workflow_step_seconds`, dead pool processes marked for multiprocess metrics, and the
+heartbeat and watchdog bootsteps (added at `celeryd_init`, stopped at `worker_shutdown`).
 """
 
 from __future__ import annotations
@@ -39,19 +27,13 @@ _lock_kinds: dict[str, str | None] = {}
 
 def lock_kind(task: Any) -> str | None:
     """The lock guard kind of `task` ('singleton' / 'exclusive'), or None."""
-    if task.name in _lock_kinds:
-        return _lock_kinds[task.name]
-    kind = None
-    try:
-        execution, _ = task.pipelines()
-        for guard in execution.guards:
-            if getattr(guard, "name", None) in LOCK_GUARDS:
-                kind = guard.name
-                break
-    except Exception:  # noqa: BLE001 - a task without guards holds no lock
-        kind = None
-    _lock_kinds[task.name] = kind
-    return kind
+    if task.name not in _lock_kinds:
+        try:
+            guards = [getattr(guard, "name", None) for guard in task.pipelines()[0].guards]
+        except Exception:  # noqa: BLE001 - a task without guards holds no lock
+            guards = []
+        _lock_kinds[task.name] = next((g for g in guards if g in LOCK_GUARDS), None)
+    return _lock_kinds[task.name]
 
 
 @signals.task_prerun.connect(weak=False)
