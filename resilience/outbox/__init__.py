@@ -5,11 +5,9 @@
         charge.enqueue_in(session, order.id)      # an AsyncResult, at once
     # committed: the relay publishes the job; rolled back: there never was a job
 
-`task.apply_async_in(session, args, kwargs, **options)` / `task.enqueue_in(session, ...)`
-write a row in the caller's transaction (`enqueue.py`); `jobs outbox relay` publishes the
-committed rows (`relay.py`); `apply_async` with a countdown beyond the app's
-`resilience_max_countdown_seconds` is written to the same table and published when due.
-`describe(stores)` reports what is pending, the lag, and what was published recently.
+`enqueue.py` writes the row in the caller's transaction, `relay.py` publishes committed
+rows; a countdown beyond `resilience_max_countdown_seconds` takes the same table. See
+docs/outbox.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Writing a job to the outbox: the producer's side of `task.apply_async_in` / `enqueue_in`.
 
-The row is the job: it carries the task name, the arguments, the `apply_async` options
-(JSON only) and the task id the relay will publish it with, fixed here so the caller's
-`AsyncResult` is the job's from the start. Countdown and ETA become the row's `due_at`.
-
-The relay publishes each row with the header `outbox_id` (the row id); `@idempotent`
-without an explicit key keys on `outbox:<row id>`, so a row published twice (a relay killed
-between publishing and marking) takes effect once.
-
-When tracing records, the row's headers also carry the enqueuing caller's trace context
-(`resilience.outbox.trace`).
+The row is the job: task name, arguments, the `apply_async` options (JSON only) and the task
+id the relay will publish it with, fixed here so the caller's `AsyncResult` is the job's from
+the start. Countdown and ETA become the row's `due_at`. See docs/outbox.md.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 State machine of a row:
 
-    pending --relay published it--> published   (kept `keep_finished_seconds`, then purged)
+    pending --relay published it--> published   (kept an hour, then purged)
        |  \\--refused (TierFull, broker down)--> pending, attempts + 1, next_attempt_at later
        '---unknown task / non-retryable error--> dead_lettered
                                                    (a `resilience_dead_letters` row names it)
@@ -32,11 +32,6 @@ from resilience.schema import metadata
 
 TABLE_NAME = "resilience_outbox"
 
-PENDING = "pending"
-PUBLISHED = "published"
-DEAD_LETTERED = "dead_lettered"
-STATES = (PENDING, PUBLISHED, DEAD_LETTERED)
-
 outbox = Table(
     TABLE_NAME,
     metadata,
@@ -47,7 +42,7 @@ outbox = Table(
     Column("kwargs", JSONB, nullable=False),
     Column("options", JSONB, nullable=False, comment="apply_async options (JSON only)"),
     Column("ordering_key", Text, nullable=True, comment="same key: published in id order"),
-    Column("state", String(16), nullable=False, server_default=PENDING),
+    Column("state", String(16), nullable=False, server_default="pending"),
     Column("due_at", DateTime(timezone=True), nullable=False, server_default=func.now(),
            comment="not published before this (countdown / eta)"),
     Column("next_attempt_at", DateTime(timezone=True), nullable=True,

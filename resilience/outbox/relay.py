@@ -1,42 +1,19 @@
 """The relay: publishes committed outbox rows, in id order, each with its fixed task id.
 
-One batch (`Relay.relay_once`):
-
-1. lock up to `batch_size` publishable rows, `FOR UPDATE SKIP LOCKED` in id order (a second
-   relay skips them, so two relays never publish one row twice while both live); a row of
-   an ordering key waits while an earlier row of its key is pending;
-2. publish each through the task's own `apply_async` with the row's task id and the header
-   `outbox_id`: the enqueue guards (tier bulkhead, unique, deadline stamp) decide as for any
-   producer. A row due within the look-ahead is published with the small remainder as
-   its countdown;
-3. what became of each row commits with the batch: published rows are marked; a refusal
-   (`TierFull`, a discarding tier, the broker or a store down) leaves the row pending with
-   backoff; an unknown task or a non-retryable error dead-letters it
-   (`resilience.deadletter.place.dead_letter`, in the same transaction).
-
-A row whose `@unique` key another job holds is done, not refused: the unique guard stored
-its task id's outcome (REJECTED naming the holder, or `DuplicateJob` with
-`raise_on_duplicate`) and a batch counted the member SKIPPED (`job_deduplicated`), so the
-row is marked like a published one and counted `deduplicated`. Waiting for the key instead
-would run the job later than its caller asked, and a `wait` on every such row would stall
-its whole queue; the caller's `AsyncResult` says where the work went. That outcome is
-stored before the batch commits: a relay killed in between publishes the row again, and if
-the key is free by then the job runs after all, while its result stays REJECTED (a stored
-SUCCESS is never replaced; `DuplicateJob`'s FAILURE is) and its batch member `skipped` (a
-member's state is final once recorded): a crash window, like the double publish below.
-
-The race a crash leaves, spelled out:
+One batch (`Relay.relay_once`) locks publishable rows `FOR UPDATE SKIP LOCKED`, publishes
+each through the task's own `apply_async` (the enqueue guards decide, as for any producer)
+with the header `outbox_id`, and commits what became of each: published (or deduplicated:
+its `@unique` key held, its outcome stored by the unique guard), postponed with backoff
+(a refusal, the broker or a store down), or dead-lettered (an unknown task, a non-retryable
+error). Steps and semantics: docs/outbox.md, "The relay" and "A row whose `@unique` key is
+held". The race a crash leaves:
 
     relay A: lock rows 1..100 -> publish 1..100 -> (SIGKILL) -> mark, commit never happen
     PostgreSQL: A's session ends, the locks and the uncommitted marks go away
     relay B: lock rows 1..100 again -> publish 1..100 again -> mark, commit
 
 Rows 1..100 were published twice, with the same task ids and `outbox_id` headers: the
-at-least-once half of the contract. `@idempotent` keys such a job on `outbox:<row id>`, so
-the second copy is REPLAYED, not run: the exactly-once half needs the task to be idempotent.
-
-A tier whose policy is `caller_runs` runs a refused job in the relay process, as it would
-in any producer; a `discard` tier's refusal is not a loss here: the row stays pending.
+at-least-once half of the contract; `@idempotent` keys such a job on `outbox:<row id>`.
 """
 
 from __future__ import annotations
@@ -74,6 +51,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("resilience.outbox")
 
 GUARD_NAME = "outbox"
+#: Published and dead-lettered rows are deleted after an hour, looked for every minute.
+KEEP_FINISHED_SECONDS, PURGE_EVERY_SECONDS = 3600.0, 60.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,8 +66,6 @@ class RelayConfig:
             their countdown, so they run on time rather than up to a poll late.
         backoff_initial_seconds: first wait after a refused publish; doubles per attempt.
         backoff_max_seconds: longest wait between attempts of one row.
-        keep_finished_seconds: published and dead-lettered rows are deleted after this.
-        purge_every_seconds: how often the relay deletes them.
     """
 
     batch_size: int = 100
@@ -96,17 +73,12 @@ class RelayConfig:
     lookahead_seconds: float = 1.0
     backoff_initial_seconds: float = 0.5
     backoff_max_seconds: float = 30.0
-    keep_finished_seconds: float = 3600.0
-    purge_every_seconds: float = 60.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or (
-            self.batch_size < 1
-        ):
-            raise ConfigurationError(f"batch_size must be a positive integer, got "
-                                     f"{self.batch_size!r}")
-        for name in ("poll_seconds", "backoff_initial_seconds", "backoff_max_seconds",
-                     "keep_finished_seconds", "purge_every_seconds"):
+        size = self.batch_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ConfigurationError(f"batch_size must be a positive integer, got {size!r}")
+        for name in ("poll_seconds", "backoff_initial_seconds", "backoff_max_seconds"):
             if not getattr(self, name) > 0:
                 raise ConfigurationError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.lookahead_seconds < 0:
@@ -199,7 +171,7 @@ class Relay:
                     self._postpone(batch, row, report, waiting)
                     continue
                 try:
-                    result = self.publish(task, row)
+                    result = publish_row(task, row)
                 except DuplicateJob:
                     # raise_on_duplicate: the guard stored the row's outcome (a holder that
                     # is the row's own job answers its AsyncResult, never this error).
@@ -234,10 +206,6 @@ class Relay:
                         report.postponed, report.dead_lettered)
         return report
 
-    def publish(self, task: Task, row: OutboxRow) -> Any:
-        """Publish one row through the task's `apply_async` (enqueue guards apply)."""
-        return publish_row(task, row)
-
     def _postpone(self, batch: Batch, row: OutboxRow, report: RelayReport, why: str) -> None:
         batch.postpone(row, self.config.backoff_seconds(row.attempts), why)
         report.postponed += 1
@@ -261,10 +229,10 @@ class Relay:
         while not should_stop():
             try:
                 report = self.relay_once()
-                if self.clock() - last_purge >= self.config.purge_every_seconds:
+                if self.clock() - last_purge >= PURGE_EVERY_SECONDS:
                     last_purge = self.clock()
-                    self.backend.purge_published(
-                        older_than_seconds=self.config.keep_finished_seconds, limit=1000)
+                    self.backend.purge_published(older_than_seconds=KEEP_FINISHED_SECONDS,
+                                                 limit=1000)
             except StorageError as exc:
                 logger.warning("outbox relay: %s; trying again in %gs", exc,
                                self.config.poll_seconds)

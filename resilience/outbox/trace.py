@@ -17,7 +17,6 @@ from typing import Any
 def with_trace_context(options: Mapping[str, Any]) -> dict[str, Any]:
     """`options` with the current trace context added to its headers (a copy), or as they
     are when no span records (or OpenTelemetry is not installed)."""
-    # Never imported here: a span exists only where OpenTelemetry was imported already.
     if "opentelemetry.trace" not in sys.modules:
         return dict(options)
     from opentelemetry import propagate, trace

@@ -13,7 +13,7 @@ the caller's transaction commits (`resilience.testing`).
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 
@@ -80,17 +80,10 @@ class OutboxState:
     next_due_in_seconds: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready fields (status views, `--json`)."""
-        return {
-            "pending": self.pending,
-            "due": self.due,
-            "scheduled": self.scheduled,
-            "lag_seconds": round(self.lag_seconds, 3),
-            "published_last_minute": self.published_last_minute,
-            "dead_lettered": self.dead_lettered,
-            "next_due_in_seconds": (None if self.next_due_in_seconds is None
-                                    else round(self.next_due_in_seconds, 3)),
-        }
+        """JSON-ready fields (status views, `--json`), seconds to the millisecond."""
+        later = self.next_due_in_seconds
+        return {**asdict(self), "lag_seconds": round(self.lag_seconds, 3),
+                "next_due_in_seconds": None if later is None else round(later, 3)}
 
 
 class Batch(Protocol):

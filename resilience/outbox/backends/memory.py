@@ -2,30 +2,23 @@
 
 What a unit test wants of `apply_async_in(session, ...)`: the job runs when, and only when,
 the caller's transaction commits. So a row is kept in memory, invisible, until the
-transaction it was written in commits; then the relay's own flow (`Relay.relay_once`, the
-same publish: task id, `outbox_id` header, enqueue guards) publishes what is due at once,
-so the job runs in eager mode or reaches the thread worker. A rollback drops the rows.
-
-- a SQLAlchemy `Session`: published on its `after_commit`, dropped when its outermost
-  transaction rolls back;
-- a SQLAlchemy `Connection`: published on its `commit`, dropped on its `rollback`;
-- a `MemoryTransaction` (what `Batch.apply_async` uses in memory): on its `commit()`;
-- None (a short transaction of its own): at once.
-
-Rows due later (a countdown or ETA beyond the relay's look-ahead) wait for a
-`Relay(app).relay_once()` the test calls. One process, thread-safe; `MemoryStores.reset()`
-empties it.
+transaction it was written in commits (a SQLAlchemy `Session`'s outermost transaction or a
+`Connection`'s; None: at once); then the relay's own flow (`Relay.relay_once`: task id,
+`outbox_id` header, enqueue guards) publishes what is due, so the job runs in eager mode or
+reaches the thread worker. A rollback drops the rows. Rows due later wait for a
+`Relay(app).relay_once()` the test calls. One process, thread-safe.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from resilience.errors import ConfigurationError
@@ -34,44 +27,6 @@ from resilience.outbox.backends.base import NewRow, OutboxRow, OutboxState
 if TYPE_CHECKING:
     from celery import Celery
 
-#: `Stores.backend` kind of the outbox.
-KIND = "outbox"
-
-
-class MemoryTransaction:
-    """A stand-in for a transaction in memory: callbacks run on `commit()`, dropped on
-    `rollback()`. Usable as a context manager (commit on success, rollback on error)."""
-
-    def __init__(self) -> None:
-        self._on_commit: list[Callable[[], None]] = []
-        self._on_rollback: list[Callable[[], None]] = []
-
-    def on_end(self, commit: Callable[[], None], rollback: Callable[[], None]) -> None:
-        """Run `commit` when this transaction commits, `rollback` when it rolls back."""
-        self._on_commit.append(commit)
-        self._on_rollback.append(rollback)
-
-    def commit(self) -> None:
-        """Run the commit callbacks, in the order they were registered."""
-        callbacks, self._on_commit, self._on_rollback = self._on_commit, [], []
-        for callback in callbacks:
-            callback()
-
-    def rollback(self) -> None:
-        """Run the rollback callbacks; nothing registered is committed."""
-        callbacks, self._on_commit, self._on_rollback = self._on_rollback, [], []
-        for callback in callbacks:
-            callback()
-
-    def __enter__(self) -> MemoryTransaction:
-        return self
-
-    def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
-        if kind is None:
-            self.commit()
-        else:
-            self.rollback()
-
 
 def on_transaction_end(connection: Any, commit: Callable[[], None],
                        rollback: Callable[[], None]) -> None:
@@ -79,28 +34,23 @@ def on_transaction_end(connection: Any, commit: Callable[[], None],
     back; `commit` at once when `connection` is None.
 
     Raises:
-        ConfigurationError: `connection` is neither None, a SQLAlchemy Session or
-            Connection, nor a `MemoryTransaction`.
+        ConfigurationError: `connection` is neither None nor a SQLAlchemy Session or Connection.
     """
     if connection is None:
         commit()
-        return
-    if isinstance(connection, MemoryTransaction):
-        connection.on_end(commit, rollback)
         return
     from sqlalchemy import event
     from sqlalchemy.engine import Connection
     from sqlalchemy.orm import Session
 
     if isinstance(connection, Session):
-        events = (("after_commit", _session_committed),
-                  ("after_soft_rollback", _session_rolled_back))
+        events = (("after_commit", _committed), ("after_soft_rollback", _session_rolled_back))
     elif isinstance(connection, Connection):
         events = (("commit", _committed), ("rollback", _rolled_back))
     else:
         raise ConfigurationError(
             "in-memory outbox: the transaction must be a SQLAlchemy Session or Connection, "
-            f"a MemoryTransaction or None, got {type(connection).__name__}")
+            f"or None, got {type(connection).__name__}")
     if not connection.in_transaction():
         connection.begin()  # as the insert on a database would (autobegin)
     with _pending_lock:
@@ -128,17 +78,13 @@ def _end(target: Any, committed: bool) -> None:
         (commit if committed else rollback)()
 
 
-def _session_committed(session: Any) -> None:
-    _end(session, True)
-
-
 def _session_rolled_back(session: Any, previous: Any) -> None:
     if not session.in_transaction():  # the outermost transaction ended
         _end(session, False)
 
 
-def _committed(connection: Any) -> None:
-    _end(connection, True)
+def _committed(target: Any) -> None:
+    _end(target, True)
 
 
 def _rolled_back(connection: Any) -> None:
@@ -154,7 +100,6 @@ class _Row:
     attempts: int = 0
     claimed: bool = False
     published_at: float | None = None
-    errors: list[str] = field(default_factory=list)
 
 
 class MemoryOutboxBackend:
@@ -167,7 +112,7 @@ class MemoryOutboxBackend:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
         self._lock = threading.Lock()
-        self._next_id = 1
+        self._ids = itertools.count(1)
         self._rows: dict[int, _Row] = {}
         self._app: Any = None  # a weakref to the app whose relay publishes the rows
         self._relay: Callable[..., Any] | None = None
@@ -191,9 +136,7 @@ class MemoryOutboxBackend:
     def insert(self, connection: Any, row: NewRow) -> int:
         """Keep `row` until `connection`'s transaction commits, then publish what is due;
         a rollback drops it. Returns the row id."""
-        with self._lock:
-            row_id = self._next_id
-            self._next_id += 1
+        row_id = next(self._ids)
         due_at = (row.due_at.timestamp() if isinstance(row.due_at, dt.datetime)
                   else self.clock() + row.delay_seconds)
         kept = _Row(id=row_id, row=row, due_at=due_at)
@@ -253,11 +196,7 @@ class MemoryOutboxBackend:
         return False
 
     def next_due_in_seconds(self) -> float | None:
-        now = self.clock()
-        with self._lock:
-            later = [kept.due_at - now for kept in self._rows.values()
-                     if kept.state == "pending" and kept.due_at > now]
-        return min(later) if later else None
+        return self.describe().next_due_in_seconds
 
     def purge_published(self, *, older_than_seconds: float, limit: int) -> int:
         cutoff = self.clock() - older_than_seconds
@@ -304,7 +243,6 @@ class _MemoryBatch:
 
     def dead_lettered(self, row: OutboxRow, reason: str,
                       exception: BaseException | None) -> int | None:
-        self.backend._mark(row.id, state="dead_lettered", attempts=row.attempts + 1,
-                           errors=[reason])
+        self.backend._mark(row.id, state="dead_lettered", attempts=row.attempts + 1)
         return None
 
