@@ -109,6 +109,14 @@ _URL_SCHEMES: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
+def _aliased(variable: str, **field: Any) -> Any:
+    """A field read from `JOBS_<variable>` or, a well-known name, from `<variable>` alone."""
+    if "default_factory" not in field:
+        field["default"] = None
+    choices = AliasChoices(f"JOBS_{variable}", variable, variable.lower())
+    return Field(validation_alias=choices, **field)
+
+
 def _split(value: Any) -> Any:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
@@ -126,38 +134,24 @@ class Settings(BaseSettings):
         populate_by_name=True,
     )
 
-    redis_url: str | None = Field(
-        None,
-        validation_alias=AliasChoices("JOBS_REDIS_URL", "REDIS_URL", "redis_url"),
-        description="shared guard state and results; unset: embedded Redis",
-    )
-    database_url: str | None = Field(
-        None,
-        validation_alias=AliasChoices("JOBS_DATABASE_URL", "DATABASE_URL", "database_url"),
-        description="PostgreSQL for durable state; unset: embedded PostgreSQL",
-    )
-    broker_url: str | None = Field(
-        None,
-        validation_alias=AliasChoices("JOBS_BROKER_URL", "BROKER_URL", "broker_url"),
-        description="Celery broker (redis:// or amqp://); unset: the Redis URL",
-    )
-    locks_database_url: str | None = Field(
-        None,
-        validation_alias=AliasChoices("JOBS_LOCKS_DATABASE_URL", "LOCKS_DATABASE_URL",
-                                      "locks_database_url"),
+    redis_url: str | None = _aliased(
+        "REDIS_URL", description="shared guard state and results; unset: embedded Redis")
+    database_url: str | None = _aliased(
+        "DATABASE_URL", description="PostgreSQL for durable state; unset: embedded PostgreSQL")
+    broker_url: str | None = _aliased(
+        "BROKER_URL", description="Celery broker (redis:// or amqp://); unset: the Redis URL")
+    locks_database_url: str | None = _aliased(
+        "LOCKS_DATABASE_URL",
         description="PostgreSQL reached directly for advisory locks (singletons, beat) when "
                     "DATABASE_URL is a transaction-mode PgBouncer; unset: DATABASE_URL",
     )
-    result_backend_url: str | None = Field(
-        None,
-        validation_alias=AliasChoices("JOBS_RESULT_BACKEND_URL", "RESULT_BACKEND_URL",
-                                      "result_backend_url"),
+    result_backend_url: str | None = _aliased(
+        "RESULT_BACKEND_URL",
         description="Celery result backend; unset: the Redis URL (or the broker's Redis when "
                     "the guard Redis is a Sentinel or Cluster URL)",
     )
-    redlock_urls: CommaList = Field(
-        default_factory=list,
-        validation_alias=AliasChoices("JOBS_REDLOCK_URLS", "REDLOCK_URLS", "redlock_urls"),
+    redlock_urls: CommaList = _aliased(
+        "REDLOCK_URLS", default_factory=list,
         description="comma list of independent Redis nodes; unset: 3 embedded nodes",
     )
     visibility_timeout_seconds: int = Field(
@@ -179,13 +173,9 @@ class Settings(BaseSettings):
     )
     flower_address: str = Field("127.0.0.1", description="Flower bind address")
     flower_port: int = Field(5555, ge=1, le=65535)
-    flower_basic_auth: SecretStr | None = Field(
-        None,
-        validation_alias=AliasChoices(
-            "JOBS_FLOWER_BASIC_AUTH", "FLOWER_BASIC_AUTH", "flower_basic_auth"
-        ),
-        description="user:password (comma list of pairs); required beyond loopback",
-    )
+    flower_basic_auth: SecretStr | None = _aliased(
+        "FLOWER_BASIC_AUTH",
+        description="user:password (comma list of pairs); required beyond loopback")
     max_deliveries: int = Field(
         3, ge=1, description="deliveries that never returned before a job is dead-lettered"
     )

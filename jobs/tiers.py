@@ -14,9 +14,6 @@ TIERS: tuple[str, ...] = (CRITICAL, STANDARD, OPTIONAL)
 #: The tier of a task that names none.
 DEFAULT_TIER = STANDARD
 
-#: What a full tier does with a new job (see the bulkhead guard).
-REJECTION_POLICIES: tuple[str, ...] = ("abort", "discard", "caller_runs", "wait")
-
 
 def validate_tier(name: object) -> str:
     """Return `name` if it is a configured tier.
