@@ -8,12 +8,14 @@ Two Alembic histories share the database: the library's (`resilience.migrations`
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import create_engine, make_url, text
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
 from resilience import migrations as library_migrations
@@ -28,6 +30,18 @@ MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
 #: The table recording the platform's own revisions.
 VERSION_TABLE = "jobs_alembic_version"
+
+
+@contextmanager
+def _locked(connection: Connection) -> Iterator[None]:
+    """Hold the migration lock (a session lock, committed on both sides) on `connection`."""
+    connection.execute(text("SELECT pg_advisory_lock(:id)"), {"id": MIGRATION_LOCK_ID})
+    connection.commit()
+    try:
+        yield
+    finally:
+        connection.execute(text("SELECT pg_advisory_unlock(:id)"), {"id": MIGRATION_LOCK_ID})
+        connection.commit()
 
 
 def ensure_database(database_url: str) -> bool:
@@ -48,24 +62,16 @@ def ensure_database(database_url: str) -> bool:
         probe.dispose()
     admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
     try:
-        with admin.connect() as connection:
-            # Serialize creators: CREATE DATABASE cannot run inside a transaction or use
-            # IF NOT EXISTS, so check-then-create must hold a lock.
-            connection.execute(text("SELECT pg_advisory_lock(:id)"), {"id": MIGRATION_LOCK_ID})
-            try:
-                exists = connection.execute(
-                    text("SELECT 1 FROM pg_database WHERE datname = :name"),
-                    {"name": url.database},
-                ).first()
-                if exists:
-                    return False
-                connection.execute(text(f'CREATE DATABASE "{url.database}"'))
-                logger.info("created database %s", url.database)
-                return True
-            finally:
-                connection.execute(
-                    text("SELECT pg_advisory_unlock(:id)"), {"id": MIGRATION_LOCK_ID}
-                )
+        # Serialize creators: CREATE DATABASE cannot run inside a transaction or use
+        # IF NOT EXISTS, so check-then-create must hold a lock.
+        with admin.connect() as connection, _locked(connection):
+            exists = connection.execute(text("SELECT 1 FROM pg_database WHERE datname = :name"),
+                                        {"name": url.database}).first()
+            if exists:
+                return False
+            connection.execute(text(f'CREATE DATABASE "{url.database}"'))
+            logger.info("created database %s", url.database)
+            return True
     finally:
         admin.dispose()
 
@@ -99,19 +105,11 @@ def migrate(database_url: str, engine: Engine | None = None) -> None:
     owned = engine is None
     engine = engine or create_engine(_sqlalchemy_url(database_url))
     try:
-        with engine.connect() as connection:
-            connection.execute(text("SELECT pg_advisory_lock(:id)"), {"id": MIGRATION_LOCK_ID})
+        with engine.connect() as connection, _locked(connection):
+            config = alembic_config(database_url)
+            config.attributes["connection"] = connection
+            command.upgrade(config, "heads")
             connection.commit()
-            try:
-                config = alembic_config(database_url)
-                config.attributes["connection"] = connection
-                command.upgrade(config, "heads")
-                connection.commit()
-            finally:
-                connection.execute(
-                    text("SELECT pg_advisory_unlock(:id)"), {"id": MIGRATION_LOCK_ID}
-                )
-                connection.commit()
     finally:
         if owned:
             engine.dispose()

@@ -1,9 +1,5 @@
-"""Tables of the example jobs (SQLAlchemy 2 declarative models).
-
-They live on the platform's own metadata, apart from the library's (`resilience.schema`):
-the platform's Alembic history (`jobs/migrations`) creates these, the library's
-(`resilience.migrations`) creates its `resilience_*` tables.
-"""
+"""Tables of the example jobs, on the platform's own metadata (`jobs/migrations` creates
+them; the library's `resilience_*` tables are `resilience.schema`'s)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Alembic environment of the platform's own tables (the demo's), run by `jobs.db.migrate`.
-
-The library's `resilience_*` tables are not this history's: `resilience.migrations` creates
-them, recorded in `resilience_alembic_version`; this one records in `jobs_alembic_version`.
-"""
+"""Alembic environment of the platform's own tables (the demo's), run by `jobs.db.migrate`
+and recorded in `jobs_alembic_version` (the library's history is its own: see jobs/db.py)."""
 
 from __future__ import annotations
 
@@ -24,18 +21,15 @@ def _platform_object(obj: Any, name: str | None, kind: str, reflected: bool,
     return not (kind == "table" and reflected and compare_to is None)
 
 
-def _configure(**options: Any) -> None:
-    context.configure(target_metadata=metadata, version_table=VERSION_TABLE,
-                      include_object=_platform_object, **options)
+def _migrate(connection: Any) -> None:
+    context.configure(connection=connection, target_metadata=metadata,
+                      version_table=VERSION_TABLE, include_object=_platform_object)
+    with context.begin_transaction():
+        context.run_migrations()
 
 
 if connection is None:
-    engine = create_engine(config.get_main_option("sqlalchemy.url"))
-    with engine.connect() as connection:
-        _configure(connection=connection)
-        with context.begin_transaction():
-            context.run_migrations()
+    with create_engine(config.get_main_option("sqlalchemy.url")).connect() as connection:
+        _migrate(connection)
 else:
-    _configure(connection=connection)
-    with context.begin_transaction():
-        context.run_migrations()
+    _migrate(connection)

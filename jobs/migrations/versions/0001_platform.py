@@ -1,8 +1,5 @@
 """The platform's own tables: the demo's ledger, daily reports and idempotency demo ledger.
 
-The library's tables (`resilience_*`) have their own history (`resilience.migrations`),
-which `jobs.db.migrate` applies first.
-
 Revision ID: 0001_platform
 Revises:
 Create Date: 2026-11-26
