@@ -1,61 +1,35 @@
 """The platform's periodic maintenance, run by the leader-elected beat.
 
-Entries are Celery beat entries (`{"name": {"task": ..., "schedule": ...}}`); `create_app`
-loads `SCHEDULE` from here, and the beat leader seeds them into the schedules table
-(resilience.schedules): code stays the source of their task, period and options.
-
-Policies: none names a catch-up policy, so each gets `skip` (slots missed while no beat led
-are recorded, not replayed: each run catches up with all the work anyway) and an operator's
-runtime choice survives restarts. Each says `overlap: skip`: a cleanup still running when
-its next slot comes makes that slot `skipped_overlap` instead of starting a second one.
-
-It lives inside the `jobs` package, not in a top-level
-`beat_schedule` module, so installing the platform adds no top-level module and a
-`beat_schedule.py` in the working directory cannot replace it. A deployment that wants
-another schedule names its module in `RESILIENCE_BEAT_SCHEDULE` (resilience.schedules.seed).
+Celery beat entries, which `create_app` loads and the beat leader seeds into the schedules
+table (docs/schedules.md). None names a catch-up policy, so each gets `skip` (each run
+catches up with all the work anyway) and an operator's runtime choice survives restarts;
+each says `overlap: skip`, so a run still going when its next slot comes skips that slot.
+The module lives in the `jobs` package so that a `beat_schedule.py` in the working directory
+cannot replace it; `RESILIENCE_BEAT_SCHEDULE` names another module.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+
+def _every(seconds: float, task: str, expires: float) -> dict[str, Any]:
+    return {"task": f"jobs.maintenance.{task}", "schedule": seconds,
+            "options": {"expires": expires}, "overlap": "skip"}
+
+
 SCHEDULE: dict[str, dict[str, Any]] = {
     # Expired, finished idempotency records: batches of 1000 until none is left or 30 s are
     # spent, every minute, so deletion keeps up with the insert rate.
-    "idempotency-cleanup": {
-        "task": "jobs.maintenance.cleanup_idempotency",
-        "schedule": 60.0,
-        "options": {"expires": 55},
-        "overlap": "skip",
-    },
+    "idempotency-cleanup": _every(60.0, "cleanup_idempotency", expires=55),
     # The Redis copies of live cancellations, rewritten from their PostgreSQL record.
-    "cancellations-restore": {
-        "task": "jobs.maintenance.restore_cancellations",
-        "schedule": 300.0,
-        "options": {"expires": 240},
-        "overlap": "skip",
-    },
+    "cancellations-restore": _every(300.0, "restore_cancellations", expires=240),
     # Dead letters of a dependency that was down, requeued once its breaker stayed closed
     # long enough (off unless configured: see jobs.maintenance.replay_dead_letters).
-    "dead-letters-replay": {
-        "task": "jobs.maintenance.replay_dead_letters",
-        "schedule": 30.0,
-        "options": {"expires": 25},
-        "overlap": "skip",
-    },
+    "dead-letters-replay": _every(30.0, "replay_dead_letters", expires=25),
     # Schedule run rows older than resilience_schedule_history_days (default 7), each
     # entry's newest 20 and every run in flight kept: batches of 1000 for up to 30 s, hourly.
-    "schedule-history-prune": {
-        "task": "jobs.maintenance.prune_schedule_runs",
-        "schedule": 3600.0,
-        "options": {"expires": 3000},
-        "overlap": "skip",
-    },
+    "schedule-history-prune": _every(3600.0, "prune_schedule_runs", expires=3000),
     # Claims whose holder died and whose lease ended more than 5 minutes ago.
-    "idempotency-reaper": {
-        "task": "jobs.maintenance.reap_idempotency_claims",
-        "schedule": 300.0,
-        "options": {"expires": 240},
-        "overlap": "skip",
-    },
+    "idempotency-reaper": _every(300.0, "reap_idempotency_claims", expires=240),
 }
