@@ -50,41 +50,35 @@ RED_FROM_80_PERCENT = [{"color": "green", "value": None}, {"color": "orange", "v
                        {"color": "red", "value": 1}]
 
 
-def queries(*exprs: tuple[str, str]) -> list[Target]:
-    """PromQL queries as (expr, legend), with refIds A, B, ..."""
+def queries(exprs: tuple[str | tuple[str, str], ...]) -> list[Target]:
+    """PromQL queries, each an expr or (expr, legend), with refIds A, B, ..."""
+    pairs = [(expr, "") if isinstance(expr, str) else expr for expr in exprs]
     return [Target(expr=expr, legendFormat=legend, refId=chr(ord("A") + index),
                    datasource=DATASOURCE)
-            for index, (expr, legend) in enumerate(exprs)]
+            for index, (expr, legend) in enumerate(pairs)]
 
 
-def graph(title: str, targets: list[Target], *, unit: str = "", description: str = "",
+def graph(title: str, *exprs: str | tuple[str, str], unit: str = "", description: str = "",
           width: int = 8, height: int = 8, stacked: bool = False) -> TimeSeries:
     """A time series panel; `layout` places it."""
     return TimeSeries(
-        title=title, description=description, dataSource=DATASOURCE, targets=targets,
+        title=title, description=description, dataSource=DATASOURCE, targets=queries(exprs),
         unit=unit, gridPos=GridPos(h=height, w=width, x=0, y=0), fillOpacity=10,
         stacking={"mode": "normal", "group": "A"} if stacked else {}, tooltipMode="multi",
     )
 
 
-def stat(title: str, targets: list[Target], *, unit: str = "none", description: str = "",
+def stat(title: str, *exprs: str | tuple[str, str], unit: str = "none", description: str = "",
          thresholds: list[dict[str, Any]] | None = None, mappings: list[Any] | None = None,
          text_mode: str = "auto", width: int = 4, height: int = 4) -> Stat:
     """A single-value panel showing the last value; `layout` places it."""
     return Stat(
-        title=title, description=description, dataSource=DATASOURCE, targets=targets,
+        title=title, description=description, dataSource=DATASOURCE, targets=queries(exprs),
         format=unit, reduceCalc="lastNotNull", graphMode="none", textMode=text_mode,
         colorMode="background" if thresholds else "value", noValue="no data",
         thresholds=thresholds or [{"color": "blue", "value": None}], mappings=mappings or [],
         gridPos=GridPos(h=height, w=width, x=0, y=0),
     )
-
-
-def value_text(*pairs: tuple[str, str, str]) -> list[dict[str, Any]]:
-    """A Grafana value mapping: value -> (text, color)."""
-    return [{"type": "value", "options": {
-        value: {"text": text, "color": color, "index": index}
-        for index, (value, text, color) in enumerate(pairs)}}]
 
 
 def row(title: str, *, repeat: str | None = None) -> RowPanel:
@@ -98,50 +92,45 @@ def overview() -> list[Panel]:
     """Fleet-wide state: what fires, what stopped, what piles up."""
     return [
         row("Overview"),
-        stat("Alerts firing", queries(
-            ('count(ALERTS{alertstate="firing", alertname=~"Jobs.*"}) or vector(0)', "")),
-            thresholds=RED_FROM_ONE,
-            description="Alerts of deploy/prometheus/rules.yml firing now."),
-        stat("Beat leader", queries(("jobs_beat_leader", "")),
+        stat("Alerts firing",
+             'count(ALERTS{alertstate="firing", alertname=~"Jobs.*"}) or vector(0)',
+             thresholds=RED_FROM_ONE,
+             description="Alerts of deploy/prometheus/rules.yml firing now."),
+        stat("Beat leader", "jobs_beat_leader",
              thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 1}],
-             mappings=value_text(("0", "none", "red"), ("1", "leading", "green")),
+             mappings=[{"type": "value", "options": {
+                 "0": {"text": "none", "color": "red", "index": 0},
+                 "1": {"text": "leading", "color": "green", "index": 1}}}],
              description="0: no beat process holds the leader lock; periodic jobs stop."),
-        stat("Outbox lag", queries(("jobs_outbox_lag_seconds", "")), unit="s",
+        stat("Outbox lag", "jobs_outbox_lag_seconds", unit="s",
              thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 60}],
              description="Age of the oldest due outbox row (`jobs outbox status`)."),
-        stat("Dead-lettered, last hour", queries((
-            'sum(increase(jobs_guard_outcomes_total{outcome="DEAD-LETTERED"}[1h])) or vector(0)',
-            "")), thresholds=RED_FROM_ONE,
-            description="`jobs dead-letters list --pending` lists them."),
-        stat("Locks held", queries(("jobs_locks_held", ""))),
-        stat("State sections unreadable", queries(
-            ("count(jobs_observe_section_up == 0) or vector(0)", "")),
-            thresholds=RED_FROM_ONE,
-            description="Sections `jobs metrics` could not read (a store down)."),
-        graph("Tier depth / limit", queries(("tier:jobs_queue_depth:ratio", "{{tier}}")),
+        stat("Dead-lettered, last hour",
+             'sum(increase(jobs_guard_outcomes_total{outcome="DEAD-LETTERED"}[1h])) or vector(0)',
+             thresholds=RED_FROM_ONE, description="`jobs dead-letters list --pending` lists them."),
+        stat("Locks held", "jobs_locks_held"),
+        stat("State sections unreadable", "count(jobs_observe_section_up == 0) or vector(0)",
+             thresholds=RED_FROM_ONE,
+             description="Sections `jobs metrics` could not read (a store down)."),
+        graph("Tier depth / limit", ("tier:jobs_queue_depth:ratio", "{{tier}}"),
               unit="percentunit",
               description="1 = the tier's bulkhead limit: new jobs meet its policy."),
-        graph("Breakers not closed", queries(("breaker:jobs_breaker_open:max", "{{breaker}}")),
+        graph("Breakers not closed", ("breaker:jobs_breaker_open:max", "{{breaker}}"),
               description="1 while open, half-open or forced open (`jobs breakers list`)."),
-        graph("Retry budget used", queries(("jobs_retry_budget_used_ratio", "{{dependency}}")),
+        graph("Retry budget used", ("jobs_retry_budget_used_ratio", "{{dependency}}"),
               unit="percentunit",
               description="1 = exhausted: failures are dead-lettered, not retried."),
-        graph("Limit decisions / s", queries((
-            "kind_limit_outcome:jobs_limit_decisions:rate5m", "{{kind}} {{limit}} {{outcome}}")),
-            unit="ops"),
-        graph("Concurrency slots in use", queries(
-            ("jobs_concurrency_in_use", "{{limit}} in use"),
-            ("jobs_concurrency_limit", "{{limit}} limit"))),
-        graph("Outbox rows pending", queries(("jobs_outbox_pending", "{{when}}")),
-              stacked=True),
-        graph("Lock hold time p95", queries(
-            ("kind:jobs_lock_hold_seconds:p95_5m", "{{kind}}")), unit="s",
-            description="Needs PROMETHEUS_MULTIPROC_DIR on the workers."),
-        graph("Idempotency records", queries(("jobs_idempotency_records", "{{state}}")),
-              stacked=True),
-        graph("Replayed / s", queries((
-            "sum by (tier) (rate(jobs_idempotency_hits_total[5m]))", "{{tier}}")), unit="ops",
-            description="Calls answered from a stored result instead of running again."),
+        graph("Limit decisions / s", ("kind_limit_outcome:jobs_limit_decisions:rate5m",
+                                      "{{kind}} {{limit}} {{outcome}}"), unit="ops"),
+        graph("Concurrency slots in use", ("jobs_concurrency_in_use", "{{limit}} in use"),
+              ("jobs_concurrency_limit", "{{limit}} limit")),
+        graph("Outbox rows pending", ("jobs_outbox_pending", "{{when}}"), stacked=True),
+        graph("Lock hold time p95", ("kind:jobs_lock_hold_seconds:p95_5m", "{{kind}}"), unit="s",
+              description="Needs PROMETHEUS_MULTIPROC_DIR on the workers."),
+        graph("Idempotency records", ("jobs_idempotency_records", "{{state}}"), stacked=True),
+        graph("Replayed / s", ("sum by (tier) (rate(jobs_idempotency_hits_total[5m]))",
+                               "{{tier}}"), unit="ops",
+              description="Calls answered from a stored result instead of running again."),
     ]
 
 
@@ -150,18 +139,17 @@ def tier_row(tier: str) -> list[Panel]:
     selector = f'tier="{tier}"'
     return [
         row(f"Tier {tier}"),
-        stat("Depth / limit", queries((f"tier:jobs_queue_depth:ratio{{{selector}}}", "")),
-             unit="percentunit", thresholds=RED_FROM_80_PERCENT, width=4, height=8),
-        graph("Queue depth", queries((f"jobs_queue_depth{{{selector}}}", "depth"),
-                                     (f"jobs_queue_max_depth{{{selector}}}", "limit")),
-              width=6),
-        graph("Guard outcomes / s", queries((
+        stat("Depth / limit", f"tier:jobs_queue_depth:ratio{{{selector}}}", unit="percentunit",
+             thresholds=RED_FROM_80_PERCENT, width=4, height=8),
+        graph("Queue depth", (f"jobs_queue_depth{{{selector}}}", "depth"),
+              (f"jobs_queue_max_depth{{{selector}}}", "limit"), width=6),
+        graph("Guard outcomes / s", (
             f"sum by (outcome) (tier_guard_outcome:jobs_guard_outcomes:rate5m{{{selector}}})",
-            "{{outcome}}")), unit="ops", stacked=True, width=7),
-        graph("Shed, rejected, discarded / s", queries((
+            "{{outcome}}"), unit="ops", stacked=True, width=7),
+        graph("Shed, rejected, discarded / s", (
             "sum by (outcome, guard) (tier_guard_outcome:jobs_guard_outcomes:rate5m"
             f'{{{selector}, outcome=~"SHED|REJECTED|DISCARDED"}})',
-            "{{outcome}} by {{guard}}")), unit="ops", width=7,
+            "{{outcome}} by {{guard}}"), unit="ops", width=7,
             description="SHED: past its deadline; REJECTED/DISCARDED: tier full at enqueue."),
     ]
 
@@ -171,26 +159,24 @@ def dependency_row() -> list[Panel]:
     breaker = 'breaker="$breaker"'
     return [
         row("Dependency $breaker", repeat="breaker"),
-        stat("Breaker state", queries((f"max by (state) (jobs_breaker_state{{{breaker}}}) == 1",
-                                       "{{state}}")),
-             text_mode="name", height=8,
+        stat("Breaker state", (f"max by (state) (jobs_breaker_state{{{breaker}}}) == 1",
+                               "{{state}}"), text_mode="name", height=8,
              description="`jobs breakers list`; `jobs breakers reset NAME` ends a forced state."),
-        graph("Failure rate", queries((f"jobs_breaker_failure_rate{{{breaker}}}", "failures")),
+        graph("Failure rate", (f"jobs_breaker_failure_rate{{{breaker}}}", "failures"),
               unit="percentunit", width=10),
-        graph("Breaker decisions / s", queries((
-            f"breaker_outcome:jobs_guard_outcomes:rate5m{{{breaker}}}", "{{outcome}}")),
+        graph("Breaker decisions / s", (
+            f"breaker_outcome:jobs_guard_outcomes:rate5m{{{breaker}}}", "{{outcome}}"),
             unit="ops", width=10, description="Calls deferred or sent to the fallback."),
-        stat("In this state for", queries((f"jobs_breaker_state_seconds{{{breaker}}}", "")),
-             unit="s", height=8),
-        stat("Opened, last 24 h", queries((
-            f"increase(jobs_breaker_opened_total{{{breaker}}}[24h])", "")), height=8),
-        graph("Retry budget", queries(
-            ('jobs_retry_budget_used_ratio{dependency="$breaker"}', "used"),
-            ('jobs_retry_budget_retries{dependency="$breaker"}', "retries in window"),
-            ('jobs_retry_budget_requests{dependency="$breaker"}', "requests in window"),
-        ), width=16,
-            description="Budgets are per dependency; a breaker named after the dependency "
-                        "shows its budget here. 1 = exhausted."),
+        stat("In this state for", f"jobs_breaker_state_seconds{{{breaker}}}", unit="s",
+             height=8),
+        stat("Opened, last 24 h", f"increase(jobs_breaker_opened_total{{{breaker}}}[24h])",
+             height=8),
+        graph("Retry budget", ('jobs_retry_budget_used_ratio{dependency="$breaker"}', "used"),
+              ('jobs_retry_budget_retries{dependency="$breaker"}', "retries in window"),
+              ('jobs_retry_budget_requests{dependency="$breaker"}', "requests in window"),
+              width=16,
+              description="Budgets are per dependency; a breaker named after the dependency "
+                          "shows its budget here. 1 = exhausted."),
     ]
 
 
