@@ -1,33 +1,29 @@
 """Bench tasks of the scale scenario: `charge_payment`'s guard stack without the vendor call,
 and the client-side PostgreSQL statement counter the scenario reads.
 
-`scale_bench_payment` carries the decorators of `jobs.examples.charge_payment` (idempotent
-transactional + circuit breaker + rate limit + retry policy with a budget, critical tier so
-the tier bulkhead admits it at enqueue), with a rate limit high enough never to throttle.
-The body writes the ledger row as the example does; it calls no vendor. Its result is
-ignored (`ignore_result`): the result backend is Celery's, not a guard's, and would
-otherwise be counted in the guard Redis.
+`scale_bench_payment` carries the decorators of `jobs.examples.charge_payment` with a rate
+limit that never throttles, and writes the ledger row as the example does. Its result is
+ignored: the result backend is Celery's, and would otherwise be counted in the guard Redis.
 
-Statement counting (only when `BENCH_PG_STATEMENTS_DIR` is set in a worker's environment,
-so other scenarios' workers are untouched): `psycopg2.connect` is wrapped so every
-connection of the process (SQLAlchemy's engines and the lock backend's own sessions alike)
-counts the queries it sends to the server (one query string is one round trip, even when it
-holds two statements like `SET LOCAL ...; EXECUTE ...`): each `cursor.execute`/`executemany`,
-the `BEGIN`
-psycopg2 sends by itself before the first statement of a transaction, and each `COMMIT` /
-`ROLLBACK` of an open transaction. After every task the process writes its totals to
-`<dir>/<pid>.json`, which the scenario sums.
+With `BENCH_PG_STATEMENTS_DIR` set in a worker's environment (other scenarios' workers are
+untouched), every psycopg2 connection of the process counts the queries it sends (one query
+string is one round trip, even `SET LOCAL ...; EXECUTE ...`): each execute, the `BEGIN`
+psycopg2 sends itself, each `COMMIT`/`ROLLBACK` of an open transaction. After every task
+the process writes its totals to `<dir>/<pid>.json`, which the scenario sums.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import psycopg2
 from celery import signals
+from psycopg2 import extensions
 from sqlalchemy.orm import Session
 
 from jobs import app
@@ -40,6 +36,8 @@ from resilience.retry import RetryBudget, retry_policy, wait_full_jitter
 
 #: Where worker processes write their statement counts (unset: no counting).
 STATEMENTS_DIR_ENV = "BENCH_PG_STATEMENTS_DIR"
+
+IDLE = extensions.TRANSACTION_STATUS_IDLE
 
 _statements: Counter[str] = Counter()
 _bodies = 0
@@ -81,68 +79,61 @@ def _kind(sql: Any) -> str:
     for part in text.split(";"):
         words = part.replace("(", " ").split()
         if words:
-            head = words[0].upper()
-            take = 3 if head in ("INSERT", "DELETE") else 2
-            labels.append(" ".join([head, *words[1:take]]))
+            take = 3 if words[0].upper() in ("INSERT", "DELETE") else 2
+            labels.append(" ".join([words[0].upper(), *words[1:take]]))
     return "; ".join(labels)[:80] or "?"
+
+
+def _count(connection: Any, label: str) -> None:
+    # psycopg2 sends BEGIN itself before a transaction's first statement.
+    if not connection.autocommit and connection.info.transaction_status == IDLE:
+        _statements["BEGIN (implicit)"] += 1
+    _statements[label] += 1
+
+
+@functools.cache
+def _counting(base: type) -> type:
+    """`base` (a cursor class) counting what it sends."""
+
+    class Counting(base):  # type: ignore[valid-type, misc]
+        def execute(self, query: Any, vars: Any = None) -> Any:
+            _count(self.connection, _kind(query))
+            return super().execute(query, vars)
+
+        def executemany(self, query: Any, vars_list: Any) -> Any:
+            _count(self.connection, _kind(query) + " (executemany)")
+            return super().executemany(query, vars_list)
+
+    return Counting
+
+
+class CountingConnection(extensions.connection):
+    """A connection whose cursors count their statements, and which counts its commits."""
+
+    def cursor(self, *args: Any, **kwargs: Any) -> Any:
+        base = kwargs.get("cursor_factory") or self.cursor_factory or extensions.cursor
+        return super().cursor(*args, **{**kwargs, "cursor_factory": _counting(base)})
+
+    def commit(self) -> None:
+        if self.info.transaction_status != IDLE:
+            _statements["COMMIT"] += 1
+        super().commit()
+
+    def rollback(self) -> None:
+        if self.info.transaction_status != IDLE:
+            _statements["ROLLBACK"] += 1
+        super().rollback()
 
 
 def _install_counter() -> None:
     """Wrap `psycopg2.connect` so every connection of this process counts its statements."""
-    import psycopg2
-    import psycopg2.extensions as ext
-
-    if getattr(psycopg2.connect, "_bench_counting", False):
-        return
     original = psycopg2.connect
-    cursor_classes: dict[type, type] = {}
-
-    def counting_cursor(base: type) -> type:
-        counted = cursor_classes.get(base)
-        if counted is None:
-            def execute(self: Any, query: Any, vars: Any = None) -> Any:
-                _begin(self.connection)
-                _statements[_kind(query)] += 1
-                return base.execute(self, query, vars)
-
-            def executemany(self: Any, query: Any, vars_list: Any) -> Any:
-                _begin(self.connection)
-                _statements[_kind(query) + " (executemany)"] += 1
-                return base.executemany(self, query, vars_list)
-
-            counted = type(f"Counting{base.__name__}", (base,),
-                           {"execute": execute, "executemany": executemany})
-            cursor_classes[base] = counted
-        return counted
-
-    def _begin(connection: Any) -> None:
-        # psycopg2 sends BEGIN itself before a transaction's first statement.
-        if (not connection.autocommit
-                and connection.info.transaction_status == ext.TRANSACTION_STATUS_IDLE):
-            _statements["BEGIN (implicit)"] += 1
-
-    class CountingConnection(ext.connection):
-        def cursor(self, *args: Any, **kwargs: Any) -> Any:
-            base = kwargs.get("cursor_factory") or self.cursor_factory or ext.cursor
-            kwargs["cursor_factory"] = counting_cursor(base)
-            return super().cursor(*args, **kwargs)
-
-        def commit(self) -> None:
-            if self.info.transaction_status != ext.TRANSACTION_STATUS_IDLE:
-                _statements["COMMIT"] += 1
-            super().commit()
-
-        def rollback(self) -> None:
-            if self.info.transaction_status != ext.TRANSACTION_STATUS_IDLE:
-                _statements["ROLLBACK"] += 1
-            super().rollback()
 
     def connect(*args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("connection_factory", CountingConnection)
         _statements["(connections opened)"] += 1
         return original(*args, **kwargs)
 
-    connect._bench_counting = True  # type: ignore[attr-defined]
     psycopg2.connect = connect
 
 

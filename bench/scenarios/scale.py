@@ -1,39 +1,29 @@
 """Scale: what one guarded job costs the shared stores, and whether cleanup keeps up.
 
-1. Redis server time per job. The full payment stack (`bench.tasks_scale`: the decorators of
-   `jobs.examples.charge_payment`, no vendor call) runs `--jobs` times through real worker
-   processes against a dedicated guard Redis started for the run (the broker stays on its
-   own Redis, so broker traffic is not counted; the tier bulkhead's admission runs on the
-   broker and is not counted either). After a warm-up, `CONFIG RESETSTAT`, the jobs, then
-   `INFO commandstats`: `redis_us_per_job` is the sum of `usec` over every command ÷ jobs.
-   Redis counts a command a script calls both on its own line and inside the script's
-   EVALSHA, so that sum counts script-internal commands twice; `redis_cpu_us_per_job` (the
-   server's user+sys CPU, `INFO cpu`, which includes network I/O) is the other bound.
-   A second batch of `--jobs` runs with every command in the SLOWLOG: EVALSHA per script,
+1. Redis server time per job. The full payment stack (`bench.tasks_scale`, no vendor call)
+   runs `--jobs` times through real workers against a guard Redis of its own (broker
+   traffic, the tier bulkhead's admission included, is not counted). After a warm-up:
+   `CONFIG RESETSTAT`, the jobs, `INFO commandstats`; `redis_us_per_job` sums `usec` over
+   every command (script-internal commands count twice: on their own line and inside the
+   EVALSHA), `redis_cpu_us_per_job` is the server's user+sys CPU (`INFO cpu`, network I/O
+   included), the other bound. A second batch runs with every command in the SLOWLOG:
    top-level commands only (`redis_us_per_job_top_level`) and its per-call-median version
    (`..._p50`, steadier when the OS preempts Redis on a busy machine).
-2. PostgreSQL per job. `pg_stat_statements` is not preloaded on a stock server, so
-   statements are counted client-side: every connection the worker pool processes open
-   counts its `cursor.execute` calls, the `BEGIN` psycopg2 sends itself and each
-   `COMMIT`/`ROLLBACK` (`bench.tasks_scale`), between the end of the warm-up and the last
-   job, ÷ jobs. Transactions per job come from the server (`pg_stat_database` xact_commit +
-   xact_rollback of the bench's database; nothing else uses it meanwhile). Connections:
-   the most backends of the bench's database with the workers' application_name seen in
-   `pg_stat_activity` while the jobs run, ÷ worker pool processes.
-3. Cleanup under load. One process inserts finished idempotency records expiring `--ttl`
-   seconds later at a paced `--insert-rate` (10,000 rows/s; one set-based INSERT per
-   `--insert-batch` rows) for `--seconds`, while `run_cleanup` runs as beat runs it: at the
-   start, then every `--interval` (beat's schedule, 60 s), with a last run at `--seconds`;
-   inserts continue until that run ends. `cleanup_rows_per_s` is what the runs deleted ÷
-   wall time from the first run's start to the last one's end (the sustained rate, to
-   compare with `insert_rows_per_s`); `table_growth_rows` counts *expired* records left in
-   the table at the end minus after the first run (0 when cleanup keeps up; the rows not
-   yet expired are a constant rate x ttl and are reported as `table_growth_total_rows`).
+2. PostgreSQL per job. Statements are counted client-side in the worker pool processes
+   (`bench.tasks_scale`; `pg_stat_statements` is not preloaded on a stock server), from the
+   end of the warm-up to the last job. Transactions come from `pg_stat_database` (nothing
+   else uses the bench's database meanwhile); connections are the most backends with the
+   workers' application_name seen in `pg_stat_activity`, per worker process.
+3. Cleanup under load. One process inserts records expiring `--ttl` seconds later at a paced
+   `--insert-rate` for `--seconds` while `run_cleanup` runs as beat runs it (every
+   `--interval`, and once more at the end). `cleanup_rows_per_s` is what the runs deleted ÷
+   wall time from the first run's start to the last one's end (compare `insert_rows_per_s`);
+   `table_growth_rows` counts expired records left at the end minus after the first run
+   (0 when cleanup keeps up; `table_growth_total_rows` counts every row).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing
 import os
@@ -46,7 +36,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.harness import Stopwatch, platform, psql, table, wait_until, workers
+from bench.harness import Stopwatch, parse, platform, psql, table, wait_until, workers
+from jobs.schedule import SCHEDULE
 
 QUEUE = "critical"
 APPLICATION_NAME = "bench-scale-worker"
@@ -63,34 +54,21 @@ FROM generate_series(%(first)s, %(last)s) AS g
 """
 
 
-def _beat_interval() -> float:
-    from beat_schedule import SCHEDULE
-
-    return float(SCHEDULE["idempotency-cleanup"]["schedule"])
-
-
 def run(argv: list[str]) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m bench scale")
-    parser.add_argument("--jobs", type=int, default=2000, help="guarded payment jobs measured")
-    parser.add_argument("--warmup", type=int, default=100, help="jobs before measuring")
-    parser.add_argument("--workers", type=int, default=1, help="worker processes")
-    parser.add_argument("--concurrency", type=int, default=2, help="pool processes per worker")
-    parser.add_argument("--seconds", type=float, default=60.0, help="cleanup part: insert time")
-    parser.add_argument("--insert-rate", type=float, default=10_000.0, help="rows/s inserted")
-    parser.add_argument("--insert-batch", type=int, default=1000, help="rows per INSERT")
-    parser.add_argument("--ttl", type=float, default=1.0, help="inserted rows expire after")
-    parser.add_argument("--interval", type=float, default=None,
-                        help="seconds between cleanup runs (default: beat's schedule)")
-    parser.add_argument("--skip-cleanup", action="store_true", help="only parts 1 and 2")
-    parser.add_argument("--stats-wait", type=float, default=11.0,
-                        help="seconds for idle backends to flush pg_stat_database (10 s in "
-                             "PostgreSQL); 0 makes pg_transactions_per_job approximate")
-    parser.add_argument("--redis-nice", type=int, default=-10,
-                        help="scheduling priority of the guard redis-server (root may raise "
-                             "it): on a machine whose cores the workers share, Redis "
-                             "descheduled mid-script counts as server time; 0 leaves it")
-    options = parser.parse_args(argv)
-    interval = options.interval or _beat_interval()
+    options = parse(
+        argv, "scale", jobs=(2000, "guarded payment jobs measured"),
+        warmup=(100, "jobs before measuring"), workers=(1, "worker processes"),
+        concurrency=(2, "pool processes per worker"), seconds=(60.0, "cleanup part: insert time"),
+        insert_rate=(10_000.0, "rows/s inserted"), insert_batch=(1000, "rows per INSERT"),
+        ttl=(1.0, "inserted rows expire after"),
+        interval=(0.0, "seconds between cleanup runs (0: beat's schedule)"),
+        skip_cleanup=(False, "only parts 1 and 2"),
+        stats_wait=(11.0, "seconds for idle backends to flush pg_stat_database (10 s in "
+                          "PostgreSQL); 0 makes pg_transactions_per_job approximate"),
+        redis_nice=(-10, "scheduling priority of the guard redis-server (root may raise it): "
+                         "on a machine whose cores the workers share, Redis descheduled "
+                         "mid-script counts as server time; 0 leaves it"))
+    interval = options.interval or float(SCHEDULE["idempotency-cleanup"]["schedule"])
 
     guard_redis, scratch = _start_guard_redis()
     nice = _prioritize(guard_redis.pid, options.redis_nice)
@@ -111,7 +89,7 @@ def _prioritize(pid: int, nice: int) -> int | None:
         return 0
     try:
         os.setpriority(os.PRIO_PROCESS, pid, nice)
-    except (PermissionError, OSError):
+    except OSError:
         return None
     return nice
 
@@ -226,7 +204,7 @@ def _slowlog_breakdown(entries: list[dict[str, Any]]) -> tuple[dict[str, list[in
     return found, counted
 
 
-def _payment_stack(options: argparse.Namespace, database_url: str,
+def _payment_stack(options: Any, database_url: str,
                    guard_url: str) -> dict[str, Any]:
     import redis
     from sqlalchemy import make_url
@@ -402,7 +380,7 @@ def _table_rows(url: str) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-def _cleanup_under_load(options: argparse.Namespace, interval: float,
+def _cleanup_under_load(options: Any, interval: float,
                         database_url: str) -> dict[str, Any]:
     from jobs import app
     from resilience.idempotency.cleanup import CleanupConfig, run_cleanup
