@@ -1,15 +1,9 @@
-"""Idempotency cleanup: delete rate of the old single pass against the new loop, and how
-many completions are HOT updates.
-
-Both variants delete the same number of freshly seeded expired records (`--rows`) on the same
-table, one after the other, with a VACUUM before each:
-  old   the cleanup before 0012: batches of 1,000 joined back by id, 0.1 s pause, at most
-        100 batches per run, one run every 600 s
-  new   `run_cleanup`: batches by ctid until none is left or 30 s are spent, one run every 60 s
-`*_rows_per_s` is the rate inside a run; `*_sustained_rows_per_s` what the schedule can delete
-per second of wall time (rows one run can delete / the beat interval), the figure that must
-exceed the insert rate. `hot_update_ratio` is n_tup_hot_upd / n_tup_upd over `--completions`
-claim + completion pairs run with the guard's own SQL.
+"""Idempotency cleanup: the old single pass (before 0012: 100 batches of 1,000 joined back by
+id, 0.1 s pauses, every 600 s) against `run_cleanup` (batches by ctid until none is left or
+30 s are spent, every 60 s) on the same freshly seeded expired records; see
+docs/idempotency.md. `*_sustained_rows_per_s` is what the schedule can delete per second of
+wall time, the figure that must exceed the insert rate; `hot_update_ratio` is the share of
+HOT updates over claim + completion pairs run with the guard's own SQL.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
-"""Producer cost of `.delay()`: plain Celery, the platform's defaults, `@unique`, and peers.
+"""Producer cost of `.delay()`: plain Celery, the platform's defaults, `@unique`, `enqueue_in`
+and peers; see docs/overload.md.
 
-Each round publishes `--messages` jobs with each variant in turn (rounds alternate, so every
-variant sees the same machine load) into the optional tier queue (no worker runs), then
-purges it. Every job has a fresh key, so the unique variants take their happy path.
-Reported per variant: jobs/s (median of rounds), the ratio to plain Celery (the median of
-each round's ratio), Redis round trips per job counted in this process (every command or
-pipeline sent on a redis-py connection, broker and shared-state Redis alike; `enqueue_in`
-talks to PostgreSQL instead), and the producer's CPU time per job. On a noisy machine the
-round trips and CPU time are the steady figures; jobs/s swing from round to round.
-
-The platform's default enqueue guards: argument validation (no round trip), the tier
-bulkhead (a bounded publish: the depth check and the LPUSH are one script on the platform's
-Redis transport) and the deadline stamp (no round trip). `@unique` adds its key script.
+Rounds alternate the variants (the same machine load for each), publishing `--messages`
+fresh keys into the optional tier queue (no worker runs), then purge it. Per variant: jobs/s
+(median of rounds), the ratio to plain Celery (median of each round's ratio), Redis round
+trips per job counted in this process (`enqueue_in` talks to PostgreSQL instead) and the
+producer's CPU time per job: on a noisy machine the last two are the steady figures.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
-"""Idempotency: drain rate of an idempotent no-op against the same task plain, and replays.
+"""Idempotency: drain rate of an idempotent no-op against the same task plain, against
+hand-rolled idempotency, and of replays; see docs/idempotency.md "Benchmark".
 
-Rounds alternate plain / idempotent / hand-rolled / replay on the same running worker, so
-every variant sees the same machine load; `ratio` is the median of the per-round
-idempotent/plain ratios, `ratio_to_handrolled` that of idempotent/hand-rolled. The
-hand-rolled variant is the minimum a careful user writes without the platform: an
-`INSERT ... ON CONFLICT DO NOTHING RETURNING` claim in its own table before the body, an
-`UPDATE` after, on one autocommit psycopg2 connection per worker process (no prepared
-statements; `synchronous_commit=off`, the guard's default).
-Each round: consumers paused, N messages enqueued, consumers resumed, time until the last
-one ran (a Redis counter) or was replayed (the guard's REPLAYED counter).
-
-`--breakdown` adds three variants that do part of the guard's work by hand, with its own
-cache and store: the Redis cache read alone; that plus one PostgreSQL round trip (`SELECT 1`);
-that plus the real claim. Their ratios to plain (JSON `breakdown`) show where the guard's cost
-goes on a given machine.
+Rounds alternate the variants on one running worker (consumers paused, N enqueued, resumed,
+timed to the last run or replay), so `ratio` (the median of per-round idempotent/plain
+ratios) compares variants under the same load. The hand-rolled variant is the least a
+careful user writes: an `INSERT ... ON CONFLICT DO NOTHING RETURNING` claim, an `UPDATE`
+after, one autocommit psycopg2 connection per process, `synchronous_commit=off` (the
+guard's default). `--breakdown` adds the guard's steps done by hand (`LABELS`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""Tier isolation: a 10x flood of optional work must not slow critical work.
-
-A steady critical load runs alone (quiet), then with the optional tier flooded at 10x what
-its workers can process (I/O-bound sleeps, published by a separate producer process);
-phases alternate for several rounds. The figure is the critical queue wait (enqueue to
-start, the enqueue timestamp travels in the arguments) at p99, flooded / quiet.
-"""
+"""Tier isolation: the critical queue wait (p99) with the optional tier flooded at 10x its
+workers' capacity, over the same quiet, in alternating phases. See docs/overload.md."""
 
 from __future__ import annotations
 

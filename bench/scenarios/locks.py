@@ -1,11 +1,7 @@
-"""Lock latency: acquire + release of each lock kind, on real PostgreSQL and Redis nodes.
-
-Variants, measured in alternating rounds so machine noise hits all of them alike:
-  pg_advisory   pg_try_advisory_lock + pg_advisory_unlock on a dedicated session
-  pg_session    what one @singleton run pays: open the dedicated session, lock, unlock, close
-  redis_lock    single-node RedisLock (Lua SET NX PX / owner-checked DEL)
-  redlock3/5    Redlock on 3 / 5 independent nodes (requests pipelined to all nodes at once)
-  pottery5      pottery's Redlock on the same 5 nodes, for comparison
+"""Lock latency: acquire + release of each lock kind on real PostgreSQL and Redis nodes, in
+alternating rounds (docs/locks.md "Benchmark"). `pg_session` is what one @singleton run pays
+(open the dedicated session, lock, unlock, close); redlock3/5 pipeline to 3 / 5 independent
+nodes; pottery5 is pottery's Redlock on the same 5 nodes.
 """
 
 from __future__ import annotations

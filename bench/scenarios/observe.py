@@ -1,10 +1,6 @@
-"""Cost of seeing the platform: one status snapshot, one Prometheus scrape.
-
-Measures `jobs.observe.snapshot.collect` (without the `inspect active` broadcast, whose
-cost is its timeout when a worker is silent) and a full `/metrics` render, with and
-without state to read (breakers, budgets, counters, limits, idle), and counts the Redis
-commands one snapshot sends (INFO commandstats delta on both Redis databases' server).
-"""
+"""Cost of seeing the platform: one status snapshot (without the `inspect active` broadcast,
+whose cost is its timeout) and one `/metrics` render with breakers and budgets holding state,
+and the Redis commands one snapshot sends. See docs/observe.md."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Distributed rate limit: decision throughput, and configured vs observed rate on 3 workers.
-
-Plain Celery's `rate_limit="10/s"` is per worker, so 3 workers run ~3x the rate; the
-guarded task's GCRA limit holds across all of them. Grant times are Redis server time.
-"""
+"""Distributed rate limit: decision throughput, and configured vs observed rate on 3 workers,
+grant times on Redis server time; Celery's own `rate_limit` is per worker. See
+docs/overload.md."""
 
 from __future__ import annotations
 

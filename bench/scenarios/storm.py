@@ -1,13 +1,6 @@
-"""Retry storm: a dependency fails 100 % under steady load; calls per job, budget vs autoretry.
-
-Both variants run in one run, on the same 3 worker processes, against a local HTTP
-dependency that answers 503 to everything and counts calls:
-
-- budgeted: `@retry_policy(max_attempts=4, budget=RetryBudget(ratio=0.2, min_per_second=0))`
-- plain:    `@app.task(autoretry_for=(HTTPError,), max_retries=3)` (Celery alone)
-
-amplification = dependency calls / jobs enqueued.
-"""
+"""Retry storm: dependency calls per job (amplification) against a local dependency answering
+503 to everything, `@retry_policy` with a budget vs Celery's autoretry, on the same workers.
+See docs/failure.md "Measured"."""
 
 from __future__ import annotations
 
