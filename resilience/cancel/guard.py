@@ -1,35 +1,18 @@
 """`CancelGuard` (Stage.CANCEL): a cancelled job never starts, whatever delivers it.
 
-Flow only. Before any other guard takes anything, the job's targets — its task id and, when
-the task declares a `cancel_key` template, its task and key — are looked up in this worker
-process's copy of the live cancellations. The copy is refreshed when the store's version
-moved, asked at most once per `refresh_seconds` (one small GET), so a job's check costs no
-round trip; a cancellation reaches every worker within `refresh_seconds` (`jobs cancel` also
-sends Celery's `revoke`, which reaches running workers at once). A hit stops the job with
-outcome CANCELLED: no retry, no dead letter, a chain stops there. While the body runs,
-`call.checkpoint()` (called before a transactional commit or a fenced write) reads the
-store itself, so a job cancelled mid-run rolls its transaction back instead of committing
-(the commit defers it, and its next delivery stops as CANCELLED).
-
-Celery's `revoke` lives in each worker's memory and is forgotten on restart; this one is
-kept in PostgreSQL and Redis (`resilience.cancel.tombstones`). When the store cannot be read
-the last copy stays in use; without one the guard follows `on_store_down` (fail open by
-default: a lost cancellation store must not stop the fleet).
-
-A store whose version is gone has lost its copy (FLUSHDB, a restart without persistence, a
-failover to an empty replica); it is never read as "nothing is cancelled". The guard keeps
-its last copy and restores the store from PostgreSQL at once (`Cancellations.
-restore_if_lost`: the first process to see the loss restores it under the record's lock, the
-others find it done), then reads the restored copy, which PostgreSQL decides: a cancellation
-withdrawn or expired meanwhile is not in it. While PostgreSQL cannot be read either, the last
-copy stays in use and the restore is tried again after `restore_retry_seconds`; a process
-without a copy follows `on_store_down`.
+Flow only. The job's targets (its task id; its task and `cancel_key`) are looked up in this
+worker process's copy of the live cancellations, refreshed when the store's version moved
+and asked at most once per `refresh_seconds`, so a job's check costs no round trip. A hit
+stops the job as CANCELLED; `call.checkpoint()` reads the store itself, so a job cancelled
+mid-run rolls its transaction back. A store whose version is gone has lost its copy, never
+"nothing is cancelled": the guard keeps its copy and restores the store from PostgreSQL
+(`Cancellations.restore_if_lost`). When nothing can be read and there is no copy, the guard
+follows `on_store_down` (fail open by default). See docs/operations.md, "Cancellation".
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,7 +43,6 @@ class CancelConfig:
     Args:
         refresh_seconds: longest a worker process trusts its copy without asking the store's
             version (how long a cancellation takes to reach every worker).
-        check_at_checkpoint: read the store again at `call.checkpoint()` (one round trip).
         on_store_down: "fail_open" (default: run when the store cannot be read and there is
             no copy) or "fail_closed" (defer by `retry_seconds`).
         retry_seconds: the deferral under "fail_closed".
@@ -69,7 +51,6 @@ class CancelConfig:
     """
 
     refresh_seconds: float = 1.0
-    check_at_checkpoint: bool = True
     on_store_down: StoreDown | str = StoreDown.FAIL_OPEN
     retry_seconds: float = 5.0
     restore_retry_seconds: float = 5.0
@@ -108,8 +89,8 @@ class CancelGuard(Guard):
         #: Per task name: its cancel key spec, or None. One guard serves every task of a
         #: platform (a class-level default), so nothing per task is kept on the guard itself.
         self._keys: dict[str, KeySpec | None] = {}
-        self._lock = threading.Lock()
-        #: (when asked, version, marks) of this process's copy.
+        #: (when asked, version, marks) of this process's copy; replaced whole, so read
+        #: and written without a lock.
         self._copy: tuple[float, str, Marks] | None = None
 
     def bind(self, task: Task) -> None:
@@ -146,9 +127,7 @@ class CancelGuard(Guard):
         Raises:
             StorageError: the store cannot be read and there is no copy to keep.
         """
-        now = self.clock()
-        with self._lock:
-            copy = self._copy
+        now, copy = self.clock(), self._copy
         if copy is not None and now - copy[0] < self.config.refresh_seconds:
             return copy[2]
         try:
@@ -159,8 +138,7 @@ class CancelGuard(Guard):
                 raise
             logger.warning("cancellations unreadable, keeping the last copy: %s", error)
             fresh = (now, copy[1], copy[2])
-        with self._lock:
-            self._copy = fresh
+        self._copy = fresh
         return fresh[2]
 
     def _read(self, call: Call, copy: tuple[float, str, Marks] | None) -> tuple[str, Marks]:
@@ -217,8 +195,7 @@ class CancelGuard(Guard):
             mark = marks.get(target)
             if mark is not None and mark[1] > wall:
                 raise self._cancelled(call, mark[0], target)
-        if self.config.check_at_checkpoint:
-            call.checks.append(lambda: self._check(call, targets))
+        call.checks.append(lambda: self._check(call, targets))  # one read at a checkpoint
 
     def _check(self, call: Call, targets: list[str]) -> None:
         """At a checkpoint: raise if the job was cancelled since it started."""

@@ -1,13 +1,8 @@
 """The result of a job cancelled by id before it started: CANCELLED at once, never REVOKED.
 
-Celery's worker answers a `revoke` broadcast by marking the job REVOKED in the result backend
-when its state there is still unstarted (PENDING, RECEIVED, RETRY, REJECTED), on every
-worker the broadcast reaches, whether or not it consumes the job's queue (Celery 5.7,
-`celery/worker/control.py` `_revoke`). `jobs cancel ID` sends one so running workers drop
-the message at once; without this module its job was REVOKED the moment another tier's
-worker heard it, then SUCCESS with outcome CANCELLED when the cancel guard stopped its
-delivery. The stored state changed, and a caller's `.get()` answered whichever it saw
-first (`TaskRevokedError` while the job's workers were down)::
+Celery's worker answers a `revoke` broadcast by storing REVOKED for a job not yet started,
+on every worker it reaches (Celery 5.7, `celery/worker/control.py` `_revoke`), so without
+this module the stored state changed under the caller::
 
     jobs cancel ID           standard worker (revoke)       critical worker (restarted)
     record + mark
@@ -15,9 +10,8 @@ first (`TaskRevokedError` while the job's workers were down)::
                                                             guard: CANCELLED, store SUCCESS
     caller .get() ─▶ REVOKED (published first) although the job ends CANCELLED
 
-`store_cancelled` runs before the `revoke`: it stores the outcome the cancel guard would
-(`cancelled_stop`), so the revoke finds a final state and writes nothing, the guard's later
-write is refused (nothing replaces SUCCESS), and every reader sees CANCELLED from the start.
+`store_cancelled` runs before the `revoke` and stores the guard's outcome first, so the
+revoke finds a final state and every reader sees CANCELLED (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -53,10 +47,8 @@ def store_cancelled(app: Celery, task_id: str, *, reason: str) -> bool:
     """Store job `task_id`'s result as the cancel guard would, if no worker started it yet.
 
     Call it after the cancellation is recorded and before Celery's `revoke`. A job already
-    started (STARTED: the platform tracks it) or finished keeps its state: a transactional
-    body meets the mark at its checkpoint. As in Celery's own revoke, the state is read, then
-    written: a worker that starts the job in between (only one whose copy of the marks is
-    older than the cancellation, `refresh_seconds`) is overwritten.
+    started or finished keeps its state. As in Celery's own revoke, the state is read, then
+    written (a worker starting the job in between is overwritten).
 
     Returns:
         True when the CANCELLED outcome was stored.

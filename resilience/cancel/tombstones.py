@@ -1,21 +1,12 @@
 """Cancelling jobs: a PostgreSQL row (the record) and a copy every worker reads (the guard's).
 
-`cancel_job` / `cancel_key` write the row first, then the copy in the fast backend (Redis) with
-the same expiry. A worker restart, a redelivery or a new worker changes nothing: every
-execution checks the copy before it starts. If the copy is lost (Redis flushed, restarted
-empty, failed over: its version is gone) `restore()` makes it the live rows again; the
-cancel guard runs it the moment a worker sees the version gone, the platform's beat runs it
-periodically and `jobs cancellations restore` at once.
-
 PostgreSQL is the truth, and the copy follows it in the record's order: every write of the
 copy (a cancel, a withdrawal, a restore) happens inside the PostgreSQL transaction that
 changed or read the rows, under one transaction-level advisory lock. So a restore that read
 a row cannot write its mark back after an operator withdrew it, and a restore never erases
-a cancellation committed after its read: the withdrawal or the cancel waits for the lock.
-A restore also removes marks that have no live row (withdrawn while the copy was being
-rebuilt elsewhere, or expired). A cancel or withdrawal that finds the copy lost restores it
-whole instead of writing its one mark into an empty store, which workers would otherwise
-take for the complete set.
+a cancellation committed after its read. A cancel or withdrawal that finds the copy lost
+restores it whole: workers would take one mark in an empty store for the complete set.
+See docs/operations.md, "Cancellation that sticks".
 """
 
 from __future__ import annotations

@@ -2,13 +2,9 @@
 
 A cancellation names a job by its task id (`id:<task id>`) or by its task and key
 (`key:<task name>:<key>`). The PostgreSQL table (`resilience.cancel.tombstones`) is the
-record; a backend here holds the copy workers read. Workers keep a local copy of every live
-cancellation and ask only for the store's version between two jobs (at most once per
-`refresh_seconds`), so a job's check costs no round trip; the set is reloaded when the
-version moved. A store without a version has lost its copy (flushed, restarted empty,
-failed over to an empty replica): that is never "no cancellations", because writing the
-copy always leaves a version (`Cancellations.restore`), so workers keep what they had and
-the copy is restored from the record.
+record; a backend holds the copy workers read, with a version that moves on every change.
+A store without a version has lost its copy: never "no cancellations" (writing the copy
+always leaves a version).
 """
 
 from __future__ import annotations

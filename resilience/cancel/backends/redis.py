@@ -13,9 +13,7 @@ from resilience.cancel.backends import Marks
 from resilience.connections.redis import RedisStoreBackend
 
 #: The marks and their version change together in one MULTI, so they share a hash tag:
-#: on a Redis Cluster a transaction must stay in one slot. (Before the tag they were
-#: `resilience:cancel:marks` and `...:version`; the copies are rewritten from PostgreSQL by
-#: `Cancellations.restore()`, which the beat runs, so nothing is lost by the new names.)
+#: on a Redis Cluster a transaction must stay in one slot.
 MARKS_KEY = "resilience:cancel:{marks}"
 VERSION_KEY = "resilience:cancel:{marks}:version"
 
