@@ -2,36 +2,14 @@
 
     app = Celery("shop")
     app.conf.resilience_redis_url = "redis://localhost:6379/1"
-    app.conf.resilience_database_url = "postgresql://shop@localhost/shop"
     resilience.init_app(app)
 
-After it, a guard decorator (`@idempotent`, `@unique`, `@circuit_breaker`, ...) applies to
-every task of the app however the task was made: `@app.task`, `@shared_task`, a custom
-`task_cls` (Celery's `DjangoTask` too), an explicit `base=`, before or after `init_app`.
-
-How: the decorators attach guards to the function (`resilience.pipeline.attach`); a task
-whose function carries guards and whose class is no `GuardedTask` gets its class swapped for
-`type(name, (GuardedTask, its class), {})`, whose `apply_async` runs the enqueue guards and
-whose `__call__` (which Celery's trace calls instead of `run` once a class defines one) runs
-the execution guards. The swap happens when a task is created (the app's `_task_from_fun`,
-and `on_bound` on the app's base task class for decorators Celery evaluates lazily), when
-the app is finalized, and at `init_app` for tasks that already exist. On an initialised app
-every task but Celery's own (`celery.*`) becomes a `GuardedTask`, guards or not: the
-library's default guards (`resilience.task.LIBRARY_GUARDS`) let any task run as a durable
-workflow step (`resilience.workflows`) at the cost of one header lookup per job.
-
-A guarded task of an app that was never initialised would run unguarded: a silent no-op a
-user would mistake for protection. Every app that exists when this module is imported
-(importing any guard imports it) or is finalized later gets the same hooks, and such a
-task's class becomes one whose `apply_async` and `__call__` raise `ConfigurationError`
-naming `init_app`: `.delay()` refuses in the producer, and a worker fails the message
-before the body runs. One gap remains: on an app made after the first guard import and
-never finalized, a lazy `@app.task` evaluated by `.delay()` publishes unchecked; the
-worker, which finalizes its app before consuming, still refuses the message.
-
-Nothing reads `app.conf` or opens a connection here: the stores are built from
-`app.conf.resilience_*` when a guard first needs them (`resilience.stores.stores_for`), so
-`init_app` may run while Django has not loaded its settings yet.
+A task whose function carries guards (and, on an initialised app, every task but Celery's
+own, for the library's default guards) gets its class swapped for
+`type(name, (GuardedTask, its class), {})` when it is created, when the app is finalized,
+and at `init_app`. On an app never initialised such a task's class refuses to send or run
+instead: a guard is never a silent no-op. How, and the one gap: docs/library.md.
+Nothing reads `app.conf` or connects here (Django may not have loaded its settings yet).
 """
 
 from __future__ import annotations
@@ -58,7 +36,7 @@ __all__ = ["init_app", "is_initialised"]
 
 logger = logging.getLogger("resilience.app")
 
-#: The app's `_AppState` (hooks installed, initialised or not).
+#: On an app whose hooks are installed: whether it is initialised.
 _STATE_ATTRIBUTE = "_resilience_state"
 #: On a class this module made: the task class it was made from.
 _ORIGINAL_ATTRIBUTE = "_resilience_original_class"
@@ -70,36 +48,20 @@ _hooks_lock = threading.RLock()
 _classes: dict[tuple[type, bool], type] = {}
 
 
-class _AppState:
-    """What this module keeps per app."""
-
-    def __init__(self) -> None:
-        self.initialised = False
-
-
 def init_app(app: Celery) -> Celery:
-    """Make the guard decorators apply to every task of `app`; safe to call twice.
-
-    The stores come from `app.conf` on first use: `resilience_redis_url` (required),
-    `resilience_database_url` (for idempotency, singletons, fencing, the outbox),
-    `resilience_redlock_urls` (for `@exclusive`), `resilience_locks_database_url`,
-    `resilience_pool_mode`, `resilience_socket_timeout_seconds` (see
-    `resilience.stores.Stores.from_conf`); stores given with `resilience.stores.install`
-    are kept. Celery's routing stays the app's own: no queue is declared or imposed.
-    The app's result backend becomes `resilience.results`'s for its scheme
-    (`keep_final_states`), so call it before `app.backend` is first used.
+    """Make the guard decorators apply to every task of `app`; safe to call twice. The
+    stores come from `app.conf.resilience_*` on first use (docs/library.md), unless
+    `resilience.stores.install` gave some. Call it before `app.backend` is first used: the
+    result backend becomes `resilience.results`'s for its scheme (`keep_final_states`).
 
     Returns:
         `app`, so `app = resilience.init_app(Celery(...))` reads well.
     """
     with _hooks_lock:
-        state = _install_hooks(app)
-        if state.initialised:
+        _install_hooks(app)
+        if is_initialised(app):
             return app
-        state.initialised = True
-        # The result backend keeps final states final and carries the outcome metadata
-        # (`resilience.outcome_of`); it only names backend classes, so Django's settings
-        # may come later, but it must run before `app.backend` is first built.
+        setattr(app, _STATE_ATTRIBUTE, True)
         keep_final_states(app)
         from_app_conf(app)
         _rebase_all(app)
@@ -108,19 +70,16 @@ def init_app(app: Celery) -> Celery:
 
 def is_initialised(app: Celery) -> bool:
     """Whether `init_app(app)` was called."""
-    state = app.__dict__.get(_STATE_ATTRIBUTE)
-    return bool(state is not None and state.initialised)
+    return app.__dict__.get(_STATE_ATTRIBUTE) is True
 
 
 # -- hooks ---------------------------------------------------------------------------------
-def _install_hooks(app: Celery) -> _AppState:
+def _install_hooks(app: Celery) -> None:
     """Hook task creation and finalization of `app`, once; nothing is read from its conf."""
     with _hooks_lock:
-        state = app.__dict__.get(_STATE_ATTRIBUTE)
-        if state is not None:
-            return state
-        state = _AppState()
-        setattr(app, _STATE_ATTRIBUTE, state)
+        if _STATE_ATTRIBUTE in app.__dict__:
+            return
+        setattr(app, _STATE_ATTRIBUTE, False)
 
         create = app._task_from_fun
 
@@ -149,7 +108,6 @@ def _install_hooks(app: Celery) -> _AppState:
         })
         app.Task = hooked
         app.on_after_finalize.connect(_rebase_all, weak=False)
-        return state
 
 
 def _arm(app: Celery) -> None:
@@ -222,12 +180,8 @@ def _class_for(original: type, initialised: bool) -> type:
 
 
 def _request_for(original: type) -> type | None:
-    """A worker request class mixing the library's and `original`'s own, if it has one.
-
-    GuardedTask's `Request` (`OutcomeRequest`: a stopped job's own task event) would
-    otherwise silently replace the user's; both subclass Celery's `Request` and call
-    `super()`, so one class derived from both keeps the behaviour of each.
-    """
+    """A worker request class deriving from the library's `OutcomeRequest` and `original`'s
+    own, if it has one (both call `super()`), so neither silently replaces the other."""
     own = symbol_by_name(original.Request)
     if own is Request or issubclass(own, OutcomeRequest):
         return None

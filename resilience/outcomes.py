@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from celery import signals
 from celery.exceptions import Ignore
 
 from resilience.headers import epoch_seconds
@@ -70,17 +71,10 @@ class Stop(Exception):
 
     def as_result(self) -> dict[str, Any]:
         """The JSON result a stopped task returns, so Flower and AsyncResult show the why."""
-        body: dict[str, Any] = {
-            "outcome": self.outcome.value,
-            "guard": self.guard,
-            "reason": self.reason,
-        }
-        if self.details:
-            body["details"] = self.details
+        body = self.as_meta()
         if self.outcome is Outcome.REPLAYED or self.result is not None:
             body["result"] = self.result
         return body
-
 
     def as_meta(self) -> dict[str, Any]:
         """The decision as it travels in the job's result metadata and its task event."""
@@ -96,15 +90,9 @@ def is_outcome_result(value: Any) -> bool:
     return isinstance(value, dict) and value.get("outcome") in Outcome._value2member_map_
 
 
-# -- outcomes in results and events ----------------------------------------------------------
-#
-# A stopped job's `.get()` answers what Celery's contract promises: a REPLAYED duplicate the
-# first call's value, any other stop its outcome dict (docs/pipeline.md has the table). The
-# decision itself travels beside the value: in the result's metadata under `outcome` (the
-# result backends of resilience.results write it from the request attribute below) and, from
-# a worker, as a task event of its own (`task-replayed`, `task-shed`, ...), which Celery's
-# event state turns into a custom state, so Flower lists the job as REPLAYED or SHED rather
-# than SUCCESS.
+# -- outcomes in results and events (docs/pipeline.md) ----------------------------------------
+# The decision travels beside the value: in the result's metadata under `outcome`, and from a
+# worker as a task event of its own (`task-replayed`, ...), a custom state in Flower.
 
 #: Key of the decision in a job's stored result metadata.
 OUTCOME_META_KEY = "outcome"
@@ -114,14 +102,8 @@ OUTCOME_REQUEST_ATTRIBUTE = "resilience_outcome"
 
 class OutcomeStored(Ignore):
     """Raised in the worker once a stopped job's result is stored: Celery records nothing
-    more and sends no `task-succeeded`; the worker's request (`resilience.results.
-    OutcomeRequest`) sends `event` with `fields` instead, Celery's idiom for a custom state
-    (`Ignore`: "manually store the result of a task").
-
-    Args:
-        event: the task event's type, `task-<outcome>` in lower case (`task-replayed`).
-        fields: the event's fields (`outcome`, `guard`, `reason`, `result` as a repr).
-    """
+    more (`Ignore`, its idiom for a custom state) and `resilience.results.OutcomeRequest`
+    sends `event` (`task-replayed`) with `fields` (`outcome`, `guard`, `reason`, `result`)."""
 
     def __init__(self, event: str, fields: dict[str, Any]) -> None:
         super().__init__(f"{fields.get('outcome')} by {fields.get('guard')}: "
@@ -159,17 +141,9 @@ class GuardOutcome:
 
 
 def outcome_of(result: Any) -> GuardOutcome | None:
-    """The guard decision that stopped a finished job, or None when its body ran (or it has
-    not finished).
-
-    Reads the result's metadata (written by the result backends of resilience.results:
-    Redis, Sentinel); failing that, an outcome dict the job returned (every stop but
-    REPLAYED returns one). A REPLAYED value on another backend, or from an inline call
-    (`apply()`, eager), carries no metadata: None.
-
-    Args:
-        result: an `AsyncResult` (or `EagerResult`).
-    """
+    """The guard decision that stopped a finished job (an `AsyncResult`), or None when its
+    body ran or it has not finished: from the result's metadata (`resilience.results`'
+    backends), else an outcome dict it returned (a REPLAYED value elsewhere has neither)."""
     meta = result._get_task_meta()
     found = meta.get(OUTCOME_META_KEY)
     if not isinstance(found, dict):
@@ -180,19 +154,12 @@ def outcome_of(result: Any) -> GuardOutcome | None:
                         reason=str(found.get("reason")), details=dict(found.get("details") or {}))
 
 
-# -- trace events ----------------------------------------------------------------------------
-#
-# Every guard decision is an event named `guard.decision` on the current span (the Celery
-# execution span in a worker, the caller's span in a producer), with the attributes
-# `guard`, `outcome`, `reason`, `retry_after` (seconds) and, where counted, `name`/`tier`.
-# A decision surfaces in two places: `counters.count_outcome` (every guard counts it) and,
-# usually microseconds later, the `Stop` the guard raises (which alone knows the reason and
-# the retry-after). So a counted decision waits in a context variable for its Stop and is
-# written once, merged; it is written as it is when anything else happens first in its
-# span: another decision, a publish (Celery's retry, a deferral: the message's ETA then
-# gives the retry-after), or the end of the task. One decision waits per span, so a job run
-# inline by the caller (caller-runs) does not write its caller's decision early. Without a
-# recording span all of this is one check.
+# -- trace events (`guard.decision` on the current span: docs/observe.md) -------------------
+# A decision surfaces twice: `counters.count_outcome`, then usually the `Stop` the guard
+# raises (which alone knows the reason and the retry-after). So a counted decision waits in
+# a context variable for its Stop and is written once, merged; it is written as it is when
+# anything else happens first in its span (another decision, a publish: the ETA then gives
+# the retry-after, the end of the task). Without a recording span all of this is one check.
 
 #: Name of the span event of a guard decision.
 DECISION_EVENT = "guard.decision"
@@ -217,11 +184,8 @@ _waiting: contextvars.ContextVar[tuple[_Decision, ...]] = contextvars.ContextVar
 
 
 def _recording_span() -> Any:
-    """The current span if a tracer records it, else None (the cheap path).
-
-    OpenTelemetry is optional and never imported here: a span can only record in a process
-    where something (an SDK, an instrumentation) has imported its API already.
-    """
+    """The current span if a tracer records it, else None. OpenTelemetry is never imported
+    here: a span can only record where something imported its API already."""
     trace = sys.modules.get("opentelemetry.trace")
     if trace is None:
         return None
@@ -253,15 +217,9 @@ def _take(span: Any) -> _Decision | None:
 
 def flush_decisions(span: Any = None, *, eta: str | None = None,
                     task_id: str | None = None) -> None:
-    """Write the decision waiting in `span` (default: the current span) as it is.
-
-    Args:
-        span: whose waiting decision; None for the current span.
-        eta: ISO-8601 ETA of a message being published; when it republishes `task_id` (a
-            retry or deferral of the deciding task), it gives a decision without one its
-            `retry_after`.
-        task_id: the id of that message.
-    """
+    """Write the decision waiting in `span` (default: the current span) as it is; `eta`
+    (ISO-8601) of a message republishing `task_id`, the deciding task, gives it its
+    `retry_after` when it has none."""
     span = span if span is not None else _recording_span()
     decision = _take(span) if span is not None else None
     if decision is None:
@@ -277,11 +235,8 @@ def flush_decisions(span: Any = None, *, eta: str | None = None,
 
 def counted(outcome: str, *, guard: str, tier: str | None = None, name: str | None = None,
             reason: str | None = None, retry_after_seconds: float | None = None) -> None:
-    """Record a counted guard decision as a span event (see the section comment).
-
-    Without an explicit `reason`, the error being handled (a retry's or a dead letter's
-    cause, the store error of a fail-open) is the reason. Never raises.
-    """
+    """Record a counted guard decision as a span event (see the section comment); without a
+    `reason`, the error being handled is the reason. Never raises."""
     span = _recording_span()
     if span is None:
         return
@@ -348,14 +303,8 @@ def _flush_after_task(**_: Any) -> None:
         flush_decisions()
 
 
-def _connect_flushes() -> None:
-    from celery import signals
-
-    # Connected at import, before any tracing setup instruments Celery, so these run
-    # first: the deciding span is still the current one (not yet the publish span) and,
-    # on task_postrun, still open. Each costs one context-variable read when idle.
-    signals.before_task_publish.connect(_flush_before_publish, weak=False)
-    signals.task_postrun.connect(_flush_after_task, weak=False)
-
-
-_connect_flushes()
+# Connected at import, before any tracing setup instruments Celery, so these run first: the
+# deciding span is still the current one (not yet the publish span) and, on task_postrun,
+# still open. Each costs one context-variable read when idle.
+signals.before_task_publish.connect(_flush_before_publish, weak=False)
+signals.task_postrun.connect(_flush_after_task, weak=False)

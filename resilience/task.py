@@ -50,11 +50,9 @@ from resilience.workflows.guard import workflow_guards
 
 logger = logging.getLogger("resilience.task")
 
-#: Execution guards every GuardedTask has, after its own `guards` (a guard of the same
-#: name, declared or in `guards`, replaces one): a task runs as a durable workflow step,
-#: a scheduled job records its run's outcome and a skip / queue_one entry's runs never
-#: overlap (resilience.schedules), with no extra code; a job without their headers pays
-#: one header lookup each.
+#: Execution guards every GuardedTask has after its own (a guard of the same name replaces
+#: one): workflow steps and scheduled runs, with no extra code; a job without their headers
+#: pays one header lookup each.
 LIBRARY_GUARDS: tuple[Guard, ...] = (*workflow_guards(), ScheduleRunGuard(),
                                      ScheduleSingletonGuard())
 
@@ -65,10 +63,9 @@ REFUSED_REPUBLISH_DELAY_SECONDS = 5.0
 
 @contextmanager
 def pooled_producer(app: Any) -> Iterator[Any]:
-    """A producer from `app`'s pool, as Celery's `send_task` acquires one, except that a
-    refusal by the broker transport (`AdmissionError`: `QueueFull`, `DuplicateJob`) gives the
-    connection back to the pool: kombu's `Producer.__exit__` would close and replace it on
-    any error, so a flood of duplicates or a full tier would reconnect on every publish."""
+    """A producer from `app`'s pool, as `send_task` acquires one, except that a refusal by
+    the transport (`AdmissionError`) keeps the connection: kombu replaces it on any error,
+    so a flood of duplicates or a full tier would reconnect on every publish."""
     producer = app.producer_pool.acquire(block=True,
                                          timeout=app.conf.broker_pool_acquire_timeout)
     try:
@@ -129,36 +126,24 @@ class GuardedTask(Task):
     def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None,
                     producer: Any = None, link: Any = None, link_error: Any = None,
                     shadow: Any = None, **options: Any) -> Any:
-        """Celery's `apply_async` through the enqueue pipeline (`enqueue`): validation, the
-        enqueue guards, then the broker (or the outbox, for a long delay).
+        """Celery's `apply_async` through the enqueue pipeline (`enqueue`).
 
         Raises:
-            InvalidTaskArguments: args not a list or tuple, kwargs not a mapping (a
-                TypeError, as Celery raises).
-            ArgumentsDoNotBind, NonJsonArguments, PayloadTooLarge: the arguments cannot be sent.
-            AdmissionError: an enqueue guard refused the job (`TierFull`, `DuplicateJob`).
+            InvalidTaskArguments (ArgumentsDoNotBind, NonJsonArguments, PayloadTooLarge): the
+                arguments cannot be sent. AdmissionError: an enqueue guard refused the job.
         """
         options.update(producer=producer, link=link, link_error=link_error, shadow=shadow)
         return self.enqueue(self.new_publish(args, kwargs, task_id, options))
 
     def apply_async_in(self, session: Any, args: Any = None, kwargs: Any = None,
                        **options: Any) -> Any:
-        """`apply_async` inside the caller's transaction: a row in the outbox, published
-        by the relay once `session` commits; a rollback leaves no job.
-
-        Returns at once (no broker round trip) an `AsyncResult` whose id is the id the job
-        is published and runs with. Options are `apply_async`'s (JSON only), plus
-        `ordering_key`: jobs of one key are published in the order they were written.
-        Enqueue guards (tier bulkhead, unique) decide when the relay publishes; make the
-        task `@idempotent` for exactly-once effects (the relay may publish a row twice).
-
-        Args:
-            session: the caller's SQLAlchemy Session or Connection, on the database the
-                relay reads (the app's DATABASE_URL).
+        """`apply_async` inside the caller's transaction (a SQLAlchemy Session or Connection):
+        an outbox row the relay publishes once `session` commits (docs/outbox.md). Returns
+        an `AsyncResult` with the job's id at once; options are `apply_async`'s (JSON only)
+        plus `ordering_key`.
 
         Raises:
-            InvalidTaskArguments, ArgumentsDoNotBind, NonJsonArguments, PayloadTooLarge,
-                InvalidKey: as `apply_async`; nothing is written.
+            InvalidTaskArguments, InvalidKey: as `apply_async`; nothing is written.
             StorageError: the insert failed (the caller's transaction is aborted).
         """
         publish = self.new_publish(args, kwargs, options.pop("task_id", None), options)
@@ -170,8 +155,8 @@ class GuardedTask(Task):
 
     def new_publish(self, args: Any, kwargs: Any, task_id: str | None,
                     options: dict[str, Any]) -> Publish:
-        """The `Publish` of one enqueue, arguments as Celery takes them (`celery_arguments`)
-        and converted as Celery's `pydantic=True` does, so validation sees what is sent."""
+        """The `Publish` of one enqueue, arguments as Celery takes and converts them
+        (`pydantic=True`), so validation sees what is sent."""
         args, kwargs = celery_arguments(args, kwargs)
         if self._dump_pydantic_arguments is not None and dict(
                 self._get_exec_options(), **options).get("serializer") != "pickle":
@@ -180,20 +165,12 @@ class GuardedTask(Task):
         return Publish(task=self, args=args, kwargs=kwargs, options=options, task_id=task_id)
 
     def enqueue(self, publish: Publish, *, outbox: bool = False, session: Any = None) -> Any:
-        """Run the enqueue pipeline to the route of `publish`, decided here and only here.
-
-        - The outbox, after the VALIDATE stage only (the relay's publish passes the other
-          enqueue guards when the row is due): a transactional enqueue (`outbox`, in the
-          caller's `session`), or a delay beyond `resilience_max_countdown_seconds` (a Redis
-          broker would deliver it again at each visibility timeout).
-        - Else the broker, after every stage. A republish (`retries`: Celery's retry, a
-          guard's deferral) was admitted once and passes none; the broker refusing it for a
-          full queue (RabbitMQ bounds republishes too) sends it to the outbox instead of
-          losing it. Eager mode passes none either: Celery runs the task inline, as it would.
-
-        A guard that answers instead of publishing (a discarded job, a caller-runs result,
-        the existing job of a unique key) gives the caller its answer.
-        """
+        """Run the enqueue pipeline to the route of `publish`, decided here and only here
+        (docs/pipeline.md rule 4): the outbox after VALIDATE (a transactional enqueue, a
+        delay beyond `resilience_max_countdown_seconds`: a Redis broker would redeliver it
+        at each visibility timeout), else the broker after every stage; a republish and
+        eager mode pass no stage, and a republish the broker refuses goes to the outbox. A
+        guard that answers instead of publishing gives the caller its answer."""
         eager = self.app.conf.task_always_eager
         outbox = outbox or (not eager and self._beyond_max_countdown(publish.options))
         if outbox:
@@ -231,8 +208,7 @@ class GuardedTask(Task):
                                     task_id=publish.task_id, producer=chosen, **publish.options)
 
     def _to_outbox(self, session: Any, publish: Publish) -> Any:
-        """Write the job to the outbox: in `session`'s transaction, or (None) in a short
-        one of its own; the relay publishes it when due."""
+        """Write the job to the outbox, in `session`'s transaction or (None) its own."""
         return write(self, session, publish.args, publish.kwargs, publish.options,
                      task_id=publish.task_id)
 
@@ -254,25 +230,16 @@ class GuardedTask(Task):
 
     def validate_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any], *,
                            serializer: str | None = None) -> None:
-        """Refuse arguments that would fail in the worker or could not be sent at all
-        (`resilience.arguments.validate_arguments`).
-
-        Raises:
-            ArgumentsDoNotBind, NonJsonArguments, PayloadTooLarge.
-        """
+        """Refuse arguments that would fail in the worker or could not be sent
+        (`resilience.arguments.validate_arguments`)."""
         validate_arguments(self, args, kwargs, serializer=serializer)
 
     # -- execution path ----------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the task inside its guards, as Celery's `Task.__call__` runs it.
-
-        From a message, the worker's trace has pushed the request and the task already
-        (`celery/app/trace.py`); the first call under that request runs in it, as Celery's
-        stack protection does. Any other call (a direct call, a task calling itself or
-        another task as a function) pushes a request of its own with its own arguments and
-        `called_directly` set, and the task on `current_task`'s stack: the guards then see an
-        inline call, never the enclosing message's request.
-        """
+        """Run the task inside its guards, as Celery's `Task.__call__` runs it: the first
+        call under a message's request runs in it (Celery's stack protection); any other
+        call pushes a request of its own (`called_directly`), so its guards see an inline
+        call, never the enclosing message's request."""
         stack = self.request_stack
         top = stack.top
         if (top is not None and not top._protected and len(stack) == 1
@@ -300,17 +267,12 @@ class GuardedTask(Task):
             return self.stopped(call, stop)
 
     def check_arguments(self, call: Call) -> None:
-        """Dead-letter a message whose arguments cannot fit the task's signature.
-
-        Enqueue validation refuses such a call in a producer that has the task; a message
-        from elsewhere (another service, `send_task`, an old deploy) would fail with a
-        TypeError on every delivery and leave nothing to inspect. It is deterministic, so it
-        is not retried. The check follows Celery's `typing`, as `validate_arguments` does:
-        a task with `typing=False` (or an app with `strict_typing=False`) gets its
-        arguments unchecked, and the body's TypeError is the result, as Celery promises.
+        """Dead-letter (not retry) a message whose arguments cannot fit the task's signature:
+        one from elsewhere (`send_task`, an old deploy) would fail on every delivery and
+        leave nothing to inspect. Follows Celery's `typing`, as `validate_arguments` does.
 
         Raises:
-            DeadLettered: a typed task's arguments do not bind (the row has them as they came).
+            DeadLettered: a typed task's arguments do not bind.
         """
         if not self.typing:
             return
@@ -324,18 +286,10 @@ class GuardedTask(Task):
                                    exception=exc) from None
 
     def stopped(self, call: Call, stop: Stop) -> Any:
-        """Turn a guard's `Stop` into what Celery records: a result, or a deferral.
-
-        In a canvas a stop never hands its outcome dict on as if it were a result:
-        REPLAYED passes the stored result on (a chain continues, a chord counts it), as
-        does a breaker's fallback; any other stop ends the chain and its links, and fails
-        a chord (`JobStopped`), so a callback never runs on an outcome it would mistake
-        for data.
-
-        What `.get()` answers (docs/pipeline.md): a replay the first call's value, any other
-        stop its outcome dict. From a message outside a canvas the value is stored here and
-        Celery is told to record nothing more (`OutcomeStored`), so the worker sends the
-        outcome's own event (`task-replayed`, ...) and Flower shows it instead of SUCCESS.
+        """Turn a guard's `Stop` into what Celery records (docs/pipeline.md rule 6): in a
+        canvas REPLAYED and a fallback pass their result on and any other stop ends the
+        chain or fails the chord; from a message the value is stored here and the worker
+        sends the outcome's own event instead of task-succeeded.
 
         Raises:
             OutcomeStored: from a message, once the value and the decision are stored.
@@ -359,8 +313,7 @@ class GuardedTask(Task):
         if stop.outcome is Outcome.DEFERRED:
             self.defer(call, stop)
         replayed = stop.outcome is Outcome.REPLAYED
-        # What `.get()` answers: a replay the first call's value (Celery's contract for an
-        # idempotent call), any other stop its outcome dict (docs/pipeline.md).
+        # What `.get()` answers: a replay the first call's value, any other stop its outcome.
         value = stop.result if replayed else stop.as_result()
         request = call.request
         if request is None or call.inline:
@@ -390,16 +343,10 @@ class GuardedTask(Task):
 
     def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any,
                    einfo: Any) -> None:
-        """A job ended by its time limit is dead-lettered with that reason, never only FAILED.
-
-        The hard limit (`TimeLimitExceeded`): the pool killed the process; Celery calls this
-        in the worker's main process and acknowledges the message (`acks_on_timeout`), so
-        nothing would run it again. The soft limit (`SoftTimeLimitExceeded`, in the body)
-        that no retry policy turned into a retry or a dead letter. A claim the call held
-        is taken over after its lease (a transactional body's writes were rolled back).
-        A message Celery requeues instead (`acks_on_timeout=False`) is left alone, and so is
-        a hard limit that fired after the body had stored SUCCESS (`_ended_before_limit`).
-        """
+        """A job ended by its time limit is dead-lettered with that reason, never only FAILED:
+        after a hard limit Celery acknowledges the message (`acks_on_timeout`), so nothing
+        would run it again. A message Celery requeues (`acks_on_timeout=False`) is left
+        alone, and so is a hard limit that fired after the body stored SUCCESS."""
         if isinstance(exc, TimeLimitExceeded):
             if self.acks_late and not self.acks_on_timeout:
                 return
@@ -424,18 +371,10 @@ class GuardedTask(Task):
                              reason)
 
     def _ended_before_limit(self, task_id: str) -> bool:
-        """Whether the result backend already holds SUCCESS for `task_id`.
-
-        The pool's hard-limit timer runs in the worker's main process, on its event loop,
-        and is cancelled when that loop reads the job's result. A main process blocked in a
-        broker write (a worker cut from the broker: no socket timeout, so until a
-        retransmission gets through after the heal) reads it late, and on resuming fires
-        the timer first: billiard reports TimeLimitExceeded for a job whose body returned,
-        committed and stored SUCCESS long before (tests/partition/test_broker_partition.py).
-        A backend that cannot answer counts as no: the job is dead-lettered as before. (A
-        later delivery of a job that had succeeded, killed by its limit, is not
-        dead-lettered either: the job did happen.)
-        """
+        """Whether the result backend already holds SUCCESS for `task_id` (no when it cannot
+        answer). A main process blocked in a broker write reads the pool's result late and
+        fires the hard-limit timer first: billiard then reports TimeLimitExceeded for a job
+        that stored SUCCESS long before (tests/partition/test_broker_partition.py)."""
         try:
             meta = self.backend.get_task_meta(task_id, cache=False)
         except Exception:
@@ -445,11 +384,8 @@ class GuardedTask(Task):
 
     def defer(self, call: Call, stop: Stop) -> None:
         """Republish this message after `retry_after_seconds`, without spending a retry.
-
-        Inline (`apply()`, caller-runs, eager mode) there is no message: nothing is
-        published, and the caller gets `JobDeferred` with `retry_after_seconds`. Celery's
-        eager path would otherwise run a `Retry`'s signature again at once, which defers
-        again: a publish storm.
+        Inline there is no message: the caller gets `JobDeferred` (Celery's eager path would
+        run a `Retry`'s signature again at once, deferring again: a publish storm).
 
         Raises:
             celery.exceptions.Retry: from a message; Celery records RETRY with the reason.
