@@ -1,20 +1,10 @@
 """Admission: whether a new job may enter the broker at all, decided in the producer.
 
-One package for every enqueue stage that can refuse new work, because they share what makes
-admission its own concern: they run only for a new job (a republish was admitted once),
-refuse with the same vocabulary (REJECTED, DISCARDED, an `AdmissionError` the caller maps
-to HTTP 503 + Retry-After), and read their state where the producer already is, the broker:
-
-- `tier.py`: the tier bulkhead (`@bulkhead`, stage ADMIT): queue depth against the tier's
-  limit, then abort / discard / caller_runs / wait;
-- `breaker.py`: the breaker's enqueue admission (stage BREAKER): `.delay()` refuses while a
-  declared breaker is open; the breaker itself (and its execution guard) is `circuit`'s,
-  which hands this stage a reader of its state;
-- `broker.py`: the broker as store: depth and reservations (Redis, RabbitMQ), and the
-  guarded publish that checks the bound and `@unique`'s key in the push itself.
-
-The package sits beside the pipeline, under the guards: guard packages (`circuit`,
-`idempotency`'s `@unique`) attach its stages; it imports only the core and the pipeline.
+Every enqueue stage that can refuse new work: `tier.py` (the tier bulkhead, stage ADMIT),
+`breaker.py` (`.delay()` refuses while a declared breaker is open, stage BREAKER) and
+`broker.py` (the broker as store: depth, reservations, the guarded publish). They run only
+for a new job and refuse with one vocabulary (REJECTED, DISCARDED, an `AdmissionError`:
+HTTP 503 + Retry-After). Imports only the core and the pipeline. See docs/overload.md.
 """
 
 from resilience.admission.breaker import BreakerAdmissionGuard

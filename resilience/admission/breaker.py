@@ -1,26 +1,11 @@
-"""`BreakerAdmissionGuard` (EnqueueStage.BREAKER): `.delay()` knows the dependency is down.
+"""`BreakerAdmissionGuard` (EnqueueStage.BREAKER): `.delay()` refuses while the breaker is
+open (`on_open="refuse"`, docs/failure.md).
 
-With `@circuit_breaker(name, on_open="refuse")` a producer whose task's breaker is open gets
-`DependencyUnavailable(retry_after=...)` (an `AdmissionError`, like `TierFull`: HTTP 503 +
-Retry-After) instead of a job the worker could only defer. Open and forced_open refuse;
-half_open, closed and forced_closed admit, and so does an open breaker whose open period is
-over (the next acquire half-opens it: the job may be a probe). `retry_after` is the rest of
-the open period, or `open_seconds` for a breaker an operator holds open.
-
-Cost: the state comes from this process's copy, read again once it is older than
-`refresh_seconds` (one round trip: the breaker's `describe`), so a `.delay()` in steady
-state makes no round trip of its own. The copy is why the answer may be stale by up to
-`refresh_seconds`: a job can be queued that long after a trip (the worker defers it, as
-without this guard), and refused that long after a close. When the store cannot be read
-the guard fails open: jobs are queued and the store is not asked again for
-`refresh_seconds` after the failed read ended; the failed read is warned and counted
-FAIL-OPEN once. Not once per job, unlike an execution guard: the counters live in the
-same Redis, and a count per job would make every `.delay()` wait on the dead store.
-
-Never refused: a republish (Celery's retry, a guard's deferral: `retries` is set, and the
-enqueue pipeline takes it straight to its route), and a canvas continuation a worker
-publishes after the parent finished (`parent_id` is set): refusing it would fail a parent
-whose body already succeeded and drop the rest of the chain.
+The state comes from this process's copy, read again once older than `refresh_seconds`
+(one round trip), so it may be stale by that long. An unreadable store fails open, warned
+and counted FAIL-OPEN once per failed read, not per job: the counters live in the same
+Redis. Never refused: a republish, and a canvas continuation (`parent_id`): refusing it
+would fail a parent whose body already succeeded.
 """
 
 from __future__ import annotations
@@ -40,10 +25,6 @@ if TYPE_CHECKING:
     from celery import Task
 
 logger = logging.getLogger("resilience.circuit")
-
-#: Breaker states that refuse a new job (an open one only until its open period is over).
-REFUSING = ("open", "forced_open")
-
 
 class BreakerStates(Protocol):
     """What this stage reads of a breaker store (`circuit`'s `BreakerBackend` is one)."""
@@ -143,12 +124,9 @@ class BreakerAdmissionGuard(EnqueueGuard):
         return None
 
     def _refresh(self, now: float, publish: Publish) -> _Copy:
-        """Read the breaker's state once (one round trip); an unreadable store fails open.
-
-        A state read is dated when it was asked (its age is never understated); a failed
-        read when it (and its count) ended, so a store that takes its timeout to fail is
-        asked once per `refresh_seconds`, not by every publish.
-        """
+        """Read the breaker's state once; an unreadable store fails open. A read is dated
+        when asked (its age never understated), a failed one when it ended (a store that
+        takes its timeout to fail is asked once per `refresh_seconds`)."""
         assert self.backend is not None, "BreakerAdmissionGuard used before bind()"
         try:
             state = self.backend.describe([self.breaker.name])[0]

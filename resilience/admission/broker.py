@@ -1,32 +1,14 @@
 """The broker as admission's store: queue depth, reservations, and the guarded publish.
 
-Redis: kombu's Redis transport keeps one list per priority step (`queue`, `queue\\x06\\x163`,
-`queue\\x06\\x166`, `queue\\x06\\x169`) and pushes with LPUSH; messages a worker has reserved
-(prefetched, ETA/countdown) sit in its unacked hash and are not counted. `admit.lua` reads
-every list plus the in-flight reservations in one atomic step, so producers admitted through
-it never push the queue past the limit (overshoot 0); a reservation whose producer died
-mid-publish is freed after its TTL.
-
-Guarded publish (Redis, one round trip): when the app's broker transport declares
-`guarded_publish` (the platform's `jobs.broker.Transport` does), the enqueue guards put what
-they need in message headers instead of asking Redis themselves: the tier's limit
-(`BOUND_HEADER`) and `@unique`'s key (`UNIQUE_HEADER`). The transport's `_put` calls `push`,
-which runs `publish.lua`: the unique key, the depth bound and the LPUSH in one script, so a
-guarded `.delay()` costs the round trip a plain one does and both checks are exact. The
-transport stores a copy of the message without those headers (`guard_requests`), never
-changing the caller's: kombu retries a publish after a connection error with the same
-headers, so every attempt runs the checks. A refusal is raised from the publish,
-`QueueFull` or `DuplicateJob`; the guard that asked turns it into its policy in `give_back`.
-
-RabbitMQ: when the tier queue is declared with `x-max-length` at the limit and
-`x-overflow: reject-publish`, and the connection uses publisher confirms (the platform
-declares both: `jobs.platform.queue_arguments`), the broker itself refuses the publish that
-would pass the limit: the guard adds nothing to the publish and turns the nack
-(`amqp.exceptions.MessageNacked`) into `QueueFull`, so the bound is exact. A queue without
-those arguments (or a task limit that differs from the queue's) falls back to a passive
-`queue_declare` (ready count) before publishing: two steps, so N concurrent producers can
-overshoot by at most N - 1. RabbitMQ's bound holds for every publish, republishes too; the
-enqueue route sends a refused republish to the outbox (nothing is lost).
+Redis: `admit.lua` sums kombu's priority lists and the in-flight reservations in one atomic
+step (overshoot 0). With a transport that declares `guarded_publish` (`jobs.broker`), the
+guards put the tier's bound (`BOUND_HEADER`) and `@unique`'s key (`UNIQUE_HEADER`) in
+headers and `publish.lua` checks both in the push itself; the stored message lacks them
+(`guard_requests`), the caller's never changes (kombu retries with the same headers).
+RabbitMQ: a queue declared with `x-max-length` and `reject-publish`, with publisher
+confirms, refuses the publish itself (a nack becomes `QueueFull`); otherwise a passive
+`queue_declare` before publishing (N producers overshoot by at most N - 1).
+See docs/overload.md, "Admission under concurrent producers".
 """
 
 from __future__ import annotations
@@ -82,13 +64,11 @@ class DepthBackend(Protocol):
         """The reserved publish finished (it is in the queue now, or it failed)."""
 
     def transport_bound(self, queue: str, limit: int) -> dict[str, Any] | None:
-        """How the broker itself keeps `queue` within `limit` as it takes the publish: the
-        `BOUND_HEADER` value to send (`{}`: nothing to send), or None when it does not (the
-        guard admits with `try_admit` / `release` instead)."""
+        """The `BOUND_HEADER` value (`{}`: none to send) when the broker keeps `queue`
+        within `limit` itself as it takes the publish; None: `try_admit` / `release`."""
 
     def refusal(self, error: BaseException, queue: str, limit: int) -> Exception | None:
-        """The publish error as `QueueFull` when it is the broker refusing a full queue,
-        else None."""
+        """The publish error as `QueueFull` when the broker refused a full queue, else None."""
 
 
 def _wrap(what: str, exc: Exception) -> StorageError:
@@ -124,15 +104,11 @@ class RedisBrokerDepth:
 
     def lists(self, queue: str) -> list[str]:
         """The Redis lists holding `queue`'s messages, one per priority step."""
-        names = []
-        for step in self.priority_steps:
-            name = f"{queue}{self.separator}{step}" if step else queue
-            names.append(self.prefix + name)
-        return names
+        return [self.prefix + (f"{queue}{self.separator}{step}" if step else queue)
+                for step in self.priority_steps]
 
     def reservations_key(self, queue: str) -> str:
-        """`<global_keyprefix>resilience:admission:{<queue>}` (see `resilience.keys`); the
-        queue's own lists keep the names kombu gives them."""
+        """`<global_keyprefix>resilience:admission:{<queue>}` (see `resilience.keys`)."""
         return redis_key(self.prefix + RESERVATIONS_PREFIX, queue)
 
     def depth(self, queue: str) -> int:
@@ -145,8 +121,6 @@ class RedisBrokerDepth:
             raise _wrap(f"depth of queue {queue!r}", exc) from exc
 
     def transport_bound(self, queue: str, limit: int) -> dict[str, Any] | None:
-        """The `BOUND_HEADER` value asking the transport to keep `queue` within `limit`;
-        None when the transport does not bound publishes (the guard reserves instead)."""
         if not self.bounded_publish:
             return None
         key = self._reservation_keys.get(queue)
@@ -189,9 +163,8 @@ class RedisBrokerDepth:
 
 
 class AmqpBrokerDepth:
-    """Depth on RabbitMQ by passive queue_declare; the bound is the queue's own
-    `x-max-length` with `reject-publish` and publisher confirms (see the module docstring),
-    else check-then-publish."""
+    """Depth on RabbitMQ by passive queue_declare; the bound is the queue's own (see the
+    module docstring), else check-then-publish."""
 
     def __init__(self, app: Celery) -> None:
         self.app = app
@@ -211,8 +184,6 @@ class AmqpBrokerDepth:
         return self._limits[queue]
 
     def transport_bound(self, queue: str, limit: int) -> dict[str, Any] | None:
-        """`{}` (nothing to add to the message) when RabbitMQ refuses publishes past
-        exactly `limit`; None otherwise (the guard checks the depth first)."""
         return {} if self.queue_limit(queue) == limit else None
 
     def refusal(self, error: BaseException, queue: str, limit: int) -> QueueFull | None:
@@ -306,12 +277,9 @@ def broker_redis(app: Celery) -> redis.Redis:
 
 
 def guard_requests(message: dict[str, Any]) -> tuple[dict[str, Any], Any, Any]:
-    """Split a kombu message into what is stored and the guards' requests it carries.
-
-    Returns `(stored, bound, unique)`: `stored` is `message` itself when it carries no
-    request, else a copy whose headers lack them; `message` and its headers are never
-    changed, so a retried publish of the same message asks again.
-    """
+    """`(stored, bound, unique)`: the guards' requests a kombu message carries, and what is
+    stored: `message` itself without any, else a copy without them (`message` never
+    changes, so a retried publish asks again)."""
     headers = message.get("headers")
     if not isinstance(headers, dict) or not any(header in headers for header in HEADERS):
         return message, None, None

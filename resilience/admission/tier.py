@@ -1,14 +1,6 @@
-"""Tier bulkhead at enqueue (stage ADMIT): queue depth against the tier's limit.
-
-A full tier applies its rejection policy:
-
-- `abort`: raise `TierFull(tier, depth, limit, retry_after)` (HTTP 503 + Retry-After);
-- `discard`: publish nothing, return a `DiscardedResult` (outcome DISCARDED);
-- `caller_runs`: run the task inline in the producer (`task.apply`), return its EagerResult;
-  the producer slows down by exactly the work it tried to hand off (backpressure);
-- `wait`: poll for room up to `wait_timeout_seconds`, then abort.
-
-Every refusal is counted (`outcome`, `tier`, guard `bulkhead`, name = the policy).
+"""Tier bulkhead at enqueue (stage ADMIT): queue depth against the tier's limit; a full
+tier applies its `RejectionPolicy` (abort, discard, caller_runs, wait: docs/overload.md).
+Every refusal is counted (guard `bulkhead`, name = the policy).
 """
 
 from __future__ import annotations
