@@ -15,12 +15,5 @@ from resilience.pause.backends.memory import MemoryPauseBackend
 from resilience.pause.backends.redis import RedisPauseBackend
 from resilience.pause.guard import PauseConfig, PauseGuard, PauseSwitch
 
-__all__ = [
-    "MemoryPauseBackend",
-    "PauseBackend",
-    "PauseConfig",
-    "PauseGuard",
-    "PauseSwitch",
-    "Paused",
-    "RedisPauseBackend",
-]
+__all__ = ["MemoryPauseBackend", "PauseBackend", "PauseConfig", "PauseGuard", "PauseSwitch",
+           "Paused", "RedisPauseBackend"]

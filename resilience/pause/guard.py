@@ -1,17 +1,14 @@
 """`PauseGuard` (Stage.PAUSE): a job whose tier or task is paused is DEFERRED, not run.
 
-Flow only: the switches live in a `PauseBackend`; the guard reads a task's two switches
-(its tier's and its own) at most once every `refresh_seconds` per process — a local copy,
-so the hot path costs no round trip — and defers a paused job by `retry_seconds`, counted,
-with the reason the operator gave. When the store cannot be read the last copy stays in
-use; without one the guard follows `on_store_down` (fail open by default: a pause switch
-must never stop a fleet by itself).
+Flow only: the switches live in a `PauseBackend`; the guard reads a task's two switches (its
+tier's and its own) at most once every `refresh_seconds` per process, so the hot path costs
+no round trip. When the store cannot be read the last copy stays in use; without one the
+guard follows `on_store_down` (fail open: a pause switch must never stop a fleet by itself).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -87,7 +84,6 @@ class PauseGuard(Guard):
                  backend: PauseBackend | Callable[[Task], PauseBackend]) -> None:
         self.config = config
         self._backend = backend
-        self._lock = threading.Lock()
         #: Per (tier, task name): when the switches were last read, and what came back
         #: (the switches found on, or the store's error while there is no copy to keep).
         self._copies: dict[tuple[str, str], tuple[float, list[Paused] | StorageError]] = {}
@@ -107,8 +103,7 @@ class PauseGuard(Guard):
         task = call.task
         mine = (str(getattr(task, "tier", None) or ""), task.name)
         now = time.monotonic()
-        with self._lock:
-            copy = self._copies.get(mine)
+        copy = self._copies.get(mine)  # one dict read or write: atomic, no lock needed
         if copy is None or now - copy[0] >= self.config.refresh_seconds:
             switches = [("tier", mine[0]), ("task", mine[1])] if mine[0] else [("task", mine[1])]
             try:
@@ -119,9 +114,7 @@ class PauseGuard(Guard):
                     logger.warning("pause switches unreadable, keeping the last copy: %s",
                                    error)
                 found = kept
-            copy = (now, found)
-            with self._lock:
-                self._copies[mine] = copy
+            copy = self._copies[mine] = (now, found)
         if isinstance(copy[1], StorageError):
             raise copy[1]
         return copy[1]
