@@ -1,18 +1,7 @@
 """Error classification: may this error be retried, and did it say when?
 
-Core: the retry guard, the breaker (which counts only retryable errors as failures), the
-idempotency guard and the outbox relay all classify errors the same way.
-
-An error is classified, first match wins, by:
-
-1. user hooks (`classify_hooks`): callables `hook(exc) -> bool | None`; `None` abstains;
-2. the `Retryable` / `NonRetryable` pair users raise;
-3. an HTTP status read from `status`, `status_code` or `response.status_code`
-   (408, 429 and 5xx retryable; every other 4xx not);
-4. the exception type: connection and timeout errors retryable, programming errors
-   (`TypeError`, `ValueError`, `KeyError`, ...) not;
-5. otherwise retryable (an unknown failure of a dependency is usually transient; the retry
-   budget bounds the cost of being wrong).
+One rule set (docs/failure.md, "Classification") for the retry guard, the breaker (which
+counts only retryable errors as failures), the idempotency guard and the outbox relay.
 """
 
 from __future__ import annotations
@@ -23,21 +12,14 @@ from typing import Any
 #: A user hook: True = retryable, False = not, None = no opinion (ask the next rule).
 ClassifyHook = Callable[[BaseException], "bool | None"]
 
-RETRYABLE_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
-NON_RETRYABLE_STATUSES = frozenset({400, 401, 403, 404, 405, 409, 410, 413, 415, 422})
+#: Retryable 4xx statuses; every 5xx is retryable, every other 4xx not.
+RETRYABLE_STATUSES = frozenset({408, 425, 429})
 
 #: Exception types that are transient by nature.
 RETRYABLE_TYPES: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError)
 #: Exception types that signal a bug or bad input: retrying repeats the same failure.
 NON_RETRYABLE_TYPES: tuple[type[BaseException], ...] = (
-    TypeError,
-    ValueError,
-    KeyError,
-    AttributeError,
-    NotImplementedError,
-    AssertionError,
-    LookupError,
-)
+    TypeError, ValueError, LookupError, AttributeError, NotImplementedError, AssertionError)
 
 
 class Retryable(Exception):
@@ -61,9 +43,6 @@ class Retryable(Exception):
         self.retry_after_seconds = retry_after_seconds
         self.status = status
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), str(self), self.retry_after_seconds, self.status))
-
 
 class NonRetryable(Exception):
     """Raised by a task body for a failure that cannot succeed on retry (bad input, 4xx).
@@ -80,17 +59,6 @@ class NonRetryable(Exception):
         self.status = status
         self.retry_after_seconds = None
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), str(self), None, self.status))
-
-
-def _rebuild(
-    cls: type[Exception], message: str, retry_after: float | None, status: int | None
-) -> Exception:
-    if issubclass(cls, Retryable):
-        return cls(message, retry_after_seconds=retry_after, status=status)
-    return cls(message, status=status)
-
 
 def http_status(exc: BaseException) -> int | None:
     """The HTTP status of `exc` (`status`, `status_code`, `response.status_code`), if any."""
@@ -98,33 +66,17 @@ def http_status(exc: BaseException) -> int | None:
         getattr(exc, "status", None),
         getattr(exc, "status_code", None),
         getattr(getattr(exc, "response", None), "status_code", None),
-        getattr(exc, "code", None) if _looks_like_http_error(exc) else None,
+        # urllib's HTTPError keeps it in `code`; other `code`s (errno, SystemExit) are not.
+        getattr(exc, "code", None) if type(exc).__name__ == "HTTPError" else None,
     ):
-        if (
-            isinstance(candidate, int)
-            and not isinstance(candidate, bool)
-            and 100 <= candidate <= 599
-        ):
+        if isinstance(candidate, int) and not isinstance(candidate, bool) and (
+                100 <= candidate <= 599):
             return candidate
     return None
 
 
-def _looks_like_http_error(exc: BaseException) -> bool:
-    # urllib.error.HTTPError keeps the status in `code`; other `code` attributes (errno-like,
-    # SystemExit) are not HTTP statuses.
-    return type(exc).__name__ == "HTTPError"
-
-
-def _status_retryable(status: int) -> bool | None:
-    if status in RETRYABLE_STATUSES or 500 <= status <= 599:
-        return True
-    if status in NON_RETRYABLE_STATUSES or 400 <= status <= 499:
-        return False
-    return None
-
-
 def is_retryable(exc: BaseException, hooks: Iterable[ClassifyHook] = ()) -> bool:
-    """Whether retrying `exc` may succeed (see the module docstring for the rules, in order).
+    """Whether retrying `exc` may succeed (docs/failure.md has the rules, in order).
 
     Args:
         exc: the error the task body raised.
@@ -138,11 +90,11 @@ def is_retryable(exc: BaseException, hooks: Iterable[ClassifyHook] = ()) -> bool
         return False
     if isinstance(exc, Retryable):
         return True
-    status = http_status(exc)
-    if status is not None:
-        verdict = _status_retryable(status)
-        if verdict is not None:
-            return verdict
+    status = http_status(exc) or 0
+    if status >= 500 or status in RETRYABLE_STATUSES:
+        return True
+    if 400 <= status <= 499:
+        return False
     if isinstance(exc, RETRYABLE_TYPES):
         return True
     if isinstance(exc, NON_RETRYABLE_TYPES):
