@@ -62,6 +62,9 @@ def workflows_bench_platform_durable(*values: Any, counter: str | None = None) -
 # -- profiling (only when `BENCH_PROFILE_DIR` is set in a worker's environment) -------------
 #: Where pool processes write their cProfile stats (`<dir>/<pid>.prof`); unset: no profiling.
 PROFILE_DIR_ENV = "BENCH_PROFILE_DIR"
+#: "cpu": the profiles time each function in CPU seconds of its process (what a step costs
+#: the machine, waits excluded); anything else: wall-clock seconds (waits included).
+PROFILE_CLOCK_ENV = "BENCH_PROFILE_CLOCK"
 
 _profile: Any = None
 
@@ -72,8 +75,10 @@ def _start_profile(**_: Any) -> None:
     from its start."""
     global _profile
     import cProfile
+    import time
 
-    _profile = cProfile.Profile()
+    cpu = os.environ.get(PROFILE_CLOCK_ENV) == "cpu"
+    _profile = cProfile.Profile(time.process_time) if cpu else cProfile.Profile()
     _profile.enable()
 
 

@@ -42,6 +42,7 @@ smoke-sized run (100 chains, 20 chords, 1 round):
     python -m bench workflows --quick
     python -m bench workflows --variants plain,durable,platform,platform_durable
     python -m bench workflows --profile /tmp/profiles   # + cProfile stats per variant
+    python -m bench workflows --quick --profile /tmp/profiles --profile-clock cpu
 """
 
 from __future__ import annotations
@@ -95,6 +96,9 @@ def _options(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--profile", metavar="DIR",
                         help="also run each variant's chains and chords (the statement "
                              "count's sizes) on a worker profiled with cProfile, stats in DIR")
+    parser.add_argument("--profile-clock", choices=("wall", "cpu"), default="wall",
+                        help="--profile times functions in wall-clock seconds (waits "
+                             "included) or in CPU seconds of their process")
     options = parser.parse_args(argv)
     if options.quick:
         options.chains, options.chords, options.rounds = 100, 20, 1
@@ -202,14 +206,15 @@ def _profile(options: argparse.Namespace, starters: dict[str, Starter], redis: A
     """Each variant's workflows once more on a worker profiled with cProfile (its main
     process and each pool process): `<--profile>/<variant>/{main,pool}-<pid>.prof`, read
     them with pstats."""
-    from bench.tasks_workflows import PROFILE_DIR_ENV
+    from bench.tasks_workflows import PROFILE_CLOCK_ENV, PROFILE_DIR_ENV
 
     sizes = _phase_sizes(options)
     for variant, starter in starters.items():
         directory = Path(options.profile) / variant
         directory.mkdir(parents=True, exist_ok=True)
         with workers(QUEUE, concurrency=options.concurrency,
-                     env={PROFILE_DIR_ENV: str(directory)}):
+                     env={PROFILE_DIR_ENV: str(directory),
+                          PROFILE_CLOCK_ENV: options.profile_clock}):
             for shape, n in sizes.items():
                 _run_unpaused(starter, shape, n, redis, database_url)
 

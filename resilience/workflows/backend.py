@@ -34,6 +34,8 @@ from sqlalchemy import text
 
 from resilience.connections import StoreBackend, wrap_store_errors
 from resilience.connections.postgres import (
+    HeldConnection,
+    Prefix,
     Row,
     StatementRunner,
     asynchronous_commit,
@@ -102,6 +104,7 @@ FROM {WORKFLOWS_TABLE} w
 WHERE s.workflow_id = %(workflow_id)s AND s.position = %(position)s AND w.id = s.workflow_id
 RETURNING s.state, s.result, s.compensation_state, w.state AS workflow_state,
           COALESCE((s.signature ->> 'simple')::boolean, false) AS simple,
+          COALESCE((s.signature ->> 'fan_in')::boolean, false) AS fan_in,
           COALESCE((s.signature ->> 'run')::int, 0) AS run
 """)
 
@@ -109,19 +112,30 @@ RETURNING s.state, s.result, s.compensation_state, w.state AS workflow_state,
 # workflow's result) as ONE autocommit statement: the step leaves its live state once; the
 # workflow counts it (and succeeds with its result when it was the last); each dependent
 # counts it, and one it releases gets its input and its outbox row, held for the relay (the
-# worker publishes it after this statement). A fan-in dependent (several sources: a chord
-# body) only counts it: when this step is the last it waits for, nothing is recorded here
-# (its input needs the other sources' results, read after they committed: `succeed`'s
-# transaction does it). The dependents are locked (after the workflow row) before the step
-# is recorded, so `waiting` is the latest. Data-modifying CTEs all run, in one
-# snapshot and one transaction. Only while the workflow runs (its row locked first, so the
-# latest state is read): a step that ends after its workflow stopped records nothing here
-# and goes through `succeed`'s transaction, which queues the next compensation with it.
+# worker publishes it after this statement). The dependents are locked (after the workflow
+# row) before the step is recorded, so `waiting` is the latest. Data-modifying CTEs all
+# run, in one snapshot and one transaction. Only while the workflow runs (its row locked
+# first, so the latest state is read): a step that ends after its workflow stopped records
+# nothing here and goes through `succeed`'s transaction, which queues the next compensation
+# with it.
+#
+# A fan-in dependent (several sources: a chord body) needs the other sources' results when
+# this step is its last source, and this statement's snapshot may predate their commits
+# (it waited for their row locks). With `fan_in` the caller sends `_LOCK_FIRST` before it in
+# the same query string (one round trip, one implicit transaction): the locks are taken
+# first, so this statement's snapshot, taken after them, sees every source that counted
+# before it, and the input of a fan-in whose source is a flat list of steps (a chord's
+# header) is built here. Without `fan_in`, or for a nested source, nothing is recorded when
+# this step is the last source: `succeed`'s transaction reads the results then.
 _SUCCEED_SIMPLE = PreparedStatement("resilience_workflow_succeed", f"""
 WITH running AS (
     SELECT state FROM {WORKFLOWS_TABLE} WHERE id = %(workflow_id)s FOR UPDATE
 ), deps AS (
-    SELECT d.position, d.waiting, d.signature -> 'source' AS source FROM {STEPS_TABLE} d
+    SELECT d.position, d.waiting, d.signature -> 'source' AS source,
+           jsonb_typeof(d.signature -> 'source') = 'array' AND NOT EXISTS (
+               SELECT 1 FROM jsonb_array_elements(d.signature -> 'source') AS e(source)
+               WHERE jsonb_typeof(e.source) <> 'number') AS flat
+    FROM {STEPS_TABLE} d
     WHERE d.workflow_id = %(workflow_id)s AND d.position IN (
         SELECT unnest(dependents) FROM {STEPS_TABLE}
         WHERE workflow_id = %(workflow_id)s AND position = %(position)s)
@@ -133,7 +147,8 @@ WITH running AS (
     WHERE workflow_id = %(workflow_id)s AND position = %(position)s
       AND state IN ('pending', 'queued') AND (SELECT state FROM running) = 'running'
       AND NOT EXISTS (SELECT 1 FROM deps WHERE deps.waiting = 1
-                      AND jsonb_typeof(deps.source) IS DISTINCT FROM 'number')
+                      AND jsonb_typeof(deps.source) IS DISTINCT FROM 'number'
+                      AND NOT (%(fan_in)s AND deps.flat))
     RETURNING dependents
 ), workflow AS (
     UPDATE {WORKFLOWS_TABLE} w
@@ -154,7 +169,17 @@ WITH running AS (
             WHEN d.waiting <> 1 THEN d.input
             WHEN COALESCE((d.signature ->> 'immutable')::boolean, false)
                 THEN d.signature -> 'args'
-            ELSE jsonb_build_array(CAST(%(result)s AS JSONB)) || (d.signature -> 'args')
+            WHEN jsonb_typeof(d.signature -> 'source') = 'number'
+                THEN jsonb_build_array(CAST(%(result)s AS JSONB)) || (d.signature -> 'args')
+            ELSE jsonb_build_array((
+                SELECT jsonb_agg(CASE WHEN s.position = %(position)s
+                                      THEN CAST(%(result)s AS JSONB) ELSE s.result END
+                                 ORDER BY e.ordinal)
+                FROM jsonb_array_elements_text(d.signature -> 'source')
+                     WITH ORDINALITY AS e(position, ordinal)
+                JOIN {STEPS_TABLE} s ON s.workflow_id = %(workflow_id)s
+                                    AND s.position = e.position::int
+            )) || (d.signature -> 'args')
         END
     FROM done, workflow
     WHERE d.workflow_id = %(workflow_id)s AND d.position = ANY(done.dependents)
@@ -175,6 +200,14 @@ WITH running AS (
 SELECT (SELECT state FROM workflow) AS state, (SELECT remaining FROM workflow) AS remaining,
        (SELECT name FROM workflow) AS name, (SELECT json_agg(queued) FROM queued) AS queued
 """)
+
+# Sent before `_SUCCEED_SIMPLE` in its query string for a fan-in member (`fan_in`): the
+# workflow row, then the step's dependents, locked in `_SUCCEED_SIMPLE`'s order by
+# statements of their own, so that its snapshot is taken once they are held.
+_LOCK_FIRST = f"""SELECT 1 FROM {WORKFLOWS_TABLE} WHERE id = %s FOR UPDATE;
+SELECT 1 FROM {STEPS_TABLE} d WHERE d.workflow_id = %s AND d.position IN (
+    SELECT unnest(dependents) FROM {STEPS_TABLE} WHERE workflow_id = %s AND position = %s)
+FOR UPDATE; """
 
 # One round trip for a chain step: the step leaves its live state once; its dependents
 # (only while the workflow runs) count it, and one that needs only this step's result gets
@@ -397,6 +430,20 @@ WHERE id = :workflow_id
 """)
 
 
+def _locked_first(workflow_id: str, position: int) -> Prefix:
+    """A `Prefix`: `_LOCK_FIRST` for the step, after the synchronous-commit one."""
+    def prefix(connection: HeldConnection) -> tuple[str, None]:
+        commit, _ = synchronous_commit(connection)
+        if connection.cursor is None:
+            connection.cursor = connection.driver.cursor()
+        locks = connection.cursor.mogrify(_LOCK_FIRST, (workflow_id, workflow_id, workflow_id,
+                                                        int(position)))
+        # The query string goes through the driver's parameter substitution once more.
+        return commit + locks.decode().replace("%", "%%"), None
+
+    return prefix
+
+
 def dumps(value: Any) -> str:
     """JSON as Celery's JSON carries it (kombu's encoder: UUID, datetime, Decimal tagged)."""
     return json.dumps(value, cls=JSONEncoder)
@@ -439,6 +486,8 @@ class Started:
     workflow_state: str
     #: Its completion can be recorded in one statement (`succeed(simple=True)`).
     simple: bool = False
+    #: A dependent of it has several sources (`succeed(fan_in=True)`: locks first).
+    fan_in: bool = False
     #: Its run counter (`step_header`): a delivery of an earlier run is stale.
     run: int = 0
 
@@ -593,7 +642,7 @@ class WorkflowBackend(StoreBackend):
         return Started(state=row.state, result=row.result,
                        compensation_state=row.compensation_state,
                        workflow_state=row.workflow_state, simple=bool(row.simple),
-                       run=int(row.run))
+                       fan_in=bool(row.fan_in), run=int(row.run))
 
     def start_member(self, batch_id: str, task_id: str) -> tuple[int, Started] | None:
         """`start` for a batch member, found by its task id: its position and state; None
@@ -630,10 +679,12 @@ class WorkflowBackend(StoreBackend):
                              error or state.value)
 
     def succeed(self, connection: Any, workflow_id: str, position: int, result: Any, *,
-                state: StepState = StepState.SUCCEEDED, simple: bool = False) -> Released:
+                state: StepState = StepState.SUCCEEDED, simple: bool = False,
+                fan_in: bool = False) -> Released:
         """Record the step succeeded (or replayed) with `result` and release what it
         completes, in `connection`'s transaction (None: one of its own; with `simple`, a
-        step `Started.simple` said is, one autocommit statement).
+        step `Started.simple` said is, one autocommit statement; with `fan_in` as
+        `Started.fan_in` says, that statement also releases a chord body).
 
         Raises:
             NonJsonArguments: `result` cannot be stored (nothing was written).
@@ -641,7 +692,7 @@ class WorkflowBackend(StoreBackend):
         """
         result_json = dumps(result)
         if connection is None and simple:
-            return self._succeed_simple(workflow_id, position, result_json, state)
+            return self._succeed_simple(workflow_id, position, result_json, state, fan_in)
         with wrap_store_errors("workflows: record step", workflow=workflow_id,
                                position=position), self.transaction(connection) as session:
             row = session.execute(_SUCCEED, {
@@ -674,12 +725,19 @@ class WorkflowBackend(StoreBackend):
         return released
 
     def _succeed_simple(self, workflow_id: str, position: int, result_json: str,
-                        state: StepState) -> Released:
-        row = self._run(_SUCCEED_SIMPLE, {
+                        state: StepState, fan_in: bool = False) -> Released:
+        parameters = {
             "workflow_id": workflow_id, "position": position, "state": state.value,
             "result": result_json, "header": WORKFLOW_STEP_HEADER,
-            "hold_seconds": float(self.hold_seconds),
-        }, "record step")[0]
+            "hold_seconds": float(self.hold_seconds), "fan_in": fan_in,
+        }
+        if fan_in and self.runner is not None:
+            row = self.runner.run(_SUCCEED_SIMPLE, parameters, "workflows: record step",
+                                  prepared=self.prepared,
+                                  prefix=_locked_first(workflow_id, position))[0]
+        else:
+            parameters["fan_in"] = False  # no locks taken first: the transaction releases it
+            row = self._run(_SUCCEED_SIMPLE, parameters, "record step")[0]
         if row.state is None:
             # Not recorded: final already (a duplicate), its workflow stopped (the
             # transaction records it and queues the next compensation at once), or it is

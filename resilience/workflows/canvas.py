@@ -56,6 +56,9 @@ class StepSpec:
     #: sources, a fan-in, only counts it unless this step is its last: that completion
     #: takes a transaction), or it has none and is the workflow's result.
     simple: bool = False
+    #: A simple step with a fan-in dependent: its one statement takes the locks first, so
+    #: it can compute that dependent's input when it is its last source (`link`).
+    fan_in: bool = False
     #: "step", or "callback" (a batch's on_success / on_complete).
     kind: str = "step"
     #: Released when every dependency "succeeded" (a canvas edge), or is "final".
@@ -74,6 +77,8 @@ class StepSpec:
                      "immutable": self.immutable, "source": self.source, "simple": self.simple}
         if self.member:
             signature["member"] = True
+        if self.fan_in:
+            signature["fan_in"] = True
         return signature
 
 
@@ -209,8 +214,9 @@ def flatten(canvas: Signature) -> tuple[list[StepSpec], Template]:
 
 
 def link(steps: list[StepSpec], template: Template) -> None:
-    """Fill each step's `dependents` and `simple` from the sources of the others (a batch
-    member's completion always takes the transaction: its callback counts outcomes)."""
+    """Fill each step's `dependents`, `simple` and `fan_in` from the sources of the others
+    (a batch member's completion always takes the transaction: its callback counts
+    outcomes)."""
     by_position = {step.position: step for step in steps}
     for step in steps:
         step.dependents = []
@@ -223,6 +229,7 @@ def link(steps: list[StepSpec], template: Template) -> None:
                                                for d in step.dependents)
         step.simple = ((bool(step.dependents) and (single or canvas_edges))
                        or (template == step.position and single))
+        step.fan_in = step.simple and not single
 
 
 def _as_group(tasks: Any) -> Signature:

@@ -101,6 +101,7 @@ class _Running:
     step: WorkflowStep
     started: float
     simple: bool = False
+    fan_in: bool = False
     released: Released | None = None  # recorded in the body's transaction
 
 
@@ -166,7 +167,7 @@ class WorkflowGuard(Guard):
             call.count(Outcome.CANCELLED, guard=GUARD_NAME)
             raise Stop(Outcome.CANCELLED, guard=GUARD_NAME, reason=reason,
                        details={"workflow_id": step.workflow_id, "position": step.position})
-        call.keep(self, _Running(step, time.perf_counter(), found.simple))
+        call.keep(self, _Running(step, time.perf_counter(), found.simple, found.fan_in))
 
     def _start_member(self, call: Call) -> None:
         """A batch member (header `batch_id`), found by its task id. Observed, not owned: a
@@ -236,7 +237,8 @@ class WorkflowGuard(Guard):
                 try:
                     released = backend.succeed(None, step.workflow_id, step.position, result,
                                                state=state,
-                                               simple=running is not None and running.simple)
+                                               simple=running is not None and running.simple,
+                                               fan_in=running is not None and running.fan_in)
                 except NonJsonArguments as exc:
                     state, error = StepState.FAILED, (
                         f"UnserializableResult: a step's result must be what Celery's JSON "

@@ -462,3 +462,73 @@ def test_a_chord_header_member_completes_in_one_statement() -> None:
         (0, [1, 2], True), (1, [3], True), (2, [3], True), (3, [], True)]
     steps, _ = flatten(group(t.add.s(1, 1), t.add.s(2, 2)))
     assert [s.simple for s in steps] == [False, False]  # the result is both: a transaction
+
+
+def test_a_chord_header_member_that_feeds_the_body_locks_first() -> None:
+    """`link` marks the members of a fan-in `fan_in` (their one statement takes the locks
+    first), and only them; the mark is in the step's stored signature."""
+    from resilience.workflows.canvas import flatten
+
+    steps, _ = flatten(chain(t.add.s(1, 1), chord([t.mul.s(3), t.mul.s(4)], t.total.s())))
+    assert [(s.position, s.fan_in) for s in steps] == [
+        (0, False), (1, True), (2, True), (3, False)]
+    assert steps[1].signature()["fan_in"] is True
+    assert "fan_in" not in steps[0].signature()
+
+
+class TestFanInRelease:
+    """The last source of a chord body releases it in its one statement."""
+
+    def test_the_last_header_member_releases_the_body_with_every_result(
+            self, stores: Any, engine: Any) -> None:
+        """Each header member's completion is one statement; the last one writes the body's
+        outbox row with the header's results in header order (its own included), as plain
+        Celery passes them; the body's completion then finishes the workflow."""
+        import uuid
+
+        from resilience.workflows.backend import WorkflowBackend
+
+        canvas = durable(chord([t.add.s(1, 1), t.add.s(2, 2), t.add.s(3, 3)],
+                               t.pack.s("end")), name="fan-in")
+        backend = WorkflowBackend(stores.guard_engine, stores.statements(),
+                                  prepared=not stores.transaction_pooled)
+        workflow_id = uuid.uuid4().hex
+        backend.create(None, workflow_id=workflow_id, name="fan-in",
+                       canvas=canvas._document(), steps=canvas.steps, hold=False)
+        with engine.begin() as connection:  # nobody runs it: this test plays the worker
+            connection.execute(text("DELETE FROM resilience_outbox WHERE task_id = ANY(:ids)"),
+                               {"ids": [s.task_id for s in canvas.steps]})
+        statements: list[str] = []
+        runner = stores.statements()
+        original = runner.run
+
+        def counted(statement: Any, *args: Any, **kwargs: Any) -> Any:
+            statements.append(statement.name)
+            return original(statement, *args, **kwargs)
+
+        runner.run = counted  # type: ignore[method-assign]
+        try:
+            released = []
+            for position, result in ((2, 6), (0, 2), (1, 4)):  # out of order
+                started = backend.start(workflow_id, position)
+                assert started is not None and started.simple and started.fan_in
+                released.append(backend.succeed(None, workflow_id, position, result,
+                                                simple=True, fan_in=True))
+        finally:
+            del runner.run
+        assert statements == ["resilience_workflow_start", "resilience_workflow_succeed"] * 3
+        assert [r.rows for r in released[:2]] == [[], []]
+        body = canvas.steps[3]
+        assert [(row.task_id, row.args) for row in released[2].rows] == [
+            (body.task_id, [[2, 4, 6], "end"])]
+        started = backend.start(workflow_id, 3)
+        assert started is not None and not started.fan_in
+        finished = backend.succeed(None, workflow_id, 3, [[2, 4, 6], "end"],
+                                   simple=started.simple, fan_in=started.fan_in)
+        assert finished.finished == WorkflowState.SUCCEEDED
+        summary = describe(stores, workflow_id)
+        assert summary.result == [[2, 4, 6], "end"]
+        assert summary.counts == {"succeeded": 4}
+        with engine.begin() as connection:
+            connection.execute(text("DELETE FROM resilience_outbox WHERE task_id = :id"),
+                               {"id": body.task_id})
