@@ -5,9 +5,7 @@
     def charge(order_id: str) -> None: ...
 
 The breaker lives in a `BreakerBackend`: `RedisBreakerBackend` (the default, fleet-wide)
-or `MemoryBreakerBackend` (one process). `backend.describe(names)` shows the live state.
-With `on_open="refuse"` a task's `.delay()` raises `DependencyUnavailable` while its breaker
-is open (`resilience.admission.breaker`).
+or `MemoryBreakerBackend` (one process). See docs/failure.md.
 """
 
 from resilience.circuit.backends import BreakerBackend, BreakerState, Permission, Verdict

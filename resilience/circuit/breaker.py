@@ -13,8 +13,9 @@ from time import monotonic
 from typing import TYPE_CHECKING
 
 from resilience.circuit.backends import BreakerBackend, BreakerState, Peek, Permission, Verdict
+from resilience.circuit.backends.base import CLOSED
 from resilience.circuit.config import BreakerConfig
-from resilience.circuit.local import CLOSED, Batch, LocalBreaker, local_breaker
+from resilience.circuit.local import Batch, LocalBreaker, local_breaker
 from resilience.errors import ConfigurationError, StorageError, StoreRejected
 from resilience.outcomes import Outcome
 from resilience.store_down import StoreDown
@@ -75,24 +76,15 @@ class CircuitBreaker:
         """The permission `on_store_down` gives while the store is unreachable (warned,
         counted)."""
         allowed = self.config.on_store_down is StoreDown.FAIL_OPEN
-        logger.warning(
-            "breaker %s: store unavailable, failing %s (%s)",
-            self.name,
-            "open: call allowed" if allowed else "closed: call deferred",
-            exc,
-        )
+        logger.warning("breaker %s: store unavailable, failing %s (%s)", self.name,
+                       "open: call allowed" if allowed else "closed: call deferred", exc)
         if allowed:
             self.backend.count(self.name, Outcome.FAIL_OPEN.value)
-        return Permission(
-            allowed, "unknown", -1, wait_seconds=self.config.open_seconds, store_down=True
-        )
+        return Permission(allowed, "unknown", -1, self.config.open_seconds, store_down=True)
 
     def _slow(self, outcome: str, duration_seconds: float) -> bool:
-        return (
-            self.config.slow_call_seconds is not None
-            and outcome != "ignored"
-            and duration_seconds >= self.config.slow_call_seconds
-        )
+        limit = self.config.slow_call_seconds
+        return limit is not None and outcome != "ignored" and duration_seconds >= limit
 
     def peek_later(self, rounds: Rounds, then: Callable[[Peek | StorageError], None]) -> None:
         """The guard's prefetch: a fresh local copy answers at once; otherwise the state
@@ -143,12 +135,11 @@ class CircuitBreaker:
         if not needed:
             return Verdict("", permission.state)
         try:
-            verdict = self.backend.record(self.config, permission.generation, outcome, slow)
+            return self._recorded(
+                self.backend.record(self.config, permission.generation, outcome, slow)
+            )
         except StorageError as exc:
-            logger.warning("breaker %s: outcome not recorded (%s)", self.name, exc)
-            return Verdict("", "unknown")
-        self._recorded(verdict)
-        return verdict
+            return self._recorded(exc)
 
     def record_later(
         self, rounds: Rounds, permission: Permission, outcome: str, *, duration_seconds: float
@@ -161,20 +152,16 @@ class CircuitBreaker:
         local, pending, needed = self._before_record(permission, outcome, slow)
         if local is not None:
             local.send_later(rounds, pending)
-        if not needed:
-            return
+        if needed:
+            self.backend.record_later(
+                rounds, self.config, permission.generation, outcome, slow, self._recorded
+            )
 
-        def done(verdict: Verdict | StorageError) -> None:
-            if isinstance(verdict, StorageError):
-                logger.warning("breaker %s: outcome not recorded (%s)", self.name, verdict)
-                return
-            self._recorded(verdict)
-
-        self.backend.record_later(
-            rounds, self.config, permission.generation, outcome, slow, done
-        )
-
-    def _recorded(self, verdict: Verdict) -> None:
+    def _recorded(self, verdict: Verdict | StorageError) -> Verdict:
+        """Log and count the transition a verdict tells (the store's error: log it)."""
+        if isinstance(verdict, StorageError):
+            logger.warning("breaker %s: outcome not recorded (%s)", self.name, verdict)
+            return Verdict("", "unknown")
         if self.config.local_state_seconds > 0:
             local_breaker(self.backend, self.name).observe(verdict)
         if verdict.transition:
@@ -182,6 +169,7 @@ class CircuitBreaker:
                 verdict.transition,
                 f"{verdict.failures} failures, {verdict.slow_calls} slow of {verdict.calls} calls",
             )
+        return verdict
 
     def force(self, state: str) -> str:
         """Operator override; returns the previous state.

@@ -84,42 +84,40 @@ class BreakerConfig:
             raise ConfigurationError(
                 f"window must be CountWindow, TimeWindow or an int, got {self.window!r}"
             )
-        _rate("failure_rate_threshold", self.failure_rate_threshold)
+        _check(self, "failure_rate_threshold", "within (0, 1]", _rate)
         if self.slow_call_rate_threshold is not None:
-            _rate("slow_call_rate_threshold", self.slow_call_rate_threshold)
+            _check(self, "slow_call_rate_threshold", "within (0, 1]", _rate)
             if self.slow_call_seconds is None:
                 raise ConfigurationError("slow_call_rate_threshold needs slow_call_seconds")
-        if self.slow_call_seconds is not None and self.slow_call_seconds <= 0:
-            raise ConfigurationError(f"slow_call_seconds must be > 0, got {self.slow_call_seconds}")
-        if not isinstance(self.minimum_calls, int) or self.minimum_calls < 1:
-            raise ConfigurationError(
-                f"minimum_calls must be an int >= 1, got {self.minimum_calls!r}"
-            )
-        if self.open_seconds <= 0:
-            raise ConfigurationError(f"open_seconds must be > 0, got {self.open_seconds}")
-        if not isinstance(self.half_open_probes, int) or self.half_open_probes < 1:
-            raise ConfigurationError(
-                f"half_open_probes must be an int >= 1, got {self.half_open_probes!r}"
-            )
-        if self.probe_timeout_seconds <= 0:
-            raise ConfigurationError(
-                f"probe_timeout_seconds must be > 0, got {self.probe_timeout_seconds}"
-            )
-        if self.fallback is not None and not callable(self.fallback):
-            raise ConfigurationError(f"fallback must be callable, got {self.fallback!r}")
-        seconds = self.local_state_seconds
-        if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
-                or not math.isfinite(seconds) or not 0 <= seconds <= 60):
-            raise ConfigurationError(
-                f"local_state_seconds must be a number within 0..60, got {seconds!r}",
-                field="local_state_seconds",
-            )
+        _check(self, "slow_call_seconds", "> 0", lambda v: v is None or v > 0)
+        _check(self, "minimum_calls", "an int >= 1", _int_at_least_1)
+        _check(self, "open_seconds", "> 0", lambda v: v > 0)
+        _check(self, "half_open_probes", "an int >= 1", _int_at_least_1)
+        _check(self, "probe_timeout_seconds", "> 0", lambda v: v > 0)
+        _check(self, "fallback", "callable", lambda v: v is None or callable(v))
+        _check(self, "local_state_seconds", "a number within 0..60",
+               lambda v: _number(v) and 0 <= v <= 60)
         object.__setattr__(self, "on_store_down", store_down_policy(self.on_store_down))
 
 
-def _rate(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 < value <= 1.0:
-        raise ConfigurationError(f"{name} must be within (0, 1], got {value!r}", field=name)
+def _check(config: Any, name: str, rule: str, valid: Callable[[Any], bool]) -> None:
+    value = getattr(config, name)
+    if not valid(value):
+        raise ConfigurationError(f"{name} must be {rule}, got {value!r}", field=name)
+
+
+def _number(value: Any) -> bool:
+    """A finite int or float (not a bool)."""
+    return (not isinstance(value, bool) and isinstance(value, int | float)
+            and math.isfinite(value))
+
+
+def _rate(value: Any) -> bool:
+    return _number(value) and 0.0 < value <= 1.0
+
+
+def _int_at_least_1(value: Any) -> bool:
+    return isinstance(value, int) and value >= 1
 
 
 #: What `.delay()` does while the task's breaker is open (see `AdmissionConfig`).
@@ -143,13 +141,5 @@ class AdmissionConfig:
     refresh_seconds: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.on_open not in ON_OPEN:
-            raise ConfigurationError(
-                f"on_open must be one of {ON_OPEN}, got {self.on_open!r}", field="on_open"
-            )
-        seconds = self.refresh_seconds
-        if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
-                or not math.isfinite(seconds) or seconds < 0):
-            raise ConfigurationError(
-                f"refresh_seconds must be a number >= 0, got {seconds!r}", field="refresh_seconds"
-            )
+        _check(self, "on_open", f"one of {ON_OPEN}", lambda v: v in ON_OPEN)
+        _check(self, "refresh_seconds", "a number >= 0", lambda v: _number(v) and v >= 0)

@@ -63,18 +63,14 @@ class BreakerGuard(Guard):
     stage = Stage.BREAKER
 
     def __init__(
-        self,
-        config: BreakerConfig,
-        *,
+        self, config: BreakerConfig, *,
         backend: BreakerBackend | Callable[[Task], BreakerBackend] | None = None,
         classify_hooks: Iterable[ClassifyHook] = (),
     ) -> None:
         self.config = config
         self.classify_hooks = tuple(classify_hooks)
         self._backend = backend if backend is not None else _redis_backend
-        self.breaker: CircuitBreaker | None = (
-            None if callable(self._backend) else CircuitBreaker(config, self._backend)
-        )
+        self.breaker = None if callable(self._backend) else CircuitBreaker(config, self._backend)
         self.task: Task | None = None
 
     def bind(self, task: Task) -> None:
@@ -101,60 +97,39 @@ class BreakerGuard(Guard):
                 try:
                     permission = self.breaker.acquire()
                 except StoreRejected as rejected:
-                    store_failed(
-                        call,
-                        rejected,
-                        guard=self.name,
-                        policy=self.config.on_store_down,
-                        retry_after_seconds=self.config.open_seconds,
-                        name=self.config.name,
-                    )
+                    store_failed(call, rejected, guard=self.name, policy=self.config.on_store_down,
+                                 retry_after_seconds=self.config.open_seconds,
+                                 name=self.config.name)
                     raise  # store_failed always raises for a rejection
         if permission.allowed:
             call.keep(self, (permission, time.monotonic()))
             return
         call.count(Outcome.DEFERRED if self.config.fallback is None else Outcome.SKIPPED,
                    guard=self.name, name=self.config.name)
-        details = {"breaker": self.config.name, "state": permission.state}
+        name, state = self.config.name, permission.state
+        details = {"breaker": name, "state": state}
         if self.config.fallback is not None:
-            raise Stop(
-                Outcome.SKIPPED,
-                guard=self.name,
-                reason=f"breaker {self.config.name} is {permission.state}; fallback used",
-                result=self.config.fallback(**call.arguments),
-                details={**details, "fallback": True},
-            )
+            raise Stop(Outcome.SKIPPED, guard=self.name,
+                       reason=f"breaker {name} is {state}; fallback used",
+                       result=self.config.fallback(**call.arguments),
+                       details={**details, "fallback": True})
         wait = max(0.05, permission.wait_seconds)
         expires = call.headers.expires_at
         if expires is not None and time.time() + wait > expires:
             raise call.dead_letter(
-                guard=self.name,
-                reason=(
-                    f"breaker {self.config.name} is {permission.state} for {wait:.1f}s more, "
-                    "beyond the job's deadline"
-                ),
-                name=self.config.name,
-                dependency=self.config.name,
+                guard=self.name, name=name, dependency=name,
+                reason=f"breaker {name} is {state} for {wait:.1f}s more, beyond the job's deadline",
             )
-        raise Stop(
-            Outcome.DEFERRED,
-            guard=self.name,
-            reason=f"breaker {self.config.name} is {permission.state}",
-            retry_after_seconds=wait,
-            details=details,
-        )
+        raise Stop(Outcome.DEFERRED, guard=self.name, reason=f"breaker {name} is {state}",
+                   retry_after_seconds=wait, details=details)
 
     def _finish(self, call: Call, outcome: str) -> None:
         held = call.take_back(self)
         if held is None or self.breaker is None:
             return
         permission, started = held
-        self.breaker.record_later(
-            call.writes,
-            permission,
-            outcome,
-            duration_seconds=time.monotonic() - started,
-        )
+        self.breaker.record_later(call.writes, permission, outcome,
+                                  duration_seconds=time.monotonic() - started)
 
     def after_run(self, call: Call, result: Any) -> None:
         self._finish(call, "success")
@@ -176,14 +151,8 @@ def circuit_breaker(
     on_open: str = "enqueue",
     **overrides: Any,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: gate the task on the fleet-wide breaker `name`.
-
-        @app.task(tier="standard")
-        @circuit_breaker("payments", failure_rate_threshold=0.5, minimum_calls=20)
-        def charge(order_id: int) -> None: ...
-
-    The first argument is the breaker's name or a `BreakerConfig`; `overrides` replace its
-    fields (options, defaults and meaning: `BreakerConfig`).
+    """Decorator: gate the task on the fleet-wide breaker `name` (or a `BreakerConfig`,
+    whose fields `overrides` replace; options: `BreakerConfig`).
 
     `on_open="refuse"` also adds an enqueue guard (`resilience.admission.breaker`): while
     the breaker is open `.delay()` raises `DependencyUnavailable(retry_after=...)` and queues
@@ -193,11 +162,10 @@ def circuit_breaker(
         ConfigurationError: at definition time: an unknown option, or a value
             `BreakerConfig` refuses; on_open neither "enqueue" nor "refuse".
     """
-    if isinstance(name_or_config, BreakerConfig):
-        config = configured(BreakerConfig, name_or_config, overrides, where="circuit_breaker")
-    else:
-        config = configured(BreakerConfig, None, {"name": name_or_config, **overrides},
-                            where="circuit_breaker")
+    given = isinstance(name_or_config, BreakerConfig)
+    config = configured(BreakerConfig, name_or_config if given else None,
+                        overrides if given else {"name": name_or_config, **overrides},
+                        where="circuit_breaker")
     admission = AdmissionConfig(on_open=on_open)
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from resilience import flushing
-from resilience.circuit.backends import Permission, Verdict
+from resilience.circuit.backends.base import CLOSED, Permission, Verdict
 from resilience.errors import StorageError
 
 if TYPE_CHECKING:
@@ -25,9 +25,6 @@ if TYPE_CHECKING:
     from resilience.circuit.config import BreakerConfig
 
 logger = logging.getLogger("resilience.circuit")
-
-#: States a copy may stand for: acquire.lua only reads in them.
-CLOSED = ("closed", "forced_closed")
 
 #: (config, generation) -> successes not yet sent.
 Batch = list[tuple["BreakerConfig", int, int]]
@@ -50,7 +47,7 @@ class LocalBreaker:
         #: Successes not yet sent, per (config, generation) they were admitted under.
         self._pending = flushing.Pending()
         #: Told each flushed verdict (the breaker logs and counts transitions).
-        self.report: Callable[[Verdict], None] = lambda _verdict: None
+        self.report: Callable[[Verdict], object] = lambda _verdict: None
 
     # -- the copy ----------------------------------------------------------------------
     def permission(self, config: BreakerConfig, now: float) -> Permission | None:

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
 #: The states a breaker can be in (`jobs_breaker_state` has one series per state).
 STATES = ("closed", "open", "half_open", "forced_open", "forced_closed")
+#: The states in which acquire.lua only reads: a copy or a peek may stand for it.
+CLOSED = ("closed", "forced_closed")
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from resilience.circuit.backends.base import BreakerState, Peek, Permission, Verdict
+from resilience.circuit.backends.base import CLOSED, BreakerState, Peek, Permission, Verdict
 from resilience.circuit.config import CountWindow
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ class MemoryBreakerBackend:
             now = self._now_ms()
             breaker = self._breaker(config.name)
             state = breaker.state
-            if state in ("closed", "forced_closed"):
+            if state in CLOSED:
                 return Permission(True, state, breaker.gen)
             if state == "forced_open":
                 return Permission(False, state, breaker.gen, open_ms / 1000)
@@ -211,11 +211,7 @@ class MemoryBreakerBackend:
     ) -> None:
         with self._lock:
             breaker = self._breakers.get(name) or _Breaker()
-            peek = (
-                Permission(True, breaker.state, breaker.gen)
-                if breaker.state in ("closed", "forced_closed")
-                else None
-            )
+            peek = Permission(True, breaker.state, breaker.gen) if breaker.state in CLOSED else None
         then(peek)
 
     def record_later(

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from resilience.batch import for_client
-from resilience.circuit.backends.base import BreakerState, Peek, Permission, Verdict
+from resilience.circuit.backends.base import CLOSED, BreakerState, Peek, Permission, Verdict
 from resilience.circuit.config import BreakerConfig, CountWindow
 from resilience.connections import translate_store_error, wrap_store_errors
 from resilience.connections.redis import RedisStoreBackend, read_hashes
@@ -55,12 +55,10 @@ class RedisBreakerBackend(RedisStoreBackend):
     @classmethod
     def of_app(cls, app: Celery) -> RedisBreakerBackend:
         """The backend on the app's shared Redis, one per process (`Stores.backend`), so
-        every task naming a breaker shares the process's local copy of it
-        (`resilience.circuit.local`).
+        every task naming a breaker shares the process's local copy of it.
 
         Raises:
-            ConfigurationError: the app's stores are in memory (`backend_of_app` then gives
-                the in-memory breakers).
+            ConfigurationError: the app's stores are in memory (see `backend_of_app`).
         """
         return stores_for(app).backend("circuit", lambda stores: cls(stores.redis))
 
@@ -69,15 +67,10 @@ class RedisBreakerBackend(RedisStoreBackend):
             return script(self.client, [state_key(name), window_key(name)], args)
 
     def acquire(self, config: BreakerConfig) -> Permission:
-        allowed, state, generation, wait_ms, transition = self._run(
-            self.ACQUIRE,
-            config.name,
-            [
-                config.half_open_probes,
-                int(config.probe_timeout_seconds * 1000),
-                int(config.open_seconds * 1000),
-            ],
-        )
+        allowed, state, generation, wait_ms, transition = self._run(self.ACQUIRE, config.name, [
+            config.half_open_probes, int(config.probe_timeout_seconds * 1000),
+            int(config.open_seconds * 1000),
+        ])
         return Permission(bool(allowed), state, int(generation), int(wait_ms) / 1000, transition)
 
     @staticmethod
@@ -90,28 +83,18 @@ class RedisBreakerBackend(RedisStoreBackend):
         else:
             kind, size, slots = "time", int(window.seconds * 1000), window.slots
         slow_threshold = config.slow_call_rate_threshold
-        return [
-            generation,
-            outcome,
-            1 if slow else 0,
-            kind,
-            size,
-            slots,
-            config.minimum_calls,
+        return [  # record.lua's ARGV, in its order
+            generation, outcome, 1 if slow else 0, kind, size, slots, config.minimum_calls,
             repr(float(config.failure_rate_threshold)),
             repr(float(slow_threshold if slow_threshold is not None else 2.0)),
-            int(config.open_seconds * 1000),
-            config.half_open_probes,
-            calls,
+            int(config.open_seconds * 1000), config.half_open_probes, calls,
         ]
 
     def record(
         self, config: BreakerConfig, generation: int, outcome: str, slow: bool, calls: int = 1
     ) -> Verdict:
-        reply = self._run(
-            self.RECORD, config.name, self._record_args(config, generation, outcome, slow, calls)
-        )
-        return self.verdict(reply)
+        args = self._record_args(config, generation, outcome, slow, calls)
+        return self.verdict(self._run(self.RECORD, config.name, args))
 
     @staticmethod
     def verdict(reply: Any) -> Verdict:
@@ -141,21 +124,13 @@ class RedisBreakerBackend(RedisStoreBackend):
 
     @staticmethod
     def permission_from_peek(reply: Any) -> Permission | None:
-        """The permission acquire.lua would give for a closed breaker, else None.
-
-        acquire.lua only reads when the state is closed or forced_closed; anything else (a
-        timer to check, a probe permit to take) needs the script itself.
-        """
-        if not isinstance(reply, list | tuple):
-            return None
-        state = reply[0] or "closed"
-        if state not in ("closed", "forced_closed"):
-            return None
+        """The permission acquire.lua gives a closed breaker (it only reads then), else None:
+        any other state (a timer to check, a probe permit to take) needs the script."""
+        state = (reply[0] or "closed") if isinstance(reply, list | tuple) else None
         try:
-            generation = int(reply[1] or 0)
+            return Permission(True, state, int(reply[1] or 0)) if state in CLOSED else None
         except (TypeError, ValueError):
             return None
-        return Permission(True, state, generation)
 
     def record_later(
         self, rounds: Rounds, config: BreakerConfig, generation: int, outcome: str, slow: bool,
@@ -170,12 +145,9 @@ class RedisBreakerBackend(RedisStoreBackend):
                 then(self.verdict(reply))
 
         batch = for_client(rounds, self.client)
-        batch.script(
-            self.RECORD.for_client(batch.client),
-            [state_key(config.name), window_key(config.name)],
-            self._record_args(config, generation, outcome, slow, calls),
-            then=done,
-        )
+        batch.script(self.RECORD.for_client(batch.client),
+                     [state_key(config.name), window_key(config.name)],
+                     self._record_args(config, generation, outcome, slow, calls), then=done)
 
     # -- live state ----------------------------------------------------------------------
     def _stored_keys(self) -> dict[str, str]:
