@@ -83,10 +83,6 @@ class ConcurrencyLimitConfig:
                 kind, self.name, f"lease_seconds must be positive, got {self.lease_seconds!r}"
             )
 
-    def params(self, lease_seconds: float) -> Params:
-        """The semaphore's figures with slots leased for `lease_seconds`."""
-        return Params.of_slots(self.limit, lease_seconds=lease_seconds)
-
 
 @dataclass(frozen=True, kw_only=True)
 class RateLimitConfig:

@@ -115,22 +115,17 @@ class _LimitGuard(Guard):
                          retry_after_seconds=self.config.retry_seconds, name=self.config.name,
                          details={"limit": self.config.name, "key": key})
             return
-        self.observe(call, key, decision)
+        if self.on_decision is not None:
+            try:
+                self.on_decision(call, key, decision)
+            except Exception as exc:  # noqa: BLE001 - an observer must not change the outcome
+                logger.warning("%s on_decision hook failed: %s", self.name, exc)
         if not decision.allowed:
             call.count(Outcome.DEFERRED, guard=self.name, name=self.config.name)
             raise Stop(Outcome.DEFERRED, guard=self.name, reason=self.refused(key),
                        retry_after_seconds=self.countdown(decision),
                        details={"limit": self.config.name, "key": key, "used": decision.used})
         self.granted(call, key, caller)
-
-    def observe(self, call: Call, key: str, decision: Decision) -> None:
-        """Hand the decision to `on_decision` (metrics, audit); its errors never fail a job."""
-        if self.on_decision is None:
-            return
-        try:
-            self.on_decision(call, key, decision)
-        except Exception as exc:  # noqa: BLE001 - an observer must not change the outcome
-            logger.warning("%s on_decision hook failed: %s", self.name, exc)
 
 
 class ConcurrencyGuard(_LimitGuard):
@@ -171,7 +166,7 @@ class ConcurrencyGuard(_LimitGuard):
         return f"{call.task_id or 'inline'}:{uuid.uuid4().hex[:12]}"
 
     def params(self, call: Call) -> Params:
-        return self.config.params(self.lease_for(call))
+        return Params.of_slots(self.config.limit, lease_seconds=self.lease_for(call))
 
     def refused(self, key: str) -> str:
         return f"all {self.config.limit} slots of {key!r} are taken"

@@ -66,17 +66,10 @@ class MemoryBackend:
         chosen = [algorithm] if algorithm is not None else list(ALGORITHMS.values())
         with self._lock:
             now = _us(self.clock())
-            found = []
-            for each in chosen:
-                keys = (
-                    [key]
-                    if key is not None
-                    else sorted(stored for name, stored in self._states if name == each.name)
-                )
-                for one in keys:
-                    line = self._lines.get((each.name, one))
-                    waiting = len(line.arrivals) if line is not None else 0
-                    found.append(
-                        each.describe(one, self._states.get((each.name, one)), now, waiting)
-                    )
-            return found
+            return [
+                each.describe(one, self._states.get((each.name, one)), now,
+                              len(getattr(self._lines.get((each.name, one)), "arrivals", ())))
+                for each in chosen
+                for one in ([key] if key is not None else
+                            sorted(stored for name, stored in self._states if name == each.name))
+            ]

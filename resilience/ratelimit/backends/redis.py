@@ -1,13 +1,10 @@
-"""Redis limiter backend: each decision one Lua script (the algorithm's), on Redis server time.
-
-Every worker sees the same state and every decision is atomic, so limits hold across the
-fleet, not per process (Celery's own `rate_limit` is per worker).
+"""Redis limiter backend: each decision one Lua script (the algorithm's), on Redis server
+time, so limits hold across the fleet (Celery's own `rate_limit` is per worker).
 
 Key layout (`resilience.keys.redis_key`): `<prefix>:<namespace>:{<key>}` is a limiter and
 `<prefix>:<namespace>:{<key>}:waiting` its waiting line, the key percent-encoded (or
 digested when long) inside the hash tag: no key can name another key's waiting line, and a
-limiter and its line share a Redis Cluster slot. This module is the one reader of that
-layout and of each state schema (`_READERS`); admin views call `describe`.
+limiter and its line share a Redis Cluster slot.
 """
 
 from __future__ import annotations
