@@ -1,16 +1,9 @@
-"""Backoff strategies: small objects `wait(attempt, previous_delay_seconds) -> seconds` that
-compose, in tenacity's `wait_*` style.
+"""Backoff strategies, tenacity's `wait_*` style: `wait(attempt, previous_delay_seconds) ->
+seconds`; `a + b` waits the sum.
 
-`attempt` is the number of the attempt that just failed (1 for the first call);
-`previous_delay_seconds` is the delay chosen before it (None on the first failure).
-Randomness is injectable (`random=`), so tests pin it instead of sleeping.
-
-- `wait_fixed(s)`, `wait_random(a, b)`, `wait_exponential(base=, cap=)`: the building blocks;
-- `wait_full_jitter(base=, cap=)` (the default): uniform(0, min(cap, base * 2 ** (attempt - 1))),
-  the AWS Architecture Blog's recommended default; spreads a herd of retries evenly;
-- `wait_decorrelated_jitter(base=, cap=)`: min(cap, uniform(base, previous * 3)); grows from
-  the delay actually used, so one job's retries correlate less with other jobs';
-- `a + b` waits the sum: `wait_exponential(base=1, cap=30) + wait_random(0, 1)`.
+`attempt` is the attempt that just failed (1 for the first call); `previous_delay_seconds`
+the delay chosen before it (None on the first failure). Randomness is injectable
+(`random=`), so tests pin it. The formulas: docs/failure.md, "Retry policy".
 """
 
 from __future__ import annotations
@@ -48,12 +41,6 @@ def _non_negative(**values: float) -> None:
             raise ConfigurationError(f"{name} must be a number >= 0, got {value!r}", option=name)
 
 
-def _base_and_cap(base: float, cap: float) -> None:
-    _non_negative(base=base, cap=cap)
-    if cap < base:
-        raise ConfigurationError(f"cap ({cap}) must be >= base ({base})", option="cap")
-
-
 @dataclass(frozen=True)
 class wait_fixed(Wait):
     """Always `seconds`."""
@@ -86,45 +73,46 @@ class wait_random(Wait):
 
 
 @dataclass(frozen=True, kw_only=True)
-class wait_exponential(Wait):
-    """min(`cap`, `base` * 2 ** (attempt - 1)) seconds, no randomness."""
+class _Capped(Wait):
+    """A strategy growing from `base` seconds up to `cap`."""
 
     base: float = 1.0
     cap: float = 60.0
 
     def __post_init__(self) -> None:
-        _base_and_cap(self.base, self.cap)
+        _non_negative(base=self.base, cap=self.cap)
+        if self.cap < self.base:
+            raise ConfigurationError(f"cap ({self.cap}) must be >= base ({self.base})",
+                                     option="cap")
 
-    def __call__(self, attempt: int, previous_delay_seconds: float | None = None) -> float:
+    def ceiling(self, attempt: int) -> float:
+        """min(`cap`, `base` * 2 ** (attempt - 1))."""
         return min(self.cap, self.base * 2 ** max(0, min(attempt - 1, 62)))
 
 
 @dataclass(frozen=True, kw_only=True)
-class wait_full_jitter(Wait):
-    """uniform(0, min(`cap`, `base` * 2 ** (attempt - 1))) seconds."""
-
-    base: float = 1.0
-    cap: float = 60.0
-    random: Random = field(default=random_module.random, compare=False)
-
-    def __post_init__(self) -> None:
-        _base_and_cap(self.base, self.cap)
+class wait_exponential(_Capped):
+    """min(`cap`, `base` * 2 ** (attempt - 1)) seconds, no randomness."""
 
     def __call__(self, attempt: int, previous_delay_seconds: float | None = None) -> float:
-        ceiling = min(self.cap, self.base * 2 ** max(0, min(attempt - 1, 62)))
-        return ceiling * self.random()
+        return self.ceiling(attempt)
 
 
 @dataclass(frozen=True, kw_only=True)
-class wait_decorrelated_jitter(Wait):
-    """min(`cap`, uniform(`base`, 3 * previous)) seconds; previous starts at `base`."""
+class wait_full_jitter(_Capped):
+    """uniform(0, min(`cap`, `base` * 2 ** (attempt - 1))) seconds."""
 
-    base: float = 1.0
-    cap: float = 60.0
     random: Random = field(default=random_module.random, compare=False)
 
-    def __post_init__(self) -> None:
-        _base_and_cap(self.base, self.cap)
+    def __call__(self, attempt: int, previous_delay_seconds: float | None = None) -> float:
+        return self.ceiling(attempt) * self.random()
+
+
+@dataclass(frozen=True, kw_only=True)
+class wait_decorrelated_jitter(_Capped):
+    """min(`cap`, uniform(`base`, 3 * previous)) seconds; previous starts at `base`."""
+
+    random: Random = field(default=random_module.random, compare=False)
 
     def __call__(self, attempt: int, previous_delay_seconds: float | None = None) -> float:
         previous = max(self.base, previous_delay_seconds or self.base)
@@ -176,13 +164,3 @@ def check_backoff(value: object) -> Wait:
         f"backoff must be a Wait strategy (resilience.retry.backoff), got {value!r}",
         option="backoff",
     )
-
-
-def delay_with_retry_after(
-    strategy: Wait, attempt: int, previous_delay_seconds: float | None, retry_after: float | None
-) -> float:
-    """The strategy's delay, raised to the dependency's Retry-After when it asked for more."""
-    delay = strategy(attempt, previous_delay_seconds)
-    if retry_after is not None:
-        delay = max(delay, retry_after)
-    return delay

@@ -1,28 +1,10 @@
 """Fleet-wide retry budget per dependency, shared in Redis (Finagle/Envoy semantics).
 
-Every execution of a guarded task counts as a request; a retry is granted while
-
-    retries_in_window + 1 <= ratio * requests_in_window + min_per_second * window_seconds
-
-over a sliding window of `window_seconds` (a ring of slots, so the window slides in steps of
-window/slots). Because retried executions also count as requests, a dependency failing 100%
-sees at most 1 / (1 - ratio) calls per job plus the floor: 1.25 for ratio 0.2. Each decision
-is one Lua script on Redis server time. `RedisBudgetBackend.describe` reads what the
-windows hold now (status views); `window_figures` is the one reader of the budget hash.
-
-When Redis is unreachable the budget follows `on_store_down`: "fail_open" (the default:
-retries are still bounded by `max_attempts`) or "fail_closed" (dead-letter).
-Either way it logs a warning and never crashes the task.
-
-Requests (deposits) a guarded call counts after it ran are aggregated in the process
-(`RequestCounts`, with `flush_seconds` > 0, the default 0.1) and sent as one script call
-once the oldest is `flush_seconds` old: by the call that finds them due (in its write
-round) or by the timer thread of `resilience.flushing` (which also flushes at
-shutdown and is fork-safe). A retry (a withdrawal: a decision) runs the script at once and
-takes the pending requests along in the same call, so a decision never sees fewer requests
-than this process made. Fleet-wide the window's requests lag by at most `flush_seconds`
-per process; a SIGKILLed process's last `flush_seconds` of requests are lost (the budget
-reads slightly low: it refuses marginally early, never late).
+A retry is granted while `retries_in_window + 1 <= ratio * requests_in_window + floor`, over
+a sliding window (a ring of slots); each decision is one `budget.lua` call on Redis server
+time. Requests are aggregated per process (`RequestCounts`, `flush_seconds`) and a retry
+decision carries the pending ones along. The rule, its bounds, the store-down policy and
+what aggregation costs: docs/failure.md ("Fleet-wide retry budget", "Local state").
 """
 
 from __future__ import annotations
@@ -74,8 +56,7 @@ class RetryBudget:
         on_store_down: "fail_open" (default: allow the retry; `max_attempts` still bounds
             it) or "fail_closed" (refuse: dead-letter) while Redis is unreachable.
         flush_seconds: how long a process holds the requests its calls counted before
-            sending them as one script call (see the module doc); 0 = one script call per
-            request, as before.
+                sending them as one script call; 0 = one script call per request.
     """
 
     ratio: float = 0.2
@@ -131,6 +112,18 @@ class BudgetState:
     ratio: float
     window_seconds: float
 
+    @classmethod
+    def read(
+        cls, dependency: str, budget: RetryBudget, fields: Mapping[str, str], now_ms: int
+    ) -> BudgetState:
+        """The state of a budget hash's `fields` at `now_ms` (server time)."""
+        requests, retries = window_figures(
+            fields, now_ms=now_ms, window_ms=int(budget.window_seconds * 1000), slots=budget.slots
+        )
+        return cls(dependency=dependency, requests=requests, retries=retries,
+                   retries_allowed=budget.ratio * requests + budget.floor, ratio=budget.ratio,
+                   window_seconds=budget.window_seconds)
+
     @property
     def used(self) -> float:
         """Share of the allowed retries spent (0.0 when none are allowed)."""
@@ -160,25 +153,10 @@ class RedisBudgetBackend:
     def __init__(self, client: Callable[[], redis.Redis]) -> None:
         self._client = client
 
-    @classmethod
-    def of_app(cls, app: Any) -> RedisBudgetBackend:
-        """The backend on the app's shared Redis, one per app, so every task counting
-        requests of a dependency shares the process's `RequestCounts`."""
-        backend = _BY_APP.get(app)
-        if backend is None:
-            backend = _BY_APP.setdefault(app, cls(lambda: stores_for(app).redis()))
-        return backend
-
     @staticmethod
     def _args(mode: str, budget: RetryBudget, amount: int = 1) -> list[Any]:
-        return [
-            mode,
-            int(budget.window_seconds * 1000),
-            repr(float(budget.ratio)),
-            repr(float(budget.floor)),
-            budget.slots,
-            amount,
-        ]
+        return [mode, int(budget.window_seconds * 1000), repr(float(budget.ratio)),
+                repr(float(budget.floor)), budget.slots, amount]
 
     def decide(
         self, dependency: str, mode: str, budget: RetryBudget, amount: int = 1
@@ -195,9 +173,6 @@ class RedisBudgetBackend:
             )
         return BudgetDecision(bool(allowed), int(requests), int(retries))
 
-    def client(self) -> redis.Redis:
-        return self._client()
-
     def count_later(
         self, rounds: Rounds, dependency: str, mode: str, budget: RetryBudget, amount: int = 1
     ) -> None:
@@ -208,18 +183,13 @@ class RedisBudgetBackend:
                 logger.warning("retry budget %s: %s not counted, %d of them (%s)",
                                dependency, mode, amount, reply)
 
-        batch = for_client(rounds, self.client())
+        batch = for_client(rounds, self._client())
         batch.script(
             self.SCRIPT.for_client(batch.client),
             [budget_key(dependency)],
             self._args(mode, budget, amount),
             then=done,
         )
-
-    def _stored_keys(self) -> dict[str, str]:
-        """Key -> dependency of every budget in Redis (one SCAN); a dependency too long to
-        keep shows as its digest (`resilience.keys.decode_key_part`)."""
-        return stored_keys(self._client(), NAMESPACE)
 
     def describe(
         self, budgets: Mapping[str, RetryBudget], *, include_stored: bool = False
@@ -232,34 +202,17 @@ class RedisBudgetBackend:
         Raises:
             StoreUnavailable, StoreRejected, StorageError: Redis failed.
         """
-        default = RetryBudget()
         with wrap_store_errors("retry budgets"):
             client = self._client()
             keys = {budget_key(dependency): dependency for dependency in budgets}
             if include_stored:
-                keys = {**self._stored_keys(), **keys}
+                keys = {**stored_keys(client, NAMESPACE), **keys}  # a long name: its digest
             ordered = sorted(keys.items(), key=lambda item: item[1])
             now_ms, hashes = read_hashes(client, [key for key, _ in ordered])
-        states = []
-        for (_, dependency), fields in zip(ordered, hashes, strict=True):
-            budget = budgets.get(dependency) or default
-            requests, retries = window_figures(
-                fields,
-                now_ms=now_ms,
-                window_ms=int(budget.window_seconds * 1000),
-                slots=budget.slots,
-            )
-            states.append(
-                BudgetState(
-                    dependency=dependency,
-                    requests=requests,
-                    retries=retries,
-                    retries_allowed=budget.ratio * requests + budget.floor,
-                    ratio=budget.ratio,
-                    window_seconds=budget.window_seconds,
-                )
-            )
-        return states
+        return [
+            BudgetState.read(dependency, budgets.get(dependency) or RetryBudget(), fields, now_ms)
+            for (_, dependency), fields in zip(ordered, hashes, strict=True)
+        ]
 
 
 class MemoryBudgetBackend:
@@ -317,28 +270,18 @@ class MemoryBudgetBackend:
         with self._lock:
             names = set(budgets) | (set(self._hashes) if include_stored else set())
             hashes = {name: dict(self._hashes.get(name, {})) for name in names}
-        states = []
-        for dependency in sorted(names):
-            budget = budgets.get(dependency) or RetryBudget()
-            requests, retries = window_figures(
-                hashes[dependency], now_ms=now_ms,
-                window_ms=int(budget.window_seconds * 1000), slots=budget.slots)
-            states.append(BudgetState(
-                dependency=dependency, requests=requests, retries=retries,
-                retries_allowed=budget.ratio * requests + budget.floor, ratio=budget.ratio,
-                window_seconds=budget.window_seconds))
-        return states
+        return [
+            BudgetState.read(name, budgets.get(name) or RetryBudget(), hashes[name], now_ms)
+            for name in sorted(names)
+        ]
 
 
 def budget_backend_of_app(app: Any) -> RedisBudgetBackend | MemoryBudgetBackend:
     """The budgets of `app`'s tasks: on its shared Redis, in memory on `MemoryStores`."""
     return stores_for(app).backend(
-        "retry budget", lambda _: RedisBudgetBackend.of_app(app), memory=MemoryBudgetBackend
+        "retry budget", lambda stores: RedisBudgetBackend(stores.redis),
+        memory=MemoryBudgetBackend,
     )
-
-
-#: `RedisBudgetBackend.of_app`'s backends (apps live as long as the process).
-_BY_APP: dict[Any, RedisBudgetBackend] = {}
 
 
 class RequestCounts:
@@ -408,12 +351,8 @@ class RetryBudgetGate:
             return self.backend.decide(self.dependency, mode, self.budget, amount)
         except StorageError as exc:
             allowed = self.budget.on_store_down is StoreDown.FAIL_OPEN
-            logger.warning(
-                "retry budget %s: store unavailable, %s (%s)",
-                self.dependency,
-                "allowing" if allowed else "denying",
-                exc,
-            )
+            logger.warning("retry budget %s: store unavailable, %s (%s)", self.dependency,
+                           "allowing" if allowed else "denying", exc)
             return BudgetDecision(allowed, 0, 0, store_down=True)
 
     def record_request(self) -> BudgetDecision:
@@ -434,20 +373,15 @@ class RetryBudgetGate:
     def count_later(self, rounds: Rounds, mode: str) -> None:
         """Count "request" or "request+forced" with the call's after-run writes; a plain
         request is aggregated in the process (sent in this round once due)."""
-        pending = self.pending()
-        if pending is None:
-            self.backend.count_later(rounds, self.dependency, mode, self.budget)
-            return
-        if mode == "request":
+        pending, amount = self.pending(), 1
+        if pending is not None and mode == "request":
             now = time.monotonic()
             pending.add(now)
-            if pending.due(now):
-                amount = pending.take()
-                if amount:
-                    self.backend.count_later(rounds, self.dependency, mode, self.budget, amount)
-            return
-        amount = 1 + pending.take()  # "request+forced": the pending requests come along
-        self.backend.count_later(rounds, self.dependency, mode, self.budget, amount)
+            amount = pending.take() if pending.due(now) else 0
+        elif pending is not None:
+            amount += pending.take()  # "request+forced": the pending requests come along
+        if amount:
+            self.backend.count_later(rounds, self.dependency, mode, self.budget, amount)
 
     def describe(self) -> BudgetState:
         """This budget's live use (see `RedisBudgetBackend.describe`).

@@ -1,29 +1,13 @@
 """`RetryGuard` (Stage.RETRY) and the `@retry_policy(...)` decorator.
 
-On error the guard classifies and decides, in this order:
-
-1. Celery's own `Retry` (the body called `self.retry`, or `autoretry_for` did): it passes
-   through untouched — the retry message is already published — and is counted against
-   the budget as a forced retry, so the fleet-wide ratio stays honest.
-   `Ignore` / `Reject` pass through untouched and are not counted.
-2. non-retryable (see `classify.is_retryable`) → dead-lettered at once, never retried;
-3. attempts exhausted (`request.retries + 1 >= max_attempts`) → dead-lettered;
-4. Retry-After longer than `app.conf.resilience_max_countdown_seconds` → dead-lettered
-   (retrying earlier than the dependency asked would break the contract);
-5. the budget refuses → dead-lettered, counted, reason "retry budget exhausted";
-6. otherwise `task.retry(countdown=..., exc=exc)`: Celery's retry, state RETRY in Flower;
-   countdown = jittered backoff, raised to Retry-After, capped at the max countdown.
-
-`before_run` counts every execution (first run and retries alike) as a request of the
-dependency, so `ratio` means "retries per call the dependency received".
-
-With `autoretry_for` on the same task Celery retries first; when Celery gives up it re-raises
-the error and this guard decides as above, counting Celery's retries in `request.retries`.
+Every execution counts as a request of the dependency's budget. On error, in order: Celery's
+own `Retry` passes through (counted as a forced retry); a non-retryable error, exhausted
+attempts, a Retry-After beyond the max countdown or a refused budget dead-letter the job;
+otherwise Celery's `task.retry` with the backoff delay. See docs/failure.md, "Retry policy".
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -36,7 +20,7 @@ from resilience.errors import ConfigurationError, DeadLettered
 from resilience.headers import PREVIOUS_DELAY_HEADER
 from resilience.outcomes import Outcome, Stop
 from resilience.pipeline import Call, Guard, Stage, attach
-from resilience.retry.backoff import Wait, check_backoff, delay_with_retry_after, wait_full_jitter
+from resilience.retry.backoff import Wait, check_backoff, wait_full_jitter
 from resilience.retry.budget import (
     RedisBudgetBackend,
     RetryBudget,
@@ -46,8 +30,6 @@ from resilience.retry.budget import (
 
 if TYPE_CHECKING:
     from celery import Task
-
-logger = logging.getLogger("resilience.retry")
 
 DEFAULT_MAX_COUNTDOWN_SECONDS = 300.0
 
@@ -92,12 +74,9 @@ class RetryConfig:
         self, attempt: int, exc: BaseException, previous_delay_seconds: float | None = None
     ) -> float:
         """Delay after failed `attempt` with `exc`; Retry-After honoured as the minimum."""
-        return delay_with_retry_after(
-            self.backoff,
-            attempt,
-            previous_delay_seconds,
-            retry_after(exc),
-        )
+        delay = self.backoff(attempt, previous_delay_seconds)
+        asked = retry_after(exc)
+        return delay if asked is None else max(delay, asked)
 
 
 class RetryGuard(Guard):
@@ -116,9 +95,7 @@ class RetryGuard(Guard):
         self.task = task
         if self.policy.budget is not None:
             backend = self._backend or budget_backend_of_app(task.app)
-            self.gate = RetryBudgetGate(
-                self.policy.dependency or task.name, self.policy.budget, backend
-            )
+            self.gate = RetryBudgetGate(self.dependency, self.policy.budget, backend)
 
     @property
     def dependency(self) -> str:
@@ -153,10 +130,7 @@ class RetryGuard(Guard):
 
     def decide(self, call: Call, exc: Exception) -> BaseException:
         """The error to raise instead of `exc`: Celery's `Retry`, or `DeadLettered`."""
-        task = call.task
-        request = call.request
-        attempt = call.attempt
-        policy = self.policy
+        task, attempt, policy = call.task, call.attempt, self.policy
 
         def dead(reason: str, *, dependency_down: bool = False) -> BaseException:
             return call.dead_letter(guard=self.name, reason=reason, exception=exc,
@@ -184,19 +158,13 @@ class RetryGuard(Guard):
                     dependency_down=True,
                 )
         call.count(Outcome.RETRY, guard=self.name, name=self.dependency)
-        headers = dict(getattr(request, "headers", None) or {})
+        headers = dict(getattr(call.request, "headers", None) or {})
         headers[PREVIOUS_DELAY_HEADER] = delay
         try:
-            task.retry(
-                exc=exc,
-                countdown=delay,
-                max_retries=policy.max_attempts - 1,
-                headers=headers,
-            )
-        except Retry as retry:
-            return retry
-        except BaseException as other:  # noqa: BLE001 - called inline: retry re-raises exc
-            return other
+            task.retry(exc=exc, countdown=delay, max_retries=policy.max_attempts - 1,
+                       headers=headers)
+        except BaseException as raised:  # noqa: BLE001 - Retry; called inline: exc itself
+            return raised
         return exc  # pragma: no cover - task.retry always raises
 
 
@@ -209,11 +177,6 @@ def retry_policy(
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: classified, jittered, budgeted retries through Celery's own retry.
 
-        @app.task(tier="standard")
-        @retry_policy(max_attempts=4, dependency="payments", budget=RetryBudget(ratio=0.2),
-                      backoff=wait_full_jitter(base=0.5, cap=10))
-        def charge(order_id: int) -> None: ...
-
     Takes a `RetryConfig` and/or keyword overrides of its fields (options, defaults and
     meaning: `RetryConfig`); `budget=None` disables the budget.
 
@@ -223,7 +186,4 @@ def retry_policy(
     """
     policy = configured(RetryConfig, config, overrides, where="retry_policy")
 
-    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        return attach(func, RetryGuard(policy))
-
-    return decorate
+    return lambda func: attach(func, RetryGuard(policy))
