@@ -66,10 +66,8 @@ def library_metadata() -> MetaData:
 
 
 def upgrade(database_url: str, revision: str = "head") -> None:
-    """Apply the library's migrations up to `revision`; safe when processes call it at once.
-
-    Creates the library's `resilience_*` tables and `resilience_alembic_version`, nothing
-    else; the database itself must exist.
+    """Apply the library's migrations up to `revision` (the database must exist); safe when
+    processes call it at once.
 
     Raises:
         ConfigurationError: the URL is malformed or `revision` unknown.
@@ -175,7 +173,7 @@ def _translated(database_url: str) -> Iterator[None]:
         raise ConfigurationError(f"resilience migrations: {_one_line(exc)}") from None
     except DBAPIError as exc:
         text = redact(_one_line(exc.orig if exc.orig is not None else exc))
-        if exc.connection_invalidated or _is_connection_error(exc):
+        if exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError):
             raise StoreUnavailable(
                 f"resilience migrations: PostgreSQL at {where} unavailable: {text}"
             ) from None
@@ -186,10 +184,6 @@ def _translated(database_url: str) -> Iterator[None]:
         raise ConfigurationError(
             f"resilience migrations: {redact(_one_line(exc))}"
         ) from None
-
-
-def _is_connection_error(exc: Any) -> bool:
-    return isinstance(exc, OperationalError | InterfaceError)
 
 
 def _where(database_url: str) -> str:

@@ -1,9 +1,6 @@
-"""Alembic environment of the library's own tables (run by `resilience.migrations`).
-
-Only the `resilience_*` tables are compared and migrated; the version table is
-`resilience_alembic_version`, so the library's history lives beside an application's own
-Alembic history (its `alembic_version`) in the same database without touching it.
-"""
+"""Alembic environment of the library's own tables (run by `resilience.migrations`): only
+`resilience_*` tables, versioned in `resilience_alembic_version`, beside an application's
+own Alembic history."""
 
 from __future__ import annotations
 
@@ -24,35 +21,27 @@ def _library_object(obj: Any, name: str | None, kind: str, reflected: bool,
     return table is None or str(table.name).startswith("resilience_")
 
 
-def _configure(**options: Any) -> None:
-    context.configure(
-        target_metadata=library_metadata(),
-        version_table=VERSION_TABLE,
-        include_object=_library_object,
-        **options,
-    )
+def _migrate(**options: Any) -> None:
+    context.configure(target_metadata=library_metadata(), version_table=VERSION_TABLE,
+                      include_object=_library_object, **options)
+    with context.begin_transaction():
+        context.run_migrations()
 
 
 def run() -> None:
     """Run the revisions Alembic selected, online or offline (`--sql`)."""
     config = context.config
+    url = config.get_main_option("sqlalchemy.url")
+    connection = config.attributes.get("connection")
     if context.is_offline_mode():
-        _configure(url=config.get_main_option("sqlalchemy.url"), literal_binds=True)
-        with context.begin_transaction():
-            context.run_migrations()
+        _migrate(url=url, literal_binds=True)
+    elif connection is not None:
+        _migrate(connection=connection)
     else:
-        connection = config.attributes.get("connection")
-        if connection is None:
-            engine = create_engine(config.get_main_option("sqlalchemy.url"))
-            with engine.connect() as connection:
-                _configure(connection=connection)
-                with context.begin_transaction():
-                    context.run_migrations()
-            engine.dispose()
-        else:
-            _configure(connection=connection)
-            with context.begin_transaction():
-                context.run_migrations()
+        engine = create_engine(url)
+        with engine.connect() as connection:
+            _migrate(connection=connection)
+        engine.dispose()
 
 
 # Alembic executes this file under its own module name; importing the package's module (a
