@@ -1,29 +1,15 @@
 """Deadline shedding: a job whose deadline has passed is not run (outcome SHED, counted).
 
-The deadline travels as message headers set at enqueue (stage PUBLISH):
-`deadline` (absolute epoch seconds) and `enqueued_at` (epoch seconds). Headers survive
-Celery retries and guard deferrals (both republish with the request's headers), so a
-retried job keeps its original deadline. Celery's own `expires` is not used: an expired
-message would be REVOKED silently; here it finishes with a visible result
-`{"outcome": "SHED", ...}` (state SUCCESS in Flower) and a counter.
-
-Under pressure the optional tier sheds first: when its queue is deeper than
-`pressure_queue_depth`, the effective deadline shrinks to
-`enqueued_at + (deadline - enqueued_at) * pressure_deadline_factor`, so old optional work is
-dropped early and the backlog drains to fresh work.
-
-Clocks: the deadline is wall-clock epoch time written by the producer and read by the
-worker; producer/worker clock skew shifts it by the skew (NTP keeps that to milliseconds).
-
-The headers are read through `call.headers` (`resilience.headers`, one rule for every
-guard): an unusable value counts as absent with one warning, so a broken producer's job
-runs as if it had no deadline (or no enqueue time, hence no pressure rule).
+`DeadlineStampGuard` writes the `deadline` and `enqueued_at` headers (epoch seconds) at
+enqueue; headers survive retries and deferrals, so a retried job keeps its deadline. Under
+queue pressure the effective deadline shrinks to `enqueued_at + (deadline - enqueued_at) *
+pressure_deadline_factor`. Unusable headers count as absent (`call.headers`). Why headers
+and not Celery's `expires`, and the defaults: docs/overload.md, "Deadline shedding".
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,22 +51,16 @@ class DeadlineConfig:
     tier: str | None = None
 
     def __post_init__(self) -> None:
-        if self.deadline_seconds is not None and not _positive_seconds(self.deadline_seconds):
+        seconds, depth, factor = (self.deadline_seconds, self.pressure_queue_depth,
+                                  self.pressure_deadline_factor)
+        if seconds is not None and not _positive_seconds(seconds):
+            raise ConfigurationError("deadline_seconds must be positive finite seconds (or None "
+                                     f"for no deadline), got {seconds!r}")
+        if depth is not None and (isinstance(depth, bool) or depth <= 0):
             raise ConfigurationError(
-                f"deadline_seconds must be positive finite seconds (or None for no deadline), got "
-                f"{self.deadline_seconds!r}"
-            )
-        if self.pressure_queue_depth is not None and (
-            isinstance(self.pressure_queue_depth, bool) or self.pressure_queue_depth <= 0
-        ):
-            raise ConfigurationError(
-                f"pressure_queue_depth must be a positive integer or None, got "
-                f"{self.pressure_queue_depth!r}"
-            )
-        if not 0 < self.pressure_deadline_factor <= 1:
-            raise ConfigurationError(
-                f"pressure_deadline_factor must be in (0, 1], got {self.pressure_deadline_factor!r}"
-            )
+                f"pressure_queue_depth must be a positive integer or None, got {depth!r}")
+        if not 0 < factor <= 1:
+            raise ConfigurationError(f"pressure_deadline_factor must be in (0, 1], got {factor!r}")
 
 
 PolicySource = DeadlineConfig | Callable[["Task"], "DeadlineConfig | None"]
@@ -108,8 +88,7 @@ class DeadlineStampGuard(EnqueueGuard):
         per_call = publish.options.pop(DEADLINE_OPTION, None)
         if per_call is not None and not _positive_seconds(per_call):
             raise ConfigurationError(
-                f"{DEADLINE_OPTION} must be positive finite seconds, got {per_call!r}"
-            )
+                f"{DEADLINE_OPTION} must be positive finite seconds, got {per_call!r}")
         policy = _resolve(self.policy, publish.task)
         seconds = per_call if per_call is not None else (policy and policy.deadline_seconds)
         # A job with a countdown or an ETA is not late before it is due: its deadline (and
@@ -146,36 +125,29 @@ class DeadlineGuard(Guard):
     name = "deadline"
     stage = Stage.DEADLINE
 
-    def __init__(
-        self,
-        policy: PolicySource = DeadlineConfig(),
-        *,
-        depth: Callable[[Task, str], int] | None = None,
-        clock: Callable[[], float] = time.time,
-        depth_cache_seconds: float = 1.0,
-    ) -> None:
+    def __init__(self, policy: PolicySource = DeadlineConfig(), *,
+                 depth: Callable[[Task, str], int] | None = None,
+                 clock: Callable[[], float] = time.time, depth_cache_seconds: float = 1.0) -> None:
         self.policy = policy
         self.depth = depth
         self.clock = clock
         self.depth_cache_seconds = depth_cache_seconds
+        #: queue -> (when read, depth); one dict read or write each, atomic without a lock.
         self._depths: dict[str, tuple[float, int]] = {}
-        self._lock = threading.Lock()
 
     def queue_depth(self, task: Task, queue: str) -> int | None:
         if self.depth is None:
             return None
         now = time.monotonic()
-        with self._lock:
-            cached = self._depths.get(queue)
-            if cached and now - cached[0] < self.depth_cache_seconds:
-                return cached[1]
+        cached = self._depths.get(queue)
+        if cached and now - cached[0] < self.depth_cache_seconds:
+            return cached[1]
         try:
             depth = self.depth(task, queue)
         except StorageError as error:
             logger.warning("queue depth of %s unknown, no pressure shedding: %s", queue, error)
             return None
-        with self._lock:
-            self._depths[queue] = (now, depth)
+        self._depths[queue] = (now, depth)
         return depth
 
     def before_run(self, call: Call) -> None:
@@ -202,9 +174,7 @@ class DeadlineGuard(Guard):
         late = now - effective
         why = "under queue pressure, " if pressure else ""
         raise Stop(
-            Outcome.SHED,
-            guard=self.name,
-            reason=f"{why}deadline passed {late:.3f}s ago; not run",
+            Outcome.SHED, guard=self.name, reason=f"{why}deadline passed {late:.3f}s ago; not run",
             details={"deadline": deadline, "effective_deadline": effective,
                      "late_seconds": round(late, 6), "pressure": pressure, "tier": tier},
         )
