@@ -7,33 +7,22 @@
         b.add(send_invoice.s(invoice.id))
     result = b.apply_async()          # or b.apply_async_in(session): in your transaction
 
-A batch is a durable workflow (`resilience.workflows`): N independent member steps, and
-callback steps that depend on all of them, on_success released when every member
-succeeded, on_complete when every member is final. The workflow engine is the one state
-machine: it records each member's final state once, however often it is delivered (the
-workflow guard, and Celery's signals for outcomes no guard sees), and the transaction that
-makes the last member final writes the callbacks to the outbox. Batches add the producer's
-side (`enqueue.py`: members through their tasks' own enqueue path) and the batch view of the
-tables (`summary.py`); `jobs batches list/show` show them (`describe`, `recent`).
+A batch is a durable workflow (`resilience.workflows`) of independent member steps and
+callback steps that depend on all of them. Batches add the producer's side (`enqueue.py`)
+and the batch view of the workflow tables (`summary.py`). See docs/batches.md.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from resilience.batches.enqueue import (
-    CALLBACK_HEADER,
-    CALLBACK_KEY,
-    Batch,
-    BatchResult,
-    batch,
-    eager_summary,
-)
+from resilience.batches.enqueue import CALLBACK_HEADER, CALLBACK_KEY, Batch, BatchResult, batch
 from resilience.batches.errors import BatchNotFound, InvalidBatch
 from resilience.batches.summary import (
     COMPLETE,
     SUCCESS,
     BatchSummary,
+    eager_summary,
     read_recent,
     read_summary,
 )
@@ -70,22 +59,8 @@ def recent(stores: Stores, *, limit: int = 50,
     if isinstance(stores, MemoryStores):
         return ran
     stored = read_recent(stores, limit=limit, incomplete_only=incomplete_only)
-    if not ran:
-        return stored
     return sorted([*ran, *stored], key=lambda found: found.created_at, reverse=True)[:limit]
 
 
-__all__ = [
-    "CALLBACK_HEADER",
-    "CALLBACK_KEY",
-    "COMPLETE",
-    "SUCCESS",
-    "Batch",
-    "BatchNotFound",
-    "BatchResult",
-    "BatchSummary",
-    "InvalidBatch",
-    "batch",
-    "describe",
-    "recent",
-]
+__all__ = ["CALLBACK_HEADER", "CALLBACK_KEY", "COMPLETE", "SUCCESS", "Batch", "BatchNotFound",
+           "BatchResult", "BatchSummary", "InvalidBatch", "batch", "describe", "recent"]

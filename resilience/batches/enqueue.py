@@ -1,69 +1,40 @@
 """The producer's side of a batch: members and batch written in one transaction.
 
-    b = batch([charge.s(1, 10), charge.s(2, 20)], on_complete=report.s(), description="May")
-    b.add(charge.s(3, 30))
-    result = b.apply_async()                  # its own transaction; or, in yours:
-    result = b.apply_async_in(session)        # nothing exists unless `session` commits
-
-    with batch(on_success=notify.s("ops")) as b:    # written when the block ends
-        for order in orders:
-            b.add(charge.s(order.id, order.amount))
-
-A batch is a workflow (`resilience.workflows`) of independent member steps and callback
-steps that depend on all of them. Every member is written to the outbox through its task's
-own enqueue path (`task.apply_async_in`: countdown, `@unique`, ordering keys as for any
-job), with the header `batch_id`, in the same transaction as the workflow and its steps;
-the relay publishes members only once that transaction committed, so a worker never meets
-a member of a batch that does not exist, and a rolled-back batch leaves no job.
-
-A callback (`report.s("ops")`) runs as `report(batch, "ops")`, with `batch` a JSON dict (as a
-chord's body gets the results first; `report.si("ops")` gets nothing added):
-
-    {"batch_id": "...", "callback": "success" | "complete", "description": "...",
-     "total": 2000, "succeeded": true, "tallies": {"succeeded": 1990, "replayed": 10, ...}}
-
-The workflow engine writes each callback's outbox row once, in the transaction that made its
-last member final; the relay publishes it at least once, so `@idempotent(key=CALLBACK_KEY)`
-makes its effect exactly once.
+Every member is written to the outbox through its task's own enqueue path
+(`task.apply_async_in`, with the header `batch_id`) in the same transaction as the workflow
+and its steps, so a worker never meets a member of a batch that does not exist and a
+rolled-back batch leaves no job. A callback (`report.s("ops")`) runs as `report(batch,
+"ops")`, `batch` the batch's summary as a JSON dict (`report.si(...)` gets nothing added);
+its effect is exactly once with `@idempotent(key=CALLBACK_KEY)`. See docs/batches.md.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from celery import current_app
 from celery.canvas import Signature
 
-from resilience.batches.errors import BatchNotFound, InvalidBatch
-from resilience.batches.summary import COMPLETE, RELEASES, SUCCESS, BatchSummary, read_summary
+from resilience.batches.errors import InvalidBatch
+from resilience.batches.summary import COMPLETE, RELEASES, SUCCESS, eager_summary, read_summary
 from resilience.errors import InvalidTaskArguments
 from resilience.headers import BATCH_HEADER
 from resilience.keys import canonical_arguments, check_binding
 from resilience.stores import MemoryStores, stores_for
-from resilience.workflows.canvas import (
-    FINAL_STEP_STATES,
-    OUTCOMES,
-    StepSpec,
-    link,
-    outcomes,
-    stored_signature,
-)
-from resilience.workflows.eager import (
-    EagerRun,
-    EagerStep,
-    EagerWorkflowBackend,
-    eager_backend,
-    eager_mode,
-)
+from resilience.workflows.canvas import OUTCOMES, StepSpec, link, outcomes, stored_signature
+from resilience.workflows.eager import EagerRun, EagerStep, eager_backend, eager_mode
 from resilience.workflows.eager import start as eager_start
 from resilience.workflows.guard import WorkflowGuard, workflow_backend
 
 if TYPE_CHECKING:
     from celery import Celery, Task
     from celery.result import AsyncResult
+
+    from resilience.batches.summary import BatchSummary
 
 #: Message header of a callback job: "<batch id>:<success|complete>".
 CALLBACK_HEADER = "batch_callback"
@@ -72,16 +43,15 @@ CALLBACK_HEADER = "batch_callback"
 CALLBACK_KEY = "batch:{batch[batch_id]}:{batch[callback]}"
 
 
+@dataclass(eq=False)
 class BatchResult:
     """What `Batch.apply_async` returns: the batch id and each member's `AsyncResult`."""
 
-    def __init__(self, app: Celery, batch_id: str, results: list[AsyncResult], *,
-                 eager: bool = False) -> None:
-        self.app = app
-        self.id = batch_id
-        self.results = results
-        #: Run in process (memory mode, `task_always_eager`): read from there.
-        self.eager = eager
+    app: Celery
+    id: str
+    results: list[AsyncResult]
+    #: Run in process (memory mode, `task_always_eager`): read from there.
+    eager: bool = False
 
     def summary(self) -> BatchSummary:
         """The batch now: pending count, tallies per state, callbacks written.
@@ -139,9 +109,7 @@ class Batch:
             if not _is_task_signature(signature):
                 raise InvalidBatch(
                     f"a batch member must be one task's signature (task.s(...)), not "
-                    f"{_kind(signature)}; add a group's tasks one by one",
-                    member=repr(signature),
-                )
+                    f"{_kind(signature)}; add a group's tasks one by one", member=repr(signature))
             self.members.append(signature)
         return self
 
@@ -150,17 +118,8 @@ class Batch:
 
     # -- enqueue ---------------------------------------------------------------------------
     def apply_async(self) -> BatchResult:
-        """Write the batch in a transaction of its own; the relay publishes the members.
-
-        In memory mode (`resilience.testing`) and under `task_always_eager` the members
-        run in process, then the callbacks, before this returns
-        (`resilience.workflows.eager`).
-
-        Raises:
-            InvalidBatch, ArgumentsDoNotBind, NonJsonArguments, PayloadTooLarge: nothing
-                was written.
-            StorageError: PostgreSQL failed (nothing was written).
-        """
+        """`apply_async_in` a transaction of its own (in memory mode and under
+        `task_always_eager`: the batch runs in process before this returns)."""
         if eager_mode(self.app):
             return self._run_eagerly(None)
         stores = self._stores()
@@ -179,16 +138,12 @@ class Batch:
             StorageError: an insert failed (the caller's transaction is aborted).
 
         Memory mode and `task_always_eager`: the batch runs in process when `session`
-        commits (any SQLAlchemy Session or Connection), and never on rollback.
+        commits, and never on rollback.
         """
         if eager_mode(self.app):
             return self._run_eagerly(session)
         self._stores()
-        tasks = [self._member_task(signature) for signature in self.members]
-        batch_id = uuid.uuid4().hex
-        callbacks = [(kind, self._callback(batch_id, kind, signature)) for kind, signature in
-                     ((SUCCESS, self.on_success), (COMPLETE, self.on_complete))
-                     if signature is not None]
+        tasks, batch_id, callbacks = self._checked()
         results: list[AsyncResult] = []
         for task, signature in zip(tasks, self.members, strict=True):
             options = dict(signature.options)
@@ -204,6 +159,13 @@ class Batch:
             canvas={"batch": {"description": self.description}, "result": None})
         self.result = BatchResult(self.app, batch_id, results)
         return self.result
+
+    def _checked(self) -> tuple[list[Task], str, list[tuple[str, dict[str, Any]]]]:
+        """The members' tasks, a new batch id and the callbacks as stored, all checked."""
+        batch_id = uuid.uuid4().hex
+        return [self._member_task(signature) for signature in self.members], batch_id, [
+            (kind, self._callback(batch_id, kind, signature)) for kind, signature in
+            ((SUCCESS, self.on_success), (COMPLETE, self.on_complete)) if signature is not None]
 
     def _steps(self, batch_id: str, tasks: list[Task], options: list[dict[str, Any]],
                task_ids: list[str], callbacks: list[tuple[str, dict[str, Any]]]
@@ -228,15 +190,9 @@ class Batch:
     def _run_eagerly(self, session: Any) -> BatchResult:
         """Memory mode or `task_always_eager`: the members run in process, each through its
         task's `apply()`, then the callbacks once, when `session` commits (None: now)."""
-        tasks = [self._member_task(signature) for signature in self.members]
-        batch_id = uuid.uuid4().hex
-        callbacks = [(kind, self._callback(batch_id, kind, signature)) for kind, signature in
-                     ((SUCCESS, self.on_success), (COMPLETE, self.on_complete))
-                     if signature is not None]
+        tasks, batch_id, callbacks = self._checked()
         for task, signature in zip(tasks, self.members, strict=True):
-            validate = getattr(task, "validate_arguments", None)
-            if validate is not None:
-                validate(tuple(signature.args), dict(signature.kwargs))
+            task.validate_arguments(tuple(signature.args), dict(signature.kwargs))
         task_ids = [str(uuid.uuid4()) for _ in tasks]
         options = [stored_signature(signature, "a batch member")["options"]
                    for signature in self.members]
@@ -321,12 +277,8 @@ def _with(batch_id: str, kind: str, description: str | None) -> dict[str, Any]:
     return {"batch_id": batch_id, "callback": kind, "description": description}
 
 
-def batch(signatures: Iterable[Signature] = (), *, on_success: Signature | None = None,
-          on_complete: Signature | None = None, description: str | None = None,
-          app: Celery | None = None) -> Batch:
-    """A new `Batch` (see its docstring); `.add()` members, then `.apply_async()`."""
-    return Batch(signatures, on_success=on_success, on_complete=on_complete,
-                 description=description, app=app)
+#: `batch(...)` is a new `Batch`: `.add()` members, then `.apply_async()`.
+batch = Batch
 
 
 def _is_task_signature(value: Any) -> bool:
@@ -336,40 +288,3 @@ def _is_task_signature(value: Any) -> bool:
 def _kind(value: Any) -> str:
     subtask_type = getattr(value, "subtask_type", None)
     return f"a {subtask_type}" if subtask_type else type(value).__name__
-
-
-def eager_summary(backend: EagerWorkflowBackend, batch_id: str) -> BatchSummary:
-    """A batch run in process (`resilience.workflows.eager`), as `read_summary` gives one
-    from the workflow tables.
-
-    Raises:
-        BatchNotFound: no such batch ran here (never committed, or rolled back).
-    """
-    run = backend.find(batch_id)
-    if run is None or "batch" not in run.canvas:
-        raise BatchNotFound(f"no batch {batch_id!r}", batch_id=batch_id)
-    members = [step for step in run.steps if step.spec.kind == "step"]
-    callbacks = {kind: next((step for step in run.steps if step.spec.kind == "callback"
-                             and step.spec.release == release), None)
-                 for kind, release in RELEASES.items()}
-    pending = sum(1 for step in members if step.live)
-    finished = [step.finished_at for step in members if step.finished_at is not None]
-
-    def signature(kind: str) -> dict[str, Any] | None:
-        found = callbacks[kind]
-        return None if found is None else {"task": found.spec.task_name,
-                                           **found.spec.signature()}
-
-    def fired(kind: str) -> str | None:
-        found = callbacks[kind]
-        return None if found is None or found.state.value in ("pending", "skipped") \
-            else found.spec.task_id
-
-    return BatchSummary(
-        id=run.id, description=run.name, total=len(members), pending=pending,
-        tallies={state: sum(1 for step in members if step.state.value == state)
-                 for state in FINAL_STEP_STATES},
-        created_at=run.created_at,
-        completed_at=(max(finished, default=run.created_at)) if pending == 0 else None,
-        on_success=signature(SUCCESS), on_complete=signature(COMPLETE),
-        success_task_id=fired(SUCCESS), complete_task_id=fired(COMPLETE))

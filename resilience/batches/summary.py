@@ -1,15 +1,12 @@
-"""A batch as operators and callbacks see it, read from the workflow tables.
-
-A batch is a workflow (`resilience.workflows`): its members are steps of kind "step" with no
-dependency (`member`: a failure ends only itself), its callbacks steps of kind "callback"
-that depend on every member, on_success released when all succeeded, on_complete when all
-are final. Tallies count the members' states; the batch is complete when no member is live.
+"""A batch as operators and callbacks see it, read from the workflow tables: members are
+steps of kind "step", callbacks of kind "callback"; tallies count the members' states, and
+the batch is complete when no member is live.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import text
@@ -21,6 +18,7 @@ from resilience.workflows.models import STEPS_TABLE, WORKFLOWS_TABLE
 
 if TYPE_CHECKING:
     from resilience.stores import Stores
+    from resilience.workflows.eager import EagerWorkflowBackend
 
 SUCCESS = "success"
 COMPLETE = "complete"
@@ -49,7 +47,6 @@ class BatchSummary:
     on_complete: dict[str, Any] | None = None
     success_task_id: str | None = None
     complete_task_id: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -65,20 +62,13 @@ class BatchSummary:
     def as_dict(self) -> dict[str, Any]:
         """JSON-friendly form (`jobs batches show --json`)."""
         return {
-            "id": self.id,
-            "description": self.description,
-            "total": self.total,
-            "pending": self.pending,
-            "tallies": dict(self.tallies),
+            "id": self.id, "description": self.description, "total": self.total,
+            "pending": self.pending, "tallies": dict(self.tallies),
             "created_at": self.created_at.isoformat(),
             "completed_at": self.completed_at.isoformat() if self.completed_at else None,
             "succeeded": self.succeeded,
-            "callbacks": {
-                SUCCESS: _callback(self.on_success, self.success_task_id),
-                COMPLETE: _callback(self.on_complete, self.complete_task_id),
-            },
-            **self.extra,
-        }
+            "callbacks": {SUCCESS: _callback(self.on_success, self.success_task_id),
+                          COMPLETE: _callback(self.on_complete, self.complete_task_id)}}
 
 
 def _callback(signature: dict[str, Any] | None, task_id: str | None) -> dict[str, Any] | None:
@@ -119,29 +109,28 @@ ORDER BY w.created_at DESC, w.id LIMIT :limit
 """)
 
 
+def callback_fields(callbacks: list[dict[str, Any]]) -> dict[str, Any]:
+    """`BatchSummary`'s callback fields from the callback steps (release, task, task_id,
+    state, signature): a callback's task id once it was released (not pending or skipped)."""
+    fields: dict[str, Any] = {}
+    for kind, release in RELEASES.items():
+        found = next((c for c in callbacks if c["release"] == release), None)
+        fields[f"on_{kind}"] = None if found is None else {"task": found["task"],
+                                                           **found["signature"]}
+        fields[f"{kind}_task_id"] = None if found is None or found["state"] in (
+            "pending", "skipped") else found["task_id"]
+    return fields
+
+
 def _summary(row: Any) -> BatchSummary:
     counted = dict(row.tallies or {})
-    callbacks = {kind: next((c for c in row.callbacks or () if c["release"] == release), None)
-                 for kind, release in RELEASES.items()}
-
-    def fired(kind: str) -> str | None:
-        found = callbacks[kind]
-        return None if found is None or found["state"] in ("pending", "skipped") \
-            else found["task_id"]
-
-    def signature(kind: str) -> dict[str, Any] | None:
-        found = callbacks[kind]
-        return None if found is None else {"task": found["task"], **found["signature"]}
-
     pending = int(row.pending)
     return BatchSummary(
         id=row.id, description=row.name, total=int(row.total), pending=pending,
         tallies={state: int(counted.get(state, 0)) for state in FINAL_STEP_STATES},
         created_at=row.created_at,
         completed_at=(row.last_finished or row.created_at) if pending == 0 else None,
-        on_success=signature(SUCCESS), on_complete=signature(COMPLETE),
-        success_task_id=fired(SUCCESS), complete_task_id=fired(COMPLETE),
-    )
+        **callback_fields(row.callbacks or []))
 
 
 def read_summary(stores: Stores, batch_id: str) -> BatchSummary:
@@ -161,3 +150,29 @@ def read_recent(stores: Stores, *, limit: int = 50,
         rows = connection.execute(_RECENT, {"limit": int(limit),
                                             "incomplete_only": bool(incomplete_only)}).all()
     return [_summary(row) for row in rows]
+
+
+def eager_summary(backend: EagerWorkflowBackend, batch_id: str) -> BatchSummary:
+    """A batch run in process (`resilience.workflows.eager`), as `read_summary` gives one
+    from the workflow tables.
+
+    Raises:
+        BatchNotFound: no such batch ran here (never committed, or rolled back).
+    """
+    run = backend.find(batch_id)
+    if run is None or "batch" not in run.canvas:
+        raise BatchNotFound(f"no batch {batch_id!r}", batch_id=batch_id)
+    members = [step for step in run.steps if step.spec.kind == "step"]
+    callbacks = [{"release": step.spec.release, "task": step.spec.task_name,
+                  "task_id": step.spec.task_id, "state": step.state.value,
+                  "signature": step.spec.signature()}
+                 for step in run.steps if step.spec.kind == "callback"]
+    pending = sum(1 for step in members if step.live)
+    finished = [step.finished_at for step in members if step.finished_at is not None]
+    return BatchSummary(
+        id=run.id, description=run.name, total=len(members), pending=pending,
+        tallies={state: sum(1 for step in members if step.state.value == state)
+                 for state in FINAL_STEP_STATES},
+        created_at=run.created_at,
+        completed_at=(max(finished, default=run.created_at)) if pending == 0 else None,
+        **callback_fields(callbacks))
