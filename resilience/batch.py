@@ -1,22 +1,15 @@
 """One Redis round trip shared by the guards of one call.
 
-Each guard's happy path needs a Redis read before the body (is the key cached? is the breaker
-closed?) and a Redis write after it (cache the result, report the outcome, count the
-request). Done one by one that is a round trip per guard; `RedisBatch` queues them in one
-non-transactional pipeline instead, so a call costs one read round trip before the body and
-one write round trip after it, however many guards it has.
+A guard's happy path needs a Redis read before the body and a write after it; `RedisBatch`
+queues them in one non-transactional pipeline, so a call costs one round trip before the
+body and one after, however many guards it has. Batching changes no decision: reads are
+hints (a guard whose read failed or says anything but "go ahead" makes its own atomic
+call), and nobody waits for the writes. Scripts go as EVALSHA without redis-py's
+`SCRIPT EXISTS` check; one the server lost is run once more on its own, which loads it.
 
-Batching changes no decision: reads are only hints (a guard whose read failed or says
-anything but "go ahead" makes its own atomic call), and the writes are ones nobody waits for
-(their failures were already logged and ignored). Scripts are sent as EVALSHA without
-redis-py's per-pipeline `SCRIPT EXISTS` check; a script the server lost is run once more on
-its own, which loads it.
-
-On a Redis Cluster (`redis.cluster.RedisCluster`) the commands are grouped by the master that
-serves each one's first key and each group goes out on that master's connection, one round
-trip per master involved; a reply redirecting elsewhere (MOVED, ASK: a slot moved, the
-client's table is stale) makes that one command go again through the client's own path,
-which follows the redirection and refreshes the table.
+On a Redis Cluster the commands are grouped by the master serving each one's first key,
+one round trip per master; a MOVED or ASK reply sends that one command again through the
+client's own path, which follows the redirection.
 """
 
 from __future__ import annotations
@@ -91,10 +84,9 @@ class RedisBatch:
             return
         cluster = is_cluster(self.client)
         try:
-            if cluster:
-                replies = self._send_per_node([item.args for item in queued])
-            else:
-                replies = self._send([item.args for item in queued])
+            commands = [item.args for item in queued]
+            replies = (self._send_per_node(commands) if cluster
+                       else _send(self.client, commands))
         except Exception as exc:  # noqa: BLE001 - handed to each owner's own policy
             replies = [exc] * len(queued)
 
@@ -139,10 +131,6 @@ class RedisBatch:
                 replies[index] = reply
         return replies
 
-    def _send(self, commands: list[tuple[Any, ...]]) -> list[Any]:
-        """`_send` on this batch's (single-server) client."""
-        return _send(self.client, commands)
-
 
 def first_key(args: Sequence[Any]) -> Any:
     """The first key of a command as queued (`"GET", key`, `"EVALSHA", sha, n, *keys, ...`);
@@ -156,13 +144,9 @@ def first_key(args: Sequence[Any]) -> Any:
 
 
 def _send(client: redis.Redis, commands: list[tuple[Any, ...]]) -> list[Any]:
-    """Write every command at once and read every reply, on one pooled connection.
-
-    What redis-py's non-transactional pipeline does, without its per-call bookkeeping
-    (which costs more CPU than the round trip here): error replies become exception
-    values, the client's response callbacks apply, and a connection error is retried
-    under the client's own retry policy on a fresh connection.
-    """
+    """Write every command at once and read every reply, on one pooled connection: redis-py's
+    non-transactional pipeline without its per-call bookkeeping (which costs more CPU than
+    the round trip here). Error replies become values; the client's retry policy applies."""
     callbacks = client.response_callbacks
     pool = client.connection_pool
     connection = pool.get_connection()
@@ -192,13 +176,9 @@ def _send(client: redis.Redis, commands: list[tuple[Any, ...]]) -> list[Any]:
 
 
 def for_client(rounds: Rounds, client: redis.Redis) -> RedisBatch:
-    """The `RedisBatch` for `client` in a call's `reads` or `writes`, made on first use.
-
-    This is how a Redis backend opts into batching: it queues its command here instead of
-    sending it, and the pipeline executes every round once (see `resilience.pipeline.Call`).
-    Keyed by the client's identity; the batch holds the client, so the id cannot be reused
-    while the batch lives.
-    """
+    """The `RedisBatch` for `client` in a call's `reads` or `writes`, made on first use: how
+    a Redis backend opts into batching. Keyed by the client's id, which the batch keeps
+    alive."""
     key = (RedisBatch, id(client))
     batch = rounds.get(key)
     if batch is None:
