@@ -23,24 +23,6 @@ def _value(value: Any) -> Any:
     return value
 
 
-def _options_text(options: dict[str, Any]) -> str:
-    shown = {name: value for name, value in options.items() if value is not None}
-    return ", ".join(f"{name}={value!r}" if isinstance(value, str) else f"{name}={value}"
-                     for name, value in shown.items())
-
-
-def unguarded_reason(task: Any) -> str | None:
-    """One line saying why `task` runs without guards; None when it is a `GuardedTask`."""
-    if isinstance(task, GuardedTask):
-        return None
-    guards = sorted({guard.name for guard in attached(getattr(task, "run", None))})
-    if guards:
-        return (f"{task.name} is not guarded: its guards ({', '.join(guards)}) need its app "
-                f"initialised with resilience.init_app(app)")
-    return (f"{task.name} is not guarded: a plain {type(task).__mro__[1].__name__} with no "
-            "guard decorators")
-
-
 def describe_pipelines(task: Any) -> dict[str, Any]:
     """The task's enqueue and execution guards in the order they run; a task that is no
     `GuardedTask` has empty pipelines and `unguarded`, one line saying so.
@@ -48,9 +30,12 @@ def describe_pipelines(task: Any) -> dict[str, Any]:
     Raises:
         ConfigurationError: the task's guards clash (two in a stage that holds one).
     """
-    reason = unguarded_reason(task)
-    if reason is not None:
-        return {"enqueue": [], "execution": [], "unguarded": reason}
+    if not isinstance(task, GuardedTask):
+        guards = sorted({guard.name for guard in attached(getattr(task, "run", None))})
+        why = (f"its guards ({', '.join(guards)}) need its app initialised with "
+               "resilience.init_app(app)" if guards else
+               f"a plain {type(task).__mro__[1].__name__} with no guard decorators")
+        return {"enqueue": [], "execution": [], "unguarded": f"{task.name} is not guarded: {why}"}
     execution, enqueue = task.pipelines()
     view: dict[str, Any] = {"enqueue": [], "execution": []}
     for phase, guards in (("enqueue", enqueue.guards), ("execution", execution.guards)):
@@ -60,6 +45,8 @@ def describe_pipelines(task: Any) -> dict[str, Any]:
                 "stage": type(guard.stage)(guard.stage).name,
                 "guard": guard.name,
                 "options": options,
-                "options_text": _options_text(options),
+                "options_text": ", ".join(
+                    f"{name}={value!r}" if isinstance(value, str) else f"{name}={value}"
+                    for name, value in options.items() if value is not None),
             })
     return view

@@ -12,7 +12,7 @@ from kombu import Exchange, Queue
 
 from jobs.observe.backlog import stamp_published_at
 from jobs.observe.tracing import install_tracing, tracing_enabled
-from jobs.settings import Settings, get_settings
+from jobs.settings import Settings, TierSettings, get_settings
 from jobs.tiers import DEFAULT_TIER, TIERS, validate_tier
 from resilience.admission import AdmissionGuard, BulkheadConfig, depth_backend_for
 from resilience.app import init_app
@@ -40,45 +40,35 @@ class JobTask(GuardedTask):
     #: tier's `JOBS_<TIER>__DEADLINE_SECONDS`.
     deadline_seconds: float | None = None
 
-    def _per_settings(self, name: str, build: Callable[[], Any]) -> Any:
-        """What `build()` returns, built once per settings object and deadline_seconds:
-        every `.delay()` and every job asks."""
+    def _per_settings(self, name: str, build: Callable[[TierSettings], Any]) -> Any:
+        """What `build(the tier's settings)` returns, built once per settings object and
+        deadline_seconds: every `.delay()` and every job asks."""
         cached = self.__dict__.get(name)
         if (cached is None or cached[0] is not self.app.settings
                 or cached[1] != self.deadline_seconds):
-            cached = (self.app.settings, self.deadline_seconds, build())
+            built = build(self.app.settings.tier(self.tier))
+            cached = (self.app.settings, self.deadline_seconds, built)
             setattr(self, name, cached)
         return cached[2]
 
     def admission_config(self) -> BulkheadConfig:
         """The tier bulkhead of this task, from the tier's settings."""
-        return self._per_settings("_admission_config", self._build_admission_config)
-
-    def _build_admission_config(self) -> BulkheadConfig:
-        limits = self.app.settings.tier(self.tier)
-        return BulkheadConfig(
-            tier=self.tier,
-            max_queue_depth=limits.max_queue_depth,
-            policy=limits.rejection_policy,
-            wait_timeout_seconds=limits.wait_timeout_seconds,
-        )
+        return self._per_settings("_admission_config", lambda limits: BulkheadConfig(
+            tier=self.tier, max_queue_depth=limits.max_queue_depth,
+            policy=limits.rejection_policy, wait_timeout_seconds=limits.wait_timeout_seconds))
 
     def deadline_policy(self) -> DeadlineConfig:
         """When this task's jobs are shed: its own deadline_seconds, else the tier's."""
         return self._per_settings("_deadline_policy", self._build_deadline_policy)
 
-    def _build_deadline_policy(self) -> DeadlineConfig:
-        limits = self.app.settings.tier(self.tier)
+    def _build_deadline_policy(self, limits: TierSettings) -> DeadlineConfig:
         seconds = self.deadline_seconds or limits.deadline_seconds
         pressure_depth = limits.shed_queue_depth
         if pressure_depth is None and seconds is not None:
             pressure_depth = max(1, limits.max_queue_depth // 2)
-        return DeadlineConfig(
-            deadline_seconds=seconds,
-            pressure_queue_depth=pressure_depth,
-            pressure_deadline_factor=limits.shed_deadline_factor,
-            tier=self.tier,
-        )
+        return DeadlineConfig(deadline_seconds=seconds, pressure_queue_depth=pressure_depth,
+                              pressure_deadline_factor=limits.shed_deadline_factor,
+                              tier=self.tier)
 
     #: Every platform task: the tier bulkhead at enqueue, and a deadline stamped on the
     #: message. A task's own guard of the same name (e.g. `@bulkhead`) replaces the default.
@@ -97,7 +87,7 @@ class JobTask(GuardedTask):
             depth=lambda task, queue: depth_backend_for(task.app).depth(queue),
         ),
         PauseGuard(PauseConfig(), lambda task: pause_backend(task.app)),
-        CancelGuard(CancelConfig(), lambda task: cancel_backend(task.app)),
+        CancelGuard(CancelConfig(), lambda task: RedisCancelBackend(stores_for(task.app).redis)),
     )
 
 
@@ -138,10 +128,6 @@ class JobsCelery(Celery):
                 "JOBS_VISIBILITY_TIMEOUT_SECONDS"
             )
         return super().task(*args, **options)
-
-
-#: kombu's Redis transport, reusing its client objects (see `jobs.broker`).
-BROKER_TRANSPORT = "jobs.broker:Transport"
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -193,7 +179,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
     if settings.effective_broker_url.startswith("redis://"):
         # kombu's Redis transport with one client object per channel (see jobs.broker).
-        config["broker_transport"] = BROKER_TRANSPORT
+        config["broker_transport"] = "jobs.broker:Transport"
     if settings.broker_is_redis:
         # Deliberate: longer than any hard time limit or countdown (validated in Settings).
         config["broker_transport_options"] = {
@@ -309,27 +295,18 @@ def create_app(settings: Settings | None = None) -> JobsCelery:
     return app
 
 
-def _tier_of_worker(queues: Any) -> str | None:
-    names = queues.split(",") if isinstance(queues, str) else list(queues or [])
-    names = [name.strip() for name in names if name and name.strip()]
-    return names[0] if len(names) == 1 and names[0] in TIERS else None
-
-
 @signals.celeryd_init.connect
 def apply_tier_worker_settings(
     sender: Any = None, instance: Any = None, conf: Any = None, options: Any = None, **_: Any
 ) -> None:
-    """`celery -A jobs worker -Q critical` takes the critical tier's pool settings.
-
-    Values given on the command line win; this fills only what the user left unset.
-    """
-    if conf is None or options is None:
-        return
-    tier = _tier_of_worker(options.get("queues"))
-    if tier is None:
+    """`celery -A jobs worker -Q critical` takes the critical tier's pool settings."""
+    queues = (options or {}).get("queues")
+    names = queues.split(",") if isinstance(queues, str) else list(queues or [])
+    names = [name.strip() for name in names if name and name.strip()]
+    if conf is None or options is None or len(names) != 1 or names[0] not in TIERS:
         return
     settings: Settings = getattr(getattr(instance, "app", None), "settings", None) or get_settings()
-    limits = settings.tier(tier)
+    limits = settings.tier(names[0])
     # `options` is a copy of the worker's keyword arguments; unset CLI values fall back to
     # these configuration keys, so setting them here fills only what the user left unset.
     if not options.get("concurrency"):
@@ -342,7 +319,3 @@ def pause_backend(app: Celery) -> RedisPauseBackend:
     """The fleet's pause switches, in the app's shared Redis."""
     return RedisPauseBackend(stores_for(app).redis)
 
-
-def cancel_backend(app: Celery) -> RedisCancelBackend:
-    """The fleet's cancellation marks, in the app's shared Redis."""
-    return RedisCancelBackend(stores_for(app).redis)
