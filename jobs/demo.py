@@ -84,7 +84,6 @@ class Sent:
 
     result: Any
     sent_at: float
-    order_id: str | None = None
 
 
 @dataclass
@@ -120,7 +119,9 @@ class Story:
         )
         for phase in (self.duplicates, self.breaker, self.singleton, self.flood, self.poison):
             phase()
-            self._look()
+            if self.options.phase_seconds > 0:
+                self.console.print(f"  (next phase in {self.options.phase_seconds:g} s)")
+                time.sleep(self.options.phase_seconds)
         return self.summary()
 
     def duplicates(self) -> None:
@@ -129,7 +130,7 @@ class Story:
         for n in range(4):
             order = self._order(f"dup{n}")
             for _ in range(3):  # the shop's checkout retried after a timeout, twice
-                sends.append(self._charge(charge_payment, order, amount_cents=1000 + n))
+                sends.append(self._charge(order, amount_cents=1000 + n))
         done = self._finish(sends)
         firsts = [s for s in done if _outcome(s.result) == "SUCCEEDED"]
         replayed = [s for s in done if _outcome(s.result) == "REPLAYED"]
@@ -161,14 +162,14 @@ class Story:
             if len(sends) >= 60 or time.monotonic() - started > self.options.wait_seconds:
                 raise DemoError(f"breaker {PAYMENTS_VENDOR} did not open after "
                                 f"{len(sends)} failing charges")
-            sends.append(self._charge(charge_payment, self._order(f"brk{len(sends)}")))
+            sends.append(self._charge(self._order(f"brk{len(sends)}")))
             time.sleep(0.2)
         self.console.print(
             f"  breaker {PAYMENTS_VENDOR}: [red]OPEN[/red] after {len(sends)} failing charges"
         )
         before = self._counter("breaker", "DEFERRED")
         for n in range(4):
-            sends.append(self._charge(charge_payment, self._order(f"open{n}")))
+            sends.append(self._charge(self._order(f"open{n}")))
         self._wait(lambda: self._counter("breaker", "DEFERRED") > before,
                    "the breaker to defer a charge")
         self.console.print(
@@ -230,7 +231,7 @@ class Story:
     def flood(self) -> None:
         count = self.options.flood
         self._title(4, f"a flood of {count * 2} optional warm-ups is shed; critical holds")
-        quiet = [self._finish([self._charge(charge_payment, self._order(f"qt{n}"))])[0]
+        quiet = [self._finish([self._charge(self._order(f"qt{n}"))])[0]
                  for n in range(3)]  # one at a time: the critical latency of a quiet platform
         ids: dict[str, Sent] = {}
         duplicates = discarded = 0
@@ -244,7 +245,7 @@ class Story:
             else:
                 ids[sent.result.id] = sent
             if n % 200 == 0:  # a customer pays while the flood is queued
-                charges.append(self._charge(charge_payment, self._order(f"fld{n}")))
+                charges.append(self._charge(self._order(f"fld{n}")))
         self._finish(charges)
         flood = self._finish(list(ids.values()), poll_seconds=0.5)
         outcomes = Counter(_outcome(s.result) for s in flood)
@@ -272,7 +273,7 @@ class Story:
         self._title(5, "a job that can never succeed is dead-lettered, not retried")
         order = self._order("poison")
         self.poison_orders.add(order)
-        sent = self._charge(charge_payment, order, amount_cents=-500)
+        sent = self._charge(order, amount_cents=-500)
         self._finish([sent])
         self.console.print(f"  charge of -5.00 for {order}: {_outcome(sent.result)} "
                            "(NonRetryable: bad input; no retry, no vendor call)")
@@ -330,13 +331,12 @@ class Story:
         self.orders.add(order)
         return order
 
-    def _charge(self, task: Any, order: str, *, amount_cents: int = 2500) -> Sent:
+    def _charge(self, order: str, *, amount_cents: int = 2500) -> Sent:
         # A duplicate repeats the order exactly: the same key with other arguments would be
         # refused (IdempotencyKeyReused), not replayed.
         account = self.accounts.setdefault(order, random.choice(ACCOUNTS))
-        sent = self._send(task, order_id=order, account=account, amount_cents=amount_cents)
-        sent.order_id = order
-        return sent
+        return self._send(charge_payment, order_id=order, account=account,
+                          amount_cents=amount_cents)
 
     def _send(self, task: Any, **kwargs: Any) -> Sent:
         sent_at = time.time()
@@ -366,9 +366,6 @@ class Story:
             time.sleep(poll_seconds)
 
     # -- what the demo reads ---------------------------------------------------------------
-    def _redis(self) -> Any:
-        return stores_for(self.app).redis()
-
     def _engine(self) -> Any:
         return stores_for(self.app).engine()
 
@@ -380,7 +377,11 @@ class Story:
                               RedisBreakerBackend.of_app(self.app))
 
     def _counters(self) -> dict[tuple[str, str], int]:
-        return _by_guard(read_all(self._redis()))
+        """The fleet-wide counters summed by (guard, outcome)."""
+        totals: Counter[tuple[str, str]] = Counter()
+        for labels, value in read_all(stores_for(self.app).redis()):
+            totals[(labels.get("guard", ""), labels.get("outcome", ""))] += value
+        return dict(totals)
 
     def _counter(self, guard: str, outcome: str, *, since_start: bool = False) -> int:
         """A fleet-wide counter now, or what it gained since the demo started."""
@@ -395,11 +396,6 @@ class Story:
 
     def _hint(self, text: str) -> None:
         self.console.print(f"  [cyan]look:[/cyan] {text}")
-
-    def _look(self) -> None:
-        if self.options.phase_seconds > 0:
-            self.console.print(f"  (next phase in {self.options.phase_seconds:g} s)")
-            time.sleep(self.options.phase_seconds)
 
 
 def run_story(app: Any, *, options: DemoOptions, console: Console) -> bool:
@@ -441,45 +437,32 @@ def _ms(values: list[float], pick: Callable[[list[float]], float] = statistics.m
     return f"{pick(values) * 1000:.0f} ms" if values else "n/a"
 
 
-def _by_guard(counters: list[tuple[dict[str, str], int]]) -> dict[tuple[str, str], int]:
-    """The fleet-wide counters summed by (guard, outcome)."""
-    totals: Counter[tuple[str, str]] = Counter()
-    for labels, value in counters:
-        totals[(labels.get("guard", ""), labels.get("outcome", ""))] += value
-    return dict(totals)
-
-
 def run_steady(*, rate: float, seconds: float, console: Console) -> None:
     """Enqueue about `rate` jobs per second (70% critical, 20% standard, 10% optional)."""
-    interval = 1.0 / max(rate, 0.1)
     started = time.monotonic()
-    counts = {"critical": 0, "standard": 0, "optional": 0, "refused": 0}
+    counts = dict.fromkeys(("critical", "standard", "optional", "refused"), 0)
     console.print(f"demo: {rate:g} jobs/s; Ctrl-C to stop")
     try:
         while not seconds or time.monotonic() - started < seconds:
             roll = random.random()
+            tier = "critical" if roll < 0.7 else "standard" if roll < 0.9 else "optional"
             try:
-                if roll < 0.7:
-                    charge_payment.delay(
-                        order_id=f"ord-{uuid.uuid4().hex[:12]}",
-                        account=random.choice(ACCOUNTS),
-                        amount_cents=random.randint(100, 50_000),
-                    )
-                    counts["critical"] += 1
-                elif roll < 0.9:
+                if tier == "critical":
+                    charge_payment.delay(order_id=f"ord-{uuid.uuid4().hex[:12]}",
+                                         account=random.choice(ACCOUNTS),
+                                         amount_cents=random.randint(100, 50_000))
+                elif tier == "standard":
                     day = dt.date.today() - dt.timedelta(days=random.randint(0, 6))
                     build_daily_report.delay(day=day.isoformat())
-                    counts["standard"] += 1
                 else:
                     warm_cache.delay(account=random.choice(ACCOUNTS))
-                    counts["optional"] += 1
+                counts[tier] += 1
             except ResilienceError as exc:
                 counts["refused"] += 1
                 console.print(f"[yellow]refused: {type(exc).__name__}: {exc}[/yellow]")
-            total = sum(counts.values())
-            if total % 50 == 0:
+            if sum(counts.values()) % 50 == 0:
                 console.print(f"enqueued {counts}")
-            time.sleep(interval)
+            time.sleep(1.0 / max(rate, 0.1))
     except KeyboardInterrupt:
         pass
     console.print(f"demo finished: {counts}")
