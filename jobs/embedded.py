@@ -16,6 +16,7 @@ import subprocess
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 
 from resilience.connections.redis import redis_from_url
@@ -167,17 +168,17 @@ def postgres_ready(url: str) -> bool:
     return True
 
 
+@dataclass(eq=False)
 class EmbeddedProcess:
     """A foreground server process owned by the caller (test fixtures, benchmarks)."""
 
-    def __init__(self, command: list[str], *, url: str, ready: Callable[[str], bool],
-                 log_path: Path, preexec: Callable[[], None] | None = None) -> None:
-        self.command = command
-        self.url = url
-        self.ready = ready
-        self.log_path = log_path
-        self.preexec = preexec
-        self.process: subprocess.Popen[bytes] | None = None
+    command: list[str]
+    _: KW_ONLY
+    url: str
+    ready: Callable[[str], bool]
+    log_path: Path
+    preexec: Callable[[], None] | None = None
+    process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_seconds: float = 30) -> EmbeddedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -225,10 +225,7 @@ class VendorControl:
         """
         if mode not in MODES:
             raise VendorError(f"unknown vendor mode {mode!r}; choose {', '.join(MODES)}")
-        body: dict[str, Any] = {"mode": mode}
-        if delay_seconds is not None:
-            body["delay_seconds"] = delay_seconds
-        return self._request("PUT", body)
+        return self._request("PUT", {"mode": mode, "delay_seconds": delay_seconds})
 
     def answers(self) -> bool:
         """Whether a vendor answers at `base_url`."""
