@@ -110,8 +110,7 @@ class CleanupConfig:
             raise ConfigurationError(f"max_batches must be >= 1, got {self.max_batches}")
         if self.time_budget_seconds <= 0:
             raise ConfigurationError(
-                f"time_budget_seconds must be > 0, got {self.time_budget_seconds}"
-            )
+                f"time_budget_seconds must be > 0, got {self.time_budget_seconds}")
 
 
 @dataclass(frozen=True)
@@ -137,13 +136,8 @@ class CleanupReport:
 
     def as_dict(self) -> dict[str, float | int | bool]:
         """JSON-ready fields (the maintenance task's result)."""
-        return {
-            "rows": self.rows,
-            "batches": self.batches,
-            "seconds": round(self.seconds, 3),
-            "rows_per_s": round(self.rows_per_second, 1),
-            "exhausted": self.exhausted,
-        }
+        return {"rows": self.rows, "batches": self.batches, "seconds": round(self.seconds, 3),
+                "rows_per_s": round(self.rows_per_second, 1), "exhausted": self.exhausted}
 
 
 def _batches(engine: Engine, sql: str, policy: CleanupConfig, sleep: Callable[[float], None],
@@ -169,9 +163,8 @@ def _batches(engine: Engine, sql: str, policy: CleanupConfig, sleep: Callable[[f
             break
         if policy.pause_seconds:
             sleep(policy.pause_seconds)
-    return CleanupReport(
-        rows=total, batches=batches, seconds=clock() - started, exhausted=exhausted
-    )
+    return CleanupReport(rows=total, batches=batches, seconds=clock() - started,
+                         exhausted=exhausted)
 
 
 def run_cleanup(engine: Engine, policy: CleanupConfig | None = None,

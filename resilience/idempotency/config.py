@@ -66,8 +66,7 @@ class IdempotencyConfig:
             raise ConfigurationError(f"cache must be True, False or 'auto', got {self.cache!r}")
         if not self.cache_ttl_seconds > 0:
             raise ConfigurationError(
-                f"cache_ttl_seconds must be > 0, got {self.cache_ttl_seconds!r}"
-            )
+                f"cache_ttl_seconds must be > 0, got {self.cache_ttl_seconds!r}")
         # A cached copy must never outlive its record (a purge or expiry must win).
         object.__setattr__(self, "cache_ttl_seconds", min(self.cache_ttl_seconds, self.ttl_seconds))
         object.__setattr__(self, "on_store_down", store_down_policy(self.on_store_down))
@@ -75,5 +74,4 @@ class IdempotencyConfig:
             raise ConfigurationError("store_down_retry_seconds and poll_seconds must be > 0")
         if self.key is not None and not isinstance(self.key, str) and not callable(self.key):
             raise ConfigurationError(
-                f"key must be None, a template string or a callable, not {type(self.key)}"
-            )
+                f"key must be None, a template string or a callable, not {type(self.key)}")

@@ -41,12 +41,9 @@ class IdempotencyState:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready fields (status views, `--json`)."""
-        return {
-            "by_state": dict(self.by_state),
-            "total": self.total,
-            "holders": [holder.as_dict() for holder in self.holders],
-            "cached_results": self.cached_results,
-        }
+        return {"by_state": dict(self.by_state), "total": self.total,
+                "holders": [holder.as_dict() for holder in self.holders],
+                "cached_results": self.cached_results}
 
 
 class IdempotencyRecords:

@@ -95,8 +95,7 @@ class UniqueConfig:
             raise ConfigurationError(f"ttl_seconds must be > 0, got {self.ttl_seconds!r}")
         if self.mode not in ("until_started", "until_finished"):
             raise ConfigurationError(
-                f"mode must be 'until_started' or 'until_finished', got {self.mode!r}"
-            )
+                f"mode must be 'until_started' or 'until_finished', got {self.mode!r}")
 
 
 class UniqueKeys:
@@ -185,17 +184,22 @@ class MemoryUniqueKeys:
                 del self._keys[key]
 
 
-class UniqueEnqueueGuard(EnqueueGuard):
-    """Refuses a second copy of a queued job: returns its AsyncResult or raises DuplicateJob."""
+class _OnKeys:
+    """The unique guards' shared part: their task's `UniqueKeys`, bound with the task."""
 
     name = GUARD_NAME
-    stage = EnqueueStage.UNIQUE
 
     def __init__(self, keys: UniqueKeys) -> None:
         self.keys = keys
 
     def bind(self, task: Task) -> None:
         self.keys.bind(task)
+
+
+class UniqueEnqueueGuard(_OnKeys, EnqueueGuard):
+    """Refuses a second copy of a queued job: returns its AsyncResult or raises DuplicateJob."""
+
+    stage = EnqueueStage.UNIQUE
 
     def before_publish(self, publish: Publish) -> None:
         key = self.keys.redis_key(publish.args, publish.kwargs)
@@ -219,8 +223,7 @@ class UniqueEnqueueGuard(EnqueueGuard):
                 raise StoreUnavailable(
                     f"{self.keys.task_name}: unique check impossible, Redis unavailable "
                     f"({type(exc).__name__}); not enqueued (on_store_down='fail_closed')",
-                    key=key,
-                ) from exc
+                    key=key) from exc
             logger.warning("unique check of %s skipped, Redis unavailable: %s", key, exc)
             self._count(publish, Outcome.FAIL_OPEN.value)
             return
@@ -236,13 +239,9 @@ class UniqueEnqueueGuard(EnqueueGuard):
         A holder that is this very task id (the outbox relay publishing a row again) is the
         job itself, already queued: its AsyncResult, never an error."""
         self._count(publish, Outcome.REJECTED.value)
-        stop = Stop(
-            Outcome.REJECTED,
-            guard=GUARD_NAME,
-            reason=f"duplicate of queued job {holder}",
-            result=publish.task.AsyncResult(holder),
-            details={"key": key, "existing_task_id": holder},
-        )
+        stop = Stop(Outcome.REJECTED, guard=GUARD_NAME, reason=f"duplicate of queued job {holder}",
+                    result=publish.task.AsyncResult(holder),
+                    details={"key": key, "existing_task_id": holder})
         own_id = publish.state.get(_GIVEN_TASK_ID)
         if own_id is not None and own_id != holder:
             self.settle(publish, str(own_id), stop)
@@ -253,10 +252,7 @@ class UniqueEnqueueGuard(EnqueueGuard):
     def _error(self, key: str, holder: str) -> DuplicateJob:
         return DuplicateJob(
             f"{self.keys.task_name}: a job with this key is already queued or running "
-            f"(task id {holder})",
-            key=key,
-            task_id=holder,
-        )
+            f"(task id {holder})", key=key, task_id=holder)
 
     def settle(self, publish: Publish, task_id: str, stop: Stop) -> None:
         """Store the outcome of `task_id`, a duplicate that will never run, as a worker
@@ -331,18 +327,11 @@ class UniqueEnqueueGuard(EnqueueGuard):
         self.keys.release(self.keys.store(publish.task.app), key, task_id)
 
 
-class UniqueReleaseGuard(Guard):
+class UniqueReleaseGuard(_OnKeys, Guard):
     """Gives the unique key back when the job starts or finishes (per `mode`)."""
 
-    name = GUARD_NAME
     # Outermost, so the key is released even when the deadline guard sheds the job.
     stage = Stage.UNIQUE
-
-    def __init__(self, keys: UniqueKeys) -> None:
-        self.keys = keys
-
-    def bind(self, task: Task) -> None:
-        self.keys.bind(task)
 
     def _release(self, call: Call) -> None:
         try:
@@ -383,10 +372,9 @@ def unique(
             argument.
     """
     config = configured(UniqueConfig, config, overrides, where="unique")
-    key = config.key
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        KeySpec(func, key)
+        KeySpec(func, config.key)  # a template naming a missing argument fails here
         keys = UniqueKeys(config)
         attach(func, UniqueEnqueueGuard(keys))
         attach(func, UniqueReleaseGuard(keys))
@@ -410,14 +398,11 @@ def _release_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
         if not releases:
             return
         store = UniqueKeys.store(sender.app)
-        args, kwargs = (
-            list(getattr(request, "args", None) or ()),
-            dict(getattr(request, "kwargs", None) or {}),
-        )
+        args = list(getattr(request, "args", None) or ())
+        kwargs = dict(getattr(request, "kwargs", None) or {})
         for guard in releases:
-            guard.keys.release(
-                store, guard.keys.redis_key(args, kwargs), getattr(request, "id", None)
-            )
+            guard.keys.release(store, guard.keys.redis_key(args, kwargs),
+                               getattr(request, "id", None))
     except Exception as exc:  # noqa: BLE001 - the key still expires with its TTL
         logger.warning("unique key of revoked job not released: %s", exc)
 
@@ -431,16 +416,8 @@ def _request_of(publish: Publish, task_id: str) -> Context:
     options = publish.options
     queue = options.get("routing_key") or options.get("queue")
     return Context(
-        id=task_id,
-        task=publish.task.name,
-        args=list(publish.args),
-        kwargs=dict(publish.kwargs),
-        group=options.get("group_id"),
-        group_index=options.get("group_index"),
-        chord=options.get("chord"),
-        chain=options.get("chain"),
-        root_id=options.get("root_id"),
-        parent_id=options.get("parent_id"),
-        headers=dict(options.get("headers") or {}),
+        id=task_id, task=publish.task.name, args=list(publish.args), kwargs=dict(publish.kwargs),
+        group=options.get("group_id"), headers=dict(options.get("headers") or {}),
         delivery_info={"routing_key": queue if isinstance(queue, str) else None},
-    )
+        **{name: options.get(name)
+           for name in ("group_index", "chord", "chain", "root_id", "parent_id")})

@@ -7,10 +7,7 @@ from resilience.locks.backends import Claimant, Lease, LockBackend, Taken
 from resilience.locks.backends.postgres import AdvisoryLockBackend, AdvisorySession, advisory_id
 from resilience.locks.backends.redis import RedisLock
 from resilience.locks.backends.redlock import Redlock, RedlockBackend, RedlockConfig
-from resilience.locks.config import (
-    ExclusiveConfig,
-    SingletonConfig,
-)
+from resilience.locks.config import ExclusiveConfig, SingletonConfig
 from resilience.locks.fencing import FencingTokens
 from resilience.locks.guards import ExclusiveGuard, Hold, SingletonGuard, exclusive, singleton
 from resilience.locks.heartbeat import Heartbeat, HeartbeatConfig

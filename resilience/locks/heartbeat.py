@@ -33,9 +33,7 @@ class HeartbeatConfig:
 
     def __post_init__(self) -> None:
         if not 0 < self.renew_fraction < 1:
-            raise ConfigurationError(
-                f"renew_fraction must be in (0, 1), got {self.renew_fraction}"
-            )
+            raise ConfigurationError(f"renew_fraction must be in (0, 1), got {self.renew_fraction}")
         if self.max_extensions < 0:
             raise ConfigurationError(f"max_extensions must be >= 0, got {self.max_extensions}")
 
@@ -49,20 +47,15 @@ class Heartbeat:
         options: cadence and cap.
     """
 
-    def __init__(
-        self,
-        lease: Lease,
-        extend: Callable[[Lease], bool],
-        options: HeartbeatConfig | None = None,
-    ) -> None:
+    def __init__(self, lease: Lease, extend: Callable[[Lease], bool],
+                 options: HeartbeatConfig | None = None) -> None:
         self.lease = lease
         self.extend = extend
         self.options = options or HeartbeatConfig()
         self.lost_reason: str | None = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"lease-heartbeat:{lease.name}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name=f"lease-heartbeat:{lease.name}",
+                                        daemon=True)
 
     def start(self) -> Heartbeat:
         self._thread.start()
@@ -102,6 +95,5 @@ class Heartbeat:
         if self.lost_reason is not None:
             raise LockNotOwnedError(
                 f"lock {self.lease.name!r} lost ({self.lost_reason}); stopping before commit",
-                key=self.lease.name, token=self.lease.fencing_token,
-            )
+                key=self.lease.name, token=self.lease.fencing_token)
         self.lease.check(" (the holder was paused or renewals stalled)")

@@ -46,17 +46,9 @@ class SessionWatcher:
         clock: monotonic seconds (injectable for tests).
     """
 
-    def __init__(
-        self,
-        key: str,
-        probe: Callable[[], None],
-        *,
-        period_seconds: float,
-        timeout_seconds: float,
-        answered_at: float | None = None,
-        token: int | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, key: str, probe: Callable[[], None], *, period_seconds: float,
+                 timeout_seconds: float, answered_at: float | None = None,
+                 token: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.key = key
         self.probe = probe
         self.period_seconds = period_seconds

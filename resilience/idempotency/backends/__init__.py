@@ -44,12 +44,8 @@ class Claim:
 
     def parameters(self) -> dict[str, Any]:
         """The claim as statement parameters."""
-        return {
-            "task_name": self.task_name,
-            "key": self.key,
-            "attempt": self.attempt,
-            "owner": self.owner,
-        }
+        return {"task_name": self.task_name, "key": self.key, "attempt": self.attempt,
+                "owner": self.owner}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -78,11 +74,8 @@ class ClaimResult:
     @property
     def live(self) -> bool:
         """Another holder has a claim whose lease has not ended."""
-        return (
-            self.state == IN_PROGRESS
-            and self.lease_remaining_seconds is not None
-            and self.lease_remaining_seconds > 0
-        )
+        return (self.state == IN_PROGRESS and self.lease_remaining_seconds is not None
+                and self.lease_remaining_seconds > 0)
 
 
 @dataclass(frozen=True)

@@ -69,9 +69,7 @@ def require_node_count(nodes: int) -> None:
         raise ConfigurationError(
             f"Redlock needs at least {MIN_NODES} independent Redis nodes, got {nodes}: with "
             "fewer, one node failure loses the lock or blocks it (set REDLOCK_URLS to 3 or 5 "
-            "comma-separated redis:// URLs)",
-            nodes=nodes,
-        )
+            "comma-separated redis:// URLs)", nodes=nodes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,12 +91,10 @@ class RedlockConfig:
             raise ConfigurationError(f"retry_count must be >= 0, got {self.retry_count}")
         if self.retry_delay_seconds < 0:
             raise ConfigurationError(
-                f"retry_delay_seconds must be >= 0, got {self.retry_delay_seconds}"
-            )
+                f"retry_delay_seconds must be >= 0, got {self.retry_delay_seconds}")
         if not 0 <= self.clock_drift_factor < 0.5:
             raise ConfigurationError(
-                f"clock_drift_factor must be in [0, 0.5), got {self.clock_drift_factor}"
-            )
+                f"clock_drift_factor must be in [0, 0.5), got {self.clock_drift_factor}")
 
 
 class Redlock(LeaseLock):
@@ -113,35 +109,22 @@ class Redlock(LeaseLock):
         ConfigurationError: fewer than 3 nodes.
     """
 
-    def __init__(
-        self,
-        clients: Sequence[redis.Redis],
-        *,
-        options: RedlockConfig | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-        rng: Callable[[], float] = random.random,
-    ) -> None:
+    def __init__(self, clients: Sequence[redis.Redis], *, options: RedlockConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep,
+                 rng: Callable[[], float] = random.random) -> None:
         require_node_count(len(clients))
         self.clients = list(clients)
         self.options = options or RedlockConfig()
-        self.clock = clock
-        self.sleep = sleep
-        self.rng = rng
+        self.clock, self.sleep, self.rng = clock, sleep, rng
 
     @property
     def quorum(self) -> int:
         return len(self.clients) // 2 + 1
 
     @classmethod
-    def from_urls(
-        cls,
-        urls: Sequence[str],
-        *,
-        check: bool = True,
-        timeout_seconds: float = 0.5,
-        **kwargs: Any,
-    ) -> Redlock:
+    def from_urls(cls, urls: Sequence[str], *, check: bool = True,
+                  timeout_seconds: float = 0.5, **kwargs: Any) -> Redlock:
         """Build on the process's clients of the node URLs (`connections.redis.client_for`);
         with `check`, refuse to start when any node is unreachable.
 
