@@ -172,11 +172,14 @@ class Stores:
         `MemoryStores`, the one `memory()` instance of `kind` (None: the guard has none)."""
         key = ("backend", kind, variant)
         found = self._cache.get(key)
-        if found is None:
-            with self._lock:
-                found = self._cache.get(key)
-                if found is None:
-                    found = self._cache[key] = build(self)
+        return found if found is not None else self._cached(key, lambda: build(self))
+
+    def _cached(self, key: Hashable, build: Callable[[], _Backend]) -> _Backend:
+        """`self._cache[key]`, built once under the lock (callers read the cache first)."""
+        with self._lock:
+            found = self._cache.get(key)
+            if found is None:
+                found = self._cache[key] = build()
         return found
 
     def begin_transaction(self) -> Callable[[], Any] | None:
@@ -232,38 +235,25 @@ class Stores:
         every call fails at once for `socket_timeout_seconds`: the guards of one job meet a
         partitioned Redis in one timeout, not one each (`UnreachableHold`)."""
         client = self._cache.get("redis")
-        if client is None:
-            client = redis_from_url(
-                self.redis_url,
-                decode_responses=True,
-                socket_timeout=self.socket_timeout_seconds,
-                socket_connect_timeout=self.socket_timeout_seconds,
-                health_check_interval=30,
-                hold_after_timeout_seconds=self.socket_timeout_seconds,
-            )
-            self._cache["redis"] = client
-        return client
+        return client if client is not None else self._cached("redis", lambda: redis_from_url(
+            self.redis_url, decode_responses=True, socket_timeout=self.socket_timeout_seconds,
+            socket_connect_timeout=self.socket_timeout_seconds, health_check_interval=30,
+            hold_after_timeout_seconds=self.socket_timeout_seconds))
 
     def engine(self) -> Engine:
         """The process's SQLAlchemy engine for the durable store (pooled, pinged)."""
         engine = self._cache.get("engine")
-        if engine is None:
-            engine = self._cache["engine"] = postgres.engine(
-                self.database_url, connect_timeout_seconds=self.socket_timeout_seconds,
-                server_tcp=self.pool_mode == "none")
-        return engine
+        return engine if engine is not None else self._cached("engine", lambda: postgres.engine(
+            self.database_url, connect_timeout_seconds=self.socket_timeout_seconds,
+            server_tcp=self.pool_mode == "none"))
 
     def statements(self) -> postgres.StatementRunner:
         """The process's runner of single autocommit statements on `database_url`, one
         connection held per thread (the idempotency claims and completions)."""
         runner = self._cache.get("statements")
-        if runner is None:
-            with self._lock:
-                runner = self._cache.get("statements")
-                if runner is None:
-                    runner = self._cache["statements"] = postgres.StatementRunner(
-                        self.database_url, connect_timeout_seconds=self.socket_timeout_seconds)
-        return runner
+        return runner if runner is not None else self._cached(
+            "statements", lambda: postgres.StatementRunner(
+                self.database_url, connect_timeout_seconds=self.socket_timeout_seconds))
 
     @property
     def guard_bound_ms(self) -> int:
@@ -276,10 +266,9 @@ class Stores:
         `StoreUnavailable` instead of waiting. `SET LOCAL` lasts one transaction, so a
         pooler accepts it. Bodies use `engine()`: user work may be long."""
         engine = self._cache.get("guard_engine")
-        if engine is None:
-            engine = self._cache["guard_engine"] = self.engine().execution_options(
-                **{postgres.GUARD_BOUND_OPTION: self.guard_bound_ms})
-        return engine
+        return engine if engine is not None else self._cached(
+            "guard_engine", lambda: self.engine().execution_options(
+                **{postgres.GUARD_BOUND_OPTION: self.guard_bound_ms}))
 
     @property
     def transaction_pooled(self) -> bool:
@@ -300,16 +289,12 @@ class MemoryStores(Stores):
     gets `ConfigurationError`. Shared by the app's tasks in the process; `reset()` empties it.
     """
 
-    def __init__(self) -> None:
-        self.redis_url = "memory://"
-        self._database_url = None
-        self._locks_database_url = None
-        self.redlock_urls = ()
-        self.socket_timeout_seconds = 0.0
-        self.statement_timeout_seconds = 0.0
-        self.pool_mode = "none"
-        self.transactions = "sqlalchemy"
-        self.django_database = "default"
+    redis_url, redlock_urls, pool_mode = "memory://", (), "none"
+    _database_url = _locks_database_url = None
+    socket_timeout_seconds = statement_timeout_seconds = 0.0
+    transactions, django_database = "sqlalchemy", "default"
+
+    def __init__(self) -> None:  # no servers to check, and nothing to drop in a fork
         self._lock = threading.RLock()
         self._cache = {}
         #: kind -> (its factory, the instance handed out).
