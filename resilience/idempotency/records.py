@@ -72,12 +72,8 @@ class IdempotencyRecords:
         return self.backend.purge(task_name, key, force=force)
 
     def count_by_state(self, *, exact: bool = False) -> dict[str, int]:
-        """Records per state (every state, zeros included).
-
-        Without `exact`, a backend that can estimate (PostgreSQL: open claims exact, finished
-        states from the planner's statistics once the table is large) does, so a status view
-        or a metrics scrape never scans the whole table.
-        """
+        """Records per state (every state, zeros included); without `exact`, estimated
+        where the backend can (PostgreSQL: finished states from the planner's statistics)."""
         records = self.backend.records
         estimate = None if exact else getattr(records, "estimate_by_state", None)
         return estimate() if estimate is not None else records.count_by_state()

@@ -274,10 +274,7 @@ class UniqueEnqueueGuard(_OnKeys, EnqueueGuard):
         task = publish.task
         holder = str(stop.details["existing_task_id"])
         request = _request_of(publish, task_id)
-        try:
-            # A chord member or a chain's link fails, so Celery's backend fails the chord
-            # (`on_chord_part_return`) or the rest of the chain (`_fail_chain`), whose
-            # results would otherwise stay PENDING: nothing will ever run them.
+        try:  # a failure: Celery's backend fails the chord or the chain's rest with it
             if self.keys.config.raise_on_duplicate or request.chord or request.chain:
                 error: ResilienceError = (
                     self._error(str(stop.details["key"]), holder)

@@ -40,8 +40,7 @@ class LockConfig:
             raise ConfigurationError(f"defer_seconds must be > 0, got {self.defer_seconds}")
         if self.same_task_wait_seconds < 0:
             raise ConfigurationError(
-                f"same_task_wait_seconds must be >= 0, got {self.same_task_wait_seconds}"
-            )
+                f"same_task_wait_seconds must be >= 0, got {self.same_task_wait_seconds}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,14 +54,10 @@ class SingletonConfig(LockConfig):
         pool_mode: declared pooler mode in front of the locks' URL ("transaction" is
             refused); None: the app's (`Stores.locks_pool_mode`), or with `database_url`
             none.
-        probe_seconds: while the body runs, probe the lock's session this often, and for
-            each `checkpoint()` (`SessionWatcher`): a holder learns of a lost session
-            within this long, and a checkpoint or a transactional commit waits at most the
-            bound below for its answer. 0 or None: no watcher; each `checkpoint()` queries
-            the session itself, waiting up to its TCP user timeout (10 s) in a partition.
+        probe_seconds: the watcher's probe period (`SessionWatcher`); 0 or None: no watcher,
+            each `checkpoint()` queries the session itself (up to 10 s in a partition).
         probe_timeout_seconds: silence tolerated past a probe's due time before the hold
-            counts as lost; with `probe_seconds` it must stay below the lock session's TCP
-            user timeout (10 s), so a cut-off holder stops before PostgreSQL frees the lock.
+            counts as lost; with `probe_seconds`, below the session's TCP user timeout (10 s).
     """
 
     database_url: str | None = None

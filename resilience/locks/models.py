@@ -17,8 +17,7 @@ from sqlalchemy import (
 
 from resilience.schema import metadata
 
-#: Fencing tokens come from one PostgreSQL sequence: strictly increasing, durable, and
-#: independent of the Redis nodes (a Redlock node restarting empty cannot reset it).
+#: Fencing tokens (resilience.locks.fencing): strictly increasing, durable.
 fencing_token_sequence = Sequence("resilience_fencing_token_seq", metadata=metadata)
 
 #: The newest token seen per protected key; a write with an older token is stale.
@@ -30,9 +29,8 @@ fencing_marks = Table(
     Column("updated_at", DateTime(timezone=True), server_default=func.now(), nullable=False),
 )
 
-#: Locks held right now (singleton and exclusive), for `jobs locks list` and holder details
-#: in SKIPPED/DEFERRED outcomes. The lock itself lives elsewhere (advisory lock, Redlock);
-#: a row left by a dead holder is shown as stale by checking the real lock.
+#: Locks held right now, for `jobs locks list` and the holder named by a refusal;
+#: informational (resilience.locks.registry checks each row against the real lock).
 held_locks = Table(
     "resilience_held_locks",
     metadata,

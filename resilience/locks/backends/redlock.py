@@ -11,14 +11,9 @@ Acquisition, timeline of one attempt:
                                           even if its reply was lost), wait a random
                                           jittered delay, try again (bounded attempts)
 
-Fewer than a majority of nodes answering at all is not contention but an outage: after the
-bounded attempts it raises `StoreUnavailable` naming the dead nodes, so a caller fails
-closed instead of waiting. A majority of nodes can fail and come back empty without two
-holders at once only if they stay down longer than the TTL (Kleppmann/antirez); fencing
-tokens (fencing.py) protect the resource when that or a paused holder goes wrong.
-
-`RedlockBackend` is `@exclusive`'s store: a Redlock lease, a fencing token from PostgreSQL
-and a row in the held-lock registry per holder.
+Fewer than a majority of nodes answering is an outage, not contention: `StoreUnavailable`
+naming the dead nodes, so the caller fails closed. Redlock's limits (nodes restarting
+empty, paused holders) and the fencing tokens that cover them: docs/locks.md.
 """
 
 from __future__ import annotations
