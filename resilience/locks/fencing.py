@@ -113,6 +113,4 @@ def _memory_twin() -> MemoryFencingTokens | None:
         stores = stores_for(task.app)
     except Exception:  # noqa: BLE001 - an app without resilience stores: the real path
         return None
-    if not isinstance(stores, MemoryStores):
-        return None
-    return memory_fencing(stores)
+    return memory_fencing(stores) if isinstance(stores, MemoryStores) else None
