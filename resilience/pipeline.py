@@ -195,34 +195,36 @@ class Publish:
         return self.options.get("retries") is not None
 
 
-def _described(guard: Any, task: Task | None) -> dict[str, Any]:
-    """The options of a guard's config dataclass (`config`, `options` or `policy`)."""
-    for attribute in ("config", "options", "policy"):
-        value = getattr(guard, attribute, None)
-        if callable(value) and not dataclasses.is_dataclass(value) and task is not None:
-            try:
-                value = value(task)
-            except Exception:  # noqa: BLE001 - a description never fails
-                continue
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            return {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init}
-    return {}
-
-
-class Guard:
-    """Base class of an execution guard; every hook is a no-op by default."""
+class _Hooks:
+    """What execution and enqueue guards share: binding to a task, and a description."""
 
     #: Short name used in outcomes, counters and logs.
     name: ClassVar[str] = "guard"
-    #: Position in the execution path (`SEVERAL`: the stages holding more than one).
-    stage: ClassVar[Stage] = Stage.RATE
 
     def bind(self, task: Task) -> None:
         """Called once per task when the pipeline is built; validate options against it."""
 
     def describe(self, task: Task | None = None) -> dict[str, Any]:
-        """The guard's effective options, for `jobs pipeline` and docs."""
-        return _described(self, task)
+        """The guard's effective options (its `config`, `options` or `policy` dataclass, or a
+        callable giving one for the task), for `jobs pipeline` and docs."""
+        for attribute in ("config", "options", "policy"):
+            value = getattr(self, attribute, None)
+            if callable(value) and not dataclasses.is_dataclass(value) and task is not None:
+                try:
+                    value = value(task)
+                except Exception:  # noqa: BLE001 - a description never fails
+                    continue
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)
+                        if f.init}
+        return {}
+
+
+class Guard(_Hooks):
+    """Base class of an execution guard; every hook is a no-op by default."""
+
+    #: Position in the execution path (`SEVERAL`: the stages holding more than one).
+    stage: ClassVar[Stage] = Stage.RATE
 
     def prefetch(self, call: Call) -> None:
         """Queue Redis reads (`call.reads`) as hints for `before_run`; errors are ignored."""
@@ -252,18 +254,11 @@ class Guard:
         self.release(call)
 
 
-class EnqueueGuard:
+class EnqueueGuard(_Hooks):
     """Base class of an enqueue guard, run in the producer before publishing."""
 
     name: ClassVar[str] = "enqueue-guard"
     stage: ClassVar[EnqueueStage] = EnqueueStage.ADMIT
-
-    def bind(self, task: Task) -> None:
-        """Called once per task when the pipeline is built."""
-
-    def describe(self, task: Task | None = None) -> dict[str, Any]:
-        """The guard's effective options, for `jobs pipeline` and docs."""
-        return _described(self, task)
 
     def before_publish(self, publish: Publish) -> None:
         """Admit, take, edit or refuse the publish; raise `Stop` or an `AdmissionError`."""
