@@ -7,13 +7,5 @@ recovered is `resilience.deadletter.replay.AutoReplay`.
 from resilience.deadletter.bulk import RequeueReport, Selection, requeue_many
 from resilience.deadletter.place import DeadLetter, dead_letter, get, list_entries, requeue
 
-__all__ = [
-    "DeadLetter",
-    "RequeueReport",
-    "Selection",
-    "dead_letter",
-    "get",
-    "list_entries",
-    "requeue",
-    "requeue_many",
-]
+__all__ = ["DeadLetter", "RequeueReport", "Selection", "dead_letter", "get", "list_entries",
+           "requeue", "requeue_many"]

@@ -93,7 +93,6 @@ class Selection:
         before: dead-lettered at or before this instant (automatic replay: old enough).
         guard: the guard that gave the job up (`retry`, `breaker`, `poison`, `intake`, ...).
         dependency: the dependency recorded as down when the job was given up on.
-        ids: these entries only.
     """
 
     task_name: str | None = None
@@ -102,7 +101,6 @@ class Selection:
     before: dt.datetime | None = None
     guard: str | None = None
     dependency: str | None = None
-    ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("since", "before"):
@@ -130,8 +128,6 @@ class Selection:
             where.append(column.created_at >= self.since)
         if self.before is not None:
             where.append(column.created_at <= self.before)
-        if self.ids is not None:
-            where.append(column.id.in_(list(self.ids)))
         return where
 
 
@@ -192,21 +188,12 @@ RETURNING d.id
 """)
 
 
-def requeue_many(
-    engine: Engine,
-    app: Celery,
-    selection: Selection,
-    *,
-    limit: int | None = None,
-    batch_size: int = 200,
-    dry_run: bool = False,
-    admit: Admit | None = None,
-) -> RequeueReport:
-    """Requeue every pending dead letter of `selection` through the outbox, once each.
-
-    Safe to run from several processes at once: each row is claimed by one of them (see the
-    module doc). With `dry_run` every step runs, outbox writes included, and each batch is
-    rolled back: the report says what would happen and nothing changes.
+def requeue_many(engine: Engine, app: Celery, selection: Selection, *, limit: int | None = None,
+                 batch_size: int = 200, dry_run: bool = False,
+                 admit: Admit | None = None) -> RequeueReport:
+    """Requeue every pending dead letter of `selection` through the outbox, once each, safe
+    from several processes at once. With `dry_run` every step runs and each batch is rolled
+    back: the report says what would happen and nothing changes.
 
     Args:
         limit: requeue at most this many rows (None: every row of the selection).
@@ -250,13 +237,8 @@ def requeue_many(
 
 def _lock_batch(connection: Connection, selection: Selection, after: int,
                 size: int) -> list[DeadLetter]:
-    query = (
-        sa.select(dead_letters)
-        .where(*selection.conditions(), dead_letters.c.id > after)
-        .order_by(dead_letters.c.id)
-        .limit(size)
-        .with_for_update(skip_locked=True)
-    )
+    query = (sa.select(dead_letters).where(*selection.conditions(), dead_letters.c.id > after)
+             .order_by(dead_letters.c.id).limit(size).with_for_update(skip_locked=True))
     with wrap_store_errors("dead-letter place: lock rows"):
         return [_entry(row) for row in connection.execute(query)]
 
@@ -286,15 +268,13 @@ def _requeue_batch(connection: Connection, app: Celery, entries: list[DeadLetter
     if done:
         ids = [entry_id for entry_id, _ in done]
         with wrap_store_errors("dead-letter place: mark requeued"):
-            marked = connection.execute(
-                _MARK, {"ids": ids, "task_ids": [task_id for _, task_id in done]}
-            ).scalars().all()
+            marked = connection.execute(_MARK, {
+                "ids": ids, "task_ids": [task_id for _, task_id in done]}).scalars().all()
         if len(marked) != len(done):
             # The rows are locked by this transaction, so this cannot happen; if it did,
             # committing would publish a job for a row someone else requeued.
             raise StoreRejected(
                 f"dead-letter place: {len(done) - len(marked)} of {len(done)} locked rows "
                 "were already requeued; the batch is rolled back",
-                ids=sorted(set(ids) - set(marked)),
-            )
+                ids=sorted(set(ids) - set(marked)))
     return done

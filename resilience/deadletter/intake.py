@@ -119,26 +119,21 @@ def record(app: Any, message: Any, reason: str, exc: BaseException | None = None
     call = _decoded_call(message)
     task_name = str(headers.get("task") or UNKNOWN_TASK)
     queue = (message.delivery_info or {}).get("routing_key")
-    row: dict[str, Any] = {
-        "task_name": task_name,
-        "task_id": headers.get("id") if isinstance(headers.get("id"), str) else None,
-        "args": call[0] if call else [],
-        "kwargs": call[1] if call else {},
-        "reason": reason,
-        "exception": exc,
-        "raw_message": raw_message(message, runnable=call is not None),
-    }
+    row: dict[str, Any] = dict(
+        task_name=task_name, reason=reason, exception=exc,
+        task_id=headers.get("id") if isinstance(headers.get("id"), str) else None,
+        args=call[0] if call else [], kwargs=call[1] if call else {},
+        raw_message=raw_message(message, runnable=call is not None))
+    write = partial(dead_letter, guard=GUARD_NAME, attempts=1, tier=queue, queue=queue)
     try:
         engine = stores_for(app).guard_engine()
         try:
-            entry_id = dead_letter(engine, guard=GUARD_NAME, attempts=1, tier=queue,
-                                   queue=queue, **row)
+            entry_id = write(engine, **row)
         except StoreUnavailable:
             raise
         except Exception as refused:  # noqa: BLE001 - refused (by PostgreSQL or psycopg2)
             logger.warning("intake: the row was refused (%s); recording it cut down", refused)
-            entry_id = dead_letter(engine, guard=GUARD_NAME, attempts=1, tier=queue,
-                                   queue=queue, **_bare_row(message, row, refused))
+            entry_id = write(engine, **_bare_row(message, row, refused))
     except Exception as error:  # noqa: BLE001 - the message is parked, not dropped
         logger.error("intake: message not dead-lettered (%s): %s", reason, error)
         return False
@@ -162,10 +157,8 @@ def _bare_row(message: Any, row: dict[str, Any], refused: BaseException) -> dict
     return {
         "task_name": _printable(row["task_name"], 200),
         "task_id": None if row["task_id"] is None else _printable(row["task_id"], 200),
-        "args": [],
-        "kwargs": {},
+        "args": [], "kwargs": {},
         "reason": _printable(f"{row['reason']}{detail}; recorded cut down: {refused}"),
-        "exception": None,
         "raw_message": {"runnable": False, "content_type": _printable(
             str(message.content_type), 200), "message_base64": base64.b64encode(whole).decode()},
     }

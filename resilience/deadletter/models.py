@@ -7,8 +7,7 @@ import sqlalchemy as sa
 from resilience.schema import metadata
 
 dead_letters = sa.Table(
-    "resilience_dead_letters",
-    metadata,
+    "resilience_dead_letters", metadata,
     sa.Column("id", sa.BigInteger, primary_key=True),
     sa.Column("task_name", sa.Text, nullable=False),
     sa.Column("task_id", sa.Text),
@@ -21,9 +20,8 @@ dead_letters = sa.Table(
     sa.Column("exception_type", sa.Text),
     sa.Column("exception_message", sa.Text),
     sa.Column("attempts", sa.Integer, nullable=False),
-    sa.Column(
-        "created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
-    ),
+    sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now(),
+              nullable=False),
     sa.Column("requeued_at", sa.DateTime(timezone=True)),
     sa.Column("requeued_task_id", sa.Text),
     #: What arrived, for messages the worker's intake could not turn into a task (else NULL).

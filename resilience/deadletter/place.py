@@ -91,10 +91,8 @@ def dead_letter(
         exception_type=_qualified_name(type(exception)) if failed else None,
         exception_message=str(exception)[:4000] if failed else None,
     )
-    with (
-        wrap_store_errors("dead-letter place: insert", task_id=task_id),
-        engine.begin() as connection,
-    ):
+    with wrap_store_errors("dead-letter place: insert", task_id=task_id), \
+            engine.begin() as connection:
         return int(connection.execute(
             dead_letters.insert().values(**row).returning(dead_letters.c.id)).scalar_one())
 
@@ -127,13 +125,10 @@ def get(engine: Engine, entry_id: int) -> DeadLetter:
     Raises:
         DeadLetterNotFound: no entry with this id.
     """
-    with (
-        wrap_store_errors("dead-letter place: read", id=entry_id),
-        engine.connect() as connection,
-    ):
+    with wrap_store_errors("dead-letter place: read", id=entry_id), \
+            engine.connect() as connection:
         row = connection.execute(
-            sa.select(dead_letters).where(dead_letters.c.id == entry_id)
-        ).first()
+            sa.select(dead_letters).where(dead_letters.c.id == entry_id)).first()
     if row is None:
         raise DeadLetterNotFound(f"no dead letter with id {entry_id}", id=entry_id)
     return _entry(row)
@@ -162,32 +157,27 @@ def requeue(engine: Engine, app: Celery, entry_id: int) -> str:
         raise DeadLetterNotRunnable(
             f"dead letter {entry_id} is a message that never decoded into a task call; "
             "inspect it with `jobs dead-letters show` and publish a corrected job instead",
-            id=entry_id,
-        )
+            id=entry_id)
     try:
         with engine.begin() as connection:
             row = connection.execute(
                 table.update()
                 .where(table.c.id == entry_id, table.c.requeued_at.is_(None))
                 .values(requeued_at=sa.func.now())
-                .returning(table)
-            ).first()
+                .returning(table)).first()
             if row is None:
                 raise DeadLetterNotFound(
-                    f"dead letter {entry_id} does not exist or was already requeued", id=entry_id
-                )
+                    f"dead letter {entry_id} does not exist or was already requeued", id=entry_id)
             entry = _entry(row)
             options: dict[str, Any] = {"queue": entry.queue} if entry.queue else {}
             task = app.tasks.get(entry.task_name)
             if task is not None:
                 result = task.apply_async(tuple(entry.args), dict(entry.kwargs), **options)
             else:
-                result = app.send_task(
-                    entry.task_name, args=list(entry.args), kwargs=dict(entry.kwargs), **options
-                )
+                result = app.send_task(entry.task_name, args=list(entry.args),
+                                       kwargs=dict(entry.kwargs), **options)
             connection.execute(
-                table.update().where(table.c.id == entry_id).values(requeued_task_id=result.id)
-            )
+                table.update().where(table.c.id == entry_id).values(requeued_task_id=result.id))
     except sa.exc.SQLAlchemyError as exc:
         # Only the database's errors: a publish error is the broker's and stays as it is.
         raise translate_store_error(exc, "dead-letter place: requeue", id=entry_id) from exc

@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -103,6 +103,7 @@ class ReplayReport:
         }
 
 
+@dataclass(eq=False)
 class AutoReplay:
     """Requeues dead letters whose dependency recovered (see the module doc).
 
@@ -114,18 +115,18 @@ class AutoReplay:
         sleep, clock: injectable for tests.
     """
 
-    def __init__(self, engine: Engine, app: Celery, config: ReplayConfig, *,
-                 breakers: BreakerBackend, limiter: LimiterBackend,
-                 sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.engine = engine
-        self.app = app
-        self.config = config
-        self.breakers = breakers
-        self.limiter = limiter
-        self.sleep = sleep
-        self.clock = clock
-        self._params = Params.of_rate(parse(config.rate), burst=parse(config.rate).limit)
+    engine: Engine
+    app: Celery
+    config: ReplayConfig
+    _: KW_ONLY
+    breakers: BreakerBackend
+    limiter: LimiterBackend
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
+        rate = parse(self.config.rate)
+        self._params = Params.of_rate(rate, burst=rate.limit)
 
     @classmethod
     def of_app(cls, app: Celery, config: ReplayConfig) -> AutoReplay:
