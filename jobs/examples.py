@@ -49,6 +49,12 @@ def session() -> Session:
     return Session(stores_for(app).engine(), expire_on_commit=False)
 
 
+def balance_of(db: Session, account: str) -> int:
+    """`account`'s balance: the sum of its ledger rows."""
+    total = select(func.coalesce(func.sum(LedgerEntry.amount_cents), 0))
+    return int(db.execute(total.where(LedgerEntry.account == account)).scalar_one())
+
+
 def charge_at_vendor(order_id: str, account: str, amount_cents: int, currency: str) -> dict:
     """POST the charge to the vendor, keyed by the order id (the vendor dedupes on it too).
 
@@ -105,13 +111,8 @@ def charge_payment(
     if amount_cents <= 0:
         raise NonRetryable(f"amount_cents must be positive, got {amount_cents}")
     charge = charge_at_vendor(order_id, account, amount_cents, currency.upper())
-    entry = LedgerEntry(
-        order_id=order_id,
-        account=account,
-        amount_cents=amount_cents,
-        currency=currency.upper(),
-        task_id=self.request.id,
-    )
+    entry = LedgerEntry(order_id=order_id, account=account, amount_cents=amount_cents,
+                        currency=currency.upper(), task_id=self.request.id)
     session.add(entry)
     session.flush()
     return {"entry_id": entry.id, "order_id": order_id, "amount_cents": amount_cents,
@@ -157,15 +158,11 @@ def settle_account(account: str, fencing_token: int | None = None) -> dict[str, 
     """
     with session() as db, db.begin():
         FencingTokens.guard_write(db.connection(), f"settlement:{account}", fencing_token)
-        balance = db.execute(
-            select(func.coalesce(func.sum(LedgerEntry.amount_cents), 0)).where(
-                LedgerEntry.account == account
-            )
-        ).scalar_one()
+        balance = balance_of(db, account)
         if balance > 0:
             db.add(LedgerEntry(order_id=f"settlement:{account}:{fencing_token}",
-                               account=account, amount_cents=-int(balance), currency="EUR"))
-    return {"account": account, "settled_cents": max(0, int(balance)),
+                               account=account, amount_cents=-balance, currency="EUR"))
+    return {"account": account, "settled_cents": max(0, balance),
             "fencing_token": fencing_token}
 
 
@@ -179,14 +176,10 @@ def warm_cache(account: str) -> dict[str, Any]:
     flood drains to fresh work instead of computing balances nobody waits for.
     """
     with session() as db:
-        balance = db.execute(
-            select(func.coalesce(func.sum(LedgerEntry.amount_cents), 0)).where(
-                LedgerEntry.account == account
-            )
-        ).scalar_one()
+        balance = balance_of(db, account)
     time.sleep(WARM_CACHE_WORK_SECONDS)  # stands in for the expensive part of a warm-up
-    stores_for(app).redis().set(f"cache:balance:{account}", int(balance), ex=CACHE_TTL_SECONDS)
-    return {"account": account, "balance_cents": int(balance)}
+    stores_for(app).redis().set(f"cache:balance:{account}", balance, ex=CACHE_TTL_SECONDS)
+    return {"account": account, "balance_cents": balance}
 
 
 def _seconds(value: str | None) -> float | None:

@@ -28,12 +28,10 @@ def cleanup_idempotency(
     time_budget_seconds: float = 30.0,
 ) -> dict[str, Any]:
     """Delete expired, finished idempotency records until none is left or the time budget
-    is spent (kept under half the standard tier's soft time limit); reports rows/s."""
-    budget = min(time_budget_seconds, get_settings().standard.soft_time_limit_seconds / 2)
-    policy = CleanupConfig(
-        batch_size=batch_size, pause_seconds=pause_seconds, max_batches=max_batches,
-        time_budget_seconds=budget,
-    )
+    is spent; reports rows/s."""
+    policy = CleanupConfig(batch_size=batch_size, pause_seconds=pause_seconds,
+                           max_batches=max_batches,
+                           time_budget_seconds=_budget(time_budget_seconds))
     report = run_cleanup(stores_for(app).engine(), policy)
     return {"deleted": report.rows, **report.as_dict()}
 
@@ -44,11 +42,9 @@ def reap_idempotency_claims(
     grace_seconds: float = 300.0, batch_size: int = 1000, max_batches: int = 100
 ) -> dict[str, Any]:
     """Turn claims whose holder died long ago (lease ended > grace) into failed records."""
-    policy = CleanupConfig(
-        batch_size=batch_size, max_batches=max_batches, grace_seconds=grace_seconds
-    )
-    reaped = reap_abandoned(stores_for(app).engine(), policy)
-    return {"reaped": reaped}
+    policy = CleanupConfig(batch_size=batch_size, max_batches=max_batches,
+                           grace_seconds=grace_seconds)
+    return {"reaped": reap_abandoned(stores_for(app).engine(), policy)}
 
 
 @app.task(tier="standard")
@@ -95,6 +91,11 @@ def prune_schedule_runs(keep_last: int = 20, batch_size: int = 1000,
                         time_budget_seconds: float = 30.0) -> dict[str, Any]:
     """Delete finished schedule run rows older than `resilience_schedule_history_days`
     (default 7), keeping each entry's newest `keep_last` runs and every run in flight."""
-    budget = min(time_budget_seconds, get_settings().standard.soft_time_limit_seconds / 2)
     return prune_runs(stores_for(app), history_days=history_days_of(app.conf),
-                      keep_last=keep_last, batch_size=batch_size, time_budget_seconds=budget)
+                      keep_last=keep_last, batch_size=batch_size,
+                      time_budget_seconds=_budget(time_budget_seconds))
+
+
+def _budget(seconds: float) -> float:
+    """`seconds`, kept under half the standard tier's soft time limit."""
+    return min(seconds, get_settings().standard.soft_time_limit_seconds / 2)
