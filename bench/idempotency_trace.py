@@ -1,13 +1,11 @@
 """`python -m bench.idempotency_trace [N] [--profile VARIANT]`: the idempotency bench's tasks
-traced in-process, as a worker child traces a message (`celery.app.trace.build_tracer`).
+traced in-process, as a worker child traces a message (docs/idempotency.md).
 
 Steadier than the drain rates of `python -m bench idempotency` on a shared machine: per job,
-wall and CPU time of this process and the round trips made (Redis commands or pipelines
-sent; PostgreSQL statements of the guard's backend and of the hand-rolled task), for the
-plain, idempotent and hand-rolled no-ops and for replays of the idempotent keys. Each
-variant runs 3 times; the fastest run is printed. `--profile VARIANT` writes a cProfile of
-its last run to `artifacts/idempotency-<variant>.prof` and prints its top entries.
-What it leaves out: the worker's main process (fetching, acks, events).
+wall and CPU time and round trips (Redis; PostgreSQL statements of the guard's backend and
+of the hand-rolled task), the fastest of 3 runs; the worker's main process (fetching, acks,
+events) is left out. `--profile VARIANT` writes a cProfile of its last run to
+`artifacts/idempotency-<variant>.prof` and prints its top entries.
 """
 
 from __future__ import annotations

@@ -16,8 +16,6 @@ from typing import Any
 
 from bench.harness import RoundTrips, paired_ratio, parse, platform, purge, table
 
-VARIANTS = ("plain", "platform", "unique", "celery_once", "celery_singleton", "enqueue_in")
-
 
 def run(argv: list[str]) -> dict[str, Any]:
     options = parse(argv, "enqueue", messages=(3000, "jobs per variant and round"), rounds=3)
@@ -42,29 +40,26 @@ def run(argv: list[str]) -> dict[str, Any]:
             with Session(engine) as session, session.begin():
                 return tasks.enqueue_platform.enqueue_in(session, n)
 
-        class InTransaction:
-            delay = staticmethod(enqueue_in)
-
-        senders = {
-            "plain": tasks.enqueue_celery, "platform": tasks.enqueue_platform,
-            "unique": tasks.enqueue_unique, "celery_once": tasks.enqueue_celery_once,
-            "celery_singleton": tasks.enqueue_celery_singleton, "enqueue_in": InTransaction,
-        }
-        present = [variant for variant in VARIANTS if senders[variant] is not None]
+        variants = {"plain": tasks.enqueue_celery, "platform": tasks.enqueue_platform,
+                    "unique": tasks.enqueue_unique, "celery_once": tasks.enqueue_celery_once,
+                    "celery_singleton": tasks.enqueue_celery_singleton}
+        senders = {**{variant: task.delay for variant, task in variants.items()
+                      if task is not None}, "enqueue_in": enqueue_in}  # a peer may be missing
+        present = list(senders)
         rates, trips, cpu_us = ({variant: [] for variant in present} for _ in range(3))
         purge([tasks.QUEUE])
         for variant in present:  # warm: connections, scripts, declared queue
             for index in range(20):
-                senders[variant].delay(-1 - index)
+                senders[variant](-1 - index)
         purge([tasks.QUEUE])
         offset = 0
         for _ in range(options.rounds):
             for variant in present:
-                task = senders[variant]
+                send = senders[variant]
                 with RoundTrips() as counter:
                     started, cpu = time.perf_counter(), time.process_time()
                     for index in range(offset, offset + n):
-                        task.delay(index)
+                        send(index)
                     seconds = time.perf_counter() - started
                     cpu = time.process_time() - cpu
                 offset += n

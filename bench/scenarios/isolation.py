@@ -80,7 +80,7 @@ def run(argv: list[str]) -> dict[str, Any]:
     capacity = options.optional_concurrency / options.optional_sleep_seconds
     flood_rate = capacity * options.flood_factor
     waits: dict[str, list[float]] = {"quiet": [], "flooded": []}
-    flood_stats = {"sent": 0, "discarded": 0, "max_depth": 0}
+    max_depth = 0
 
     with harness.platform():
         harness.purge(["critical", "optional"])
@@ -107,11 +107,10 @@ def run(argv: list[str]) -> dict[str, Any]:
                     )
                     if phase == "flooded":
                         flooding.clear()
-                        flood_stats["max_depth"] = max(flood_stats["max_depth"],
-                                                       harness.queue_depth("optional"))
+                        max_depth = max(max_depth, harness.queue_depth("optional"))
                     harness.purge(["optional"])
             finished.set()
-            flood_stats["sent"], flood_stats["discarded"] = results.get(timeout=60)
+            sent, discarded = results.get(timeout=60)
             producer.join(30)
 
     quiet, flooded = harness.summary(waits["quiet"]), harness.summary(waits["flooded"])
@@ -124,7 +123,7 @@ def run(argv: list[str]) -> dict[str, Any]:
          for phase, s in (("quiet", quiet), ("flooded", flooded))],
     )
     harness.table("optional flood", ["published", "discarded by bulkhead", "max queue depth"],
-          [(flood_stats["sent"], flood_stats["discarded"], flood_stats["max_depth"])])
+                  [(sent, discarded, max_depth)])
     return {
         "critical_wait_p99_ms_quiet": round(quiet["p99"], 2),
         "critical_wait_p99_ms_flooded": round(flooded["p99"], 2),
@@ -134,7 +133,7 @@ def run(argv: list[str]) -> dict[str, Any]:
         "optional_flood_per_s": flood_rate,
         "optional_worker_nice": options.optional_nice,
         "optional_capacity_per_s": capacity,
-        "optional_published": flood_stats["sent"],
-        "optional_discarded": flood_stats["discarded"],
+        "optional_published": sent,
+        "optional_discarded": discarded,
         "p999_ms_flooded": round(harness.percentile(waits["flooded"], 0.999), 2),
     }

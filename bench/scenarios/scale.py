@@ -144,15 +144,13 @@ def _wait_bodies(directory: Path, target: int, on_poll: Any = None) -> None:
 
 
 def _transactions(admin: str, database: str) -> int:
-    rows = psql(admin, "SELECT xact_commit + xact_rollback FROM pg_stat_database "
-                         "WHERE datname = %s", (database,))
-    return int(rows[0][0])
+    return int(psql(admin, "SELECT xact_commit + xact_rollback FROM pg_stat_database "
+                           "WHERE datname = %s", (database,))[0][0])
 
 
 def _backends(admin: str, database: str) -> int:
-    rows = psql(admin, "SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
-                         "AND application_name = %s", (database, APPLICATION_NAME))
-    return int(rows[0][0])
+    return int(psql(admin, "SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+                           "AND application_name = %s", (database, APPLICATION_NAME))[0][0])
 
 
 def _connections_by_process(started: list[Any], port: int) -> list[tuple[str, int]]:
@@ -182,12 +180,11 @@ def _script_names() -> dict[str, str]:
             for folder in ("resilience", "jobs") for path in (ROOT / folder).rglob("*.lua")}
 
 
-def _slowlog_breakdown(entries: list[dict[str, Any]]) -> tuple[dict[str, list[int]], int]:
-    """(label -> durations in usec, entries) from SLOWLOG entries: top-level commands by
-    name (EVALSHA by script), commands scripts called (client `?:0`) as `in scripts: ...`."""
+def _slowlog_breakdown(entries: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Label -> durations in usec of SLOWLOG entries: top-level commands by name (EVALSHA by
+    script), commands scripts called (client `?:0`) as `in scripts: ...`."""
     names = _script_names()
     found: dict[str, list[int]] = {}
-    counted = 0
     for entry in entries:
         raw = entry["command"]
         words = (raw.decode(errors="replace") if isinstance(raw, bytes) else raw).split()
@@ -200,8 +197,7 @@ def _slowlog_breakdown(entries: list[dict[str, Any]]) -> tuple[dict[str, list[in
             label = f"{label} {names.get(words[1], words[1][:12])}"
         label = f"in scripts: {label}" if inner else label
         found.setdefault(label, []).append(int(entry["duration"]))
-        counted += 1
-    return found, counted
+    return found
 
 
 def _payment_stack(options: Any, database_url: str,
@@ -284,7 +280,7 @@ def _payment_stack(options: Any, database_url: str,
     redis_usec = sum(usec for _, usec in per_command.values())
     cpu_usec = 1e6 * sum(float(cpu_after[k]) - float(cpu_before[k])
                          for k in ("used_cpu_sys", "used_cpu_user"))
-    logged, logged_entries = _slowlog_breakdown(entries)
+    logged = _slowlog_breakdown(entries)
     top_level = {label: durations for label, durations in logged.items()
                  if not label.startswith("in scripts")}
     top_level_usec = sum(sum(durations) for durations in top_level.values())
@@ -306,8 +302,9 @@ def _payment_stack(options: Any, database_url: str,
               sum(c for c, _ in per_command.values()) / jobs, redis_usec / jobs, ""),
              ("server CPU (INFO cpu, user+sys; includes network I/O)", "", cpu_usec / jobs,
               "")])
-    table(f"scale: guard Redis per job, SLOWLOG of {jobs} more jobs ({logged_entries:,} "
-          "entries; EVALSHA by script, commands scripts ran listed apart)",
+    table(f"scale: guard Redis per job, SLOWLOG of {jobs} more jobs "
+          f"({sum(map(len, logged.values())):,} entries; EVALSHA by script, commands scripts "
+          "ran listed apart)",
           ["command", "calls/job", "usec/job", "usec/call", "p50 usec/call"],
           [(label, len(d) / jobs, sum(d) / jobs, sum(d) / len(d), statistics.median(d))
            for label, d in sorted(
