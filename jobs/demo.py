@@ -1,15 +1,7 @@
-"""`jobs demo`: a story in five phases that shows every guard acting on the example jobs.
-
-    1. duplicates   the same order sent three times: charged once, the rest REPLAYED
-    2. breaker      the vendor fails: breaker OPEN, charges DEFERRED (no retry spent), recovery
-    3. singleton    a report triggered twice: one builds, the other SKIPPED; a settlement's
-                    fencing token refuses a stale holder's write
-    4. flood        a flood of optional warm-ups SHED past their deadline; critical latency holds
-    5. poison       a charge that can never succeed is DEAD-LETTERED at once
-
-Each phase says what to look at in Flower and on `/resilience`; the summary counts the jobs
-sent, the ledger rows per order (exactly one) and the outcomes by guard (the fleet-wide
-counters, `resilience.counters`). `--steady` keeps the old mixed workload.
+"""`jobs demo`: a story in five phases that shows every guard acting on the example jobs
+(duplicates, breaker, singleton, flood, poison; the README's "See it work"), then a summary
+of the jobs sent, the ledger rows per order (exactly one) and the outcomes by guard.
+`--steady` keeps the old mixed workload.
 """
 
 from __future__ import annotations
