@@ -112,10 +112,6 @@ class OutcomeStored(Ignore):
         self.fields = dict(fields)
 
     @property
-    def outcome(self) -> str:
-        return str(self.fields.get("outcome"))
-
-    @property
     def guard(self) -> str:
         return str(self.fields.get("guard"))
 

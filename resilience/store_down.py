@@ -42,16 +42,12 @@ def store_down_policy(value: Any, *, option: str = "on_store_down") -> StoreDown
     Raises:
         ConfigurationError: any other value (the message names the two valid ones).
     """
-    if isinstance(value, StoreDown):
-        return value
-    if isinstance(value, str):
-        try:
-            return StoreDown(value)
-        except ValueError:
-            pass
-    raise ConfigurationError(
-        f"{option} must be 'fail_open' or 'fail_closed', got {value!r}", option=option
-    )
+    try:
+        return StoreDown(value)
+    except ValueError:
+        raise ConfigurationError(
+            f"{option} must be 'fail_open' or 'fail_closed', got {value!r}", option=option
+        ) from None
 
 
 def store_failed(call: Any, error: Exception, *, guard: str, policy: StoreDown,

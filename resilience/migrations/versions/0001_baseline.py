@@ -18,8 +18,6 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 revision = "0001_baseline"
 down_revision = None
-branch_labels = None
-depends_on = None
 
 NOW = sa.text("now()")
 

@@ -13,8 +13,6 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 revision = "0002_workflows"
 down_revision = "0001_baseline"
-branch_labels = None
-depends_on = None
 
 NOW = sa.text("now()")
 WORKFLOWS, STEPS = "resilience_workflows", "resilience_workflow_steps"

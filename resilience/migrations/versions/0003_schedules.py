@@ -13,8 +13,6 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 revision = "0003_schedules"
 down_revision = "0002_workflows"
-branch_labels = None
-depends_on = None
 
 NOW = sa.text("now()")
 SCHEDULES, RUNS = "resilience_schedules", "resilience_schedule_runs"
