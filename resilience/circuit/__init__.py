@@ -16,17 +16,7 @@ from resilience.circuit.config import AdmissionConfig, BreakerConfig, CountWindo
 from resilience.circuit.guard import BreakerGuard, circuit_breaker
 
 __all__ = [
-    "AdmissionConfig",
-    "BreakerBackend",
-    "BreakerConfig",
-    "BreakerGuard",
-    "BreakerState",
-    "CircuitBreaker",
-    "CountWindow",
-    "MemoryBreakerBackend",
-    "Permission",
-    "RedisBreakerBackend",
-    "TimeWindow",
-    "Verdict",
-    "circuit_breaker",
+    "AdmissionConfig", "BreakerBackend", "BreakerConfig", "BreakerGuard", "BreakerState",
+    "CircuitBreaker", "CountWindow", "MemoryBreakerBackend", "Permission", "RedisBreakerBackend",
+    "TimeWindow", "Verdict", "circuit_breaker",
 ]

@@ -31,12 +31,7 @@ Batch = list[tuple["BreakerConfig", int, int]]
 
 
 class LocalBreaker:
-    """One breaker's copy and pending successes in this process (see the module doc).
-
-    Args:
-        backend: where the breaker lives (flushes go there).
-        name: the breaker.
-    """
+    """One breaker's copy and pending successes in this process (see the module doc)."""
 
     def __init__(self, backend: BreakerBackend, name: str) -> None:
         self.backend = backend

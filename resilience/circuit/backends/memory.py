@@ -116,18 +116,15 @@ class MemoryBreakerBackend:
             now = self._now_ms()
             breaker = self._breaker(config.name)
             state = breaker.state
-            if generation != breaker.gen or state in ("open", "forced_open", "forced_closed"):
-                return Verdict("", state)  # admitted under an older state: no verdict
-            if calls != 1 and state != "closed":
-                return Verdict("", state)  # aggregates are for a closed breaker only
+            if (generation != breaker.gen or state in ("open", "forced_open", "forced_closed")
+                    or (calls != 1 and state != "closed")):
+                return Verdict("", state)  # an older state's call; aggregates: closed only
             failed = outcome == "failure"
             if state == "half_open":
                 return self._record_probe(config, breaker, now, outcome, failed or slow)
             if outcome == "ignored":
                 return Verdict("", state)
-            total, failures, slows = self._count_in_window(
-                config, breaker, now, failed, slow, calls
-            )
+            total, failures, slows = self._add(config, breaker, now, failed, slow, calls)
             slow_threshold = config.slow_call_rate_threshold
             if total >= config.minimum_calls and (
                 failures >= config.failure_rate_threshold * total
@@ -160,7 +157,7 @@ class MemoryBreakerBackend:
         breaker.clear_window()
 
     @staticmethod
-    def _count_in_window(
+    def _add(
         config: BreakerConfig, breaker: _Breaker, now: int, failed: bool, slow: bool,
         calls: int = 1,
     ) -> tuple[int, int, int]:
@@ -188,11 +185,8 @@ class MemoryBreakerBackend:
         current[2] += int(failed) * calls
         current[3] += int(slow) * calls
         live = [slot for slot in breaker.slots.values() if slot[0] > epoch - slots]
-        return (
-            sum(slot[1] for slot in live),
-            sum(slot[2] for slot in live),
-            sum(slot[3] for slot in live),
-        )
+        calls_in, failures, slows = (sum(slot[i] for slot in live) for i in (1, 2, 3))
+        return calls_in, failures, slows
 
     def force(self, name: str, state: str) -> str:
         with self._lock:

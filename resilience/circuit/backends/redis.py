@@ -44,6 +44,16 @@ def window_key(name: str) -> str:
     return redis_key(NAMESPACE, name, "window")
 
 
+def _answer(
+    then: Callable[[Any], None], decode: Callable[[Any], Any], what: str, name: str
+) -> Callable[[Any], None]:
+    """A batch callback: `then` gets the decoded reply, or the store's error translated."""
+    return lambda reply: then(
+        translate_store_error(reply, what, breaker=name)
+        if isinstance(reply, BaseException) else decode(reply)
+    )
+
+
 class RedisBreakerBackend(RedisStoreBackend):
     """Runs `acquire.lua`, `record.lua` and `force.lua`; scripts registered once per client."""
 
@@ -103,7 +113,6 @@ class RedisBreakerBackend(RedisStoreBackend):
         return Verdict(transition, state, int(calls), int(failures), int(slow_calls))
 
     def force(self, name: str, state: str) -> str:
-        """Set `state` ('forced_open', 'forced_closed', 'closed'); return the previous state."""
         return str(self._run(self.FORCE, name, [state]))
 
     # -- batched (one round trip for every guard of a call; see resilience.batch) ---------
@@ -111,16 +120,8 @@ class RedisBreakerBackend(RedisStoreBackend):
         self, rounds: Rounds, name: str, then: Callable[[Peek | StorageError], None]
     ) -> None:
         """Queue a read of the state and generation (what acquire.lua reads first)."""
-
-        def done(reply: Any) -> None:
-            if isinstance(reply, BaseException):
-                then(translate_store_error(reply, "breaker state", breaker=name))
-            else:
-                then(self.permission_from_peek(reply))
-
-        for_client(rounds, self.client).command(
-            "HMGET", state_key(name), "state", "gen", then=done
-        )
+        done = _answer(then, self.permission_from_peek, "breaker state", name)
+        for_client(rounds, self.client).command("HMGET", state_key(name), "state", "gen", then=done)
 
     @staticmethod
     def permission_from_peek(reply: Any) -> Permission | None:
@@ -137,17 +138,11 @@ class RedisBreakerBackend(RedisStoreBackend):
         then: Callable[[Verdict | StorageError], None], calls: int = 1,
     ) -> None:
         """Queue record.lua; `then` gets its `Verdict` or the store's error."""
-
-        def done(reply: Any) -> None:
-            if isinstance(reply, BaseException):
-                then(translate_store_error(reply, "breaker", breaker=config.name))
-            else:
-                then(self.verdict(reply))
-
         batch = for_client(rounds, self.client)
         batch.script(self.RECORD.for_client(batch.client),
                      [state_key(config.name), window_key(config.name)],
-                     self._record_args(config, generation, outcome, slow, calls), then=done)
+                     self._record_args(config, generation, outcome, slow, calls),
+                     then=_answer(then, self.verdict, "breaker", config.name))
 
     # -- live state ----------------------------------------------------------------------
     def _stored_keys(self) -> dict[str, str]:
@@ -156,15 +151,13 @@ class RedisBreakerBackend(RedisStoreBackend):
         return stored_keys(self.client, NAMESPACE)  # windows (suffixed) left out
 
     def names(self) -> list[str]:
-        """Every breaker that has state in Redis."""
         return sorted(self._stored_keys().values())
 
     def describe(
         self, names: Iterable[str] = (), *, include_stored: bool = False
     ) -> list[BreakerState]:
-        """Live state of `names` (plus every stored breaker with `include_stored`: one SCAN),
-        read in one round trip on Redis server time. A name given keeps its spelling even
-        when its key is a digest."""
+        """One round trip on Redis server time (plus one SCAN with `include_stored`); a name
+        given keeps its spelling even when its key is a digest."""
         keys = {state_key(name): name for name in names}
         if include_stored:
             keys = {**self._stored_keys(), **keys}
