@@ -33,24 +33,8 @@ from resilience.ratelimit.guards import (
 from resilience.ratelimit.rates import Rate, parse
 
 __all__ = [
-    "ALGORITHMS",
-    "GCRA",
-    "LEASE",
-    "SLIDING_WINDOW",
-    "Algorithm",
-    "ConcurrencyGuard",
-    "ConcurrencyLimitConfig",
-    "Decision",
-    "Lease",
-    "LimiterBackend",
-    "LimiterState",
-    "MemoryBackend",
-    "Params",
-    "Rate",
-    "RateLimitConfig",
-    "RateLimitGuard",
-    "RedisBackend",
-    "limit_concurrency",
-    "parse",
-    "rate_limit",
+    "ALGORITHMS", "GCRA", "LEASE", "SLIDING_WINDOW", "Algorithm", "ConcurrencyGuard",
+    "ConcurrencyLimitConfig", "Decision", "Lease", "LimiterBackend", "LimiterState",
+    "MemoryBackend", "Params", "Rate", "RateLimitConfig", "RateLimitGuard", "RedisBackend",
+    "limit_concurrency", "parse", "rate_limit",
 ]

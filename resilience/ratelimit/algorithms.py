@@ -60,15 +60,10 @@ class Params:
             object.__setattr__(self, "interval_us", max(1, math.ceil(self.period_us / self.limit)))
 
     @classmethod
-    def of_rate(cls, rate: Rate, *, burst: int = 1, cost: int = 1) -> Params:
+    def of_rate(cls, rate: Rate, *, burst: int = 1) -> Params:
         """The figures of `rate` (its interval exact, from the rate as written)."""
-        return cls(
-            limit=rate.limit,
-            period_us=round(rate.period_seconds * 1_000_000),
-            interval_us=rate.emission_interval_us,
-            burst=burst,
-            cost=cost,
-        )
+        return cls(limit=rate.limit, period_us=round(rate.period_seconds * 1_000_000),
+                   interval_us=rate.emission_interval_us, burst=burst)
 
     @classmethod
     def of_slots(cls, limit: int, *, lease_seconds: float) -> Params:

@@ -14,11 +14,8 @@ class LimiterBackend(Protocol):
     def run(
         self, algorithm: Algorithm, key: str, params: Params, caller: str | None = None
     ) -> Decision:
-        """Decide one request of `caller` at the limiter `key` of `algorithm`, atomically.
-
-        Args:
-            caller: who asks: a task id for a rate limit (stable across deferrals, it keeps
-                its place in the waiting line; None: a new one), the holder id of a slot.
+        """Decide one request of `caller` (a rate limit's task id, stable across deferrals
+        so it keeps its place in line; a slot's holder id; None: a new one), atomically.
 
         Raises:
             StorageError: the store failed (never a raw store error).
