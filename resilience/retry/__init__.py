@@ -19,19 +19,7 @@ from resilience.retry.budget import RetryBudget
 from resilience.retry.guard import RetryConfig, RetryGuard, retry_policy
 
 __all__ = [
-    "NonRetryable",
-    "RetryBudget",
-    "RetryConfig",
-    "RetryGuard",
-    "Retryable",
-    "Wait",
-    "is_retryable",
-    "retry_after",
-    "retry_policy",
-    "wait_combine",
-    "wait_decorrelated_jitter",
-    "wait_exponential",
-    "wait_fixed",
-    "wait_full_jitter",
-    "wait_random",
+    "NonRetryable", "RetryBudget", "RetryConfig", "RetryGuard", "Retryable", "Wait",
+    "is_retryable", "retry_after", "retry_policy", "wait_combine", "wait_decorrelated_jitter",
+    "wait_exponential", "wait_fixed", "wait_full_jitter", "wait_random",
 ]

@@ -56,7 +56,7 @@ class RetryBudget:
         on_store_down: "fail_open" (default: allow the retry; `max_attempts` still bounds
             it) or "fail_closed" (refuse: dead-letter) while Redis is unreachable.
         flush_seconds: how long a process holds the requests its calls counted before
-                sending them as one script call; 0 = one script call per request.
+            sending them as one script call; 0 = one script call per request.
     """
 
     ratio: float = 0.2
@@ -166,11 +166,9 @@ class RedisBudgetBackend:
         Raises:
             StoreUnavailable, StoreRejected, StorageError: Redis failed (native error as cause).
         """
-        key = budget_key(dependency)
         with wrap_store_errors("retry budget", dependency=dependency):
             allowed, requests, retries = self.SCRIPT(
-                self._client(), [key], self._args(mode, budget, amount)
-            )
+                self._client(), [budget_key(dependency)], self._args(mode, budget, amount))
         return BudgetDecision(bool(allowed), int(requests), int(retries))
 
     def count_later(
@@ -184,20 +182,15 @@ class RedisBudgetBackend:
                                dependency, mode, amount, reply)
 
         batch = for_client(rounds, self._client())
-        batch.script(
-            self.SCRIPT.for_client(batch.client),
-            [budget_key(dependency)],
-            self._args(mode, budget, amount),
-            then=done,
-        )
+        batch.script(self.SCRIPT.for_client(batch.client), [budget_key(dependency)],
+                     self._args(mode, budget, amount), then=done)
 
     def describe(
         self, budgets: Mapping[str, RetryBudget], *, include_stored: bool = False
     ) -> list[BudgetState]:
-        """Live use of the budgets of `budgets` (dependency -> its budget) and, with
-        `include_stored`, of every budget in Redis (one SCAN; one no task configures is read
-        with the default `RetryBudget()`), sorted by dependency; one round trip on Redis
-        server time.
+        """Live use of `budgets` (dependency -> budget) and, with `include_stored`, of every
+        budget in Redis (one SCAN; an unconfigured one read with `RetryBudget()`), sorted by
+        dependency; one round trip on Redis server time.
 
         Raises:
             StoreUnavailable, StoreRejected, StorageError: Redis failed.
