@@ -216,13 +216,9 @@ class Settings(BaseSettings):
     @model_validator(mode="before")
     @classmethod
     def _tier_defaults(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            data = dict(data)
-            for tier in TIERS:
-                given = data.get(tier) or {}
-                if isinstance(given, TierSettings):
-                    continue
-                data[tier] = {**TIER_DEFAULTS[tier], **dict(given)}
+        if isinstance(data, dict):  # each tier's defaults under what was given for it
+            data = {**data, **{tier: {**TIER_DEFAULTS[tier], **dict(data.get(tier) or {})}
+                               for tier in TIERS if not isinstance(data.get(tier), TierSettings)}}
         return data
 
     @field_validator("redlock_urls", "accept_content", "imports", mode="before")
