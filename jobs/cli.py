@@ -1,14 +1,5 @@
-"""`jobs`: run the platform locally and administer it.
-
-    jobs up                 services + one worker per tier + beat + outbox relay + Flower
-    jobs demo               the guards at work on the example jobs, in five phases
-    jobs vendor MODE        the simulated payment vendor: serve, ok, fail, slow, status
-    jobs worker TIER        one tier's worker with the tier's pool settings
-    jobs beat | flower      the scheduler, the dashboard
-    jobs service NAME       one embedded service in the foreground (used by `up`)
-    jobs migrate | config   schema migrations; the effective configuration
-    jobs <admin>            locks, idempotency, breakers, dead-letters, outbox, cancel,
-                            cancellations, status
+"""`jobs`: run the platform locally (`up`, `worker`, `beat`, `flower`, `service`, `vendor`,
+`demo`) and administer it (one `jobs/admin/<module>.py` per command group); `jobs --help`.
 """
 
 from __future__ import annotations
@@ -19,6 +10,8 @@ import json
 import os
 import shlex
 import shutil
+import signal
+import subprocess
 import sys
 import time
 from functools import partial
@@ -30,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jobs.admin.cancel import cancel as cancel_command
-from jobs.admin.status import platform_source, show
+from jobs.admin.status import exit_on, fail, platform_app, platform_source, show
 from jobs.embedded import (
     exec_postgres,
     port_in_use,
@@ -39,6 +32,7 @@ from jobs.embedded import (
     redis_ready,
     wait_until,
 )
+from jobs.observe.snapshot import probe_broker
 from jobs.observe.watchdog import EXIT_STALLED
 from jobs.pipeline_view import describe_pipelines
 from jobs.settings import Settings, SettingsError, get_settings
@@ -79,11 +73,8 @@ ADMIN_COMMANDS = {
 
 def settings_or_exit() -> Settings:
     """The settings, or a readable error and exit code 2."""
-    try:
+    with exit_on(SettingsError):
         return get_settings()
-    except SettingsError as exc:
-        errors.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from None
 
 
 def python_command(*args: str) -> str:
@@ -94,33 +85,24 @@ def python_command(*args: str) -> str:
 # -- running the platform ---------------------------------------------------------------
 def procfile(settings: Settings) -> str:
     """The Procfile `jobs up` hands to honcho: embedded services, the simulated payment
-    vendor, workers, beat, the outbox relay, Flower."""
-    lines: list[str] = []
+    vendor, workers, beat, the outbox relay, Flower, the metrics exporter."""
+    processes: list[tuple[str, tuple[str, ...]]] = []
     if settings.embedded_redis:
-        lines.append(f"redis: exec {python_command('-m', 'jobs', 'service', 'redis')}")
+        processes.append(("redis", ("service", "redis")))
     if settings.embedded_redlock:
-        for index in range(len(settings.embedded_redlock_ports)):
-            lines.append(
-                f"redlock{index + 1}: exec "
-                f"{python_command('-m', 'jobs', 'service', 'redlock', '--node', str(index))}"
-            )
+        processes += [(f"redlock{index + 1}", ("service", "redlock", "--node", str(index)))
+                      for index in range(len(settings.embedded_redlock_ports))]
     if settings.embedded_postgres:
-        lines.append(f"postgres: exec {python_command('-m', 'jobs', 'service', 'postgres')}")
+        processes.append(("postgres", ("service", "postgres")))
     if settings.simulated_vendor:
-        lines.append(f"vendor: exec {python_command('-m', 'jobs', 'vendor', 'serve')}")
-    for tier in TIERS:
-        # honcho stops every process when one exits: a worker the watchdog ended for a
-        # stall (status 75) is started again by `jobs worker` itself instead.
-        lines.append(f"worker_{tier}: exec "
-                     f"{python_command('-m', 'jobs', 'worker', tier, '--restart-on-stall')}")
-    lines.append(f"beat: exec {python_command('-m', 'jobs', 'beat')}")
-    lines.append(f"outbox: exec {python_command('-m', 'jobs', 'outbox', 'relay')}")
-    lines.append(f"flower: exec {python_command('-m', 'jobs', 'flower')}")
-    lines.append(
-        f"metrics: exec "
-        f"{python_command('-m', 'jobs', 'metrics', '--port', str(settings.metrics_port))}"
-    )
-    return "\n".join(lines) + "\n"
+        processes.append(("vendor", ("vendor", "serve")))
+    # honcho stops every process when one exits: a worker the watchdog ended for a stall
+    # (status 75) is started again by `jobs worker` itself instead.
+    processes += [(f"worker_{tier}", ("worker", tier, "--restart-on-stall")) for tier in TIERS]
+    processes += [("beat", ("beat",)), ("outbox", ("outbox", "relay")), ("flower", ("flower",)),
+                  ("metrics", ("metrics", "--port", str(settings.metrics_port)))]
+    return "".join(f"{name}: exec {python_command('-m', 'jobs', *args)}\n"
+                   for name, args in processes)
 
 
 @cli.command()
@@ -128,24 +110,18 @@ def up() -> None:
     """Start the whole platform under honcho; Ctrl-C stops every process."""
     settings = settings_or_exit()
 
-    ports = []
-    if settings.embedded_redis:
-        ports.append(("JOBS_EMBEDDED_REDIS_PORT", settings.embedded_redis_port))
-    if settings.embedded_postgres:
-        ports.append(("JOBS_EMBEDDED_POSTGRES_PORT", settings.embedded_postgres_port))
-    if settings.embedded_redlock:
-        ports += [("JOBS_EMBEDDED_REDLOCK_PORTS", int(p)) for p in settings.embedded_redlock_ports]
-    ports.append(("JOBS_FLOWER_PORT", settings.flower_port))
-    ports.append(("JOBS_METRICS_PORT", settings.metrics_port))
-    if settings.simulated_vendor:
-        ports.append(("JOBS_VENDOR_PORT", settings.vendor_port))
-    busy = [f"{name}={port}" for name, port in ports if port_in_use(port)]
+    ports = [("JOBS_EMBEDDED_REDIS_PORT", settings.embedded_redis_port, settings.embedded_redis),
+             ("JOBS_EMBEDDED_POSTGRES_PORT", settings.embedded_postgres_port,
+              settings.embedded_postgres),
+             *(("JOBS_EMBEDDED_REDLOCK_PORTS", int(port), settings.embedded_redlock)
+               for port in settings.embedded_redlock_ports),
+             ("JOBS_FLOWER_PORT", settings.flower_port, True),
+             ("JOBS_METRICS_PORT", settings.metrics_port, True),
+             ("JOBS_VENDOR_PORT", settings.vendor_port, settings.simulated_vendor)]
+    busy = [f"{name}={port}" for name, port, used in ports if used and port_in_use(port)]
     if busy:
-        errors.print(
-            f"[red]ports already in use: {', '.join(busy)}[/red]\n"
-            "Another platform may still run (stop it), or choose free ports with those variables."
-        )
-        raise typer.Exit(2)
+        raise fail(f"ports already in use: {', '.join(busy)}\nAnother platform may still run "
+                   "(stop it), or choose free ports with those variables.")
     data = settings.data_dir.resolve()
     data.mkdir(parents=True, exist_ok=True)
     path = data / "Procfile"
@@ -193,8 +169,7 @@ def service(
         exec_postgres(data / "postgres", settings.embedded_postgres_port)
         return
     else:
-        errors.print(f"[red]unknown service {name!r}; choose redis, redlock or postgres[/red]")
-        raise typer.Exit(2)
+        raise fail(f"unknown service {name!r}; choose redis, redlock or postgres")
     os.execv(command[0], command)
 
 
@@ -233,8 +208,7 @@ def worker(
     """Run one tier's worker: `-Q <tier> -n <tier>@%h` with the tier's pool settings."""
     settings = settings_or_exit()
     if tier not in TIERS:
-        errors.print(f"[red]unknown tier {tier!r}; valid tiers are: {', '.join(TIERS)}[/red]")
-        raise typer.Exit(2)
+        raise fail(f"unknown tier {tier!r}; valid tiers are: {', '.join(TIERS)}")
     wait_for_services(settings)
     limits = settings.tier(tier)
     args = [
@@ -252,10 +226,6 @@ def worker(
 def run_restarting_on_stall(args: list[str]) -> int:
     """Run `args` until it exits with another status than the watchdog's stall exit (75),
     forwarding SIGTERM, SIGINT and SIGQUIT to it; returns its last status."""
-    import signal
-    import subprocess
-
-
     child: subprocess.Popen[bytes] | None = None
     stopping = False
 
@@ -291,18 +261,12 @@ def beat(loglevel: Annotated[str, typer.Option()] = "INFO") -> None:
 
 def require_broker(settings: Settings) -> None:
     """Exit with a clear message when the broker cannot be reached."""
-    from kombu import Connection
-
     try:
-        with Connection(settings.effective_broker_url, connect_timeout=2) as connection:
-            connection.ensure_connection(max_retries=1)
+        probe_broker(settings.effective_broker_url, timeout_seconds=2)
     except Exception as exc:  # noqa: BLE001 - any failure means: not reachable
-        errors.print(
-            f"[red]cannot reach the broker at {redact_url(settings.effective_broker_url)}: "
-            f"{redact(str(exc))}[/red]"
-            "\nStart the platform first (`make run`), or set BROKER_URL/REDIS_URL."
-        )
-        raise typer.Exit(2) from None
+        raise fail(f"cannot reach the broker at {redact_url(settings.effective_broker_url)}: "
+                   f"{redact(str(exc))}\nStart the platform first (`make run`), or set "
+                   "BROKER_URL/REDIS_URL.") from None
 
 
 @cli.command()
@@ -318,14 +282,12 @@ def flower() -> None:
     else:
         # Loopback only (Settings refuses anything else without auth): the API may be open.
         os.environ["FLOWER_UNAUTHENTICATED_API"] = "true"
-    # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
-    from jobs import app
-
     # lazy: Flower and tornado, needed by `jobs flower` alone
     from jobs.observe.web import run_flower
 
     # Flower's own app and command, plus the resilience page (/resilience, /api/resilience).
-    run_flower(app, [f"--address={settings.flower_address}", f"--port={settings.flower_port}"])
+    run_flower(platform_app(),
+               [f"--address={settings.flower_address}", f"--port={settings.flower_port}"])
 
 
 @cli.command()
@@ -355,28 +317,19 @@ def demo(
     # lazy: the demo imports the example tasks, which build the Celery app
     from jobs.demo import DemoError, DemoOptions, ensure_vendor, run_steady, run_story
 
-    try:
+    with exit_on(DemoError):
         vendor = ensure_vendor(settings, console)
-    except DemoError as exc:
-        errors.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from None
     try:
         if steady or rate is not None or seconds is not None:
             run_steady(rate=rate or 10.0, seconds=seconds or 0, console=console)
             return
-        options = DemoOptions.fast() if fast else DemoOptions()
-        if flood is not None:
-            options = dataclasses.replace(options, flood=flood)
-        if phase_seconds is not None:
-            options = dataclasses.replace(options, phase_seconds=phase_seconds)
-        # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
-        from jobs import app
-
-        if not run_story(app, options=options, console=console):
+        given = {"flood": flood, "phase_seconds": phase_seconds}
+        options = dataclasses.replace(DemoOptions.fast() if fast else DemoOptions(),
+                                      **{k: v for k, v in given.items() if v is not None})
+        if not run_story(platform_app(), options=options, console=console):
             raise typer.Exit(1)
     except DemoError as exc:
-        errors.print(f"[red]demo stopped: {exc}[/red]")
-        raise typer.Exit(2) from None
+        raise fail(f"demo stopped: {exc}") from None
     except KeyboardInterrupt:
         errors.print("demo interrupted")
         raise typer.Exit(130) from None
@@ -385,26 +338,18 @@ def demo(
             vendor.shutdown()
 
 
-vendor_cli = typer.Typer(
-    help="The simulated payment vendor (started by `jobs up`): serve it, switch its mode.",
-    no_args_is_help=True,
-)
+vendor_cli = typer.Typer(help="The simulated payment vendor (started by `jobs up`): serve "
+                         "it, switch its mode.", no_args_is_help=True)
 cli.add_typer(vendor_cli, name="vendor")
 
 
 def _vendor_control() -> Any:
-    settings = settings_or_exit()
-
-    return VendorControl(settings.effective_vendor_url)
+    return VendorControl(settings_or_exit().effective_vendor_url)
 
 
 def _vendor_switch(mode: str, delay_seconds: float | None = None) -> None:
-
-    try:
+    with exit_on(VendorError):
         state = _vendor_control().set_mode(mode, delay_seconds=delay_seconds)
-    except VendorError as exc:
-        errors.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from None
     console.print(f"vendor: {state['mode']} (delay {state['delay_seconds']:g}s when slow; "
                   f"{state['calls']} calls, {state['charges']} charges so far)")
 
@@ -417,13 +362,11 @@ def vendor_serve(
 ) -> None:
     """Run the simulated vendor on 127.0.0.1:JOBS_VENDOR_PORT (what `jobs up` starts)."""
     settings = settings_or_exit()
-
     try:
         serve(settings.vendor_port, host)
     except OSError as exc:
-        errors.print(f"[red]cannot serve the vendor on {host}:{settings.vendor_port}: "
-                     f"{exc} (JOBS_VENDOR_PORT)[/red]")
-        raise typer.Exit(2) from None
+        raise fail(f"cannot serve the vendor on {host}:{settings.vendor_port}: {exc} "
+                   "(JOBS_VENDOR_PORT)") from None
     except KeyboardInterrupt:
         pass
 
@@ -443,8 +386,7 @@ def vendor_fail() -> None:
 @vendor_cli.command("slow")
 def vendor_slow(
     delay_seconds: Annotated[float, typer.Option(
-        "--seconds", min=0, max=60, help="delay per charge (charges time out after 3 s)",
-    )] = 2.0,
+        "--seconds", min=0, max=60, help="delay per charge (charges time out after 3 s)")] = 2.0,
 ) -> None:
     """Answer every charge after a delay: slow calls trip the breaker too."""
     _vendor_switch("slow", delay_seconds)
@@ -453,11 +395,8 @@ def vendor_slow(
 @vendor_cli.command("status")
 def vendor_status() -> None:
     """The vendor's mode, calls received and distinct charges."""
-    try:
+    with exit_on(VendorError):
         state = _vendor_control().status()
-    except VendorError as exc:
-        errors.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from None
     console.print_json(json.dumps(state))
 
 
@@ -465,9 +404,7 @@ def vendor_status() -> None:
 def config() -> None:
     """Show the effective configuration (secrets masked)."""
     settings = settings_or_exit()
-    table = Table(title="configuration")
-    table.add_column("setting")
-    table.add_column("value")
+    table = Table("setting", "value", title="configuration")
     table.add_row("redis", redact_url(settings.effective_redis_url))
     table.add_row("database", redact_url(settings.effective_database_url))
     table.add_row("broker", redact_url(settings.effective_broker_url))
@@ -485,17 +422,12 @@ def pipeline(
 ) -> None:
     """Print a task's effective enqueue and execution pipelines, in order, with options."""
     settings_or_exit()
-    # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
-    from jobs import app
-
-    app.loader.import_default_modules()
+    app = platform_source().app
     task = app.tasks.get(task_name)
     if task is None:
         close = [name for name in app.tasks if task_name.rsplit(".", 1)[-1] in name]
         hint = f"; did you mean {', '.join(sorted(close)[:5])}?" if close else ""
-        errors.print(f"[red]no task named {task_name!r}{hint} (load your module with "
-                     "JOBS_IMPORTS)[/red]")
-        raise typer.Exit(2)
+        raise fail(f"no task named {task_name!r}{hint} (load your module with JOBS_IMPORTS)")
     view = describe_pipelines(task)
     if as_json:
         console.print_json(json.dumps(view, default=str))
@@ -553,12 +485,10 @@ cli.command("cancel")(cancel_command)
 
 def _pause_target(tier: str | None, task: str | None) -> tuple[str, str]:
     if (tier is None) == (task is None):
-        errors.print("[red]name a tier (jobs pause critical) or a task (--task NAME)[/red]")
-        raise typer.Exit(2)
+        raise fail("name a tier (jobs pause critical) or a task (--task NAME)")
     if tier is not None:
         if tier not in TIERS:
-            errors.print(f"[red]unknown tier {tier!r}; tiers are {', '.join(TIERS)}[/red]")
-            raise typer.Exit(2)
+            raise fail(f"unknown tier {tier!r}; tiers are {', '.join(TIERS)}")
         return "tier", tier
     return "task", str(task)
 

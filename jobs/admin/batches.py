@@ -11,13 +11,11 @@ from functools import partial
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from jobs.admin.status import platform_source, print_view, show, table
+from jobs.admin.status import console, platform_source, print_view, show, table
 from resilience.batches.view import CALLBACKS, LIST, MEMBERS, detail, listed, status
 
 cli = typer.Typer(help="Batches: members' final states and callbacks.", no_args_is_help=True)
-console = Console()
 
 
 @cli.command("list")

@@ -6,9 +6,8 @@ from functools import partial
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from jobs.admin.status import show
+from jobs.admin.status import console, platform_app, show
 from resilience.circuit.backends.redis import RedisBreakerBackend
 from resilience.circuit.breaker import CircuitBreaker
 from resilience.circuit.config import BreakerConfig
@@ -17,14 +16,11 @@ from resilience.circuit.view import VIEW, read
 cli = typer.Typer(
     help="Circuit breakers: list, force-open, force-close, reset.", no_args_is_help=True
 )
-console = Console()
 Name = Annotated[str, typer.Argument(help="Breaker name.")]
 
 
 def _force(name: str, state: str) -> None:
-    from jobs import app  # lazy: builds the Celery app; `jobs --help` must not
-
-    backend = RedisBreakerBackend.of_app(app)
+    backend = RedisBreakerBackend.of_app(platform_app())
     previous = CircuitBreaker(BreakerConfig(name=name), backend).force(state)
     console.print(f"breaker {name}: {previous} -> {state}")
 

@@ -1,11 +1,7 @@
 """`jobs cancel ID` / `jobs cancel --task NAME --key KEY` (registered by jobs.cli) and
-`jobs cancellations`: cancel jobs so the cancel sticks.
-
-The cancellation is written to PostgreSQL and to the Redis copy every worker checks before a
-job starts (`resilience.cancel`), and Celery's own `revoke` is sent too so running workers
-drop the message at once. A job cancelled by id that has not started has its result stored
-as CANCELLED first, so the revoke never makes it REVOKED (`resilience.cancel.results`).
-`jobs cancellations` lists, withdraws and restores them.
+`jobs cancellations` (list, withdraw, restore): cancel jobs so the cancel sticks, in
+PostgreSQL, in the Redis copy every worker checks, and with Celery's `revoke`
+(`resilience.cancel`).
 """
 
 from __future__ import annotations
@@ -14,15 +10,11 @@ from functools import partial
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from jobs.admin.status import platform_source, show
+from jobs.admin.status import console, fail, platform_app, platform_source, show
 from resilience.cancel.view import VIEW, cancellations, read
 from resilience.cancel.view import cancel as run_cancel
 from resilience.views import ActionRefused
-
-console = Console()
-errors = Console(stderr=True)
 
 
 def cancel(
@@ -36,19 +28,16 @@ def cancel(
     """Cancel a job (ID), or every job of --task NAME whose cancel_key is KEY: it will not
     start on any worker, after restarts and redeliveries too."""
     if (task_id is None) == (task is None and key is None) or (task is None) != (key is None):
-        errors.print("[red]give a task id (jobs cancel ID) or both --task NAME and --key KEY"
-                     "[/red]")
-        raise typer.Exit(2)
+        raise fail("give a task id (jobs cancel ID) or both --task NAME and --key KEY")
     form = {"task_id": task_id or "", "task": task or "", "key": key or "", "reason": reason}
     try:
         console.print(run_cancel(platform_source(), form))
     except ActionRefused as refused:
-        errors.print(f"[red]{refused}, or add cancel_key=\"{{...}}\" to its @app.task[/red]")
-        raise typer.Exit(2) from None
+        raise fail(f"{refused}, or add cancel_key=\"{{...}}\" to its @app.task") from None
 
 
 cli = typer.Typer(help="Live cancellations: list, withdraw one, restore the Redis copies.",
-                      no_args_is_help=True)
+                  no_args_is_help=True)
 
 
 @cli.command("list")
@@ -64,15 +53,11 @@ def withdraw_command(
     target: Annotated[str, typer.Argument(help="id:<task id> or key:<task>:<key>")],
 ) -> None:
     """Withdraw a cancellation: jobs it has not stopped yet run again."""
-    from jobs import app  # lazy: builds the Celery app; `jobs --help` must not
-
-    done = cancellations(app).uncancel(target)
+    done = cancellations(platform_app()).uncancel(target)
     console.print(f"withdrawn {target}" if done else f"{target} was not cancelled")
 
 
 @cli.command("restore")
 def restore_command() -> None:
     """Write the Redis copy of every live cancellation again (after a Redis flush)."""
-    from jobs import app  # lazy: builds the Celery app; `jobs --help` must not
-
-    console.print(f"restored {cancellations(app).restore()} cancellation(s)")
+    console.print(f"restored {cancellations(platform_app()).restore()} cancellation(s)")

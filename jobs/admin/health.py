@@ -1,12 +1,6 @@
-"""`jobs health`: liveness of one worker apart from readiness of the stores (exit 0 / 1).
-
-    jobs health live --local --tier critical   the worker's heartbeat file on this host is
-                                               fresh (Kubernetes / docker liveness probe)
-    jobs health live --node critical@HOST      the worker answers a ping through the broker
-    jobs health ready                          Redis, broker, PostgreSQL up; migrations applied
-    jobs health ready --local --tier critical  the worker's last recorded readiness check is
-                                               fresh and passed (the readiness probe: no
-                                               store connection of its own)
+"""`jobs health live` (the worker's loop runs: its heartbeat file with `--local`, else a
+ping through the broker) apart from `jobs health ready` (its stores answer: the worker's
+recorded check with `--local`); exit 0 / 1. See docs/observe.md (Health).
 """
 
 from __future__ import annotations
@@ -15,9 +9,10 @@ import socket
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from jobs.admin.status import console, platform_app
 from jobs.observe.health import (
+    DEFAULT_MAX_AGE_SECONDS,
     DEFAULT_READY_MAX_AGE_SECONDS,
     Check,
     liveness,
@@ -25,11 +20,9 @@ from jobs.observe.health import (
     local_readiness,
     readiness,
 )
-from jobs.observe.heartbeat import DEFAULT_MAX_AGE_SECONDS
 
 cli = typer.Typer(help="Health checks: live (worker's loop runs), ready (stores reachable).",
                   no_args_is_help=True)
-console = Console()
 
 
 def _report(checks: list[Check]) -> None:
@@ -66,13 +59,8 @@ def live(
     `inspect ping`), 1 when it is not."""
     node = _node(node, tier)
     if local:  # no app, no broker: one stat of the heartbeat file
-
         _report(local_liveness(node, max_age_seconds=max_age))
-    else:
-        # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
-        from jobs import app
-
-        _report(liveness(app, node, timeout_seconds=timeout))
+    _report(liveness(platform_app(), node, timeout_seconds=timeout))
 
 
 @cli.command("ready")
@@ -92,9 +80,5 @@ def ready(
     """Exit 0 when Redis, the broker and PostgreSQL answer and migrations are applied
     (checked now, or with --local as the worker last recorded it), 1 when not."""
     if local:  # no app, no store: one read of the worker's readiness file
-
         _report(local_readiness(_node(node, tier), max_age_seconds=max_age))
-    # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
-    from jobs import app
-
-    _report(readiness(app))
+    _report(readiness(platform_app()))

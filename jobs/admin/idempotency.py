@@ -8,34 +8,25 @@ from functools import partial
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from jobs.admin.status import platform_source, print_view, show, table
+from jobs.admin.status import console, platform_source, print_view, show, table
 from resilience.idempotency import describe, records_for
 from resilience.idempotency.view import CLAIMS, RECENT, RECORD, record, summary
 
-cli = typer.Typer(
-    help="Idempotency records: status, show one, list recent ones, purge a key.",
-    no_args_is_help=True,
-)
-console = Console()
+cli = typer.Typer(help="Idempotency records: status, show one, list recent ones, purge a key.",
+                  no_args_is_help=True)
 
 TaskOption = Annotated[str, typer.Option("--task", "-t", help="the task name (key namespace)")]
 
 
 @cli.command("status")
 def status_command(
-    limit: Annotated[
-        int, typer.Option("--limit", "-n", min=1, max=1000, help="most open claims listed")
-    ] = 20,
+    limit: Annotated[int, typer.Option(
+        "--limit", "-n", min=1, max=1000, help="most open claims listed")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
-    count_cache: Annotated[
-        bool,
-        typer.Option(
-            "--count-cache",
-            help="also count the cached results (one SCAN of the whole guard Redis keyspace)",
-        ),
-    ] = False,
+    count_cache: Annotated[bool, typer.Option(
+        "--count-cache",
+        help="also count the cached results (one SCAN of the whole guard Redis keyspace)")] = False,
 ) -> None:
     """What is on now: records by state (estimated on a large table), open claims and their
     holders; cached results only with --count-cache (a SCAN, too slow to run routinely)."""
@@ -65,9 +56,8 @@ def show_command(
 def list_command(
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, max=1000)] = 20,
     task: Annotated[str | None, typer.Option("--task", "-t", help="only this task")] = None,
-    state: Annotated[
-        str | None, typer.Option("--state", help="in_progress, succeeded or failed")
-    ] = None,
+    state: Annotated[str | None, typer.Option(
+        "--state", help="in_progress, succeeded or failed")] = None,
 ) -> None:
     """The most recently updated records."""
     show(RECENT, read=partial(RECENT.read, limit=limit, task_name=task, state=state))
@@ -77,11 +67,8 @@ def list_command(
 def purge_command(
     key: Annotated[str, typer.Argument(help="the idempotency key")],
     task: TaskOption,
-    force: Annotated[
-        bool,
-        typer.Option(
-            "--force", help="also delete an open claim (its holder's result is then not recorded)"
-        ),
+    force: Annotated[bool, typer.Option(
+        "--force", help="also delete an open claim (its holder's result is then not recorded)")
     ] = False,
     yes: Annotated[bool, typer.Option("--yes", help="do not ask for confirmation")] = False,
 ) -> None:

@@ -6,9 +6,8 @@ import json
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
-from jobs.admin.status import platform_source, print_view, table
+from jobs.admin.status import console, platform_app, platform_source, print_view, table
 from resilience.admission import RedisBrokerDepth, depth_backend_for
 from resilience.counters import read_all
 from resilience.ratelimit import LEASE, RedisBackend
@@ -19,7 +18,6 @@ from resilience.views import Column, Source, View
 cli = typer.Typer(
     help="Overload control: bulkheads, semaphores, rate limits.", no_args_is_help=True
 )
-console = Console()
 
 #: Guards whose counters this view shows.
 GUARDS = ("bulkhead", "concurrency", "rate-limit", "deadline")
@@ -79,7 +77,5 @@ def release(
     holder: Annotated[str, typer.Argument(help="holder id, as `show` prints it")],
 ) -> None:
     """Free one holder's slot by hand (a holder known dead whose lease is long)."""
-    from jobs import app  # lazy: builds the Celery app; `jobs --help` must not
-
-    released = RedisBackend(stores_for(app).redis).release(LEASE, key, holder)
+    released = RedisBackend(stores_for(platform_app()).redis).release(LEASE, key, holder)
     console.print(f"{key}: {holder} {'released' if released else 'was not holding a slot'}")

@@ -6,22 +6,18 @@ import os
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
-from jobs.admin.status import print_view, table
+from jobs.admin.status import console, platform_app, print_view, table
 from resilience.locks import force_release
 from resilience.locks.view import LOCKS, held_rows
 from resilience.stores import stores_for
 
 cli = typer.Typer(help="Exclusive-run locks: list held locks, force-release one.",
                   no_args_is_help=True)
-console = Console()
 
 
 def _context() -> tuple[Any, list[str]]:
-    from jobs import app  # lazy: builds the Celery app; `jobs --help` must not
-
-    stores = stores_for(app)
+    stores = stores_for(platform_app())
     urls = [u.strip() for u in os.environ.get("REDLOCK_URLS", "").split(",") if u.strip()]
     return stores, urls or list(stores.redlock_urls)
 

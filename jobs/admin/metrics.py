@@ -1,8 +1,5 @@
-"""`jobs metrics`: serve Prometheus metrics on http://127.0.0.1:9808/metrics.
-
-Set `PROMETHEUS_MULTIPROC_DIR` (the same directory) for the workers and for this command to
-include the workers' lock hold-time histogram; the shared state is read at scrape time.
-"""
+"""`jobs metrics`: serve Prometheus metrics on http://127.0.0.1:9808/metrics (the workers'
+histograms too when `PROMETHEUS_MULTIPROC_DIR` names their directory)."""
 
 from __future__ import annotations
 
@@ -10,8 +7,8 @@ import time
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from jobs.admin.status import console, platform_source
 from jobs.observe.metrics import (
     DEFAULT_ADDRESS,
     DEFAULT_PORT,
@@ -22,7 +19,6 @@ from jobs.observe.metrics import (
 
 cli = typer.Typer(help="Prometheus metrics: serve /metrics (shared state + workers).",
                   invoke_without_command=True)
-console = Console()
 
 
 @cli.callback()
@@ -32,10 +28,7 @@ def metrics(
     once: Annotated[bool, typer.Option("--once", help="Print one scrape and exit.")] = False,
 ) -> None:
     """Serve /metrics until Ctrl-C (prometheus-client's own HTTP server)."""
-    # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
-    from jobs import app
-
-    app.loader.import_default_modules()
+    app = platform_source().app
     if once:
         from prometheus_client import generate_latest
 

@@ -1,18 +1,16 @@
-"""`jobs outbox`: run the relay that publishes the outbox, and show its state.
-
-    jobs outbox relay      publish committed rows until SIGTERM / Ctrl-C (`jobs up` runs it)
-    jobs outbox status     pending rows, lag, published in the last minute (--json)
-"""
+"""`jobs outbox relay` (publish committed rows until SIGTERM; `jobs up` runs it) and
+`jobs outbox status` (pending rows, lag, published in the last minute)."""
 
 from __future__ import annotations
 
 import logging
 import signal
-from typing import Annotated, Any
+import threading
+from typing import Annotated
 
 import typer
 
-from jobs.admin.status import show
+from jobs.admin.status import platform_source, show
 from jobs.cli import settings_or_exit, wait_for_services
 from resilience.outbox import Relay, RelayConfig
 from resilience.outbox.view import VIEW
@@ -34,24 +32,16 @@ def relay_command(
     """
     settings = settings_or_exit()
     wait_for_services(settings)
-    # lazy: `jobs.app` builds the Celery app on first access; `jobs --help` must not
-    from jobs import app
-
     logging.basicConfig(level=settings.log_level,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    app.loader.import_default_modules()
-    relay = Relay(app, RelayConfig(batch_size=batch_size, poll_seconds=poll_seconds,
-                                   lookahead_seconds=lookahead_seconds))
-    stopping: list[int] = []
-
-    def stop(signum: int, _frame: Any) -> None:
-        stopping.append(signum)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    relay = Relay(platform_source().app, RelayConfig(
+        batch_size=batch_size, poll_seconds=poll_seconds, lookahead_seconds=lookahead_seconds))
+    stopping = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopping.set())
     logging.getLogger("resilience.outbox").info(
         "outbox relay ready (batch %s, poll %gs)", batch_size, poll_seconds)
-    relay.run(should_stop=lambda: bool(stopping))
+    relay.run(should_stop=stopping.is_set)
 
 
 @cli.command("status")

@@ -1,22 +1,16 @@
-"""`jobs status`: the platform's resilience state, live in the terminal (rich).
-
-    jobs status            refreshes every second until Ctrl-C
-    jobs status --once     one snapshot, then exit 0 (1 when a store cannot serve)
-    jobs status --json     the snapshot as JSON (/api/resilience's document, plus the
-                           store probe's `stores` and `unavailable`); exit code as --once
-
-Before reading anything the stores are probed with short timeouts: a store that cannot
-serve is one line naming it (URL masked), why, and the fix (`make run`, its URL variable,
-`jobs migrate`), instead of a connection error per section. Piped, tables are printed
-as wide as they need, never cut to `…`.
+"""`jobs status`: the platform's resilience state, live in the terminal (`--once`, `--json`);
+the stores are probed first, so one that cannot serve is one line saying why and the fix.
+Also the table and source helpers every `jobs <group>` command prints with. See
+docs/observe.md (`jobs status`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Callable
-from typing import Annotated, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console, Group
@@ -30,6 +24,9 @@ from jobs.observe.snapshot import VIEWS, collect, probe_stores, problem_lines, u
 from jobs.settings import get_settings
 from jobs.tiers import TIERS
 from resilience.views import Source, View, missing
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 cli = typer.Typer(help="Live resilience view: tiers, pauses, cancellations, breakers, "
                        "budgets, limits, locks.",
@@ -61,10 +58,31 @@ def table(view: View, section: Any) -> Table:
     return shown
 
 
+def fail(message: str) -> typer.Exit:
+    """Print `message` as one red line on stderr; returns the exit (code 2) to raise."""
+    errors.print(f"[red]{message}[/red]")
+    return typer.Exit(2)
+
+
+@contextlib.contextmanager
+def exit_on(*kinds: type[Exception]) -> Iterator[None]:
+    """Turn an error of `kinds` into one red line on stderr and exit code 2."""
+    try:
+        yield
+    except kinds as exc:
+        raise fail(str(exc)) from None
+
+
+def platform_app() -> Celery:
+    """The platform's Celery app, built on first use (`jobs --help` must not build it)."""
+    from jobs import app  # lazy: builds the Celery app
+
+    return app
+
+
 def platform_source() -> Source:
     """What an admin command's view reads: the platform's app (its task modules loaded)."""
-    from jobs import app  # lazy: builds the Celery app; `jobs --help` must not
-
+    app = platform_app()
     app.loader.import_default_modules()
     return Source(app=app, tiers=TIERS)
 
@@ -96,18 +114,13 @@ PIPED_MAX_WIDTH = 1000
 
 
 def take_snapshot(*, inspect_timeout_seconds: float = 1.0) -> dict[str, Any]:
-    """Probe the stores, then collect what they can serve.
-
-    When no store answers, the Celery app is not even built: the answer comes in about a
-    second instead of waiting on every section's timeouts.
-    """
+    """Probe the stores, then collect what they can serve (when none answers, without even
+    building the Celery app: an answer in about a second, not every section's timeouts)."""
     stores = probe_stores(get_settings(), timeout_seconds=PROBE_TIMEOUT_SECONDS)
     if not any(status.ok for status in stores.values()):
         return unreachable_snapshot(stores)
-    from jobs import app  # lazy: building the Celery app is skipped when no store answers
-
-    app.loader.import_default_modules()
-    return collect(app, inspect_timeout_seconds=inspect_timeout_seconds, stores=stores)
+    return collect(platform_source().app, inspect_timeout_seconds=inspect_timeout_seconds,
+                   stores=stores)
 
 
 def _nothing_served(snapshot: dict[str, Any]) -> bool:
@@ -118,9 +131,7 @@ def _nothing_served(snapshot: dict[str, Any]) -> bool:
 def live_view(snapshot: dict[str, Any]) -> Group:
     """The live mode's screen: one red line per store that cannot serve, then the tables."""
     lines = [Text(line, style="red") for line in problem_lines(snapshot)]
-    if _nothing_served(snapshot):
-        return Group(*lines)
-    return Group(*lines, render(snapshot))
+    return Group(*lines) if _nothing_served(snapshot) else Group(*lines, render(snapshot))
 
 
 def print_view(view: Any, target: Console | None = None) -> None:
@@ -153,13 +164,12 @@ def status(
     A store that cannot serve is one line saying which and how to fix it; `--once` and
     `--json` then exit 1.
     """
+    snapshot = take_snapshot()
     if as_json:
-        snapshot = take_snapshot()
         typer.echo(json.dumps(snapshot, default=str, indent=2))
         if snapshot["unavailable"]:
             raise typer.Exit(EXIT_UNAVAILABLE)
         return
-    snapshot = take_snapshot()
     if once or _nothing_served(snapshot):
         # Nothing to watch live when no store answers: say so and stop.
         if not _nothing_served(snapshot):

@@ -6,13 +6,18 @@ stamp, and why not on RabbitMQ: docs/observe.md (The oldest message's age).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
+
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from resilience.admission.broker import RedisBrokerDepth, depth_backend_for
 from resilience.connections import translate_store_error
+from resilience.connections.redis import redis_from_url
 from resilience.headers import finite_seconds
 
 if TYPE_CHECKING:
@@ -57,22 +62,24 @@ def per_list(client: Any, lists: dict[str, list[str]], command: str,
     return {key: [next(replies) for _ in names] for key, names in lists.items()}
 
 
-def _redis_backlog(app: Celery, url: str, queues: list[str], timeout_seconds: float) -> int:
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    names = RedisBrokerDepth(url, app.conf.broker_transport_options)
-    client = redis.Redis.from_url(url, socket_timeout=timeout_seconds,
-                                  socket_connect_timeout=timeout_seconds,
-                                  retry=Retry(NoBackoff(), 0))
+@contextlib.contextmanager
+def quick_redis(url: str, timeout_seconds: float) -> Iterator[Any]:
+    """A Redis client of its own for one quick read, closed after: short timeouts and no
+    retries (redis-py's default retries with backoff made a down Redis cost seconds)."""
+    client = redis_from_url(url, socket_connect_timeout=timeout_seconds,
+                            socket_timeout=timeout_seconds, retry=Retry(NoBackoff(), 0))
     try:
+        yield client
+    finally:
+        client.close()
+
+
+def _redis_backlog(app: Celery, url: str, queues: list[str], timeout_seconds: float) -> int:
+    names = RedisBrokerDepth(url, app.conf.broker_transport_options)
+    with quick_redis(url, timeout_seconds) as client:
         lists = {queue: names.lists(queue) for queue in queues}
         return sum(int(size) for sizes in per_list(client, lists, "llen").values()
                    for size in sizes)
-    finally:
-        client.close()
-        client.connection_pool.disconnect()
 
 
 def _amqp_backlog(app: Celery, queues: list[str], timeout_seconds: float) -> int:

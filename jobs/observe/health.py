@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("jobs.observe.health")
 
+#: Default `--max-age` of `jobs health live --local` (the worker beats every second).
+DEFAULT_MAX_AGE_SECONDS = 30.0
 #: Seconds between a worker's readiness checks.
 READY_CHECK_INTERVAL_SECONDS = 10.0
 #: Default `--max-age` of `jobs health ready --local`: a few missed checks (a check may
@@ -209,9 +211,16 @@ def check_postgres(app: Celery) -> list[Check]:
     ]
 
 
-def readiness(app: Celery) -> list[Check]:
-    """Redis, the broker and PostgreSQL reachable; migrations applied."""
-    return [check_redis(app), check_broker(app), *check_postgres(app)]
+def readiness(app: Celery, broker_connected: Callable[[], bool] | None = None) -> list[Check]:
+    """Redis, the broker and PostgreSQL reachable; migrations applied. A worker checks on its
+    pooled clients, and sees the broker as its consumer does (`broker_connected`)."""
+    if broker_connected is None:
+        broker = check_broker(app)
+    elif broker_connected():
+        broker = Check("broker", True, "consumer connected")
+    else:
+        broker = Check("broker", False, "consumer not consuming (connecting or reconnecting)")
+    return [check_redis(app), broker, *check_postgres(app)]
 
 
 # -- cached readiness ---------------------------------------------------------------------
@@ -249,17 +258,9 @@ def local_readiness(node: str, *, max_age_seconds: float = DEFAULT_READY_MAX_AGE
     return [fresh, *checks]
 
 
-def worker_readiness(app: Celery, broker_connected: Callable[[], bool]) -> list[Check]:
-    """A worker's own readiness on its pooled clients: Redis PING, PostgreSQL and
-    migrations, and the broker as the consumer sees it (`broker_connected`)."""
-    broker = (Check("broker", True, "consumer connected") if broker_connected()
-              else Check("broker", False, "consumer not consuming (connecting or reconnecting)"))
-    return [check_redis(app), broker, *check_postgres(app)]
-
-
 class ReadinessRecorder:
     """Runs `check` every `interval_seconds` in a thread and records the result in `path`
-    (`readiness_path(node)`); `check` is `worker_readiness` bound to the worker."""
+    (`readiness_path(node)`); `check` is `readiness` bound to the worker."""
 
     def __init__(self, path: Path, check: Callable[[], list[Check]],
                  interval_seconds: float = READY_CHECK_INTERVAL_SECONDS) -> None:

@@ -21,10 +21,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
-from jobs.observe.backlog import per_list
+from jobs.observe.backlog import per_list, quick_redis
 from jobs.observe.health import missing_migrations
 from jobs.settings import Settings
 from jobs.tiers import TIERS
@@ -32,7 +29,6 @@ from resilience.admission import RedisBrokerDepth, depth_backend_for
 from resilience.batches import view as batches_view
 from resilience.cancel import view as cancel_view
 from resilience.circuit import view as circuit_view
-from resilience.connections.redis import redis_from_url
 from resilience.counters import read_all
 from resilience.deadletter import view as deadletter_view
 from resilience.idempotency import view as idempotency_view
@@ -146,17 +142,12 @@ def url_variable(field: str, default: str) -> str:
 
 
 def _probe_redis(url: str, timeout_seconds: float) -> None:
-    """PING with a client of our own: short timeouts and no retries (redis-py's default
-    retries with backoff are what made a down Redis cost seconds)."""
-    client = redis_from_url(url, socket_connect_timeout=timeout_seconds,
-                            socket_timeout=timeout_seconds, retry=Retry(NoBackoff(), 0))
-    try:
+    with quick_redis(url, timeout_seconds) as client:
         client.ping()
-    finally:
-        client.close()
 
 
-def _probe_amqp(url: str, timeout_seconds: float) -> None:
+def probe_broker(url: str, timeout_seconds: float) -> None:
+    """Connect to the broker at `url` once (any kombu transport); raises when it cannot."""
     from kombu import Connection
 
     with Connection(url, connect_timeout=timeout_seconds) as connection:
@@ -223,7 +214,7 @@ def probe_stores(settings: Settings, *, timeout_seconds: float = 1.0) -> dict[st
         ("broker", "Redis" if settings.broker_is_redis else "RabbitMQ", "broker",
          settings.effective_broker_url,
          url_variable("broker_url", "BROKER_URL") if settings.broker_url else redis_variable,
-         _probe_redis if settings.broker_is_redis else _probe_amqp),
+         _probe_redis if settings.broker_is_redis else probe_broker),
         ("redis", "Redis", "guard state", settings.effective_redis_url, redis_variable,
          _probe_redis),
         ("database", "PostgreSQL", "durable state", settings.effective_database_url,

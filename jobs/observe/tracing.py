@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 DEFAULT_SERVICE_NAME = "jobs"
 
 _installed: TracerProvider | None = None
-_flush_on_exit: Any = None
+#: The receivers flushing spans at a worker's (and a pool process's) shutdown.
+_FLUSH = "jobs.observe.tracing.flush"
 
 
 def tracing_enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -58,12 +59,9 @@ def _exporter(name: str, environ: Mapping[str, str]) -> Any:
     return next(iter(found)).load()()
 
 
-def install_tracing(
-    *,
-    span_processor: SpanProcessor | None = None,
-    environ: Mapping[str, str] | None = None,
-    set_global: bool = True,
-) -> TracerProvider:
+def install_tracing(*, span_processor: SpanProcessor | None = None,
+                    environ: Mapping[str, str] | None = None,
+                    set_global: bool = True) -> TracerProvider:
     """Trace this process: a tracer provider exporting as `OTEL_*` says, and Celery
     instrumented with it. Idempotent: a second call returns the first provider.
 
@@ -81,6 +79,8 @@ def install_tracing(
     if _installed is not None:
         return _installed
     environ = os.environ if environ is None else environ
+    from celery import signals
+
     try:
         from opentelemetry import trace
         from opentelemetry.instrumentation.celery import CeleryInstrumentor
@@ -110,7 +110,12 @@ def install_tracing(
     if span_processor is not None:
         provider.add_span_processor(span_processor)
     CeleryInstrumentor().instrument(tracer_provider=provider)
-    _connect_flush_on_exit(provider)
+
+    def flush(**_: Any) -> None:  # a prefork pool process ends without running atexit
+        provider.force_flush(timeout_millis=5000)
+
+    for signal in (signals.worker_process_shutdown, signals.worker_shutdown):
+        signal.connect(flush, weak=False, dispatch_uid=_FLUSH)
     _installed = provider
     return provider
 
@@ -126,21 +131,9 @@ def uninstall_tracing() -> None:
     from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
     CeleryInstrumentor().uninstrument()
-    signals.worker_process_shutdown.disconnect(_flush_on_exit)
-    signals.worker_shutdown.disconnect(_flush_on_exit)
+    for signal in (signals.worker_process_shutdown, signals.worker_shutdown):
+        signal.disconnect(dispatch_uid=_FLUSH)
     if trace.get_tracer_provider() is not _installed:
         _installed.shutdown()
     _installed = None
 
-
-def _connect_flush_on_exit(provider: TracerProvider) -> None:
-    """A prefork pool process ends without running atexit: flush its spans first."""
-    global _flush_on_exit
-    from celery import signals
-
-    def flush(**_: Any) -> None:
-        provider.force_flush(timeout_millis=5000)
-
-    _flush_on_exit = flush
-    signals.worker_process_shutdown.connect(flush, weak=False)
-    signals.worker_shutdown.connect(flush, weak=False)

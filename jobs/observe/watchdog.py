@@ -1,8 +1,11 @@
-"""Consumption watchdog: a worker that stops taking work while it stays alive reconnects
-its consumer, then exits with status 75 for its supervisor to restart (celery#4453, #8030,
-#8082, #8091, #9054, #10205); a broker nothing reaches is an outage, waited out. The stall
-rule, the timeline of one stall and what is not seen: docs/observe.md (Workers that stop
-consuming and stay alive).
+"""The worker's liveness, kept in its main process: the heartbeat file (`jobs health live
+--local` reads its age: one `stat`, no broker round trip), beaten by the event loop and, while
+the main thread waits for a lost broker, by a thread (a broker outage must not fail every
+liveness probe of the fleet at once); and the consumption watchdog: a worker that stops
+taking work while it stays alive reconnects its consumer, then exits with status 75 for its
+supervisor to restart (celery#4453, #8030, #8082, #8091, #9054, #10205); a broker nothing
+reaches is an outage, waited out. The heartbeat's bootstep also starts the worker's
+readiness recorder. See docs/observe.md (Health; Workers that stop consuming).
 """
 
 from __future__ import annotations
@@ -12,22 +15,170 @@ import logging
 import os
 import signal
 import socket
+import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from celery import bootsteps, signals
+from kombu.utils.functional import retry_over_time
 
 from jobs.observe.backlog import fresh_backlog
-from jobs.observe.health import Periodic, clear_stalled, heartbeat_age, mark_stalled
-from jobs.observe.heartbeat import main_thread_waits_for_broker
+from jobs.observe.health import (
+    Periodic,
+    ReadinessRecorder,
+    clear_stalled,
+    heartbeat_age,
+    heartbeat_path,
+    mark_stalled,
+    readiness,
+    readiness_path,
+)
 from jobs.observe.metrics import WATCHDOG
 from jobs.settings import get_settings
 from resilience.counters import count_outcome
 
 logger = logging.getLogger("jobs.observe.watchdog")
 
+#: Seconds between beats; the probe's max age should be many of these.
+BEAT_INTERVAL_SECONDS = 1.0
+#: A worker starting removes other heartbeat files older than this (killed workers').
+ABANDONED_AFTER_SECONDS = 24 * 3600.0
+
+
+class Heartbeat:
+    """The heartbeat file of worker `node`, beaten by its event loop or, while the main
+    thread waits for the broker or the consumer is down, by a thread of the main process."""
+
+    def __init__(self, node: str, interval_seconds: float = BEAT_INTERVAL_SECONDS) -> None:
+        self.path = heartbeat_path(node)
+        self.interval_seconds = interval_seconds
+        #: True while the consumer runs (its event loop beats); False: the thread beats.
+        self.consuming = False
+        self._thread = Periodic("jobs-heartbeat", interval_seconds, self._beat_if_waiting)
+        self._warned = False
+
+    def beat(self) -> None:
+        """Touch the file; a write error is logged once and never stops the worker."""
+        try:
+            try:
+                os.utime(self.path)
+            except FileNotFoundError:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.path.write_text(f"{os.getpid()}\n")
+            self._warned = False
+        except OSError as exc:
+            if not self._warned:
+                logger.warning("heartbeat file %s cannot be written (%s): `jobs health live "
+                               "--local` will fail; set TMPDIR to a writable directory",
+                               self.path, exc)
+                self._warned = True
+
+    def start(self) -> None:
+        """Write the file and start the thread that beats while the consumer is down."""
+        self.beat()
+        _remove_abandoned(self.path.parent)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop beating and remove the file: a worker that has stopped is not alive."""
+        self._thread.stop(join_seconds=self.interval_seconds * 2)
+        self.path.unlink(missing_ok=True)
+
+    def _beat_if_waiting(self) -> None:
+        if not self.consuming or main_thread_waits_for_broker():
+            self.beat()
+
+
+def main_thread_waits_for_broker() -> bool:
+    """Is the main thread inside kombu's connection retry loop (`retry_over_time`)?"""
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    while frame is not None:
+        if frame.f_code is retry_over_time.__code__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _remove_abandoned(directory: Path) -> None:
+    """Remove heartbeat files untouched for a day: killed workers' files, which nothing
+    else removes (node names that never come back, as in test sessions)."""
+    cutoff = time.time() - ABANDONED_AFTER_SECONDS
+    for path in directory.glob("*"):
+        try:
+            if path.stat().st_mtime < cutoff:
+                path.unlink()
+        except OSError:
+            pass  # another worker removed it first, or it is not ours to remove
+
+
+class WorkerHeartbeat(bootsteps.StartStopStep):
+    """Worker bootstep: the heartbeat file, beaten every second by the worker's timer."""
+
+    requires = ("celery.worker.components:Timer",)
+    timer_entry: Any = None
+
+    def create(self, w: Any) -> Heartbeat:
+        heartbeat = w.jobs_heartbeat = Heartbeat(w.hostname)
+
+        def broker_connected() -> bool:
+            return heartbeat.consuming and not main_thread_waits_for_broker()
+
+        w.jobs_readiness = ReadinessRecorder(
+            readiness_path(w.hostname), lambda: readiness(w.app, broker_connected))
+        return heartbeat
+
+    def start(self, w: Any) -> None:
+        # Registered before the consumer starts, so the consumer's reconnects (which cancel
+        # the timer entries of a lost connection) keep it.
+        super().start(w)
+        self.timer_entry = w.timer.call_repeatedly(
+            w.jobs_heartbeat.interval_seconds, w.jobs_heartbeat.beat)
+        w.jobs_readiness.start()
+
+    def stop(self, w: Any) -> None:
+        # The thread keeps beating while the pool finishes its tasks; `worker_shutdown`
+        # stops it and removes the file (`stop_heartbeat`).
+        if self.timer_entry is not None:
+            w.timer.cancel(self.timer_entry)
+            self.timer_entry = None
+        w.jobs_heartbeat.consuming = False
+
+    terminate = stop
+
+
+class ConsumerHeartbeat(bootsteps.StartStopStep):
+    """Consumer bootstep: tells the heartbeat whether the consumer (and its loop) runs."""
+
+    # Started after the connection and the task consumers, just before the event loop.
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def start(self, c: Any) -> None:
+        heartbeat = getattr(c.controller, "jobs_heartbeat", None)
+        if heartbeat is not None:
+            heartbeat.consuming = True
+            heartbeat.beat()
+
+    def stop(self, c: Any) -> None:
+        heartbeat = getattr(c.controller, "jobs_heartbeat", None)
+        if heartbeat is not None:
+            heartbeat.consuming = False
+
+    shutdown = stop
+
+
+def stop_heartbeat(worker: Any) -> None:
+    """Stop `worker`'s heartbeat and readiness checks and remove their files (the worker
+    has shut down)."""
+    for part in (getattr(worker, "jobs_readiness", None), getattr(worker, "jobs_heartbeat", None)):
+        if part is not None:
+            part.stop()
+
+
+# -- the consumption watchdog ----------------------------------------------------------
 #: Exit status of a worker that stalled and did not recover (EX_TEMPFAIL: start it again).
 EXIT_STALLED = 75
 #: Counter labels of the watchdog's decisions (`jobs_worker_stalls_total{action}`).
@@ -204,12 +355,9 @@ def consumer_state(worker: Any, *, blocked_after_seconds: float = 5.0) -> Consum
     qos = getattr(consumer, "qos", None)
     limit = int(getattr(qos, "value", 0) or 0)
     return ConsumerState(
-        taken=_taken[0],
-        free_slots=limit == 0 or len(state.reserved_requests) < limit,
-        consuming=running and not main_thread_waits_for_broker(),
-        queues=queues,
-        loop_blocked=(heartbeat_age(worker.hostname) or 0.0) > blocked_after_seconds,
-    )
+        taken=_taken[0], free_slots=limit == 0 or len(state.reserved_requests) < limit,
+        consuming=running and not main_thread_waits_for_broker(), queues=queues,
+        loop_blocked=(heartbeat_age(worker.hostname) or 0.0) > blocked_after_seconds)
 
 
 def broker_addresses(app: Any) -> set[tuple[str, int]]:
@@ -337,7 +485,7 @@ class WorkerWatchdog(bootsteps.StartStopStep):
             heartbeat = getattr(w, "jobs_heartbeat", None)
             if watchdog.outage and heartbeat is not None:
                 # Nothing reaches the broker: the main thread may be blocked on a silent
-                # socket, but a restart would not help. Liveness holds (heartbeat.py).
+                # socket, but a restart would not help. Liveness holds.
                 heartbeat.beat()
 
         return Periodic("jobs-watchdog", watchdog.check_interval_seconds, check)
@@ -353,5 +501,6 @@ def _stall_seconds(app: Any) -> float:
 
 
 def install(app: Any) -> None:
-    """Add the watchdog bootstep to `app`'s workers (before the worker is built)."""
-    app.steps["worker"].add(WorkerWatchdog)
+    """Add the heartbeat and watchdog bootsteps to `app`'s workers (before it is built)."""
+    app.steps["worker"].update({WorkerHeartbeat, WorkerWatchdog})
+    app.steps["consumer"].add(ConsumerHeartbeat)

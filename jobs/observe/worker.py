@@ -13,7 +13,7 @@ from typing import Any
 
 from celery import signals
 
-from jobs.observe import heartbeat, watchdog
+from jobs.observe import watchdog
 from jobs.observe.logging import install_worker_logging
 from jobs.observe.metrics import LOCK_HOLD_SECONDS, WORKFLOW_STEP_SECONDS, multiprocess_dir
 from resilience.outcomes import OutcomeStored
@@ -72,18 +72,14 @@ def _process_gone(pid: int | None = None, **_: Any) -> None:
 @signals.celeryd_init.connect(weak=False)
 def _install_heartbeat(instance: Any = None, **_: Any) -> None:
     if instance is not None:
-        heartbeat.install(instance.app)
-        watchdog.install(instance.app)  # restarts a worker that stopped consuming
+        watchdog.install(instance.app)
 
 
 @signals.worker_shutdown.connect(weak=False)
 def _stop_heartbeat(sender: Any = None, **_: Any) -> None:
-    heartbeat.stop_heartbeat(sender)
+    watchdog.stop_heartbeat(sender)
 
 
-def _observe_step(task_name: str, state: str, seconds: float) -> None:
-    WORKFLOW_STEP_SECONDS.labels(task=task_name, state=state).observe(seconds)
-
-
-observe_steps(_observe_step)
+observe_steps(lambda task_name, state, seconds: WORKFLOW_STEP_SECONDS.labels(
+    task=task_name, state=state).observe(seconds))
 install_worker_logging()

@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 
 from jobs.embedded import embedded_redis, free_port
-from jobs.observe.health import liveness, local_liveness, readiness
-from jobs.observe.heartbeat import heartbeat_path
+from jobs.observe.health import heartbeat_path, liveness, local_liveness, readiness
 from tests.support import ROOT, wait_for
 
 
