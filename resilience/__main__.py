@@ -48,25 +48,23 @@ def parser() -> argparse.ArgumentParser:
     commands = main_parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                           parser_class=_Parser)
 
-    def database_options(command: argparse.ArgumentParser) -> None:
+    for name, help_text in (("migrate", "create or update the resilience tables"),
+                            ("current", "print the applied revision"),
+                            ("downgrade", "revert to a revision (base: drop every table)")):
+        command = commands.add_parser(name, help=help_text)
         source = command.add_mutually_exclusive_group()
         source.add_argument("--database-url", metavar="URL",
                             help="PostgreSQL URL of the resilience tables")
         source.add_argument("-A", "--app", metavar="MODULE[:APP]",
                             help="Celery app whose conf.resilience_database_url to use")
-
-    migrate = commands.add_parser("migrate", help="create or update the resilience tables")
-    database_options(migrate)
-    migrate.add_argument("--revision", default="head", help="target revision (default: head)")
-    migrate.add_argument("--sql", action="store_true",
-                         help="print the SQL from an empty database instead of running it")
-    current = commands.add_parser("current", help="print the applied revision")
-    database_options(current)
-    downgrade = commands.add_parser("downgrade",
-                                    help="revert to a revision (base: drop every table)")
-    database_options(downgrade)
-    downgrade.add_argument("--revision", required=True,
-                           help="target revision; `base` drops every resilience table")
+        if name == "migrate":
+            command.add_argument("--revision", default="head",
+                                 help="target revision (default: head)")
+            command.add_argument("--sql", action="store_true",
+                                 help="print the SQL from an empty database instead of running it")
+        elif name == "downgrade":
+            command.add_argument("--revision", required=True,
+                                 help="target revision; `base` drops every resilience table")
     return main_parser
 
 

@@ -43,22 +43,6 @@ class RejectionPolicy(str, Enum):
     CALLER_RUNS = "caller_runs"
     WAIT = "wait"
 
-    @classmethod
-    def parse(cls, value: str | RejectionPolicy) -> RejectionPolicy:
-        """The policy named `value`.
-
-        Raises:
-            ConfigurationError: an unknown policy, listing the valid ones.
-        """
-        try:
-            return cls(value)
-        except ValueError:
-            valid = ", ".join(policy.value for policy in cls)
-            raise ConfigurationError(
-                f"unknown rejection policy {value!r}; valid policies are: {valid}",
-                policy=value,
-            ) from None
-
 
 @dataclass(frozen=True, kw_only=True)
 class BulkheadConfig:
@@ -87,7 +71,14 @@ class BulkheadConfig:
     on_store_down: StoreDown | str = StoreDown.FAIL_OPEN
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "policy", RejectionPolicy.parse(self.policy))
+        try:
+            object.__setattr__(self, "policy", RejectionPolicy(self.policy))
+        except ValueError:
+            valid = ", ".join(policy.value for policy in RejectionPolicy)
+            raise ConfigurationError(
+                f"unknown rejection policy {self.policy!r}; valid policies are: {valid}",
+                policy=self.policy,
+            ) from None
         object.__setattr__(self, "on_store_down", store_down_policy(self.on_store_down))
         if not isinstance(self.tier, str) or not self.tier:
             raise ConfigurationError(f"a bulkhead needs a tier name, got {self.tier!r}")
@@ -199,15 +190,12 @@ class AdmissionGuard(EnqueueGuard):
     def config_for(self, task: Task) -> BulkheadConfig | None:
         return self.config if isinstance(self.config, BulkheadConfig) else self.config(task)
 
-    def backend_for(self, task: Task) -> DepthBackend:
-        return self.backend or depth_backend_for(task.app)
-
     # -- the decision ------------------------------------------------------------------
     def before_publish(self, publish: Publish) -> None:
         config = self.config_for(publish.task)
         if config is None:
             return
-        backend = self.backend_for(publish.task)
+        backend = self.backend or depth_backend_for(publish.task.app)
         queue = queue_of(publish)
         bound = (None if config.policy is RejectionPolicy.WAIT
                  else backend.transport_bound(queue, config.max_queue_depth))
@@ -216,9 +204,8 @@ class AdmissionGuard(EnqueueGuard):
             # RabbitMQ: x-max-length with reject-publish); a full queue comes back as an
             # error from the publish, and give_back applies the policy.
             if bound:
-                headers = dict(publish.options.get("headers") or {})
-                headers[BOUND_HEADER] = bound
-                publish.options["headers"] = headers
+                publish.options["headers"] = {**(publish.options.get("headers") or {}),
+                                              BOUND_HEADER: bound}
             publish.state[_STATE] = _Taken(config, queue, backend, None)
             return
         reservation = uuid.uuid4().hex
