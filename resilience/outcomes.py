@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from celery import signals
+from celery import current_task, signals
 from celery.exceptions import Ignore
 
 from resilience.headers import epoch_seconds
@@ -247,7 +247,7 @@ def counted(outcome: str, *, guard: str, tier: str | None = None, name: str | No
             attributes=_attributes(guard=guard, outcome=str(outcome), reason=reason,
                                    retry_after=retry_after_seconds, name=name, tier=tier),
             timestamp_ns=time.time_ns(),
-            task_id=_current_task_id(),
+            task_id=getattr(getattr(current_task, "request", None), "id", None),
         )
         if str(outcome) in _WRITTEN_AT_ONCE:
             _write(decision)
@@ -280,12 +280,6 @@ def stopped(stop: Stop) -> None:
             retry_after=stop.retry_after_seconds))
     except Exception:  # noqa: BLE001 - tracing must never fail a job
         return
-
-
-def _current_task_id() -> str | None:
-    from celery import current_task
-
-    return getattr(getattr(current_task, "request", None), "id", None)
 
 
 def _flush_before_publish(headers: Any = None, **_: Any) -> None:
