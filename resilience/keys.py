@@ -31,12 +31,10 @@ KeyOption = str | Callable[..., Any] | None
 
 
 # Built once (`json.dumps` with options builds one per call); encoders are stateless.
-_PLAIN_ENCODER = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-)
-_CELERY_ENCODER = JSONEncoder(
-    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-)
+_CANONICAL = {"sort_keys": True, "separators": (",", ":"), "ensure_ascii": False,
+              "allow_nan": False}
+_PLAIN_ENCODER = json.JSONEncoder(**_CANONICAL)  # type: ignore[arg-type]
+_CELERY_ENCODER = JSONEncoder(**_CANONICAL)  # type: ignore[arg-type]
 
 
 def canonical_json(value: Any) -> str:

@@ -108,15 +108,11 @@ def _redis_verdict(exc: BaseException) -> type[StorageError] | None:
         return StoreUnavailable
     if not isinstance(exc, errors.RedisError):
         return None
-    # A Sentinel that names no master (`MasterNotFoundError`) is a ConnectionError.
-    if isinstance(exc, errors.ConnectionError | errors.TimeoutError | errors.InvalidResponse):
-        return StoreUnavailable
-    if isinstance(
-        exc, errors.ReadOnlyError | errors.TryAgainError | errors.ClusterError
-        | errors.AskError | errors.OutOfMemoryError
-    ):
-        # ClusterError: CLUSTERDOWN / MASTERDOWN replies, and the cluster client giving up
-        # after too many redirections ("TTL exhausted") while slots move.
+    # A Sentinel that names no master is a ConnectionError; ClusterError: CLUSTERDOWN /
+    # MASTERDOWN replies, and the cluster client giving up after too many redirections.
+    if isinstance(exc, errors.ConnectionError | errors.TimeoutError | errors.InvalidResponse
+                  | errors.ReadOnlyError | errors.TryAgainError | errors.ClusterError
+                  | errors.AskError | errors.OutOfMemoryError):
         return StoreUnavailable
     if isinstance(exc, errors.ResponseError):
         # redis-py keeps the code of replies it has no class for: "BUSY Redis is busy ..."
