@@ -36,6 +36,8 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol, TypeVar
 
+from celery import signals
+
 from resilience.connections import on_fork
 
 logger = logging.getLogger("resilience.flushing")
@@ -135,11 +137,9 @@ def wake(interval: float) -> None:
         registry.dirty = True
         registry.tick = min(registry.tick, max(MIN_TICK_SECONDS, interval / 2))
         if registry.thread is None:
-            thread = threading.Thread(
-                target=_run, args=(registry,), name="resilience-flush", daemon=True
-            )
-            registry.thread = thread
-            thread.start()
+            registry.thread = threading.Thread(target=_run, args=(registry,),
+                                               name="resilience-flush", daemon=True)
+            registry.thread.start()
 
 
 def _run(registry: _Registry) -> None:
@@ -169,8 +169,8 @@ def _flush(aggregate: Aggregate, now: float, *, force: bool) -> bool:
         return False
 
 
-def flush_all() -> None:
-    """Send everything this process holds now (shutdown; tests)."""
+def flush_all(*_args: Any, **_kwargs: Any) -> None:
+    """Send everything this process holds now (shutdown, from atexit or a signal; tests)."""
     registry = _registry
     with registry.lock:
         members = list(registry.members.values())
@@ -179,15 +179,6 @@ def flush_all() -> None:
         _flush(aggregate, now, force=True)
 
 
-def _flush_at_exit(*_args: Any, **_kwargs: Any) -> None:
-    flush_all()
-
-
-atexit.register(_flush_at_exit)
-
-try:  # a prefork child exits without atexit: Celery tells it first
-    from celery import signals
-
-    signals.worker_process_shutdown.connect(_flush_at_exit, weak=False)
-except ImportError:  # pragma: no cover - Celery is a dependency of the platform
-    pass
+atexit.register(flush_all)
+# A prefork child exits without atexit: Celery tells it first.
+signals.worker_process_shutdown.connect(flush_all, weak=False)

@@ -153,16 +153,10 @@ class Stores:
         if database_url is None and integration is not None:
             # Read now, not at startup: Django's test runner renames the test database.
             database_url = integration.database_url(django_database)
-        return cls(
-            redis_url=redis_url,
-            database_url=database_url,
-            redlock_urls=tuple(redlock),
-            locks_database_url=conf.get("resilience_locks_database_url") or None,
-            pool_mode=conf.get("resilience_pool_mode"),
-            transactions=transactions,
-            django_database=django_database,
-            **timeouts,
-        )
+        return cls(redis_url=redis_url, database_url=database_url, redlock_urls=tuple(redlock),
+                   locks_database_url=conf.get("resilience_locks_database_url") or None,
+                   pool_mode=conf.get("resilience_pool_mode"), transactions=transactions,
+                   django_database=django_database, **timeouts)
 
     def backend(self, kind: str, build: Callable[[Stores], _Backend],
                 memory: Callable[[], _Backend] | None = None, *,
