@@ -8,17 +8,6 @@ from resilience.cancel.guard import CANCEL_KEY_OPTION, CancelConfig, CancelGuard
 from resilience.cancel.results import store_cancelled
 from resilience.cancel.tombstones import DEFAULT_TTL_SECONDS, Cancellation, Cancellations
 
-__all__ = [
-    "CANCEL_KEY_OPTION",
-    "DEFAULT_TTL_SECONDS",
-    "CancelBackend",
-    "CancelConfig",
-    "CancelGuard",
-    "Cancellation",
-    "Cancellations",
-    "MemoryCancelBackend",
-    "RedisCancelBackend",
-    "id_target",
-    "key_target",
-    "store_cancelled",
-]
+__all__ = ["CANCEL_KEY_OPTION", "DEFAULT_TTL_SECONDS", "CancelBackend", "CancelConfig",
+           "CancelGuard", "Cancellation", "Cancellations", "MemoryCancelBackend",
+           "RedisCancelBackend", "id_target", "key_target", "store_cancelled"]

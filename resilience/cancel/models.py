@@ -7,8 +7,7 @@ import sqlalchemy as sa
 from resilience.schema import metadata
 
 cancellations = sa.Table(
-    "resilience_cancellations",
-    metadata,
+    "resilience_cancellations", metadata,
     sa.Column("id", sa.BigInteger, primary_key=True),
     #: `id:<task id>` or `key:<task name>:<key>` (see resilience.cancel.backends).
     sa.Column("target", sa.Text, nullable=False, unique=True),
@@ -16,9 +15,8 @@ cancellations = sa.Table(
     sa.Column("task_id", sa.Text),
     sa.Column("key", sa.Text),
     sa.Column("reason", sa.Text, nullable=False),
-    sa.Column(
-        "created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
-    ),
+    sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now(),
+              nullable=False),
     sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
     sa.Index("ix_resilience_cancellations_expires_at", "expires_at"),
 )

@@ -33,12 +33,8 @@ SHOWN = 50
 
 
 def cancellations(app: Celery) -> Cancellations:
-    """The operator's side of cancellation for `app`: the PostgreSQL record and the marks.
-
-    A cancellation lasts a week or, if longer, the broker's visibility timeout plus the
-    longest countdown (`resilience_max_countdown_seconds`), so no delivery of the job can
-    outlive it.
-    """
+    """The operator's side of cancellation for `app`: the PostgreSQL record and the marks,
+    lasting longer than any delivery of the job (docs/operations.md)."""
     stores = stores_for(app)
     options = app.conf.get("broker_transport_options") or {}
     longest = (float(options.get("visibility_timeout") or 0)

@@ -5,9 +5,8 @@
 
     PauseSwitch(RedisPauseBackend(client)).pause("tier", "standard", reason="db migration")
 
-A paused job is DEFERRED with reason "paused": it spends no retry and is never lost; the
-queue keeps its depth, and a resumed tier drains. Workers read the switches at most every
-`refresh_seconds` (1 s) per process, so a pause costs no Redis round trip per job.
+A paused job is DEFERRED (no retry spent, nothing lost) until resumed. See
+docs/operations.md.
 """
 
 from resilience.pause.backends import PauseBackend, Paused

@@ -93,9 +93,8 @@ class PauseGuard(Guard):
 
     def _switches_on(self, call: Call) -> list[Paused]:
         """The call's switches (its tier's, its task's) that are on, from this process's
-        copy, read again (one MGET) when older than `refresh_seconds`. A failed read is
-        not retried before the next refresh either: a store that is down costs one
-        attempt per refresh, not one per job.
+        copy, read again (one MGET) when older than `refresh_seconds`; a store that is down
+        costs one attempt per refresh, not one per job.
 
         Raises:
             StorageError: unreadable and no earlier copy to keep.
@@ -134,5 +133,4 @@ class PauseGuard(Guard):
             Outcome.DEFERRED, guard=self.name,
             reason=f"paused: {hit.scope} {hit.name!r} ({hit.reason or 'no reason given'})",
             retry_after_seconds=self.config.retry_seconds,
-            details={"scope": hit.scope, "name": hit.name, "reason": hit.reason},
-        )
+            details={"scope": hit.scope, "name": hit.name, "reason": hit.reason})
