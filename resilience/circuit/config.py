@@ -11,6 +11,28 @@ from resilience.errors import ConfigurationError
 from resilience.store_down import StoreDown, store_down_policy
 
 
+def _check(
+    config: Any, name: str, rule: str, valid: Callable[[Any], bool], label: str = ""
+) -> None:
+    value = getattr(config, name)
+    if not valid(value):
+        raise ConfigurationError(f"{label or name} must be {rule}, got {value!r}", field=name)
+
+
+def _number(value: Any) -> bool:
+    """A finite int or float (not a bool)."""
+    return (not isinstance(value, bool) and isinstance(value, int | float)
+            and math.isfinite(value))
+
+
+def _rate(value: Any) -> bool:
+    return _number(value) and 0.0 < value <= 1.0
+
+
+def _int_at_least_1(value: Any) -> bool:
+    return isinstance(value, int) and value >= 1
+
+
 @dataclass(frozen=True, kw_only=True)
 class CountWindow:
     """The last `calls` outcomes."""
@@ -18,8 +40,7 @@ class CountWindow:
     calls: int = 100
 
     def __post_init__(self) -> None:
-        if not isinstance(self.calls, int) or self.calls <= 0:
-            raise ConfigurationError(f"window calls must be an int > 0, got {self.calls!r}")
+        _check(self, "calls", "an int > 0", _int_at_least_1, label="window calls")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,10 +51,8 @@ class TimeWindow:
     slots: int = 10
 
     def __post_init__(self) -> None:
-        if self.seconds <= 0:
-            raise ConfigurationError(f"window seconds must be > 0, got {self.seconds}")
-        if not isinstance(self.slots, int) or self.slots < 1:
-            raise ConfigurationError(f"window slots must be an int >= 1, got {self.slots!r}")
+        _check(self, "seconds", "> 0", lambda v: v > 0, label="window seconds")
+        _check(self, "slots", "an int >= 1", _int_at_least_1, label="window slots")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,13 +72,10 @@ class BreakerConfig:
         probe_timeout_seconds: a half-open state without a verdict this long opens again
             (probe workers died), so lost probe permits never wedge the breaker.
         fallback: called with the task's arguments instead of deferring while open.
-        on_store_down: "fail_open" (default: run the call, warn, count FAIL-OPEN) or
-            "fail_closed" (defer).
-        local_state_seconds: how long a process trusts its copy of a closed breaker's
-            state (admitting with no Redis operation) and holds its successes before
-            sending them as one script call (`resilience.circuit.local`); a trip elsewhere
-            reaches this process at most this late. 0 = every call reads and records in
-            Redis (exact per-call semantics: 2 scripts per job instead of ~20 per second).
+        on_store_down: "fail_open" (default: run, warn, count FAIL-OPEN) or "fail_closed".
+        local_state_seconds: how long a process trusts its copy of a closed breaker's state
+            and holds its successes (`resilience.circuit.local`): a trip elsewhere reaches
+            it at most this late; 0 = every call reads and records in Redis.
     """
 
     name: str
@@ -100,26 +116,6 @@ class BreakerConfig:
         object.__setattr__(self, "on_store_down", store_down_policy(self.on_store_down))
 
 
-def _check(config: Any, name: str, rule: str, valid: Callable[[Any], bool]) -> None:
-    value = getattr(config, name)
-    if not valid(value):
-        raise ConfigurationError(f"{name} must be {rule}, got {value!r}", field=name)
-
-
-def _number(value: Any) -> bool:
-    """A finite int or float (not a bool)."""
-    return (not isinstance(value, bool) and isinstance(value, int | float)
-            and math.isfinite(value))
-
-
-def _rate(value: Any) -> bool:
-    return _number(value) and 0.0 < value <= 1.0
-
-
-def _int_at_least_1(value: Any) -> bool:
-    return isinstance(value, int) and value >= 1
-
-
 #: What `.delay()` does while the task's breaker is open (see `AdmissionConfig`).
 ON_OPEN = ("enqueue", "refuse")
 
@@ -129,12 +125,10 @@ class AdmissionConfig:
     """What a task's `.delay()` does while its breaker is open; per task, not per breaker.
 
     Args:
-        on_open: "enqueue" (the default: queue the job, the worker defers it until the
-            breaker may half-open) or "refuse" (raise `DependencyUnavailable` with
-            `retry_after`; nothing is queued).
-        refresh_seconds: longest time a producer process trusts its copy of the breaker's
-            state (one store read per refresh, none per `.delay()`): a job may be queued
-            up to this long after a trip, and refused up to this long after a close.
+        on_open: "enqueue" (the default: queue the job, the worker defers it) or "refuse"
+            (raise `DependencyUnavailable` with `retry_after`; nothing is queued).
+        refresh_seconds: longest time a producer trusts its copy of the breaker's state (one
+            store read per refresh): a job may be queued this long after a trip.
     """
 
     on_open: str = "enqueue"

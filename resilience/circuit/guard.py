@@ -75,7 +75,7 @@ class BreakerGuard(Guard):
 
     def bind(self, task: Task) -> None:
         self.task = task
-        if self.breaker is None and callable(self._backend):
+        if self.breaker is None:  # the backend is a callable of the task
             self.breaker = CircuitBreaker(self.config, self._backend(task))
 
     def prefetch(self, call: Call) -> None:

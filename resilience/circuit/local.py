@@ -95,12 +95,11 @@ class LocalBreaker:
         """Send the batch now; never raises (a failed send is logged and dropped)."""
         for config, generation, calls in batch:
             try:
-                verdict: Verdict | StorageError = self.backend.record(
-                    config, generation, "success", False, calls
-                )
+                verdict = self.backend.record(config, generation, "success", False, calls)
             except StorageError as exc:
-                verdict = exc
-            self._sent(verdict, calls)
+                self._sent(exc, calls)
+            else:
+                self._sent(verdict, calls)
 
     def _sent(self, verdict: Verdict | StorageError, calls: int) -> None:
         if isinstance(verdict, StorageError):

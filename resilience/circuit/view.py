@@ -38,10 +38,8 @@ def _percent(value: float | None) -> str:
 
 def _each(field: str) -> Callable[[list[Row], Any], Iterator[tuple[list[str], float]]]:
     """Samples of `field` labelled by breaker name (rows without it export none)."""
-    def samples(rows: list[Row], _snapshot: Any) -> Iterator[tuple[list[str], float]]:
-        return (([row["name"]], row[field]) for row in rows if row.get(field) is not None)
-
-    return samples
+    return lambda rows, _: (([row["name"]], row[field])
+                            for row in rows if row.get(field) is not None)
 
 
 VIEW = View(
