@@ -118,10 +118,8 @@ class LimiterState:
     """What one limiter holds now (`LimiterBackend.describe`), for admin views.
 
     Args:
-        algorithm: the algorithm's registry name.
         key: the limiter's key as the guard built it (a digested key shows `#<sha256>`).
         used: slots held by live leases / grants in the window.
-        waiting: denied callers waiting in line.
         holders: a semaphore's leases, lapsed ones with `alive=False`.
         figures: the algorithm's own figures (`ahead_seconds`, `in_window`).
         now_seconds: when it was read, on the store's clock (epoch seconds).

@@ -3,6 +3,7 @@ use and the deferrals counted so far."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from resilience.ratelimit.algorithms import ALGORITHMS, LEASE
@@ -20,10 +21,10 @@ def read(source: Source) -> dict[str, Any]:
     per argument has one semaphore per key, which only a SCAN could enumerate, so its
     `in_use` is None here (`jobs limits` lists every key).
     """
-    deferred: dict[tuple[str, str], int] = {}
+    deferred: Counter[tuple[str, str]] = Counter()
     for c in source.counted(GUARDS):
-        key = (c["guard"], c.get("name") or "")
-        deferred[key] = deferred.get(key, 0) + (c["value"] if c["outcome"] == "DEFERRED" else 0)
+        if c["outcome"] == "DEFERRED":
+            deferred[(c["guard"], c.get("name") or "")] += c["value"]
     backend = RedisBackend(source.redis())
     concurrency, rates, seen = [], [], set()
     for task, guard in source.guards_named(*GUARDS):
@@ -31,8 +32,7 @@ def read(source: Source) -> dict[str, Any]:
         if (kind, config.name) in seen:
             continue
         seen.add((kind, config.name))
-        row = {"name": config.name, "deferred": deferred.get((kind, config.name), 0),
-               "task": task.name}
+        row = {"name": config.name, "deferred": deferred[(kind, config.name)], "task": task.name}
         if kind == "concurrency":
             keyed = getattr(guard, "keys", None) is not None
             # One pipeline (server TIME + the lease set): live leases are in use, a lapsed

@@ -80,9 +80,8 @@ class RedisBackend(RedisStoreBackend):
         arguments = algorithm.arguments(params, caller or uuid.uuid4().hex)
         what = "concurrency limit" if algorithm.holds else "rate limit"
         with wrap_store_errors(what, key=key):
-            allowed, retry, now, *rest = script(algorithm.script)(
-                self.client, keys=keys, args=arguments
-            )
+            decide = script(algorithm.script)
+            allowed, retry, now, *rest = decide(self.client, keys=keys, args=arguments)
         used = int(rest[0]) if rest else 0
         return Decision(bool(int(allowed)), int(retry) / 1e6, int(now) / 1e6, used)
 
@@ -91,11 +90,8 @@ class RedisBackend(RedisStoreBackend):
             raise ConfigurationError(f"algorithm {algorithm.name!r} holds no slots to release")
         with wrap_store_errors("concurrency limit release", key=key):
             # An expired lease may already be gone (reclaimed by a later acquire).
-            return bool(
-                script(algorithm.release_script)(
-                    self.client, keys=[self.key(algorithm, key)], args=[caller]
-                )
-            )
+            release = script(algorithm.release_script)
+            return bool(release(self.client, keys=[self.key(algorithm, key)], args=[caller]))
 
     def describe(
         self, algorithm: Algorithm | None = None, key: str | None = None
