@@ -119,30 +119,26 @@ class wait_decorrelated_jitter(_Capped):
         return min(self.cap, self.base + (previous * 3 - self.base) * self.random())
 
 
+@dataclass(frozen=True, init=False, repr=False)
 class wait_combine(Wait):
     """The sum of several strategies' waits (what `a + b` builds)."""
 
+    strategies: tuple[Wait, ...]
+
     def __init__(self, *strategies: Wait) -> None:
+        flat: list[Wait] = []
         for strategy in strategies:
             if not isinstance(strategy, Wait):
                 raise ConfigurationError(
                     f"wait_combine takes Wait strategies, got {strategy!r}", option="backoff")
-        flat: list[Wait] = []
-        for strategy in strategies:
             flat.extend(strategy.strategies if isinstance(strategy, wait_combine) else [strategy])
-        self.strategies = tuple(flat)
+        object.__setattr__(self, "strategies", tuple(flat))
 
     def __call__(self, attempt: int, previous_delay_seconds: float | None = None) -> float:
         return sum(strategy(attempt, previous_delay_seconds) for strategy in self.strategies)
 
     def __repr__(self) -> str:
         return " + ".join(repr(strategy) for strategy in self.strategies)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, wait_combine) and self.strategies == other.strategies
-
-    def __hash__(self) -> int:
-        return hash(self.strategies)
 
 
 def check_backoff(value: object) -> Wait:
@@ -157,10 +153,7 @@ def check_backoff(value: object) -> Wait:
         raise ConfigurationError(
             f"backoff={value!r}: strategies are objects, e.g. "
             "backoff=wait_full_jitter(base=1, cap=60) or wait_decorrelated_jitter(...) "
-            "(resilience.retry.backoff)",
-            option="backoff",
-        )
+            "(resilience.retry.backoff)", option="backoff")
     raise ConfigurationError(
         f"backoff must be a Wait strategy (resilience.retry.backoff), got {value!r}",
-        option="backoff",
-    )
+        option="backoff")

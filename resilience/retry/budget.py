@@ -38,8 +38,7 @@ NAMESPACE = "resilience:budget"
 
 
 def budget_key(dependency: str) -> str:
-    """The Redis key of `dependency`'s budget: `resilience:budget:{<dependency>}` (see
-    `resilience.keys.redis_key`)."""
+    """The Redis key of `dependency`'s budget: `resilience:budget:{<dependency>}`."""
     return redis_key(NAMESPACE, dependency)
 
 

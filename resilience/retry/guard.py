@@ -147,8 +147,7 @@ class RetryGuard(Guard):
         asked = retry_after(exc)
         if asked is not None and asked > cap:
             return dead(f"Retry-After {asked:g}s exceeds the max countdown {cap:g}s")
-        previous = call.headers.previous_delay
-        delay = min(cap, policy.delay_seconds(attempt, exc, previous))
+        delay = min(cap, policy.delay_seconds(attempt, exc, call.headers.previous_delay))
         if self.gate is not None:
             decision = self.gate.try_spend(with_request=call.take_back(self) is _UNCOUNTED)
             if not decision.allowed:
