@@ -134,22 +134,13 @@ def live_view(snapshot: dict[str, Any]) -> Group:
     return Group(*lines) if _nothing_served(snapshot) else Group(*lines, render(snapshot))
 
 
-def print_view(view: Any, target: Console | None = None) -> None:
+def print_view(view: Any) -> None:
     """Print `view`; when stdout is not a terminal, as wide as its widest table needs."""
-    target = target or console
-    if target.is_terminal:
-        target.print(view)
+    if console.is_terminal:
+        console.print(view)
         return
-    needed = Measurement.get(target, target.options.update_width(PIPED_MAX_WIDTH), view)
-    Console(width=max(target.width, needed.maximum), file=target.file).print(view)
-
-
-def report_problems(snapshot: dict[str, Any]) -> bool:
-    """Print one line per store that cannot serve on stderr; True when there was one."""
-    lines = problem_lines(snapshot)
-    for line in lines:
-        errors.print(Text(line, style="red"))
-    return bool(lines)
+    needed = Measurement.get(console, console.options.update_width(PIPED_MAX_WIDTH), view)
+    Console(width=max(console.width, needed.maximum), file=console.file).print(view)
 
 
 @cli.callback()
@@ -174,7 +165,10 @@ def status(
         # Nothing to watch live when no store answers: say so and stop.
         if not _nothing_served(snapshot):
             print_view(render(snapshot))
-        if report_problems(snapshot):
+        problems = problem_lines(snapshot)
+        for line in problems:
+            errors.print(Text(line, style="red"))
+        if problems:
             raise typer.Exit(EXIT_UNAVAILABLE)
         return
     try:

@@ -11,6 +11,8 @@ import logging
 import os
 from typing import Any
 
+from celery._state import get_current_task
+
 from resilience.errors import ConfigurationError
 
 #: Attributes every LogRecord has; anything else on a record came from `extra=`.
@@ -20,22 +22,14 @@ ORDERED = ("task_id", "task_name", "tier", "guard", "outcome", "reason")
 FORMATS = ("logfmt", "json", "text")
 
 
-def _current_task() -> dict[str, Any]:
-    """Id and name of the task this process is running now (as Celery's TaskFormatter adds)."""
-    from celery._state import get_current_task
-
-    task = get_current_task()
-    if task is None or task.request is None or not task.request.id:
-        return {}
-    return {"task_id": task.request.id, "task_name": task.name}
-
-
 def fields_of(record: logging.LogRecord) -> dict[str, Any]:
     """The structured fields of a record: everything given through `extra=`, plus the
     running task's id and name when the line was logged inside a task."""
     extra = {key: value for key, value in vars(record).items()
              if key not in _STANDARD and not key.startswith("_")}
-    current = _current_task()
+    task = get_current_task()  # its id and name, as Celery's TaskFormatter adds them
+    current = ({"task_id": task.request.id, "task_name": task.name}
+               if task is not None and task.request is not None and task.request.id else {})
     for key in ("task_id", "task_name"):  # Celery's task logger says "???" outside a task
         if extra.get(key) in (None, "???"):
             extra.pop(key, None)

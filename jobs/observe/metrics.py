@@ -67,25 +67,24 @@ class SharedStateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snapshot = collect(self.app, active=False)
-        ages_read = True
+        failed = set(snapshot["errors"])
         try:
             ages = oldest_ages(self.app, TIERS)
         except StorageError as exc:
             logger.warning("oldest message ages not read: %s", exc)
-            ages, ages_read = {}, False
+            ages = {}
+            failed.add("queue_age")
         yield from queue_metrics(snapshot["tiers"], ages)
         yield from counter_metrics(snapshot)
+        for view in VIEWS:
+            yield from view_metrics(view, snapshot)
         up = GaugeMetricFamily(
             "jobs_observe_section_up",
             "1 when the section of the platform state could be read at this scrape",
             labels=["section"])
-        for name in ("counters", "queue_depth"):
-            up.add_metric([name], 0.0 if name in snapshot["errors"] else 1.0)
-        for view in VIEWS:
-            yield from view_metrics(view, snapshot)
-            if view.metrics:
-                up.add_metric([view.name], 0.0 if view.name in snapshot["errors"] else 1.0)
-        up.add_metric(["queue_age"], 1.0 if ages_read else 0.0)
+        for name in ("counters", "queue_depth", *(v.name for v in VIEWS if v.metrics),
+                     "queue_age"):
+            up.add_metric([name], 0.0 if name in failed else 1.0)
         yield up
 
 

@@ -256,14 +256,6 @@ def problem_lines(snapshot: dict[str, Any]) -> list[str]:
             for (server, url, problem, reason, fix), roles in merged.items()]
 
 
-def _store_keys(stores: dict[str, StoreStatus] | None) -> dict[str, Any]:
-    if stores is None:
-        return {"stores": None, "unavailable": None}
-    return {"stores": {name: status.as_dict() for name, status in stores.items()},
-            "unavailable": {name: status.as_dict() for name, status in stores.items()
-                            if not status.ok}}
-
-
 # -- the platform's own sections --------------------------------------------------------
 def queue_depths(app: Celery, tiers: Iterable[str]) -> dict[str, int]:
     """Messages waiting per tier queue: one pipelined LLEN on Redis, passive declares on AMQP."""
@@ -322,11 +314,6 @@ def tiers_section(app: Celery, counters: Any, depths: Any, active: Any) -> dict[
     return tiers
 
 
-def _tier_depth(row: dict[str, Any]) -> str:
-    return marked(f"{number(row['depth'])} FULL", "bold red", True) if row["full"] else number(
-        row["depth"])
-
-
 TIERS_VIEW = View(
     name="tiers", title="tiers", store="", row_id=lambda r: f"tier-{r['tier']}",
     row_data=lambda r: {"full": "true" if r["full"] else "false"},
@@ -334,8 +321,9 @@ TIERS_VIEW = View(
     read=lambda source: tiers_section(source.app, source.counters, source.cache["queue_depth"],
                                       source.cache["active"]),
     rows=lambda section: [{"tier": tier, **row} for tier, row in section.items()],
-    columns=(Column(header="tier", key="tier"), Column(header="depth", text=_tier_depth,
-                                                       justify="right"),
+    columns=(Column(header="tier", key="tier"),
+             Column(header="depth", justify="right", text=lambda r: marked(
+                 number(r["depth"]) + (" FULL" if r["full"] else ""), "bold red", bool(r["full"]))),
              Column(header="max", key="max_queue_depth", justify="right"),
              Column(header="policy", key="rejection_policy"),
              Column(header="active", key="active", justify="right"),
@@ -398,7 +386,9 @@ def collect(app: Celery | None, *, inspect_timeout_seconds: float = 1.0, active:
         if active else unavailable("not asked"))
     snapshot: dict[str, Any] = {
         "taken_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        **_store_keys(stores),
+        "stores": None if stores is None else {n: s.as_dict() for n, s in stores.items()},
+        "unavailable": None if stores is None else {n: s.as_dict() for n, s in stores.items()
+                                                    if not s.ok},
         **{view.name: section(view.name, view.store, partial(view.read, source))
            for view in VIEWS},
         "counters": source.counters,
