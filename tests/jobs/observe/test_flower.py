@@ -93,7 +93,9 @@ class TestOutcomesInFlower:
             return info if info.get("state") == state else None
 
         slot = uuid.uuid4().hex
-        first = hold.delay(slot=slot, seconds=3)
+        # Held long enough that the second run starts while the first holds the lock on a
+        # loaded box too (3 s was not: the second ran after the first and succeeded).
+        first = hold.delay(slot=slot, seconds=12)
         wait_for(lambda: AsyncResult(first.id, app=app).state == "STARTED",
                  timeout_seconds=120, message="the first run to hold the lock")
         second = hold.delay(slot=slot)
