@@ -135,19 +135,15 @@ def _rebase(app: Any, task: Any) -> Any:
     except Exception:  # noqa: BLE001 - a task class without a usable run has no guards
         guarded = False
     initialised = is_initialised(app)
-    if not guarded and not (initialised and _runs_steps(task)):
+    # Without guards a task still takes the library's default guards (a durable workflow
+    # step), except Celery's own (`celery.*`: chord_unlock, backend_cleanup, ...).
+    celery_own = str(getattr(task, "name", "") or "").startswith("celery.")
+    if not guarded and (celery_own or not initialised):
         return task
     wanted = _class_for(original, initialised)
     if cls is not wanted:
         task.__class__ = wanted
     return task
-
-
-def _runs_steps(task: Any) -> bool:
-    """Whether a task without guards of an initialised app becomes a GuardedTask anyway,
-    for the library's default guards (a durable workflow step): every task but Celery's
-    own (`celery.*`: chord_unlock, backend_cleanup, ...)."""
-    return not str(getattr(task, "name", "") or "").startswith("celery.")
 
 
 def _class_for(original: type, initialised: bool) -> type:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any, NamedTuple
@@ -129,12 +129,7 @@ class Headers:
     def outbox_id(self) -> int | None:
         """The outbox row id the job was relayed from, or None."""
         value = self.get(OUTBOX_HEADER)
-        if value is None or isinstance(value, bool):
-            return None
-        try:
-            return int(value)
-        except (TypeError, ValueError):
-            return None
+        return None if isinstance(value, bool) else _parsed(int, value)
 
     @cached_property
     def batch_id(self) -> str | None:
@@ -159,8 +154,12 @@ class Headers:
     @cached_property
     def previous_delay(self) -> float | None:
         """The delay before this attempt (seconds), set by the retry guard, or None."""
-        value = self.get(PREVIOUS_DELAY_HEADER)
-        try:
-            return None if value is None else float(value)
-        except (TypeError, ValueError):
-            return None
+        return _parsed(float, self.get(PREVIOUS_DELAY_HEADER))
+
+
+def _parsed(kind: Callable[[Any], Any], value: Any) -> Any:
+    """`kind(value)`, or None when `value` is None or does not parse."""
+    try:
+        return None if value is None else kind(value)
+    except (TypeError, ValueError):
+        return None

@@ -395,9 +395,7 @@ GUARDS_ATTRIBUTE = "__resilience_guards__"
 
 def attach(func: Callable[..., Any], guard: Guard | EnqueueGuard) -> Callable[..., Any]:
     """Attach `guard` to a task function; `GuardedTask` collects it when the task is built."""
-    existing = list(getattr(func, GUARDS_ATTRIBUTE, ()))
-    existing.append(guard)
-    setattr(func, GUARDS_ATTRIBUTE, existing)
+    setattr(func, GUARDS_ATTRIBUTE, [*getattr(func, GUARDS_ATTRIBUTE, ()), guard])
     return func
 
 
