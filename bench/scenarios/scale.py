@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import Stopwatch, parse, platform, psql, table, wait_until, workers
-from jobs.schedule import SCHEDULE
 
 QUEUE = "critical"
 APPLICATION_NAME = "bench-scale-worker"
@@ -68,6 +67,9 @@ def run(argv: list[str]) -> dict[str, Any]:
         redis_nice=(-10, "scheduling priority of the guard redis-server (root may raise it): "
                          "on a machine whose cores the workers share, Redis descheduled "
                          "mid-script counts as server time; 0 leaves it"))
+    # lazy: the spawned inserter imports this module, and `jobs` takes a second to import
+    from jobs.schedule import SCHEDULE
+
     interval = options.interval or float(SCHEDULE["idempotency-cleanup"]["schedule"])
 
     guard_redis, scratch = _start_guard_redis()
@@ -398,19 +400,17 @@ def _cleanup_under_load(options: Any, interval: float,
     runs: list[Any] = []
     try:
         watch = Stopwatch()
-        first_end = None
+        first_end: tuple[int, int] | None = None
         for start in starts:
             time.sleep(max(0.0, start - watch.elapsed))
             runs.append((watch.elapsed, run_cleanup(engine, CleanupConfig())))
-            if first_end is None:
-                first_end = _table_rows(url)
+            first_end = first_end or _table_rows(url)
         window = watch.elapsed - runs[0][0]
     finally:
         stop.set()
         inserted, insert_seconds = results.get(timeout=30)
         inserter.join(10)
     end = _table_rows(url)
-    assert first_end is not None
     deleted = sum(report.rows for _, report in runs)
     in_run_seconds = sum(report.seconds for _, report in runs)
 
