@@ -34,17 +34,6 @@ def describe(stores: Stores) -> OutboxState:
     return stores.backend("outbox", backend_for, memory=MemoryOutboxBackend).describe()
 
 
-__all__ = [
-    "ORDERING_KEY_OPTION",
-    "OUTBOX_HEADER",
-    "NewRow",
-    "OutboxBackend",
-    "OutboxRow",
-    "OutboxState",
-    "Relay",
-    "RelayConfig",
-    "RelayReport",
-    "delay_seconds_of",
-    "describe",
-    "write",
-]
+__all__ = ["ORDERING_KEY_OPTION", "OUTBOX_HEADER", "NewRow", "OutboxBackend", "OutboxRow",
+           "OutboxState", "Relay", "RelayConfig", "RelayReport", "delay_seconds_of", "describe",
+           "write"]

@@ -69,15 +69,10 @@ def new_row(task: Task, args: tuple[Any, ...] | list[Any], kwargs: Mapping[str, 
     eta = options.get("eta")
     countdown = options.get("countdown")
     return NewRow(
-        task_id=str(task_id or options.get("task_id") or uuid.uuid4()),
-        task_name=task.name,
-        args=list(args),
-        kwargs=dict(kwargs),
-        options=kept,
-        ordering_key=ordering_key,
+        task_id=str(task_id or options.get("task_id") or uuid.uuid4()), task_name=task.name,
+        args=list(args), kwargs=dict(kwargs), options=kept, ordering_key=ordering_key,
         delay_seconds=max(0.0, float(countdown)) if countdown is not None else 0.0,
-        due_at=_aware(eta) if eta is not None and countdown is None else None,
-    )
+        due_at=_aware(eta) if eta is not None and countdown is None else None)
 
 
 def write(task: Task, connection: Any, args: tuple[Any, ...] | list[Any],

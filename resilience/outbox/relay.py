@@ -1,12 +1,9 @@
 """The relay: publishes committed outbox rows, in id order, each with its fixed task id.
 
-One batch (`Relay.relay_once`) locks publishable rows `FOR UPDATE SKIP LOCKED`, publishes
-each through the task's own `apply_async` (the enqueue guards decide, as for any producer)
-with the header `outbox_id`, and commits what became of each: published (or deduplicated:
-its `@unique` key held, its outcome stored by the unique guard), postponed with backoff
-(a refusal, the broker or a store down), or dead-lettered (an unknown task, a non-retryable
-error). Steps and semantics: docs/outbox.md, "The relay" and "A row whose `@unique` key is
-held". The race a crash leaves:
+One batch (`Relay.relay_once`) locks rows `FOR UPDATE SKIP LOCKED`, publishes each through
+the task's own `apply_async` (enqueue guards apply) and commits what became of each:
+published (or deduplicated), postponed with backoff, or dead-lettered. Steps and semantics:
+docs/outbox.md, "The relay" and "A row whose `@unique` key is held". A crash:
 
     relay A: lock rows 1..100 -> publish 1..100 -> (SIGKILL) -> mark, commit never happen
     PostgreSQL: A's session ends, the locks and the uncommitted marks go away
@@ -100,11 +97,6 @@ class RelayReport:
     deduplicated: int = 0
     postponed: int = 0
     dead_lettered: int = 0
-
-    @property
-    def progressed(self) -> bool:
-        """Did any row leave the pending state?"""
-        return bool(self.published or self.dead_lettered)
 
 
 def _reason(exc: BaseException) -> str:
@@ -238,7 +230,8 @@ class Relay:
                                self.config.poll_seconds)
                 self.backend.wait(self.config.poll_seconds)
                 continue
-            if report.locked >= self.config.batch_size and report.progressed:
+            if report.locked >= self.config.batch_size and (
+                    report.published or report.dead_lettered):  # rows left the pending state
                 continue
             self.backend.wait(self._idle_seconds())
 

@@ -31,11 +31,8 @@ def with_trace_context(options: Mapping[str, Any]) -> dict[str, Any]:
 @contextlib.contextmanager
 def trace_context_of(headers: Mapping[str, Any]) -> Iterator[None]:
     """Make the trace context stored in a row's headers current while publishing it, so the
-    publish (and the job's execution) continues the enqueuing caller's trace.
-
-    A relay that does not trace leaves the stored `traceparent` in the message headers
-    untouched, so the execution still joins the caller's trace.
-    """
+    publish continues the enqueuing caller's trace (the job's execution joins it through the
+    stored `traceparent` either way)."""
     if "opentelemetry.trace" not in sys.modules:
         yield
         return

@@ -1,13 +1,9 @@
-"""The outbox's atomic steps (`OutboxBackend`) and the values they exchange; the
-backends (`memory`, `postgres`) implement them, `resilience.outbox.relay.outbox_backend`
-picks the app's.
+"""The outbox's atomic steps (`OutboxBackend`) and the values they exchange.
 
-The relay's flow (`resilience.outbox.relay`) never sees SQL: it asks the backend for a
-batch of publishable rows (locked for it alone), and tells the batch what became of each.
-PostgreSQL is the one backend for production (`backends.postgres`): the rows must live in
-the database the producers write their own data to, or the insert could not share their
-transaction. `backends.memory` keeps them in memory for unit tests and publishes them when
-the caller's transaction commits (`resilience.testing`).
+The relay's flow never sees SQL: it asks the backend for a batch of publishable rows (locked
+for it alone), and tells the batch what became of each. PostgreSQL is the one backend for
+production: the rows must live in the database the producers write their own data to, or
+the insert could not share their transaction; `memory` is for unit tests.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """The outbox in memory (`resilience_stores = "memory"`, `resilience.testing`).
 
-What a unit test wants of `apply_async_in(session, ...)`: the job runs when, and only when,
-the caller's transaction commits. So a row is kept in memory, invisible, until the
-transaction it was written in commits (a SQLAlchemy `Session`'s outermost transaction or a
-`Connection`'s; None: at once); then the relay's own flow (`Relay.relay_once`: task id,
-`outbox_id` header, enqueue guards) publishes what is due, so the job runs in eager mode or
-reaches the thread worker. A rollback drops the rows. Rows due later wait for a
-`Relay(app).relay_once()` the test calls. One process, thread-safe.
+The job of `apply_async_in(session, ...)` runs when, and only when, the caller's transaction
+commits (a `Session`'s outermost one, a `Connection`'s; None: at once): the row is kept
+invisible until then, and then the relay's own flow (`Relay.relay_once`) publishes what is
+due. A rollback drops the rows; rows due later wait for a `Relay(app).relay_once()` the test
+calls. One process, thread-safe.
 """
 
 from __future__ import annotations
@@ -221,16 +219,15 @@ class MemoryOutboxBackend:
                     if kept.published_at is not None and kept.published_at > now - 60),
                 dead_lettered=sum(1 for kept in self._rows.values()
                                   if kept.state == "dead_lettered"),
-                next_due_in_seconds=min(later) if later else None,
-            )
+                next_due_in_seconds=min(later) if later else None)
 
 
+@dataclass
 class _MemoryBatch:
     """Rows claimed by one `relay_once`; marks apply at once."""
 
-    def __init__(self, backend: MemoryOutboxBackend, rows: list[OutboxRow]) -> None:
-        self.backend = backend
-        self.rows = rows
+    backend: MemoryOutboxBackend
+    rows: list[OutboxRow]
 
     def published(self, ids: list[int]) -> None:
         now = self.backend.clock()
@@ -244,5 +241,5 @@ class _MemoryBatch:
     def dead_lettered(self, row: OutboxRow, reason: str,
                       exception: BaseException | None) -> int | None:
         self.backend._mark(row.id, state="dead_lettered", attempts=row.attempts + 1)
-        return None
+        return None  # no dead-letter row in memory
 
