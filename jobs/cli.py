@@ -43,32 +43,17 @@ from resilience.pause import PauseSwitch
 from resilience.pause import view as pause_view
 from resilience.redact import redact, redact_url
 
-cli = typer.Typer(
-    help="Run and administer the job platform.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+cli = typer.Typer(help="Run and administer the job platform.", no_args_is_help=True,
+                  add_completion=False, pretty_exceptions_enable=False)
 
 console = Console()
 errors = Console(stderr=True)
 
 #: Admin command groups, each `jobs/admin/<module>.py` exposing a `cli` Typer app.
-ADMIN_COMMANDS = {
-    "locks": "jobs.admin.locks",
-    "idempotency": "jobs.admin.idempotency",
-    "breakers": "jobs.admin.breakers",
-    "dead-letters": "jobs.admin.dead_letters",
-    "limits": "jobs.admin.limits",
-    "status": "jobs.admin.status",
-    "health": "jobs.admin.health",
-    "metrics": "jobs.admin.metrics",
-    "outbox": "jobs.admin.outbox",
-    "cancellations": "jobs.admin.cancel",
-    "batches": "jobs.admin.batches",
-    "schedules": "jobs.admin.schedules",
-    "workflows": "jobs.admin.workflows",
-}
+ADMIN_COMMANDS = {"cancellations": "jobs.admin.cancel", **{
+    name.replace("_", "-"): f"jobs.admin.{name}" for name in (
+        "locks", "idempotency", "breakers", "dead_letters", "limits", "status", "health",
+        "metrics", "outbox", "batches", "schedules", "workflows")}}
 
 
 def settings_or_exit() -> Settings:
@@ -137,12 +122,9 @@ def up() -> None:
         f"{_where(settings.embedded_postgres)}, Redlock {_where(settings.embedded_redlock)}; "
         f"Flower on http://{settings.flower_address}:{settings.flower_port} (resilience view: "
         f"/resilience), metrics on :{settings.metrics_port}/metrics, payment vendor "
-        f"{settings.effective_vendor_url}  (Procfile: {path})"
-    )
-    os.execv(
-        sys.executable,
-        [sys.executable, "-m", "honcho", "-f", str(path), "-d", str(Path.cwd()), "start"],
-    )
+        f"{settings.effective_vendor_url}  (Procfile: {path})")
+    os.execv(sys.executable, [sys.executable, "-m", "honcho", "-f", str(path), "-d",
+                              str(Path.cwd()), "start"])
 
 
 def _where(embedded: bool) -> str:
@@ -211,13 +193,9 @@ def worker(
         raise fail(f"unknown tier {tier!r}; valid tiers are: {', '.join(TIERS)}")
     wait_for_services(settings)
     limits = settings.tier(tier)
-    args = [
-        sys.executable, "-m", "celery", "-A", "jobs", "worker",
-        "-Q", tier, "-n", f"{tier}@%h",
-        "-c", str(limits.concurrency),
-        "--prefetch-multiplier", str(limits.prefetch_multiplier),
-        "-E", "--loglevel", loglevel,
-    ]
+    args = [sys.executable, "-m", "celery", "-A", "jobs", "worker", "-Q", tier, "-n",
+            f"{tier}@%h", "-c", str(limits.concurrency), "--prefetch-multiplier",
+            str(limits.prefetch_multiplier), "-E", "--loglevel", loglevel]
     if not restart_on_stall:
         os.execv(sys.executable, args)
     raise typer.Exit(run_restarting_on_stall(args))

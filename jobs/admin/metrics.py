@@ -7,15 +7,10 @@ import time
 from typing import Annotated
 
 import typer
+from prometheus_client import generate_latest, start_http_server
 
 from jobs.admin.status import console, platform_source
-from jobs.observe.metrics import (
-    DEFAULT_ADDRESS,
-    DEFAULT_PORT,
-    multiprocess_dir,
-    registry_for,
-    serve,
-)
+from jobs.observe.metrics import multiprocess_dir, registry_for
 
 cli = typer.Typer(help="Prometheus metrics: serve /metrics (shared state + workers).",
                   invoke_without_command=True)
@@ -23,18 +18,16 @@ cli = typer.Typer(help="Prometheus metrics: serve /metrics (shared state + worke
 
 @cli.callback()
 def metrics(
-    address: Annotated[str, typer.Option(help="Bind address.")] = DEFAULT_ADDRESS,
-    port: Annotated[int, typer.Option(help="Port.")] = DEFAULT_PORT,
+    address: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 9808,
     once: Annotated[bool, typer.Option("--once", help="Print one scrape and exit.")] = False,
 ) -> None:
     """Serve /metrics until Ctrl-C (prometheus-client's own HTTP server)."""
     app = platform_source().app
     if once:
-        from prometheus_client import generate_latest
-
         typer.echo(generate_latest(registry_for(app)).decode())
         return
-    serve(app, address=address, port=port)
+    start_http_server(port, addr=address, registry=registry_for(app))
     where = multiprocess_dir() or "off (PROMETHEUS_MULTIPROC_DIR unset)"
     console.print(f"metrics on http://{address}:{port}/metrics; multiprocess: {where}")
     try:

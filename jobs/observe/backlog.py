@@ -35,11 +35,8 @@ def stamp_published_at(headers: dict[str, Any] | None = None, **_: Any) -> None:
 
 
 def fresh_backlog(app: Celery, queues: Iterable[str], *, timeout_seconds: float) -> int | None:
-    """Messages waiting in `queues`, read on a new broker connection closed afterwards.
-
-    Returns None when the broker cannot be reached (or answer) within `timeout_seconds`:
-    nothing can reach it, which is an outage, not a stalled consumer.
-    """
+    """Messages waiting in `queues`, read on a new broker connection closed afterwards; None
+    when the broker cannot be reached within `timeout_seconds` (an outage, not a stall)."""
     queues = list(queues)
     url = app.conf.broker_url or ""
     try:
@@ -109,9 +106,8 @@ def published_at(item: bytes | str | None) -> float | None:
 
 def oldest_ages(app: Celery, tiers: Iterable[str], *,
                 now: float | None = None) -> dict[str, float | None]:
-    """Seconds the oldest message of each tier has waited (Redis brokers; `{}` on RabbitMQ).
-
-    0.0 for an empty tier; None for a tier whose oldest messages carry no `published_at`.
+    """Seconds the oldest message of each tier has waited (Redis brokers; `{}` on RabbitMQ):
+    0.0 for an empty tier, None for one whose oldest messages carry no `published_at`.
 
     Raises:
         StorageError: the broker could not be read.

@@ -29,9 +29,6 @@ logger = logging.getLogger("jobs.observe.metrics")
 #: The `guard` label of the consumption watchdog's counters (not a guard: exported apart).
 WATCHDOG = "watchdog"
 
-DEFAULT_ADDRESS = "127.0.0.1"
-DEFAULT_PORT = 9808
-
 #: How long a singleton / exclusive lock was held, observed in the worker process that held
 #: it; in no registry: `MultiProcessCollector` exports the mmap files.
 LOCK_HOLD_SECONDS = Histogram(
@@ -154,9 +151,3 @@ def registry_for(app: Celery) -> CollectorRegistry:
         multiprocess.MultiProcessCollector(registry, path=path)
     return registry
 
-
-def serve(app: Celery, *, address: str = DEFAULT_ADDRESS, port: int = DEFAULT_PORT) -> Any:
-    """Start prometheus-client's HTTP server for `app` in a thread; returns (server, thread)."""
-    from prometheus_client import start_http_server
-
-    return start_http_server(port, addr=address, registry=registry_for(app))

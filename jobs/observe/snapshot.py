@@ -100,11 +100,8 @@ _MISSING_DATABASE = re.compile(r'database "([^"]*)" does not exist', re.I)
 
 @dataclass(frozen=True, kw_only=True)
 class StoreStatus:
-    """What a quick probe found for one store the snapshot reads, and what to do about it.
-
-    `problem` is None when the store serves, else `unreachable` (no connection), `refused`
-    (it answered but refused: credentials) or `not_migrated` (PostgreSQL without the schema).
-    """
+    """What a quick probe found for one store the snapshot reads, and what to do about it:
+    `problem` None (it serves), `unreachable`, `refused` (credentials) or `not_migrated`."""
 
     store: str  #: broker, redis or database
     server: str  #: Redis, RabbitMQ or PostgreSQL
@@ -243,11 +240,8 @@ def probe_stores(settings: Settings, *, timeout_seconds: float = 1.0) -> dict[st
 
 
 def problem_lines(snapshot: dict[str, Any]) -> list[str]:
-    """One line per store that cannot serve: which, where, why, and what to do.
-
-    Two roles on one server with the same problem (the broker on the guard-state Redis)
-    make one line: `Redis (broker and guard state) at redis://...: unreachable (...); ...`.
-    """
+    """One line per store that cannot serve: which, where, why, and what to do; two roles
+    on one server with one problem make one line (`Redis (broker and guard state) at ...`)."""
     merged: dict[tuple[str, ...], list[str]] = {}
     for entry in (snapshot.get("unavailable") or {}).values():
         key = (entry["server"], entry["url"], entry["problem"], entry["reason"], entry["fix"])

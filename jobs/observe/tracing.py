@@ -39,11 +39,8 @@ def _exporter_names(environ: Mapping[str, str]) -> list[str]:
 
 
 def _exporter(name: str, environ: Mapping[str, str]) -> Any:
-    """The span exporter registered under `name` (OpenTelemetry's entry point group).
-
-    `otlp` picks gRPC or HTTP by `OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL` (default
-    `http/protobuf`, the transport the `otel` extra installs).
-    """
+    """The span exporter registered under `name` (OpenTelemetry's entry point group); `otlp`
+    is gRPC or HTTP by `OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL` (default the extra's HTTP)."""
     if name == "otlp":
         protocol = (environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
                     or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf")

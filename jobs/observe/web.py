@@ -315,12 +315,8 @@ class QueueDepthCollector:
 
 
 def run_flower(app: Celery, argv: list[str]) -> None:
-    """Run Flower for `app` with the resilience view: Flower's own command, handlers added.
-
-    Args:
-        app: the Celery app Flower watches.
-        argv: Flower's options (`--address=...`, `--port=...`); FLOWER_* variables apply too.
-    """
+    """Run Flower for `app` with the resilience view: Flower's own command body with its
+    options (`argv`: `--address=...`; FLOWER_* variables apply too), handlers added."""
     from flower import command
     from flower.app import Flower
     from flower.urls import settings
