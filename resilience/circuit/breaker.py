@@ -121,7 +121,7 @@ class CircuitBreaker:
             if outcome == "success" and permission.state == "closed":
                 local.add(self.config, permission.generation, monotonic())
             return local, local.take() if local.due(monotonic()) else [], False
-        return local, local.take(), True  # may trip the breaker: a decision, sent at once
+        return local, local.take(), True  # a decision (it may trip it), or not closed
 
     def record(self, permission: Permission, outcome: str, *, duration_seconds: float) -> Verdict:
         """Report a permitted call's outcome: 'success', 'failure' or 'ignored'. A success
