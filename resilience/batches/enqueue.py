@@ -266,9 +266,8 @@ class Batch:
             validate(arguments, dict(signature.kwargs))
         else:
             check_binding(task.run, arguments, dict(signature.kwargs))
-        headers = dict(stored["options"].pop("headers", None) or {})
-        headers[CALLBACK_HEADER] = f"{batch_id}:{kind}"
-        stored["options"]["headers"] = headers
+        stored["options"]["headers"] = {**(stored["options"].pop("headers", None) or {}),
+                                        CALLBACK_HEADER: f"{batch_id}:{kind}"}
         return stored
 
 

@@ -1,7 +1,5 @@
-"""The dead-letter place: jobs that must not be retried again, kept for inspection and requeue.
-
-Bulk requeue is `requeue_many` (`bulk.py`); automatic replay of jobs whose dependency
-recovered is `resilience.deadletter.replay.AutoReplay`.
+"""The dead-letter place: jobs that must not be retried again, kept for inspection and requeue
+(`bulk.py`: in bulk; `replay.py`: once their dependency recovered). See docs/failure.md.
 """
 
 from resilience.deadletter.bulk import RequeueReport, Selection, requeue_many

@@ -292,10 +292,8 @@ class IntakeConsumer(Consumer):
         if seconds is None:
             seconds = self.app.conf.get("resilience_intake_park_seconds")
         if seconds is None:
-            options = self.app.conf.broker_transport_options or {}
-            visibility = options.get("visibility_timeout")
-            return min(self.MAX_PARK_SECONDS, visibility / 2) if visibility else (
-                self.MAX_PARK_SECONDS)
+            visibility = (self.app.conf.broker_transport_options or {}).get("visibility_timeout")
+            return min(self.MAX_PARK_SECONDS, visibility / 2 if visibility else float("inf"))
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
             raise ConfigurationError(
                 f"resilience_intake_park_seconds must be a number > 0, got {seconds!r}")

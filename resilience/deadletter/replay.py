@@ -187,8 +187,7 @@ class AutoReplay:
             done = requeue_many(
                 self.engine, self.app, Selection(dependency=name, before=old_enough),
                 limit=budget, batch_size=self.config.batch_size,
-                admit=lambda entry: self._paced(entry, caller, deadline),
-            )
+                admit=lambda entry: self._paced(entry, caller, deadline))
             report.requeued[name] = done
             budget -= len(done.requeued)
             if done.stopped == STOPPED_BY_ADMIT:

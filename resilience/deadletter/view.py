@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
+from resilience.deadletter import place
 from resilience.deadletter.bulk import Selection, parse_since, requeue_many
-from resilience.deadletter.place import (
-    DeadLetterNotFound,
-    DeadLetterNotRunnable,
-    list_entries,
-    requeue,
-)
 from resilience.views import (
     Action,
     ActionRefused,
@@ -33,8 +28,8 @@ def read(source: Source, *, limit: int = SHOWN, task_name: str | None = None,
          "reason": entry.reason, "attempts": entry.attempts,
          "created_at": entry.created_at.isoformat(timespec="seconds"),
          "requeued_task_id": entry.requeued_task_id}
-        for entry in list_entries(source.stores.engine(), limit=limit, task_name=task_name,
-                                  pending_only=pending_only)
+        for entry in place.list_entries(source.stores.engine(), limit=limit,
+                                        task_name=task_name, pending_only=pending_only)
     ]
 
 
@@ -43,7 +38,7 @@ def requeue_one(source: Source, form: Submitted) -> str:
     text = form.get("id", "")
     if not text.isdigit():
         raise ActionRefused(f"a dead-letter id is a number, got {text!r}")
-    task_id = requeue(source.stores.engine(), source.app, int(text))
+    task_id = place.requeue(source.stores.engine(), source.app, int(text))
     return f"dead letter {text} requeued as task {task_id}"
 
 
@@ -78,7 +73,7 @@ VIEW = View(
     ),
     actions=(
         Action(name="Requeue", web="requeue", run=requeue_one,
-               statuses={DeadLetterNotFound: 404, DeadLetterNotRunnable: 409},
+               statuses={place.DeadLetterNotFound: 404, place.DeadLetterNotRunnable: 409},
                fields=lambda r: {"id": str(r["id"])}, forms=(Form(
                    id="requeue-form", title="Requeue dead letters", button="Requeue",
                    inputs=(Input(name="id", hint="dead-letter id", required=True,
