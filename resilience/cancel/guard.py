@@ -2,12 +2,9 @@
 
 Flow only. The job's targets (its task id; its task and `cancel_key`) are looked up in this
 worker process's copy of the live cancellations, refreshed when the store's version moved
-and asked at most once per `refresh_seconds`, so a job's check costs no round trip. A hit
-stops the job as CANCELLED; `call.checkpoint()` reads the store itself, so a job cancelled
-mid-run rolls its transaction back. A store whose version is gone has lost its copy, never
-"nothing is cancelled": the guard keeps its copy and restores the store from PostgreSQL
-(`Cancellations.restore_if_lost`). When nothing can be read and there is no copy, the guard
-follows `on_store_down` (fail open by default). See docs/operations.md, "Cancellation".
+(asked at most once per `refresh_seconds`); a job cancelled mid-run is stopped at
+`call.checkpoint()`. A store whose version is gone has lost its copy, never "nothing is
+cancelled": it is restored from PostgreSQL. See docs/operations.md, "Cancellation".
 """
 
 from __future__ import annotations

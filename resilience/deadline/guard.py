@@ -1,10 +1,8 @@
 """Deadline shedding: a job whose deadline has passed is not run (outcome SHED, counted).
 
-`DeadlineStampGuard` writes the `deadline` and `enqueued_at` headers (epoch seconds) at
-enqueue; headers survive retries and deferrals, so a retried job keeps its deadline. Under
-queue pressure the effective deadline shrinks to `enqueued_at + (deadline - enqueued_at) *
-pressure_deadline_factor`. Unusable headers count as absent (`call.headers`). Why headers
-and not Celery's `expires`, and the defaults: docs/overload.md, "Deadline shedding".
+`DeadlineStampGuard` writes the `deadline` and `enqueued_at` headers at enqueue (they survive
+retries and deferrals); under queue pressure the effective deadline shrinks. Why headers and
+not Celery's `expires`, the pressure rule and the defaults: docs/overload.md.
 """
 
 from __future__ import annotations

@@ -13,17 +13,14 @@ def read(source: Source) -> dict[str, Any]:
     return describe(source.stores).as_dict()
 
 
-def _lag(row: dict[str, Any]) -> str:
-    return marked(f"{row['lag_seconds']:.1f}s", "bold red", row["lag_seconds"] >= 60)
-
-
 VIEW = View(
     name="outbox", title="outbox", store="database", read=read, rows=lambda section: [section],
     columns=(
         Column(header="pending", justify="right"),
         Column(header="due", justify="right"),
         Column(header="scheduled", justify="right"),
-        Column(header="lag", text=_lag, justify="right"),
+        Column(header="lag", justify="right", text=lambda row: marked(
+            f"{row['lag_seconds']:.1f}s", "bold red", row["lag_seconds"] >= 60)),
         Column(header="published/min", key="published_last_minute", justify="right"),
         Column(header="dead-lettered", key="dead_lettered", justify="right"),
     ),

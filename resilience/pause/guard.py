@@ -25,8 +25,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("resilience.pause")
 
-SCOPES = ("tier", "task")
-
 
 @dataclass(frozen=True, kw_only=True)
 class PauseConfig:
@@ -69,7 +67,7 @@ class PauseSwitch:
 
 
 def _switch(scope: str, name: str) -> tuple[str, str]:
-    if scope not in SCOPES or not name:
+    if scope not in ("tier", "task") or not name:
         raise ConfigurationError(f"pause a 'tier' or a 'task' by name, got {scope!r} {name!r}")
     return scope, name
 
