@@ -18,14 +18,13 @@ leader's next tick (within a second), with no restart. The commands run the view
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from jobs.admin.status import platform_source, print_view, show, table
+from jobs.admin.status import act, platform_source, print_view, show, table
 from resilience.errors import ResilienceError
 from resilience.redact import redact
 from resilience.schedules.api import recent_runs
@@ -44,7 +43,7 @@ from resilience.schedules.view import (
     run_schedule_now,
     status,
 )
-from resilience.views import ActionRefused, Source, Submitted
+from resilience.views import Submitted
 
 cli = typer.Typer(help="Schedules: list, show, add, edit, pause, resume, remove, run now.",
                   no_args_is_help=True)
@@ -59,16 +58,6 @@ _OVERLAP_HELP = f"When the previous run has not finished: {', '.join(Overlap)}."
 def _fail(message: str) -> typer.Exit:
     errors.print(f"[red]{escape(redact(message))}[/red]")
     return typer.Exit(2)
-
-
-def _act(run: Callable[[Source, Submitted], str], form: Submitted) -> None:
-    """Run one of the view's actions: its line, or its refusal as one red line (exit 2)."""
-    try:
-        console.print(escape(run(platform_source(), form)))
-    except ActionRefused as refused:
-        raise _fail(str(refused)) from None
-    except ResilienceError as exc:  # unknown name, bad cron or time zone, store down
-        raise _fail(f"{type(exc).__name__}: {exc}") from None
 
 
 def _form(**fields: str | float | bool | None) -> Submitted:
@@ -129,7 +118,7 @@ def add_command(
     paused: Annotated[bool, typer.Option(help="Add it paused.")] = False,
 ) -> None:
     """Add a runtime schedule; the beat leader fires it from its next slot on."""
-    _act(add_schedule, _form(name=name, task=task, every=every, timezone=timezone, args=args,
+    act(add_schedule, _form(name=name, task=task, every=every, timezone=timezone, args=args,
                              kwargs=kwargs, options=options, catch_up=catch_up,
                              catch_up_window=catch_up_window, overlap=overlap, paused=paused))
 
@@ -153,7 +142,7 @@ def edit_command(
 ) -> None:
     """Change a schedule; the leader applies it at its next tick, no restart. A code
     entry's task, timing, arguments and options come from code: only its policies change."""
-    _act(edit_schedule, _form(name=name, every=every, timezone=timezone, task=task, args=args,
+    act(edit_schedule, _form(name=name, every=every, timezone=timezone, task=task, args=args,
                               kwargs=kwargs, options=options, catch_up=catch_up,
                               catch_up_window=catch_up_window, overlap=overlap))
 
@@ -162,23 +151,23 @@ def edit_command(
 def pause_command(name: Annotated[str, typer.Argument(help="Schedule name.")]) -> None:
     """Stop firing it from the leader's next tick; slots missed meanwhile go to its
     catch-up policy on resume."""
-    _act(pause_schedule, {"name": name})
+    act(pause_schedule, {"name": name})
 
 
 @cli.command("resume")
 def resume_command(name: Annotated[str, typer.Argument(help="Schedule name.")]) -> None:
     """Fire it again from the leader's next tick."""
-    _act(resume_schedule, {"name": name})
+    act(resume_schedule, {"name": name})
 
 
 @cli.command("remove")
 def remove_command(name: Annotated[str, typer.Argument(help="Schedule name.")]) -> None:
     """Delete it and its run history (a code entry comes back at the next seeding unless it
     is removed from code too)."""
-    _act(remove_schedule, {"name": name})
+    act(remove_schedule, {"name": name})
 
 
 @cli.command("run-now")
 def run_now_command(name: Annotated[str, typer.Argument(help="Schedule name.")]) -> None:
     """Fire it once now, outside its slots; prints the job's task id."""
-    _act(run_schedule_now, {"name": name})
+    act(run_schedule_now, {"name": name})

@@ -23,7 +23,9 @@ from rich.text import Text
 from jobs.observe.snapshot import VIEWS, collect, probe_stores, problem_lines, unreachable_snapshot
 from jobs.settings import get_settings
 from jobs.tiers import TIERS
-from resilience.views import Source, View, missing
+from resilience.errors import ResilienceError
+from resilience.redact import redact
+from resilience.views import ActionRefused, Source, Submitted, View, missing
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -71,6 +73,17 @@ def exit_on(*kinds: type[Exception]) -> Iterator[None]:
         yield
     except kinds as exc:
         raise fail(str(exc)) from None
+
+
+def act(run: Callable[[Source, Submitted], str], form: Submitted) -> None:
+    """Run one of a view's actions, as the page's forms do: print its line, or its refusal or
+    error (an unknown name, a store down) as one red line and exit 2."""
+    try:
+        console.print(escape(run(platform_source(), form)))
+    except ActionRefused as refused:
+        raise fail(escape(redact(str(refused)))) from None
+    except ResilienceError as exc:
+        raise fail(escape(redact(f"{type(exc).__name__}: {exc}"))) from None
 
 
 def platform_app() -> Celery:

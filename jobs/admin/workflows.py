@@ -14,7 +14,6 @@ The actions run the view's own (`resilience.workflows.view`), as the page's butt
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Annotated
@@ -23,8 +22,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from jobs.admin.status import platform_source, print_view, show, table
-from resilience.views import ActionRefused, Source, Submitted
+from jobs.admin.status import act, platform_source, print_view, show, table
 from resilience.workflows.view import (
     LIST,
     STEPS,
@@ -79,14 +77,6 @@ def show_command(
         console.print(f"graph written to {escape(str(svg))}")
 
 
-def _act(run: Callable[[Source, Submitted], str], form: Submitted) -> None:
-    try:
-        console.print(escape(run(platform_source(), form)))
-    except ActionRefused as refused:
-        errors.print(f"[red]{escape(str(refused))}[/red]")
-        raise typer.Exit(2) from None
-
-
 @cli.command("cancel")
 def cancel_command(
     workflow_id: Annotated[str, typer.Argument(help="Workflow id.")],
@@ -95,7 +85,7 @@ def cancel_command(
 
     Its queued steps are cancelled (they will not start on any worker), its pending ones
     skipped, a running one finishes (and is compensated if it succeeds)."""
-    _act(cancel_run, {"id": workflow_id})
+    act(cancel_run, {"id": workflow_id})
 
 
 @cli.command("retry")
@@ -109,7 +99,7 @@ def retry_command(
 
     That step, every step that did not succeed and the steps depending on them go back to
     pending; a step depending on none of them is not run again."""
-    _act(retry_run, {"id": workflow_id,
+    act(retry_run, {"id": workflow_id,
                      "from_step": "" if from_step is None else str(from_step)})
 
 
@@ -122,4 +112,4 @@ def replay_command(
     """Start a new run of this workflow from step N, linked to this one.
 
     Steps before N are copied with their results (they must have succeeded); N onward run."""
-    _act(replay_run, {"id": workflow_id, "from_step": str(from_step)})
+    act(replay_run, {"id": workflow_id, "from_step": str(from_step)})
