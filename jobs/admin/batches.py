@@ -1,8 +1,4 @@
-"""`jobs batches`: batches and their members' final states (see docs/batches.md).
-
-    jobs batches list [--limit N] [--incomplete] [--json]   newest batches, one line each
-    jobs batches show ID [--json]                           tallies per state, callbacks
-"""
+"""`jobs batches list | show ID`: batches and their members' final states (docs/batches.md)."""
 
 from __future__ import annotations
 

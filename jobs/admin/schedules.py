@@ -1,18 +1,6 @@
-"""`jobs schedules`: the beat's schedules in PostgreSQL, their runs and next fires, edited at
-runtime (see docs/schedules.md).
-
-    jobs schedules list [--json]                         every schedule: last run, next fire
-    jobs schedules show NAME [--runs N] [--json]         its last runs and its next five fires
-    jobs schedules add NAME --task T --every E [--timezone TZ] [--args JSON] [--kwargs JSON]
-                       [--options JSON] [--catch-up P] [--catch-up-window S] [--overlap P]
-                       [--paused]
-    jobs schedules edit NAME [--every E] [--timezone TZ] [--task T] [--args JSON] ...
-    jobs schedules pause|resume|remove|run-now NAME
-
-`--every` is a period (`30`, `30s`, `5m`, `1h`) or a five-field cron expression
-(`"*/5 * * * *"`, read in `--timezone`, UTC by default). A change applies at the beat
-leader's next tick (within a second), with no restart. The commands run the view's actions
-(`resilience.schedules.view`), as the page's forms and buttons do.
+"""`jobs schedules list | show | add | edit | pause | resume | remove | run-now`: the beat's
+schedules in PostgreSQL, edited at runtime through the view's actions
+(`resilience.schedules.view`), as the page's forms do. See docs/schedules.md.
 """
 
 from __future__ import annotations

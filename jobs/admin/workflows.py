@@ -1,14 +1,6 @@
-"""`jobs workflows`: durable workflow runs, their steps, and the operator's actions on them
-(see docs/workflows.md).
-
-    jobs workflows list [--limit N] [--state STATE] [--json]  newest runs, one line each
-    jobs workflows show ID [--json] [--svg FILE]              one run: its steps (its graph)
-    jobs workflows cancel ID                                  cancel it; compensations run
-    jobs workflows retry ID [--from-step N]                   the same run, from its failed
-                                                              step (or step N)
-    jobs workflows replay ID --from-step N                    a new run, from step N
-
-The actions run the view's own (`resilience.workflows.view`), as the page's buttons do.
+"""`jobs workflows list | show | cancel | retry | replay`: durable workflow runs, their steps,
+and the view's actions on them (`resilience.workflows.view`), as the page's buttons do. See
+docs/workflows.md.
 """
 
 from __future__ import annotations

@@ -194,18 +194,10 @@ def _diagnose(exc: BaseException, server: str, variable: str) -> tuple[str, str,
 
 
 def probe_stores(settings: Settings, *, timeout_seconds: float = 1.0) -> dict[str, StoreStatus]:
-    """Can each store the snapshot reads serve? One quick connection each, in parallel, on
-    clients of the probe's own (short timeouts, no retries: `jobs status` with nothing
-    running answers within about a second). A broker on the guard-state Redis URL is probed
-    once.
-
-    Args:
-        settings: the platform settings (the URLs; no app is needed).
-        timeout_seconds: connect and read timeout of each probe (PostgreSQL: at least 2).
-
-    Returns:
-        `StoreStatus` by store: `broker`, `redis`, `database`.
-    """
+    """Can each store the snapshot reads serve (`broker`, `redis`, `database`)? One quick
+    connection each, in parallel, on clients of the probe's own: `timeout_seconds` (at least
+    2 for PostgreSQL), no retries, so `jobs status` with nothing running answers within
+    about a second. Needs the settings alone, no app."""
     redis_variable = url_variable("redis_url", "REDIS_URL")
     stores = (  # store, server, role, url, variable, probe
         ("broker", "Redis" if settings.broker_is_redis else "RabbitMQ", "broker",

@@ -124,11 +124,11 @@ class WorkerHeartbeat(bootsteps.StartStopStep):
     def create(self, w: Any) -> Heartbeat:
         heartbeat = w.jobs_heartbeat = Heartbeat(w.hostname)
 
-        def broker_connected() -> bool:
+        def connected() -> bool:
             return heartbeat.consuming and not main_thread_waits_for_broker()
 
-        w.jobs_readiness = ReadinessRecorder(
-            readiness_path(w.hostname), lambda: readiness(w.app, broker_connected))
+        w.jobs_readiness = ReadinessRecorder(readiness_path(w.hostname),
+                                             lambda: readiness(w.app, connected))
         return heartbeat
 
     def start(self, w: Any) -> None:
