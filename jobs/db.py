@@ -26,8 +26,6 @@ logger = logging.getLogger("jobs.db")
 #: Advisory-lock id that serializes migrations across processes starting together.
 MIGRATION_LOCK_ID = 7_201_901_001
 
-MIGRATIONS_DIR = Path(__file__).parent / "migrations"
-
 #: The table recording the platform's own revisions.
 VERSION_TABLE = "jobs_alembic_version"
 
@@ -79,7 +77,7 @@ def ensure_database(database_url: str) -> bool:
 def alembic_config(database_url: str) -> Config:
     """Alembic configuration pointing at the packaged migrations."""
     config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
     config.set_main_option("sqlalchemy.url", _sqlalchemy_url(database_url).replace("%", "%%"))
     return config
 

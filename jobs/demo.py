@@ -18,7 +18,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 from sqlalchemy import func, select, text
 
 from jobs.embedded import port_in_use
@@ -303,9 +303,8 @@ class Story:
             f"{vendor['charges'] - self.vendor_before['charges']} charges"
         )
         after = self._counters()
-        table = Table(title="outcomes by guard (this run)")
-        for column in ("guard", "outcome", "count"):
-            table.add_column(column, justify="right" if column == "count" else "left")
+        table = Table("guard", "outcome", Column("count", justify="right"),
+                      title="outcomes by guard (this run)")
         for (guard, outcome), value in sorted(after.items()):
             delta = value - self.counters_before.get((guard, outcome), 0)
             if delta > 0:
@@ -331,10 +330,9 @@ class Story:
                           amount_cents=amount_cents)
 
     def _send(self, task: Any, **kwargs: Any) -> Sent:
-        sent_at = time.time()
-        result = task.delay(**kwargs)
+        sent = Sent(sent_at=time.time(), result=task.delay(**kwargs))
         self.sent[task.name] += 1
-        return Sent(result, sent_at)
+        return sent
 
     def _finish(self, sends: list[Sent], *, poll_seconds: float = 0.1) -> list[Sent]:
         """Wait until every job sent is done (a deferred one comes back with its id)."""

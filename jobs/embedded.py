@@ -120,9 +120,8 @@ def postgres_command(data_dir: Path, port: int) -> list[str]:
 
 def exec_postgres(data_dir: Path, port: int) -> None:
     """Replace this process with PostgreSQL (used by `jobs service postgres` under honcho)."""
-    user = prepare_postgres(data_dir)
+    demote = _demote(prepare_postgres(data_dir))
     command = postgres_command(data_dir, port)
-    demote = _demote(user)
     if demote is not None:
         demote()
     os.execv(command[0], command)
