@@ -1,9 +1,6 @@
-"""Bench tasks of the enqueue scenario: one no-op published six ways.
-
-Only the producer side is measured; no worker consumes the queue these go to. The peers
-(celery-once, celery-singleton) are plain Celery tasks with their own base class on the same
-app and broker; they are installed by `make bench` (`pip install -e '.[bench]'`), and the
-scenario reports them as missing otherwise.
+"""Bench tasks of the enqueue scenario: one no-op published six ways, into a queue no worker
+consumes. The peers (celery-once, celery-singleton: `make bench` installs them) are plain
+Celery tasks with their own base class; None when not installed.
 """
 
 from __future__ import annotations

