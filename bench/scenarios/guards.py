@@ -13,8 +13,10 @@ Round trips on the guarded happy path (a first delivery of a new key), counted f
 - Redis 2: one read batch before the body (idempotency cache GET + breaker state), one write
   batch after it (cache SET + breaker outcome + budget request count); see resilience.batch.
   The poison check costs nothing on a first delivery (it counts redeliveries only).
-- PostgreSQL 4: idempotency claim and completion (prepared statements, on the pool), singleton
-  acquire and release (prepared, on the worker thread's dedicated session).
+- PostgreSQL 3, all on the worker thread's own connection (prepared statements): the
+  idempotency claim, the singleton acquire, and the completion with the singleton's release
+  riding on it (one query string; the lock is freed at the completion's commit). `python -m
+  bench calls` counts them.
 """
 
 from __future__ import annotations
@@ -95,5 +97,5 @@ def run(argv: list[str]) -> dict[str, Any]:
     # tests/resilience/batch/test_batch.py count them: a closed breaker's state comes from
     # the process's copy, successes and budget requests are sent once per 0.1 s, and
     # `cache="auto"` reads no cache without duplicates (2 Redis round trips before that).
-    figures["round_trips"] = {"redis": 0, "postgresql": 4}
+    figures["round_trips"] = {"redis": 0, "postgresql": 3}
     return figures

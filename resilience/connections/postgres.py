@@ -18,6 +18,7 @@ client keepalives, and with `server_tcp` the server's end bounded too.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -176,6 +177,22 @@ class Row(dict[str, Any]):
             raise AttributeError(name) from None
 
 
+class Lead:
+    """A statement waiting on a held connection to be sent at the head of the next
+    statement that takes leads (`StatementRunner.run(..., lead=True)`), in its query string:
+    one round trip for both, in one implicit transaction. `settled` is called once that
+    statement succeeded; a lead whose statement failed is dropped with `sent` set."""
+
+    __slots__ = ("sent", "settled", "text")
+
+    def __init__(self, text: str, settled: Callable[[], None]) -> None:
+        #: SQL with its values written in (`%` doubled: it is sent through the driver's
+        #: parameter substitution), ending with `; `.
+        self.text = text
+        self.settled = settled
+        self.sent = False
+
+
 class HeldConnection:
     """A thread's own connection and what its session holds."""
 
@@ -189,6 +206,46 @@ class HeldConnection:
         self.settings: dict[str, Any] = {}
         #: `EXECUTE` texts with constant parameters written in (`StatementRunner.run`).
         self.rendered: dict[tuple[Any, ...], tuple[str, tuple[str, ...]]] = {}
+        #: Statements to send with the next statement that takes them (`Lead`).
+        self.leads: list[Lead] = []
+        #: Session advisory lock ids held on this session for this thread's callers.
+        self.locks: set[int] = set()
+
+    def render(self, statement: PreparedStatement, parameters: dict[str, Any]) -> str:
+        """`statement` as query text with its values written in, for a `Lead`: its
+        `EXECUTE` when prepared on this session, else its SQL (a lead that may never be
+        sent prepares nothing: the session's prepared set would be wrong)."""
+        cursor = self.cursor
+        if cursor is None:
+            cursor = self.cursor = self.driver.cursor()
+        if statement.name in self.prepared:
+            rendered = cursor.mogrify(statement.execute, statement.values(parameters))
+        else:
+            rendered = cursor.mogrify(statement.sql, parameters)
+        encoding = psycopg2.extensions.encodings[self.driver.encoding]
+        return rendered.decode(encoding).replace("%", "%%") + "; "
+
+    def execute_here(self, statement: PreparedStatement | str,
+                     parameters: dict[str, Any] | Any = ()) -> Any:
+        """Run one statement on this very session, never on a replacement, on a cursor of
+        its own (another thread may use the shared one: a watcher's probe); its rows, or
+        None. A `PreparedStatement` (named `parameters`) is prepared once on the session.
+
+        Raises:
+            StoreUnavailable, StorageError: the session is gone or the statement failed.
+        """
+        try:
+            with self.driver.cursor() as cursor:
+                if isinstance(statement, str):
+                    cursor.execute(statement, parameters)
+                elif statement.name in self.prepared:
+                    cursor.execute(statement.execute, statement.values(parameters))
+                else:
+                    cursor.execute(statement.prepare_and_execute, statement.values(parameters))
+                    self.prepared.add(statement.name)
+                return cursor.fetchall() if cursor.description is not None else None
+        except psycopg2.Error as exc:
+            raise translate_store_error(exc, "held PostgreSQL session") from exc
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # already broken; it is being replaced
@@ -226,6 +283,14 @@ class StatementRunner:
             self._held.local.connection = held
         return held
 
+    def discard(self, held: HeldConnection) -> None:
+        """Forget `held` if it is this thread's connection (the next statement opens
+        another) and close it in the background: a statement stuck in a partition may be
+        using it until the TCP user timeout."""
+        if getattr(self._held.local, "connection", None) is held:
+            self._held.local.connection = None
+        threading.Thread(target=held.close, name="held-connection-close", daemon=True).start()
+
     def close(self) -> None:
         """Close this thread's connection (a test database about to be dropped)."""
         held: HeldConnection | None = getattr(self._held.local, "connection", None)
@@ -235,7 +300,7 @@ class StatementRunner:
 
     def run(self, statement: PreparedStatement, parameters: dict[str, Any], action: str, *,
             prepared: bool = True, prefix: Prefix | None = None, named: bool = True,
-            fixed: tuple[str, ...] = ()) -> Any:
+            fixed: tuple[str, ...] = (), lead: bool = False) -> Any:
         """Run one statement: its row count when it returns no rows, else its rows (`Row`s
         by column name; plain tuples when not `named`, which spares a dict per row).
 
@@ -250,6 +315,10 @@ class StatementRunner:
                 lease, TTL): a prepared `EXECUTE` gets them written in once per connection,
                 as the driver writes them (the same query text), instead of adapting them
                 on every call.
+            lead: send the connection's waiting `Lead`s first, in the same query string
+                (the result is still this statement's). Only a statement that is the last
+                commit of a call takes leads: a singleton's release rides on the
+                idempotency completion this way (resilience.locks.backends.postgres).
 
         Raises:
             StoreUnavailable, StoreRejected, StorageError, SchemaMissing.
@@ -257,6 +326,12 @@ class StatementRunner:
         for attempt in (1, 2):
             connection = self.connection()  # `connect` translates its own errors
             text, settle = prefix(connection) if prefix is not None else ("", None)
+            leads = connection.leads if lead and connection.leads else None
+            if leads is not None:
+                connection.leads = []
+                for waiting in leads:
+                    waiting.sent = True
+                text = "".join(waiting.text for waiting in leads) + text
             try:
                 cursor = connection.cursor
                 if cursor is None:
@@ -276,6 +351,9 @@ class StatementRunner:
                     connection.prepared.add(statement.name)
                 if settle is not None:
                     settle()
+                if leads is not None:
+                    for waiting in leads:
+                        waiting.settled()
                 description = cursor.description
                 if description is None:
                     return cursor.rowcount

@@ -8,10 +8,13 @@
     @exclusive(key="{report}", ttl_seconds=30, policy="defer")
     def publish(report, fencing_token=None): ...
 
-* singleton — a PostgreSQL session advisory lock on a dedicated connection to the app's
-  direct lock URL (`resilience_locks_database_url`; one per lock held, used for nothing
+* singleton — a PostgreSQL session advisory lock, freed the instant the holder dies. When
+  the app's direct lock URL (`resilience_locks_database_url`) is its database URL with no
+  pooler, the lock is held on the worker thread's own connection (the one the idempotency
+  guard uses; the thread's alone), and its release rides on the idempotency completion;
+  otherwise on a dedicated connection to the lock URL (one per lock held, used for nothing
   else, kept `resilience_lock_session_idle_seconds` (5) after release for the next run,
-  then closed): freed the instant the holder dies. While the body runs a `SessionWatcher`
+  then closed). While the body runs a `SessionWatcher`
   probes the session every `probe_seconds` (2) and for each `call.checkpoint()`; a lost
   session, or one silent past the watcher's bound (5 s), makes `checkpoint()` and a
   transactional commit refuse (watcher.py). Acquire and release
@@ -237,7 +240,8 @@ class LockGuard(Guard):
     def _try_acquire(self, backend: LockBackend, call: Call, key: GuardKey) -> Hold | None:
         asked_at = time.monotonic()
         taken = backend.acquire(key.full, Claimant(task_id=call.task_id,
-                                                   task_name=call.task.name))
+                                                   task_name=call.task.name,
+                                                   fenced=self.injects_token))
         if taken is None:
             return None
         return Hold(key=key, taken=taken, backend=backend,
@@ -309,6 +313,16 @@ class SingletonGuard(LockGuard):
         super().__init__(func, key, options, backend)
         self.options: SingletonConfig = options
 
+    def commit(self, call: Call, result: Any) -> None:
+        """Let the release ride on the call's last commit when the lock is held on the
+        thread's shared connection (`AdvisoryLockBackend.hand_off`): freed at that commit,
+        which comes after every other; `release` still gives it back otherwise."""
+        hold: Hold | None = call.kept(self)
+        if hold is not None:
+            hand_off = getattr(hold.backend, "hand_off", None)
+            if hand_off is not None:
+                hand_off(hold.taken)
+
     def _watcher(self, backend: LockBackend, taken: Taken,
                  asked_at: float) -> SessionWatcher | None:
         """A started `SessionWatcher` on the held session (advisory backends only: the
@@ -335,9 +349,15 @@ class SingletonGuard(LockGuard):
             if self.options.database_url:
                 return AdvisoryLockBackend(self.options.database_url, engine=stores.guard_engine,
                                            pool_mode=self.options.pool_mode)
+            pool_mode = self.options.pool_mode or stores.locks_pool_mode
+            # The locks' database is the statements' one, reached directly: hold each lock
+            # on the worker thread's own connection (no lock session; the release rides
+            # on the idempotency completion).
+            shared = (stores.locks_database_url == stores.database_url
+                      and (pool_mode or "none").strip().lower() == "none")
             return AdvisoryLockBackend(
-                stores.locks_database_url, engine=stores.guard_engine,
-                pool_mode=self.options.pool_mode or stores.locks_pool_mode)
+                stores.locks_database_url, engine=stores.guard_engine, pool_mode=pool_mode,
+                statements=stores.statements() if shared else None)
 
         stores = stores_for(task.app)
         return stores.backend("singleton", build,

@@ -360,7 +360,8 @@ class PostgresIdempotencyBackend(StoreBackend):
             connection.settings.__setitem__, "synchronous_commit", False)
 
     def _execute(self, statement: _Statement, parameters: dict[str, Any], action: str, *,
-                 write: bool = False, named: bool = True, fixed: tuple[str, ...] = ()) -> Any:
+                 write: bool = False, named: bool = True, fixed: tuple[str, ...] = (),
+                 lead: bool = False) -> Any:
         """Run one statement on this thread's connection (`StatementRunner.run`).
 
         Raises:
@@ -369,7 +370,7 @@ class PostgresIdempotencyBackend(StoreBackend):
         return self.runner.run(statement, parameters, f"idempotency store: {action}",
                                prepared=self.prepared,
                                prefix=self._commit_mode if write else None,
-                               named=named, fixed=fixed)
+                               named=named, fixed=fixed, lead=lead)
 
     def ping(self) -> None:
         """One round trip on this thread's connection (`SELECT 1`): a health check, and the
@@ -443,14 +444,18 @@ class PostgresIdempotencyBackend(StoreBackend):
         raise StorageError(f"idempotency store: claim of {task_name}:{key} found no row")
 
     def complete(self, claim: Claim, result_json: str, ttl_seconds: float) -> bool:
-        """Record success with its result; False when the claim was taken over (stale)."""
+        """Record success with its result; False when the claim was taken over (stale).
+
+        The call's last commit: what waits to ride on it (a singleton's release held on
+        this thread's connection, freed at this commit) goes in the same round trip.
+        """
         parameters = {
             **claim.parameters(),
             "result": result_json,
             "ttl_seconds": float(ttl_seconds),
         }
         return self._execute(COMPLETE, parameters, "complete", write=True,
-                             fixed=_COMPLETE_FIXED) == 1
+                             fixed=_COMPLETE_FIXED, lead=True) == 1
 
     def fail(self, claim: Claim, error: str, ttl_seconds: float) -> bool:
         """Record a non-retryable failure; False when the claim was taken over."""

@@ -22,6 +22,15 @@ A lock session is taken per acquisition from the process's `SESSION_POOL` and gi
 at release; one unused for `idle_seconds` (default 5 s) is closed. Direct connections
 follow the locks held at once, not the worker threads.
 
+When the locks' URL is the statements' URL with no pooler (`SingletonGuard.default_backend`),
+`@singleton` holds its lock on the worker thread's own connection instead
+(`resilience.connections.postgres.StatementRunner`, `SharedSessionLock`): that connection is
+the thread's alone too (never pooled, never handed to other code), it ends with the process,
+and nothing on it unlocks but the holder. The idempotency claim and completion run there,
+so the release rides on the completion (`AdvisoryLockBackend.hand_off`): one query string,
+`_HANDOFF_ADVISORY` first, which turns the session lock into a lock of that string's
+implicit transaction, so the lock is free exactly when the completion commits.
+
 The held-lock registry (`resilience_held_locks`, one row per key) records who holds each
 lock, for holder details in refusals and for `describe()`; it is informational, the truth
 is the lock itself. `AdvisoryLockBackend` (`@singleton`) takes the lock, names its session
@@ -41,7 +50,15 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from resilience.connections import ProcessLocal, StoreBackend, on_fork, wrap_store_errors
-from resilience.connections.postgres import PG_SERVER_TCP, connect
+from resilience.connections.postgres import (
+    PG_SERVER_TCP,
+    SYNCHRONOUS_COMMIT,
+    HeldConnection,
+    Lead,
+    StatementRunner,
+    connect,
+    synchronous_commit,
+)
 from resilience.errors import (
     ConfigurationError,
     LockNotOwnedError,
@@ -83,6 +100,10 @@ def session_owner(application_name: str | None, backend_pid: int) -> str:
 #: session whose holder vanished ~11 s after its last packet, freeing its locks. Returns
 #: the backend pid last.
 _SERVER_KEEPALIVES = PG_SERVER_TCP + ", pg_backend_pid()"
+#: The same, for a session whose writes (the registry row) commit without waiting for
+#: their WAL flush (`AdvisorySession(synchronous_commit=False)`).
+_SERVER_KEEPALIVES_ASYNCHRONOUS = (
+    PG_SERVER_TCP + ", set_config('synchronous_commit', 'off', false), pg_backend_pid()")
 
 #: Sessions holding an advisory lock, by pg_locks' (classid, objid) of its id.
 _SESSION_HOLDERS = """
@@ -142,6 +163,41 @@ _RELEASE_ADVISORY = PreparedStatement("resilience_singleton_release", """
     SELECT pg_advisory_unlock(%(id)s::bigint), set_config('application_name', 'lock:', false)
 """)
 
+#: A lock held on a thread's shared connection (`SharedSessionLock`), released at the
+#: commit of the statement sent after this one in the same query string: the session lock
+#: becomes a transaction lock of that query string's implicit transaction (taken at once:
+#: this session holds it), so it is free the moment that statement commits, never before.
+#: The unregistration commits with it too.
+_HANDOFF_ADVISORY = PreparedStatement("resilience_singleton_handoff", """
+    WITH unregistered AS (
+        DELETE FROM resilience_held_locks
+        WHERE key = %(key)s::text AND owner = %(owner)s::text
+    )
+    SELECT pg_advisory_unlock(%(id)s::bigint), set_config('application_name', '', false)
+    FROM (SELECT pg_try_advisory_xact_lock(%(id)s::bigint) AS moved OFFSET 0) AS handoff
+    WHERE handoff.moved
+""")
+
+#: `_RELEASE_ADVISORY` on a shared connection: its name back to none.
+_RELEASE_SHARED = PreparedStatement("resilience_singleton_release_shared", """
+    WITH unregistered AS (
+        DELETE FROM resilience_held_locks
+        WHERE key = %(key)s::text AND owner = %(owner)s::text
+    )
+    SELECT pg_advisory_unlock(%(id)s::bigint), set_config('application_name', '', false)
+""")
+
+#: What a shared connection's first acquisition sends before it: the server's end of its
+#: keepalives (as a lock session's), and the release statements prepared.
+_SHARED_SETUP = (PG_SERVER_TCP + "; " + _HANDOFF_ADVISORY.prepare.replace("%", "%%") + "; "
+                 + _RELEASE_SHARED.prepare.replace("%", "%%") + "; ")
+_SHARED_PREPARED = (_HANDOFF_ADVISORY.name, _RELEASE_SHARED.name)
+
+
+class _AlreadyHeld(Exception):
+    """The shared connection already holds the key for this thread's caller."""
+
+
 _OWNS = """
     SELECT pg_backend_pid(), EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'
         AND granted AND pid = pg_backend_pid() AND classid = %s AND objid = %s
@@ -175,6 +231,9 @@ class AdvisorySession:
         label: shown as `application_name` (`lock:<label>`), so holders are identifiable.
         pool_mode: the pooler's mode if there is one (`Stores.locks_pool_mode`); None: none.
         connect_timeout_seconds: bound on connecting.
+        synchronous_commit: False: the session's writes (registry rows) commit without
+            waiting for their WAL flush, set in its first round trip; a statement that
+            needs the flush says so itself (`execute_prepared(..., durable=True)`).
 
     Raises:
         ConfigurationError: a transaction/statement pooler is declared or detected.
@@ -188,6 +247,7 @@ class AdvisorySession:
         label: str = "",
         pool_mode: str | None = None,
         connect_timeout_seconds: float = 5,
+        synchronous_commit: bool = True,
     ) -> None:
         mode = (pool_mode or "").strip().lower()
         if mode in UNSAFE_POOL_MODES:
@@ -214,7 +274,9 @@ class AdvisorySession:
         # The server's end (the one that holds the locks), set per session in the first
         # round trip: without it a holder cut off by a partition keeps its backend, and the
         # lock, for the kernel's default keepalive time (two hours).
-        self.backend_pid = self.execute(_SERVER_KEEPALIVES)[0][-1]
+        self.synchronous_commit = synchronous_commit
+        self.backend_pid = self.execute(
+            _SERVER_KEEPALIVES if synchronous_commit else _SERVER_KEEPALIVES_ASYNCHRONOUS)[0][-1]
         # Under transaction pooling, autocommit statements may land on other backends.
         if self.scalar("SELECT pg_backend_pid()") != self.backend_pid:
             self.close()
@@ -241,14 +303,19 @@ class AdvisorySession:
             cursor.execute(sql, parameters)
             return cursor.fetchall() if cursor.description else None
 
-    def execute_prepared(self, statement: PreparedStatement, parameters: dict[str, Any]) -> Any:
-        """`execute` of a statement prepared once on this session (saves parse and plan)."""
+    def execute_prepared(self, statement: PreparedStatement, parameters: dict[str, Any], *,
+                         durable: bool = False) -> Any:
+        """`execute` of a statement prepared once on this session (saves parse and plan);
+        `durable`: it commits only once its WAL is flushed, on a session whose writes
+        otherwise do not wait (`synchronous_commit=False`)."""
+        prefix = SYNCHRONOUS_COMMIT if durable and not self.synchronous_commit else ""
         if statement.name not in self.prepared:
             # PREPARE and the first EXECUTE in one round trip.
-            rows = self.execute(statement.prepare_and_execute, statement.values(parameters))
+            rows = self.execute(prefix + statement.prepare_and_execute,
+                                statement.values(parameters))
             self.prepared.add(statement.name)
             return rows
-        return self.execute(statement.execute, statement.values(parameters))
+        return self.execute(prefix + statement.execute, statement.values(parameters))
 
     def scalar(self, sql: str, parameters: Sequence[Any] = ()) -> Any:
         """The first column of the first row of one statement on this session."""
@@ -369,6 +436,12 @@ class LockSessionPool:
 
     An idle session holds no lock, so any thread may take it. After a fork the parent's
     sessions are forgotten, never closed: closing would end the parent's backends.
+
+    Its sessions commit without waiting for the WAL flush (`synchronous_commit=False`): what
+    they write is the informational registry row, whose loss in a PostgreSQL crash is
+    harmless (the crash freed every lock too), and a flush wait cost each acquisition and
+    each release ~1 ms on this machine's disk. An acquisition whose fencing token a body
+    receives still waits for it (`Claimant.fenced`): see `AdvisoryLockBackend.acquire`.
     """
 
     def __init__(self, idle_seconds: float | None = None) -> None:
@@ -400,7 +473,8 @@ class LockSessionPool:
                     session = self._idle.pop(index)[2]
                     if not session.connection.closed:
                         return session
-        return AdvisorySession(database_url, label="", pool_mode=pool_mode)
+        return AdvisorySession(database_url, label="", pool_mode=pool_mode,
+                               synchronous_commit=False)
 
     def give_back(self, session: AdvisorySession, database_url: str) -> None:
         """Keep `session` for reuse, or close it: it holds a lock, failed, or reuse is off."""
@@ -545,6 +619,35 @@ def _holder(row: Any, *, alive: bool = True) -> Holder:
 
 
 # -- the backend -----------------------------------------------------------------------------
+class SharedSessionLock:
+    """A lock held on this thread's shared connection (`AdvisoryLockBackend` with
+    `statements`): `Taken.handle`."""
+
+    __slots__ = ("connection", "lead", "lock_id", "released")
+
+    def __init__(self, connection: HeldConnection, lock_id: int) -> None:
+        self.connection = connection
+        self.lock_id = lock_id
+        #: The release waiting to ride on the call's last commit (`hand_off`).
+        self.lead: Lead | None = None
+        #: Released with that commit.
+        self.released = False
+
+    @property
+    def backend_pid(self) -> int:
+        """The PostgreSQL backend holding the lock."""
+        return int(self.connection.driver.get_backend_pid())
+
+    def withdraw(self) -> Lead | None:
+        """Take the waiting release back from the connection; the lead, if it was sent."""
+        lead, self.lead = self.lead, None
+        if lead is not None and not lead.sent:
+            with contextlib.suppress(ValueError):
+                self.connection.leads.remove(lead)
+            return None
+        return lead
+
+
 class AdvisoryLockBackend(StoreBackend):
     """`@singleton`'s store: session advisory locks, one session per lock held.
 
@@ -552,30 +655,50 @@ class AdvisoryLockBackend(StoreBackend):
     (closed after `idle_seconds` unused), so the connections to `database_url` follow the
     locks held, not the worker threads.
 
+    With `statements` (the runner of the thread's own connection, on the same database
+    reached directly: `SingletonGuard.default_backend`), the lock is held on that connection
+    instead: it is the worker thread's alone, as a lock session is, and ends with the
+    process. The acquisition then follows the idempotency claim on the same session, and
+    the release rides on the idempotency completion (`hand_off`): one round trip for both,
+    the lock freed at the completion's commit. No lock session is opened.
+
     Args:
         database_url: the PostgreSQL of the locks, reached directly (`Stores.locks_database_url`).
         engine: returns the SQLAlchemy engine for holder reports and the registry (may be
             a transaction pooler in front of the same database).
         pool_mode: the declared pooler mode in front of `database_url` (see `AdvisorySession`).
+        statements: hold the locks on this runner's per-thread connections (its URL must be
+            `database_url`, with no pooler in between); None: lock sessions.
     """
 
     kind = "singleton"
     store_operation = "advisory locks"
 
     def __init__(self, database_url: str, *, engine: Callable[[], Engine],
-                 pool_mode: str | None = None) -> None:
+                 pool_mode: str | None = None,
+                 statements: StatementRunner | None = None) -> None:
         self.database_url = database_url
         self.engine = engine
         self.pool_mode = pool_mode
         self.registry = HeldLockRegistry(engine)
+        self.statements = statements
 
     def acquire(self, key: str, claimant: Claimant) -> Taken | None:
-        """One round trip on a lock session: lock, name the session, register."""
+        """One round trip on a lock session: lock, name the session, register.
+
+        The commit waits for its WAL flush only when the body receives the fencing token
+        (`claimant.fenced`): the sequence's WAL must be on disk before a token is used, or
+        PostgreSQL recovering from a crash could hand the same token out again. A token
+        no body receives is informational (holder reports), and any later durable commit
+        flushes the WAL before it anyway.
+        """
         lock_id = advisory_id(key)
         if any(lock_id in held.held for held in _in_use()):
             # Session locks are re-entrant; a second take by the same thread (an inline
             # caller-runs call of the same key) must see the key as held.
             return None
+        if self.statements is not None:
+            return self._acquire_shared(key, lock_id, claimant)
         session = take_session(self.database_url, self.pool_mode)
         parameters = {
             "id": lock_id, "key": key, "kind": self.kind, "owner": str(session.backend_pid),
@@ -584,7 +707,8 @@ class AdvisoryLockBackend(StoreBackend):
         }
         for fresh in (False, True):
             try:
-                taken, token, _ = session.execute_prepared(_ACQUIRE_ADVISORY, parameters)[0]
+                taken, token, _ = session.execute_prepared(
+                    _ACQUIRE_ADVISORY, parameters, durable=claimant.fenced)[0]
                 break
             except StorageError as exc:
                 give_back_session(session, self.database_url, close=True)
@@ -601,13 +725,111 @@ class AdvisoryLockBackend(StoreBackend):
         session.held.add(lock_id)
         return Taken(key=key, owner=parameters["owner"], token=token, handle=session)
 
+    def _acquire_shared(self, key: str, lock_id: int, claimant: Claimant) -> Taken | None:
+        """`acquire` on this thread's shared connection (see the class docstring); its
+        first acquisition also bounds the server's end of the connection (`PG_SERVER_TCP`)
+        and prepares the release, in the same round trip."""
+        assert self.statements is not None
+        parameters = {
+            "id": lock_id, "key": key, "kind": self.kind, "owner": "",
+            "name": f"{SESSION_PREFIX}{claimant.task_id or ''}"[:63], "ttl_seconds": None,
+            **_claimant_fields(claimant),
+        }
+        used: list[HeldConnection] = []
+
+        def session_setup(connection: HeldConnection) -> tuple[str, Callable[[], None] | None]:
+            # Each try learns its connection: the owner is its backend (one reconnect may
+            # replace the connection between tries).
+            used.append(connection)
+            if connection.locks and lock_id in connection.locks:
+                raise _AlreadyHeld
+            parameters["owner"] = str(connection.driver.get_backend_pid())
+            text = synchronous_commit(connection)[0] if claimant.fenced else ""
+            if "lock_session" in connection.settings:
+                return text, None
+
+            def settled() -> None:
+                connection.settings["lock_session"] = True
+                connection.prepared.update(_SHARED_PREPARED)
+
+            return _SHARED_SETUP + text, settled
+
+        try:
+            taken, token, _ = self.statements.run(
+                _ACQUIRE_ADVISORY, parameters, "advisory locks: acquire", named=False,
+                prefix=session_setup)[0]
+        except _AlreadyHeld:
+            return None  # re-entrant on this session: held by this thread's caller
+        if not taken:
+            return None
+        connection = used[-1]
+        connection.locks.add(lock_id)
+        return Taken(key=key, owner=parameters["owner"], token=token,
+                     handle=SharedSessionLock(connection, lock_id))
+
+    def hand_off(self, taken: Taken) -> None:
+        """Let the release ride on the call's last commit on this session (the idempotency
+        completion: `StatementRunner.run(..., lead=True)`), freed at that commit; when no
+        such commit comes, `release` sends it alone. Lock sessions: nothing to do."""
+        handle = taken.handle
+        if not isinstance(handle, SharedSessionLock) or handle.lead is not None:
+            return
+        connection = handle.connection
+        if connection.driver.closed:
+            return
+        text = connection.render(_HANDOFF_ADVISORY, {
+            "id": handle.lock_id, "key": taken.key, "owner": taken.owner})
+
+        def settled() -> None:
+            handle.released = True
+            connection.locks.discard(handle.lock_id)
+
+        handle.lead = Lead(text, settled)
+        connection.leads.append(handle.lead)
+
     def check(self, taken: Taken) -> None:
         """The session is alive, unmoved and still holds the lock (one statement)."""
+        handle = taken.handle
+        if isinstance(handle, SharedSessionLock):
+            try:
+                self._verify_shared(taken, handle)
+            except Exception:
+                self._drop_shared(handle)
+                raise
+            return
         try:
-            taken.handle.verify(taken.key)
+            handle.verify(taken.key)
         except Exception:
-            give_back_session(taken.handle, self.database_url, close=True)
+            give_back_session(handle, self.database_url, close=True)
             raise
+
+    @staticmethod
+    def _verify_shared(taken: Taken, handle: SharedSessionLock) -> None:
+        """`AdvisorySession.verify` of a lock on a shared connection."""
+        try:
+            rows = handle.connection.execute_here(_OWNS, lock_parts(handle.lock_id))
+        except StorageError as exc:
+            raise LockNotOwnedError(
+                f"singleton lock {taken.key!r} lost: its PostgreSQL session is gone ({exc}); "
+                "stopping before the task commits",
+                key=taken.key, cause=getattr(exc, "cause", repr(exc)),
+            ) from exc
+        pid, held = rows[0]
+        if str(pid) != taken.owner:
+            raise LockNotOwnedError(
+                f"singleton lock {taken.key!r} lost: the session moved from backend "
+                f"{taken.owner} to {pid} (reconnect or transaction pooling)", key=taken.key)
+        if not held:
+            raise LockNotOwnedError(f"singleton lock {taken.key!r} is not held by this session",
+                                    key=taken.key)
+
+    def _drop_shared(self, handle: SharedSessionLock) -> None:
+        """Give up a shared connection whose lock is lost or in doubt: the thread's next
+        statement opens another (closed in the background)."""
+        handle.withdraw()
+        handle.connection.locks.discard(handle.lock_id)
+        assert self.statements is not None
+        self.statements.discard(handle.connection)
 
     def extend(self, taken: Taken) -> bool:
         """A session lock does not expire: held while its session lives."""
@@ -615,7 +837,12 @@ class AdvisoryLockBackend(StoreBackend):
 
     def release(self, taken: Taken) -> None:
         """Unregister, unlock and clear the session's name in one round trip; the session
-        goes back to the pool (closed after `SESSION_POOL.idle_seconds` unused)."""
+        goes back to the pool (closed after `SESSION_POOL.idle_seconds` unused). A lock on
+        a shared connection that rode on the call's commit (`hand_off`) is released already.
+        """
+        if isinstance(taken.handle, SharedSessionLock):
+            self._release_shared(taken, taken.handle)
+            return
         session: AdvisorySession = taken.handle
         lock_id = advisory_id(taken.key)
         session.held.discard(lock_id)
@@ -634,15 +861,48 @@ class AdvisoryLockBackend(StoreBackend):
                                     "release", key=taken.key)
         give_back_session(session, self.database_url)
 
+    def _release_shared(self, taken: Taken, handle: SharedSessionLock) -> None:
+        """`release` of a lock on a shared connection."""
+        if handle.released:
+            return
+        # A handoff sent with a statement that failed: its unlock may have run already
+        # (an unlock is not transactional), so "not held" is no loss then.
+        failed_handoff = handle.withdraw() is not None
+        connection = handle.connection
+        connection.locks.discard(handle.lock_id)
+        try:
+            released = connection.execute_here(_RELEASE_SHARED, {
+                "id": handle.lock_id, "key": taken.key, "owner": taken.owner})[0][0]
+        except StorageError as exc:
+            self._drop_shared(handle)
+            raise LockNotOwnedError(
+                f"singleton lock {taken.key!r} lost at release: its session is gone ({exc})",
+                key=taken.key) from exc
+        if not released and not failed_handoff:
+            self._drop_shared(handle)
+            raise LockNotOwnedError(f"singleton lock {taken.key!r} was no longer held at "
+                                    "release", key=taken.key)
+
     def probe(self, taken: Taken) -> None:
         """One cheap statement on `taken`'s session (`AdvisorySession.probe`), run by the
         singleton's `SessionWatcher` while the body runs."""
-        taken.handle.probe()
+        handle = taken.handle
+        if isinstance(handle, SharedSessionLock):
+            pid = handle.connection.execute_here("SELECT pg_backend_pid()")[0][0]
+            if str(pid) != taken.owner:
+                raise LockNotOwnedError(
+                    f"the lock session moved from backend {taken.owner} to {pid} "
+                    "(reconnect or transaction pooling)", backend_pid=taken.owner)
+            return
+        handle.probe()
 
     def abandon(self, taken: Taken) -> None:
         """Give up a lock known lost, without a statement: the session leaves this thread
         and is closed in the background, since a probe stuck in a partition may still hold
         it (until the TCP user timeout). Its registry row is left to the next holder."""
+        if isinstance(taken.handle, SharedSessionLock):
+            self._drop_shared(taken.handle)
+            return
         session: AdvisorySession = taken.handle
         session.held.discard(advisory_id(taken.key))
         with contextlib.suppress(ValueError):

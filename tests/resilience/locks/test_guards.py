@@ -334,18 +334,40 @@ class TestIdleSession:
     def test_dead_idle_session_is_replaced_not_deferred(
         self, engine: Any, run_id: str
     ) -> None:
-        """The idle lock session the last run released dies before the next run (backend
-        terminated, as by a PostgreSQL restart): the next run opens a fresh session and
-        runs, once."""
-        from resilience.locks.backends.postgres import _SESSIONS
-        from tests.resilience.locks.tasks import singleton_run
+        """The idle session the last run held its lock on dies before the next run
+        (backend terminated, as by a PostgreSQL restart): the next run opens a fresh
+        session and runs, once. The app's lock URL is its database URL, so that session is
+        the thread's own connection (`SharedSessionLock`)."""
+        from resilience.stores import stores_for
+        from tests.resilience.locks.tasks import app, singleton_run
 
         assert singleton_run(run_id, "idle")["ran"] is True
-        session = _SESSIONS.local.session
+        runner = stores_for(app).statements()
+        held = runner.connection()
         with engine.connect() as connection:
             assert connection.execute(text("SELECT pg_terminate_backend(:pid)"),
-                                      {"pid": session.backend_pid}).scalar_one()
+                                      {"pid": held.driver.get_backend_pid()}).scalar_one()
         time.sleep(0.2)
         assert singleton_run(run_id, "idle")["ran"] is True
-        assert _SESSIONS.local.session is not session
+        assert runner.connection() is not held
         assert len([row for row in runs(engine, run_id) if row.slot == "idle"]) == 2
+
+    def test_dead_idle_lock_session_is_replaced(self, stores: Any, engine: Any) -> None:
+        """A lock session (locks on their own URL) released to the pool dies while idle:
+        the next acquisition opens a fresh one and takes the lock."""
+        from resilience.locks import AdvisoryLockBackend, Claimant
+        from resilience.locks.backends.postgres import discard_thread_session
+
+        backend = AdvisoryLockBackend(stores.database_url, engine=stores.engine)
+        claimant = Claimant(task_id="t", task_name="n")
+        first = backend.acquire("tests.locks.idle", claimant)
+        assert first is not None
+        backend.release(first)
+        with engine.connect() as connection:
+            assert connection.execute(text("SELECT pg_terminate_backend(:pid)"),
+                                      {"pid": first.handle.backend_pid}).scalar_one()
+        time.sleep(0.2)
+        again = backend.acquire("tests.locks.idle", claimant)
+        assert again is not None and again.handle is not first.handle
+        backend.release(again)
+        discard_thread_session()
