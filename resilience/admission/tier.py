@@ -247,19 +247,17 @@ class AdmissionGuard(EnqueueGuard):
                 decision: Admission) -> None:
         task = publish.task
         policy = config.policy
-        if policy is RejectionPolicy.DISCARD:
-            self._count(publish, config, Outcome.DISCARDED.value, policy.value)
+        discard = policy is RejectionPolicy.DISCARD
+        self._count(publish, config, (Outcome.DISCARDED if discard else Outcome.REJECTED).value,
+                    policy.value)
+        if discard:
             result = DiscardedResult(task_name=task.name, tier=config.tier, queue=queue,
                                      depth=decision.depth, limit=config.max_queue_depth)
             raise Stop(Outcome.DISCARDED, guard=self.name, reason=result.get()["reason"],
                        result=result, details=result.get()["details"])
         if policy is RejectionPolicy.CALLER_RUNS:
-            self._count(publish, config, Outcome.REJECTED.value, policy.value)
-            eager = task.apply(
-                publish.args, publish.kwargs,
-                task_id=publish.task_id,
-                headers=publish.options.get("headers"),
-            )
+            eager = task.apply(publish.args, publish.kwargs, task_id=publish.task_id,
+                               headers=publish.options.get("headers"))
             if isinstance(eager.result, JobDeferred):
                 # A guard deferred the inline run: nothing was queued and nothing ran, so
                 # the caller must hear it (a result would look like a finished job).
@@ -273,7 +271,6 @@ class AdmissionGuard(EnqueueGuard):
             raise Stop(Outcome.REJECTED, guard=self.name,
                        reason=f"tier {config.tier!r} full; ran in the caller", result=eager,
                        details={"tier": config.tier, "policy": policy.value})
-        self._count(publish, config, Outcome.REJECTED.value, policy.value)
         raise TierFull(
             f"tier {config.tier!r} is full: {decision.depth} messages waiting (+"
             f"{decision.reserved} being published), limit {config.max_queue_depth}; retry "
