@@ -122,10 +122,10 @@ RETURNING s.state, s.result, s.compensation_state, w.state AS workflow_state,
 # A fan-in dependent (several sources: a chord body) needs the other sources' results when
 # this step is its last source, and this statement's snapshot may predate their commits
 # (it waited for their row locks). With `fan_in` the caller sends `_LOCK_FIRST` before it in
-# the same query string (one round trip, one implicit transaction): the locks are taken
-# first, so this statement's snapshot, taken after them, sees every source that counted
-# before it, and the input of a fan-in whose source is a flat list of steps (a chord's
-# header) is built here. Without `fan_in`, or for a nested source, nothing is recorded when
+# the same query string (one round trip, one implicit transaction): the workflow row is
+# locked first, so this statement's snapshot, taken after that, sees every source that
+# counted before it, and the input of a fan-in whose source is a flat list of steps (a
+# chord's header) is built here. Without `fan_in`, or for a nested source, nothing is recorded when
 # this step is the last source: `succeed`'s transaction reads the results then.
 _SUCCEED_SIMPLE = PreparedStatement("resilience_workflow_succeed", f"""
 WITH running AS (
@@ -202,12 +202,11 @@ SELECT (SELECT state FROM workflow) AS state, (SELECT remaining FROM workflow) A
 """)
 
 # Sent before `_SUCCEED_SIMPLE` in its query string for a fan-in member (`fan_in`): the
-# workflow row, then the step's dependents, locked in `_SUCCEED_SIMPLE`'s order by
-# statements of their own, so that its snapshot is taken once they are held.
-_LOCK_FIRST = f"""SELECT 1 FROM {WORKFLOWS_TABLE} WHERE id = %s FOR UPDATE;
-SELECT 1 FROM {STEPS_TABLE} d WHERE d.workflow_id = %s AND d.position IN (
-    SELECT unnest(dependents) FROM {STEPS_TABLE} WHERE workflow_id = %s AND position = %s)
-FOR UPDATE; """
+# workflow row locked by a statement of its own, so that `_SUCCEED_SIMPLE`'s snapshot is
+# taken once it is held. Every completion that counts a dependent (`_SUCCEED_SIMPLE`,
+# `_SUCCEED`'s transaction, a failure's) does it holding that lock, so each one that
+# counted before this one has committed, its result with it.
+_LOCK_FIRST = f"SELECT 1 FROM {WORKFLOWS_TABLE} WHERE id = %s FOR UPDATE; "
 
 # One round trip for a chain step: the step leaves its live state once; its dependents
 # (only while the workflow runs) count it, and one that needs only this step's result gets
@@ -430,14 +429,13 @@ WHERE id = :workflow_id
 """)
 
 
-def _locked_first(workflow_id: str, position: int) -> Prefix:
+def _locked_first(workflow_id: str) -> Prefix:
     """A `Prefix`: `_LOCK_FIRST` for the step, after the synchronous-commit one."""
     def prefix(connection: HeldConnection) -> tuple[str, None]:
         commit, _ = synchronous_commit(connection)
         if connection.cursor is None:
             connection.cursor = connection.driver.cursor()
-        locks = connection.cursor.mogrify(_LOCK_FIRST, (workflow_id, workflow_id, workflow_id,
-                                                        int(position)))
+        locks = connection.cursor.mogrify(_LOCK_FIRST, (workflow_id,))
         # The query string goes through the driver's parameter substitution once more.
         return commit + locks.decode().replace("%", "%%"), None
 
@@ -734,7 +732,7 @@ class WorkflowBackend(StoreBackend):
         if fan_in and self.runner is not None:
             row = self.runner.run(_SUCCEED_SIMPLE, parameters, "workflows: record step",
                                   prepared=self.prepared,
-                                  prefix=_locked_first(workflow_id, position))[0]
+                                  prefix=_locked_first(workflow_id))[0]
         else:
             parameters["fan_in"] = False  # no locks taken first: the transaction releases it
             row = self._run(_SUCCEED_SIMPLE, parameters, "record step")[0]
