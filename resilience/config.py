@@ -34,16 +34,13 @@ def configured(
     if config is not None and not isinstance(config, config_class):
         raise ConfigurationError(
             f"{where}: expected a {config_class.__name__}, got {type(config).__name__}",
-            option="config",
-        )
+            option="config")
     fields = [field.name for field in dataclasses.fields(config_class) if field.init]  # type: ignore[arg-type]
     unknown = sorted(set(overrides) - set(fields))
     if unknown:
         raise ConfigurationError(
             f"{where}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(fields)}",
-            option=unknown[0],
-            valid=tuple(fields),
-        )
+            option=unknown[0], valid=tuple(fields))
     try:
         if config is None:
             return config_class(**overrides)

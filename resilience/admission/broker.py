@@ -137,10 +137,8 @@ class RedisBrokerDepth:
         client = self.client()
         try:
             admitted, depth, reserved = self.ADMIT(
-                client,
-                keys=[self.reservations_key(queue), *self.lists(queue)],
-                args=[limit, reservation, round(reservation_ttl_seconds * 1e6)],
-            )
+                client, keys=[self.reservations_key(queue), *self.lists(queue)],
+                args=[limit, reservation, round(reservation_ttl_seconds * 1e6)])
         except Exception as exc:
             raise _wrap(f"admission to queue {queue!r}", exc) from exc
         return Admission(bool(int(admitted)), int(depth), int(reserved))
@@ -312,8 +310,7 @@ def push(client: redis.Redis, *, target: str, lists: list[str], payload: str,
         holder = holder.decode() if isinstance(holder, bytes) else str(holder)
         raise DuplicateJob(
             f"a job with this key is already queued or running (task id {holder})",
-            key=unique["key"] if unique else None, task_id=holder,
-        )
+            key=unique["key"] if unique else None, task_id=holder)
     if status == 0:
         queue = str(bound.get("queue", target)) if bound else target
         raise QueueFull(

@@ -86,8 +86,7 @@ class BulkheadConfig:
         if isinstance(depth, bool) or not isinstance(depth, int) or depth <= 0:
             raise ConfigurationError(
                 f"tier {self.tier!r}: max_queue_depth must be a positive integer, got {depth!r}",
-                tier=self.tier,
-            )
+                tier=self.tier)
         for name in ("wait_timeout_seconds", "retry_after_seconds"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(f"tier {self.tier!r}: {name} must be >= 0",
