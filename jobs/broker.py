@@ -1,72 +1,12 @@
-"""kombu's Redis transport with reliable fetch, and one client object per channel.
+"""kombu's Redis transport with reliable fetch, guarded publish and one client per channel.
 
-**Reliable fetch.** kombu's Redis channel takes a message with BRPOP and records it as
-unacknowledged (the `unacked` hash and its time index) in a second command when it hands the
-message to the consumer. A worker's main process killed between the two loses the message:
-it is in neither the queue nor the unacked hash, so no visibility restore brings it back.
-Here the taking and the recording are one Lua script (`fetch.lua`), writing exactly the
-record kombu's QoS writes, so everything kombu does afterwards is unchanged: `acks_late`,
-prefetch, ETA messages held unacknowledged, `restore_visible` after the visibility timeout,
-restore at warm shutdown. Sidekiq Pro's super_fetch moves each job into a private working
-list instead; kombu already keeps a working set (the unacked hash) and recovers it, so the
-platform closes the window into it rather than adding a second one.
-
-**One tag per delivery.** kombu's restore puts an expired message back with the delivery
-tag of the delivery that expired, and its ack and reject act by tag alone (HDEL/ZREM). A
-worker that stalled past the visibility timeout and then acknowledged would remove the
-hold of the worker that took the message over, and that worker's death would lose it.
-`fetch.lua` therefore records a redelivered message under a fresh tag (`uuid()`, sent
-with the fetch) written into the message itself, so each delivery's ack, reject or
-requeue touches only its own hold; a first delivery keeps the publisher's tag. The cost is
-one uuid per fetch and, for a redelivered message only, a string search in the script:
-round trips are unchanged (`tests/jobs/test_late_ack.py`).
-
-The script cannot block, so fetching and waiting are apart:
-
-- *Fetch.* The script is sent on the channel's consuming connection (the one kombu's BRPOP
-  used, registered with the event loop the same way) and takes the oldest message of the
-  first non-empty list, lists ordered as kombu's BRPOP orders them: every queue's top
-  priority step, in the round-robin order of kombu's `_queue_cycle`, then the next step.
-  The queue served goes to the end of the cycle. A channel fetches at once when it starts
-  consuming and again right after each delivery, so it never waits while a list it
-  watches has a message.
-- *Wait.* Only after a fetch found every list empty does the channel wait, on one waiter
-  connection per list (each queue times each priority step), each blocked in
-  `BLMOVE list list RIGHT RIGHT`: that moves a list's last item onto its own tail, which
-  leaves the list as it was and returns as soon as the list has an item. Redis has no
-  multi-list wait that does not take the item (BLMPOP takes it), so one connection per list
-  is what makes a message on any list wake the channel at once. A reply means "fetch now";
-  a waiter can be dropped at any moment without losing anything, since it never holds a
-  message. Waiters are registered with kombu's `MultiChannelPoller` next to the consuming
-  connection, so Celery's event loop (and `drain_events`) wake on them.
-
-The cost: a consumer keeps one more Redis connection per list it watches (4 per queue with
-kombu's default priority steps) and, while idle, each waiter re-blocks every
-`brpop_timeout` (1 s). A message pushed onto a list several idle consumers watch wakes all
-of them (BRPOP woke one); the others' fetches find nothing and they wait again. An item that
-is not kombu JSON is moved to the list `jobs:unreadable` with an error logged, rather than
-crashing the consumer. Consumers that never acknowledge (Celery's control replies) and
-channels with a `global_keyprefix` keep kombu's BRPOP.
-
-**Guarded publish.** A message whose headers carry the enqueue guards' requests (the tier's
-bound, a unique key: `resilience.admission.broker`) is pushed by one script that checks them
-first, so a guarded `.delay()` is one round trip, as a plain one is, and both checks are exact.
-What is stored is a copy without those headers; the caller's message is never changed, so a publish
-kombu retries after a connection error (`publish(retry=True)`, Celery's default) runs the
-checks again on every attempt.
-
-**One client object.**
-kombu's Redis channel builds a new `redis.Redis` object for every publish, fanout event and
-queue-size query (`Channel.conn_or_acquire`). The client shares the channel's connection
-pool, so that was cheap; since redis-py 8 each construction also copies every response
-callback into a new case-insensitive dict, about 60 µs. With task events on (Flower needs
-them) a worker's main process publishes three events per job, and that construction alone
-took a quarter of its CPU under load (py-spy, `python -m bench idempotency`).
-
-A `redis.Redis` object holds no connection of its own here (it takes one from the pool per
-command) and is thread-safe, so the channel keeps one. The asynchronous client (the
-consuming connection's) is left as kombu builds it. Selected by `jobs.platform.celery_config`
-for redis:// brokers only (rediss:// and RabbitMQ keep kombu's own transport).
+Taking a message and recording it as unacknowledged are one script (`fetch.lua`): with
+kombu's BRPOP and a second command, a main process killed between them lost the message. A
+redelivery is recorded under a fresh tag, so a late ack removes only its own hold. The script
+cannot block, so an idle channel waits on one connection per list, blocked in
+`BLMOVE list list RIGHT RIGHT` (it takes nothing), and fetches on any reply. A publish with
+the enqueue guards' headers is checked and pushed by one script. See docs/production.md
+("The Redis broker transport") for the design, its costs, and which channels keep BRPOP.
 """
 
 from __future__ import annotations
@@ -184,10 +124,8 @@ class Channel(kombu_redis.Channel):
     def reliable(self) -> bool:
         """Whether this channel fetches reliably; otherwise it is kombu's BRPOP as it was.
 
-        Only consumers that acknowledge want a record: a no-ack consumer (Celery's control
-        replies) never acknowledges, so a record would be restored as a duplicate. A key
-        prefix would have to be applied to the script's keys by hand (kombu's prefixing
-        client does it for its own commands only).
+        A no-ack consumer (Celery's control replies) never acknowledges, so its record would
+        be restored as a duplicate; kombu's prefixing client prefixes only its own commands.
         """
         return not self.global_keyprefix and not self._no_ack_tags
 
@@ -287,10 +225,7 @@ class Channel(kombu_redis.Channel):
         return True
 
     def _fetch(self, keys: list[str]) -> tuple[str, Any] | None:
-        """Take the oldest message of the first non-empty list, recorded as unacked (the
-        fetch, synchronously, on the channel's shared client)."""
-        if not keys:
-            return None
+        """The fetch, synchronously on the channel's shared client."""
         with self.conn_or_acquire() as client:
             while True:
                 reply = FETCH(client, keys=[self.unacked_key, self.unacked_index_key,
@@ -419,12 +354,9 @@ class Channel(kombu_redis.Channel):
 
     # -- publish -----------------------------------------------------------------------
     def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
-        """Publish; a message carrying the enqueue guards' headers
-        (`resilience.admission.broker`) is pushed by one script that checks its unique key and
-        its queue's bound first.
-
-        The caller's message is left as it was (a copy without the guards' headers is
-        stored), so a publish kombu retries carries the checks again.
+        """Publish; a message with the enqueue guards' headers is pushed by one script that
+        checks its unique key and its queue's bound first (a copy without them is stored, so
+        a publish kombu retries is checked again).
 
         Raises:
             QueueFull, DuplicateJob: the script refused the message; nothing was pushed.
