@@ -30,10 +30,14 @@ PostgreSQL per durable step (`pg_statements_per_step`): after the timed rounds, 
 worker (started with the first, idle until then) whose pool processes count every query
 they send (`bench.tasks_scale`'s client-side psycopg2 counter: each execute, the BEGIN
 psycopg2 sends itself, each COMMIT/ROLLBACK; one query is one round trip) runs
-`--statement-workflows` durable chains and a fifth as many chords, unpaused; the totals
-per step, by statement kind, are in the JSON (`pg_statements_by_kind`). What the producer
-sends to start a workflow is not counted. Rates swing with the machine's load; these
-counts do not.
+`--statement-workflows` durable chains and a fifth as many chords (each shape started
+while its consumer is paused); the totals per step, by statement kind, are in the JSON
+(`pg_statements_by_kind`). What the producer sends to start a workflow is not counted.
+Rates swing with the machine's load; these counts do not. The same phase reads the
+server's WAL syncs per step (`pg_wal_syncs_per_step`) once every backend reported its
+statistics (`--wal-settle-seconds`, 11 s idle before and after each shape): the timed
+rounds' `wal_syncs_per_step` miss up to a second of syncs at either end of a drain (a busy
+backend reports once a second, an idle one after 10 s).
 
 Sizes: the defaults are the issue's (1,000 chains, 200 chords, 3 rounds); `--quick` is a
 smoke-sized run (100 chains, 20 chords, 1 round):
@@ -52,6 +56,7 @@ import json
 import shutil
 import statistics
 import tempfile
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -78,6 +83,10 @@ CHAIN_LENGTH = 3
 CHORD_WIDTH = 10
 #: Steps of one workflow of each shape (a chord's body is a step).
 STEPS = {"chain": CHAIN_LENGTH, "chord": CHORD_WIDTH + 1}
+#: Seconds an idle PostgreSQL backend may keep its statistics before it reports them
+#: (PGSTAT_IDLE_INTERVAL, 10 s, plus a margin): `pg_stat_wal` read sooner misses the WAL
+#: syncs of the last second of a burst (a busy backend reports at most once a second).
+STATS_SETTLE_SECONDS = 11.0
 
 
 def _options(argv: list[str]) -> argparse.Namespace:
@@ -93,6 +102,11 @@ def _options(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--statement-workflows", type=int, default=100,
                         help="chains run to count PostgreSQL statements per durable step "
                              "(and a fifth as many chords); 0 skips the count")
+    parser.add_argument("--wal-settle-seconds", type=float, default=None,
+                        help="idle wait before and after each shape of the statement count, "
+                             "so pg_stat_wal holds every backend's syncs (default: "
+                             f"{STATS_SETTLE_SECONDS:g} with --statement-workflows >= 20, "
+                             "else 0: no settled WAL figure)")
     parser.add_argument("--profile", metavar="DIR",
                         help="also run each variant's chains and chords (the statement "
                              "count's sizes) on a worker profiled with cProfile, stats in DIR")
@@ -102,6 +116,9 @@ def _options(argv: list[str]) -> argparse.Namespace:
     options = parser.parse_args(argv)
     if options.quick:
         options.chains, options.chords, options.rounds = 100, 20, 1
+    if options.wal_settle_seconds is None:
+        options.wal_settle_seconds = (STATS_SETTLE_SECONDS if options.statement_workflows >= 20
+                                      else 0.0)
     options.variants = [v for v in VARIANTS if v in options.variants.split(",")]
     if "plain" not in options.variants:
         parser.error("--variants must include plain (the ratios' base)")
@@ -174,26 +191,47 @@ def _read_statements(directory: Path) -> Counter[str]:
     return total
 
 
+def _wal_syncs(database_url: str) -> int:
+    rows = psql(database_url, "SELECT wal_sync FROM pg_stat_wal")
+    return int(rows[0][0]) if rows else 0
+
+
 def _count_statements(options: argparse.Namespace, starter: Starter, redis: Any,
                       database_url: str, directory: Path, timed: list[str],
                       counting: str) -> dict[str, Any]:
     """PostgreSQL statements per durable step, by kind, counted in the pool of the worker
-    `counting` (started with the others, its consumer cancelled until now)."""
+    `counting` (started with the others, its consumer cancelled until now); and the
+    server's WAL syncs per step, read once every backend reported its statistics
+    (`--wal-settle-seconds` idle before and after each shape; 0: not read)."""
     from jobs import app
 
     sizes = _phase_sizes(options)
     by_shape: dict[str, Counter[str]] = {}
+    wal_syncs: dict[str, float] = {}
+    settle = options.wal_settle_seconds
     app.control.cancel_consumer(QUEUE, destination=timed, reply=True)
     app.control.add_consumer(QUEUE, destination=[counting], reply=True)
     _run_unpaused(starter, "chain", min(10, sizes["chain"]), redis, database_url)
     for shape, n in sizes.items():
         before = _read_statements(directory)
-        _run_unpaused(starter, shape, n, redis, database_url)
+        # Started (the producer's transactions) before the window: its syncs are not a step's.
+        counter = f"bench:workflows:{uuid.uuid4().hex}"
+        app.control.cancel_consumer(QUEUE, destination=[counting], reply=True)
+        ids = [starter.start(shape, counter) for _ in range(n)]
+        time.sleep(settle)
+        syncs = _wal_syncs(database_url)
+        app.control.add_consumer(QUEUE, destination=[counting], reply=True)
+        wait_until(lambda n=n, counter=counter: int(redis.get(counter) or 0) >= n,
+                   timeout_seconds=120, what=f"{n} durable {shape}s", poll_seconds=0.01)
+        _await_succeeded(database_url, ids)
         by_shape[shape] = _read_statements(directory) - before
+        if settle > 0:
+            time.sleep(settle)
+            wal_syncs[shape] = (_wal_syncs(database_url) - syncs) / (n * STEPS[shape])
     per_step = {shape: {kind: count / (sizes[shape] * STEPS[shape])
                         for kind, count in found.most_common()}
                 for shape, found in by_shape.items()}
-    return {"sizes": sizes, "per_step": per_step}
+    return {"sizes": sizes, "per_step": per_step, "wal_syncs": wal_syncs}
 
 
 def _phase_sizes(options: argparse.Namespace) -> dict[str, int]:
@@ -425,9 +463,15 @@ def _report(options: argparse.Namespace, sizes: dict[str, int],
               ["statement", *SHAPES],
               [(kind, *(per_step[shape].get(kind, 0.0) for shape in SHAPES))
                for kind in sorted({k for found in per_step.values() for k in found})]
-              + [("total", *(sum(per_step[shape].values()) for shape in SHAPES))])
+              + [("total", *(sum(per_step[shape].values()) for shape in SHAPES))]
+              + ([("WAL syncs (server, settled)",
+                   *(statements["wal_syncs"][shape] for shape in SHAPES))]
+                 if statements["wal_syncs"] else []))
         figures["pg_statements_per_step"] = {
             shape: round(sum(found.values()), 2) for shape, found in per_step.items()}
+        if statements["wal_syncs"]:
+            figures["pg_wal_syncs_per_step"] = {
+                shape: round(syncs, 2) for shape, syncs in statements["wal_syncs"].items()}
         figures["pg_statements_by_kind"] = {
             shape: {kind: round(count, 3) for kind, count in found.items()}
             for shape, found in per_step.items()}
