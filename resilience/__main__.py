@@ -81,16 +81,14 @@ def database_url(url: str | None, app: str | None) -> str:
         if not found:
             raise ConfigurationError(
                 f"the Celery app {app!r} has no resilience_database_url (Django: "
-                "CELERY_RESILIENCE_DATABASE_URL): set it, or pass --database-url URL"
-            )
+                "CELERY_RESILIENCE_DATABASE_URL): set it, or pass --database-url URL")
         return str(found)
     found = os.environ.get(ENVIRONMENT_VARIABLE)
     if found:
         return found
     raise ConfigurationError(
         "no database to migrate: pass --database-url URL, or -A module:app (its "
-        f"resilience_database_url), or set {ENVIRONMENT_VARIABLE}"
-    )
+        f"resilience_database_url), or set {ENVIRONMENT_VARIABLE}")
 
 
 def _load_app(name: str) -> object:

@@ -209,8 +209,7 @@ class _NotInitialisedTask(Task):
             f"{self.name} has guards ({', '.join(names)}) but its Celery app "
             f"{self.app.main!r} was never initialised, so they would be ignored: call "
             "resilience.init_app(app) where the app is created",
-            task=self.name,
-        )
+            task=self.name)
 
     def apply_async(self, *args: Any, **kwargs: Any) -> Any:
         raise self._refuse()

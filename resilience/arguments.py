@@ -135,8 +135,7 @@ def validate_arguments(task: Task, args: tuple[Any, ...], kwargs: dict[str, Any]
             f"{task.name}: arguments serialize to {size} bytes, over the {limit}-byte "
             "limit; pass a reference (a row id, an object-store key) instead of the data",
             size=size,
-            limit=limit,
-        )
+            limit=limit)
 
 
 def _app_limit(task: Task) -> int:

@@ -228,26 +228,22 @@ class KeySpec:
         if isinstance(key, str):
             parameters = inspect.signature(func).parameters
             accepts_any = any(
-                p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
-            )
+                p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
             for _, field, _, _ in string.Formatter().parse(key):
                 if field is None:
                     continue
                 root = field.split(".")[0].split("[")[0]
                 if not root or root.isdigit():
                     raise ConfigurationError(
-                        f"key template {key!r} must name arguments, e.g. '{{order_id}}'"
-                    )
+                        f"key template {key!r} must name arguments, e.g. '{{order_id}}'")
                 if root not in parameters and not accepts_any:
                     raise ConfigurationError(
                         f"key template {key!r} names {root!r}, which is not an argument of "
                         f"{func.__name__}{inspect.signature(func)}",
-                        argument=root,
-                    )
+                        argument=root)
         elif key is not None and not callable(key):
             raise ConfigurationError(
-                f"key must be None, a template string or a callable, not {type(key).__name__}"
-            )
+                f"key must be None, a template string or a callable, not {type(key).__name__}")
 
     def build(
         self, namespace: str, args: tuple[Any, ...] | list[Any], kwargs: Mapping[str, Any]
@@ -294,8 +290,7 @@ class KeySpec:
             raise InvalidKey(
                 f"key of {len(value)} characters exceeds {MAX_KEY_LENGTH}; use a key function "
                 "that picks the identifying arguments",
-                length=len(value),
-            )
+                length=len(value))
         return value
 
 
@@ -309,8 +304,7 @@ MAX_ENCODED_PART_LENGTH = 200
 #: Python version, or one fleet would name the same key differently.
 _UNSAFE_BUT_COLON = (
     "\x00-\x20\x7f-\xa0%{}#*?\\[\\]\\\\\u1680\u180e\u2000-\u200f\u2028-\u202f\u205f-\u206f"
-    "\u3000\ufeff\ud800-\udfff"
-)
+    "\u3000\ufeff\ud800-\udfff")
 _UNSAFE = re.compile(f"[:{_UNSAFE_BUT_COLON}]")
 _UNSAFE_OTHER_THAN_COLON = re.compile(f"[{_UNSAFE_BUT_COLON}]")
 _DIGEST_MARK = "#"
@@ -351,8 +345,7 @@ def _check_constant(kind: str, text: str) -> None:
     if not text or "{" in text or "}" in text:
         raise ConfigurationError(
             f"a Redis key {kind} must be non-empty and hold no '{{' or '}}' (it would move "
-            f"the key's hash tag), got {text!r}"
-        )
+            f"the key's hash tag), got {text!r}")
 
 
 def redis_key(namespace: str, user: str, *suffixes: str) -> str:

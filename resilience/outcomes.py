@@ -247,8 +247,7 @@ def counted(outcome: str, *, guard: str, tier: str | None = None, name: str | No
             attributes=_attributes(guard=guard, outcome=str(outcome), reason=reason,
                                    retry_after=retry_after_seconds, name=name, tier=tier),
             timestamp_ns=time.time_ns(),
-            task_id=getattr(getattr(current_task, "request", None), "id", None),
-        )
+            task_id=getattr(getattr(current_task, "request", None), "id", None))
         if str(outcome) in _WRITTEN_AT_ONCE:
             _write(decision)
             return

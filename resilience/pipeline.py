@@ -282,8 +282,7 @@ def _ordered(guards: Iterable[Any], several: frozenset[Any]) -> list[Any]:
             raise ConfigurationError(
                 f"guards {', '.join(repr(n) for n in names)} share the {stage.name} stage, "
                 "which holds one guard; keep one",
-                stage=stage.name, guards=names,
-            )
+                stage=stage.name, guards=names)
     return ordered
 
 

@@ -34,8 +34,7 @@ _SECRET_PARAMETER = re.compile(
     r"""(?ix)
     (\b[\w.\-]*(?:pass|pwd|secret|token|auth|api[_\-]?key|credential)[\w.\-]*\s*=\s*)
     ('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s&;'"]+)
-    """
-)
+    """)
 
 # Where a comma-separated list of URLs (REDLOCK_URLS) starts its next URL.
 _NEXT_URL = re.compile(r",(?=[A-Za-z][A-Za-z0-9+.\-]*(?::/|//))")

@@ -40,8 +40,7 @@ class LuaScript:
     text: str
     sha: str = field(init=False)
     _by_client: weakref.WeakKeyDictionary[Any, Script] = field(
-        default_factory=weakref.WeakKeyDictionary, init=False, repr=False, compare=False
-    )
+        default_factory=weakref.WeakKeyDictionary, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sha", hashlib.sha1(self.text.encode()).hexdigest())

@@ -86,8 +86,7 @@ class Stores:
                                         and url.startswith(("postgresql", "postgres://"))):
                 raise ConfigurationError(
                     f"{name} must be a PostgreSQL URL (postgresql://user@host:port/db), "
-                    f"got {redact_url(str(url))!r}"
-                )
+                    f"got {redact_url(str(url))!r}")
         self.redis_url = redis_url
         self._database_url = _sqlalchemy_url(database_url) if database_url else None
         locks_url = locks_database_url or database_url
@@ -103,12 +102,10 @@ class Stores:
         if self.pool_mode not in ("none", "session", "transaction", "statement"):
             raise ConfigurationError(
                 "pool_mode must be none, session, transaction or statement, "
-                f"got {self.pool_mode!r}"
-            )
+                f"got {self.pool_mode!r}")
         if transactions not in ("sqlalchemy", "django"):
             raise ConfigurationError(
-                f"transactions must be 'sqlalchemy' or 'django', got {transactions!r}"
-            )
+                f"transactions must be 'sqlalchemy' or 'django', got {transactions!r}")
         self.transactions = transactions
         self.django_database = django_database
         self._lock = threading.RLock()
@@ -132,14 +129,12 @@ class Stores:
         if kind not in (None, "", "servers"):
             raise ConfigurationError(
                 f"resilience_stores must be 'servers' (the default: Redis and PostgreSQL from "
-                f"the URLs) or 'memory', got {kind!r}"
-            )
+                f"the URLs) or 'memory', got {kind!r}")
         redis_url = conf.get("resilience_redis_url")
         if not redis_url:
             raise ConfigurationError(
                 "resilience.init_app(app): set app.conf.resilience_redis_url (Django: "
-                "CELERY_RESILIENCE_REDIS_URL) to the Redis that keeps guard state"
-            )
+                "CELERY_RESILIENCE_REDIS_URL) to the Redis that keeps guard state")
         redlock = conf.get("resilience_redlock_urls") or ()
         if isinstance(redlock, str):
             redlock = [url.strip() for url in redlock.split(",") if url.strip()]
@@ -208,8 +203,7 @@ class Stores:
         raise ConfigurationError(
             f"this guard keeps its state in PostgreSQL but no {what} is configured: set "
             "app.conf.resilience_database_url (Django: CELERY_RESILIENCE_DATABASE_URL), or "
-            "Stores(database_url=...)"
-        )
+            "Stores(database_url=...)")
 
     @property
     def has_database(self) -> bool:
@@ -301,8 +295,7 @@ class MemoryStores(Stores):
         if memory is None:
             raise ConfigurationError(
                 f"{kind} has no in-memory backend: with resilience_stores='memory' (or "
-                "resilience.testing) test it against a real Redis/PostgreSQL instead"
-            )
+                "resilience.testing) test it against a real Redis/PostgreSQL instead")
         with self._lock:
             made = self._backends.get(kind)
             if made is None:
@@ -322,8 +315,7 @@ class MemoryStores(Stores):
     def _no_server(self, what: str) -> NoReturn:
         raise ConfigurationError(
             f"in-memory stores (resilience_stores='memory' or resilience.testing) have no "
-            f"{what}: a guard or view that needs one cannot run in memory"
-        )
+            f"{what}: a guard or view that needs one cannot run in memory")
 
     def redis(self) -> redis.Redis:
         """Raises `ConfigurationError`: there is no Redis (nor PostgreSQL: `engine()`, ...)."""
@@ -429,5 +421,4 @@ def stores_for(app: Celery) -> Stores:
         return stores
     raise ConfigurationError(
         f"no stores configured for Celery app {app.main!r}: call resilience.init_app(app) "
-        "(the stores come from app.conf.resilience_*)"
-    )
+        "(the stores come from app.conf.resilience_*)")

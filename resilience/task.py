@@ -308,8 +308,7 @@ class GuardedTask(Task):
                 "guard": stop.guard,
                 "outcome": stop.outcome.value,
                 "reason": stop.reason,
-            },
-        )
+            })
         if stop.outcome is Outcome.DEFERRED:
             self.defer(call, stop)
         replayed = stop.outcome is Outcome.REPLAYED
@@ -329,8 +328,7 @@ class GuardedTask(Task):
             raise JobStopped(
                 f"{stop.outcome.value} by {stop.guard}: {stop.reason}; a chord member that "
                 "did not run fails the chord instead of passing its outcome on",
-                outcome=stop.outcome.value, guard=stop.guard, details=stop.details,
-            )
+                outcome=stop.outcome.value, guard=stop.guard, details=stop.details)
         # Stored here, then ignored by Celery: no chain or link runs after a job that did
         # not run, and the worker sends the outcome's own event instead of task-succeeded.
         self.backend.mark_as_done(request.id, value, request=request,
@@ -401,8 +399,7 @@ class GuardedTask(Task):
             raise reason
         request = call.request
         signature = self.signature_from_request(
-            request, call.args, call.kwargs, countdown=countdown, retries=request.retries
-        )
+            request, call.args, call.kwargs, countdown=countdown, retries=request.retries)
         signature.apply_async()
         raise Retry(message, exc=reason, when=countdown, sig=signature)
 

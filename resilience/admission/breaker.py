@@ -111,8 +111,7 @@ class BreakerAdmissionGuard(EnqueueGuard):
             retry_after=wait,
             breaker=self.breaker.name,
             state=copy.state,
-            task=publish.task.name,
-        )
+            task=publish.task.name)
 
     def _refusal(self, copy: _Copy, now: float) -> float | None:
         """Seconds the caller should wait, or None to admit."""
@@ -135,8 +134,7 @@ class BreakerAdmissionGuard(EnqueueGuard):
             logger.warning(
                 "breaker %s: state unreadable at enqueue, admitting jobs until the next "
                 "refresh in %.1fs (fail open): %s",
-                self.breaker.name, self.config.refresh_seconds, error,
-            )
+                self.breaker.name, self.config.refresh_seconds, error)
             self._count(publish, Outcome.FAIL_OPEN, reason=f"breaker store unreadable: {error}")
             copy = _Copy(self.clock(), None)  # after the count, which may wait on it too
         self._copy = copy

@@ -193,8 +193,7 @@ class AmqpBrokerDepth:
         return QueueFull(
             f"queue {queue!r} is full: RabbitMQ refused the publish (x-max-length "
             f"{self.queue_limit(queue)}, reject-publish)",
-            queue=queue, depth=self.queue_limit(queue), reserved=0, limit=limit,
-        )
+            queue=queue, depth=self.queue_limit(queue), reserved=0, limit=limit)
 
     def depth(self, queue: str) -> int:
         try:
@@ -303,8 +302,7 @@ def push(client: redis.Redis, *, target: str, lists: list[str], payload: str,
         keys=[target, bound["reservations"] if bound else target,
               unique["key"] if unique else target, *lists],
         args=[limit, payload, unique["task_id"] if unique else "",
-              int(unique["ttl_ms"]) if unique else 0],
-    )
+              int(unique["ttl_ms"]) if unique else 0])
     status = int(status)
     if status == 2:
         holder = holder.decode() if isinstance(holder, bytes) else str(holder)
@@ -316,5 +314,4 @@ def push(client: redis.Redis, *, target: str, lists: list[str], payload: str,
         raise QueueFull(
             f"queue {queue!r} is full: {int(depth)} messages waiting (+{int(reserved)} being "
             f"published), limit {limit}",
-            queue=queue, depth=int(depth), reserved=int(reserved), limit=limit,
-        )
+            queue=queue, depth=int(depth), reserved=int(reserved), limit=limit)

@@ -265,8 +265,7 @@ class AdmissionGuard(EnqueueGuard):
                     f"tier {config.tier!r} full; ran in the caller, which was "
                     f"{deferred.message}; retry after "
                     f"{deferred.fields.get('retry_after_seconds', 1.0):g}s",
-                    **{**deferred.fields, "tier": config.tier, "policy": policy.value},
-                )
+                    **{**deferred.fields, "tier": config.tier, "policy": policy.value})
             raise Stop(Outcome.REJECTED, guard=self.name,
                        reason=f"tier {config.tier!r} full; ran in the caller", result=eager,
                        details={"tier": config.tier, "policy": policy.value})
@@ -276,8 +275,7 @@ class AdmissionGuard(EnqueueGuard):
             f"after {config.retry_after_seconds:g}s",
             tier=config.tier, queue=queue, depth=decision.depth,
             limit=config.max_queue_depth, retry_after=config.retry_after_seconds,
-            policy=policy.value,
-        )
+            policy=policy.value)
 
     def after_publish(self, publish: Publish, result: Any) -> None:
         self._release(publish)

@@ -81,8 +81,7 @@ _PG_REJECTED_CLASSES = ("0A", "22", "23", "42", "54")
 #: Redis 7 ("Error running script (call to f_...): @user_script:9: READONLY ...").
 _REDIS_UNAVAILABLE_CODES = frozenset(
     ("BUSY", "CLUSTERDOWN", "LOADING", "MASTERDOWN", "MISCONF", "NOREPLICAS", "OOM",
-     "READONLY", "TRYAGAIN", "ASK", "MOVED")
-)
+     "READONLY", "TRYAGAIN", "ASK", "MOVED"))
 _SCRIPT_ERROR_CODE = re.compile(r"@user_script:\d+: ([A-Z]+) ")
 #: Longest native message quoted in an error message (`cause` keeps twice as much).
 _DETAIL_LENGTH = 500
@@ -219,8 +218,7 @@ def translate_store_error(
         f"{what}{f' ({context})' if context else ''}: {verdict}: {native}: "
         f"{_native_message(exc)}",
         **fields,
-        cause=redact(repr(exc))[:_DETAIL_LENGTH * 2],
-    )
+        cause=redact(repr(exc))[:_DETAIL_LENGTH * 2])
 
 
 _VERDICT_TEXT = {StoreUnavailable: "unavailable", StoreRejected: "refused the operation"}
@@ -247,8 +245,7 @@ def schema_missing(exc: BaseException) -> SchemaMissing | None:
         f"the resilience tables are missing from the database {database} "
         f"(relation {match.group(1)!r} does not exist): {MIGRATE_HINT}",
         table=match.group(1),
-        database=database,
-    )
+        database=database)
 
 
 def _database_of(driver: Any) -> str:

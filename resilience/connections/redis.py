@@ -32,8 +32,7 @@ def check_redis_url(url: str, what: str = "redis_url") -> None:
     if not isinstance(url, str) or not url.startswith(REDIS_SCHEMES):
         raise ConfigurationError(
             f"{what} must start with redis://, rediss://, unix://, redis+sentinel:// or "
-            f"redis+cluster://, got {redact_url(str(url))!r}"
-        )
+            f"redis+cluster://, got {redact_url(str(url))!r}")
 
 
 def _hosts(hostlist: str, default_port: int) -> list[tuple[str, int]]:
@@ -109,8 +108,7 @@ def redis_from_url(url: str, **options: Any) -> Any:
     if not path:
         raise ConfigurationError(
             f"{redact_url(url)!r} names no Sentinel service: "
-            "redis+sentinel://host:26379[,host:26379...]/<service_name>[/<db>]"
-        )
+            "redis+sentinel://host:26379[,host:26379...]/<service_name>[/<db>]")
     service = unquote(path[0])
     if len(path) > 1:
         try:

@@ -153,8 +153,7 @@ def _connection(database_url: str) -> Iterator[Any]:
             raise ConfigurationError(
                 f"{redact_url(database_url)!r} is not a PostgreSQL URL "
                 "(postgresql://user@host:5432/database): the resilience tables live in "
-                "PostgreSQL"
-            )
+                "PostgreSQL")
         engine = create_engine(url, poolclass=NullPool)  # one connection, closed after
         try:
             with engine.connect() as connection:
