@@ -16,16 +16,5 @@ from resilience.task import GuardedTask
 __version__ = "0.1.0"
 
 __all__ = [
-    "Call",
-    "EnqueueGuard",
-    "Guard",
-    "GuardOutcome",
-    "GuardedTask",
-    "Outcome",
-    "ResilienceError",
-    "Stage",
-    "Stop",
-    "Stores",
-    "init_app",
-    "outcome_of",
-]
+    "Call", "EnqueueGuard", "Guard", "GuardOutcome", "GuardedTask", "Outcome", "ResilienceError",
+    "Stage", "Stop", "Stores", "init_app", "outcome_of"]

@@ -25,16 +25,6 @@ from resilience.admission.tier import (
 )
 
 __all__ = [
-    "Admission",
-    "AdmissionGuard",
-    "AmqpBrokerDepth",
-    "BreakerAdmissionGuard",
-    "BulkheadConfig",
-    "DepthBackend",
-    "DiscardedResult",
-    "RedisBrokerDepth",
-    "RejectionPolicy",
-    "bulkhead",
-    "depth_backend_for",
-    "queue_of",
-]
+    "Admission", "AdmissionGuard", "AmqpBrokerDepth", "BreakerAdmissionGuard", "BulkheadConfig",
+    "DepthBackend", "DiscardedResult", "RedisBrokerDepth", "RejectionPolicy", "bulkhead",
+    "depth_backend_for", "queue_of"]

@@ -41,15 +41,8 @@ from resilience.schema import metadata
 from resilience.stores import _sqlalchemy_url
 
 __all__ = [
-    "LOCK_ID",
-    "VERSION_TABLE",
-    "current",
-    "downgrade",
-    "head",
-    "library_metadata",
-    "sql",
-    "upgrade",
-]
+    "LOCK_ID", "VERSION_TABLE", "current", "downgrade", "head", "library_metadata", "sql",
+    "upgrade"]
 
 #: The table recording which of the library's revisions a database has.
 VERSION_TABLE = "resilience_alembic_version"
