@@ -1,20 +1,11 @@
 """`@idempotent`: a job delivered twice has its effect once and returns the first result.
 
-The guard sits at `Stage.IDEMPOTENCY`, just inside the deadline. Flow only; the records
-live in an `IdempotencyBackend` (PostgreSQL unless given one), behind the Redis fast path
-of `backends.cached.CachedBackend`, resolved once per task. Per call:
-
-1. key: the task name + key template/function (or all bound arguments; `outbox:<row id>`
-   for a job the outbox relay published), and the fingerprint of all bound arguments;
-2. claim (one atomic step; the backend may answer a finished key from its cache first):
-   claimed -> run the body (in transactional mode inside the backend's transaction, its
-   `session` injected); a succeeded record -> REPLAYED; a live claim of another holder ->
-   DEFERRED; another fingerprint -> `IdempotencyKeyReused` (the task fails, never retried);
-3. commit (inside every lock and lease the call holds, after `call.checkpoint()` in
-   transactional mode): record the result, with the body's writes in transactional mode;
-4. on error or stop: release the claim when the call will run again, record it failed
-   otherwise; a transactional body whose database went away is DEFERRED. Failures are not
-   cached: the next delivery may claim again.
+The guard sits at `Stage.IDEMPOTENCY`, just inside the deadline, and holds only the flow:
+claim the call's key (a succeeded record is REPLAYED, a live claim DEFERRED, another
+fingerprint refused), run the body, record the result inside every lock and lease the call
+holds, give the claim back on error. The records live in an `IdempotencyBackend`
+(PostgreSQL unless given one) behind `backends.cached.CachedBackend`'s Redis fast path.
+See docs/idempotency.md ("How a call goes").
 """
 
 from __future__ import annotations
@@ -77,10 +68,9 @@ BackendOption = IdempotencyBackend | Callable[["Task"], IdempotencyBackend] | No
 def is_retryable(exc: BaseException) -> bool:
     """Will Celery run this call again? Then the claim is released instead of failed.
 
-    `celery.exceptions.Retry` (raised by `task.retry`, `autoretry_for` or the retry guard,
-    which sits inside this one) always is. Otherwise the core's classifier decides; either
-    way the next delivery with the same arguments may claim again, so the choice only
-    changes what the record shows (an open claim or a failure with its error).
+    `celery.exceptions.Retry` (`task.retry`, `autoretry_for`, the retry guard) always is;
+    otherwise the core's classifier decides. Either way the next delivery may claim again:
+    the choice only changes what the record shows.
     """
     if isinstance(exc, Retry):
         return True
@@ -173,9 +163,8 @@ class IdempotencyGuard(Guard):
     @property
     def backend(self) -> CachedBackend:
         """The records' backend behind its Redis fast path, resolved on the task's first
-        call (binding needs no stores: an app may be initialised before its settings
-        exist) and again only when the app's stores were replaced (a test installing
-        others, `use_memory_stores()`): one identity check per use."""
+        call (an app may be bound before its settings exist) and again only when the app's
+        stores were replaced (`use_memory_stores()`): one identity check per use."""
         task = self._task
         assert task is not None, "guard used before bind()"
         stores = stores_for(task.app)
@@ -427,18 +416,11 @@ class IdempotencyGuard(Guard):
             self._release(taken)
 
     def _release_later(self, taken: _Taken, error: BaseException) -> None:
-        """Give the claim up while the store is unreachable: released in the background as
-        soon as the store answers again, never later than its lease.
-
-        Releasing here would wait on the dead address (the store's connect timeout, 5 s, on
-        top of the 10 s the body's statement took to fail) and then fail; the call is
-        DEFERRED at once instead, and a daemon thread retries the release every second
-        until it succeeds or the lease has ended (then the claim statement takes the record
-        over anyway: CLAIM_SQL, an in-progress record whose lease has ended). So after a
-        short partition the retry claims at once rather than waiting out the lease, and if
-        this process dies first nothing is lost either. The release is fenced by the claim's
-        (attempt, owner) pair: it never removes a later holder's claim. This run's writes
-        were rolled back with its transaction.
+        """Give the claim up while the store is unreachable: a daemon thread retries the
+        release every second until the store answers or the lease ends (the claim statement
+        takes the record over then anyway). Releasing here would first wait out the dead
+        address's connect timeout (5 s) and fail. Fenced by (attempt, owner); see
+        docs/idempotency.md ("Transactional mode").
         """
         claim, taken.claim = taken.claim, None
         if claim is None:
@@ -535,9 +517,8 @@ def idempotent(
     """Make a task idempotent: one effect and one result per key within `ttl_seconds`.
 
     Place it under `@app.task(...)`. `key` is the key option, or an `IdempotencyConfig`
-    (then `overrides` replace its fields); the options, their defaults and meaning are
-    those of `IdempotencyConfig`. `backend` replaces PostgreSQL of the app's stores (see
-    `IdempotencyGuard`).
+    (then `overrides` replace its fields: see `IdempotencyConfig`); `backend` replaces
+    PostgreSQL of the app's stores (see `IdempotencyGuard`).
 
     Raises:
         ConfigurationError: bad or unknown options, a key template naming a missing

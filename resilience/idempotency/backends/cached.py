@@ -1,22 +1,12 @@
 """The Redis fast path in front of an idempotency backend: one GET answers a duplicate.
 
 `CachedBackend` is the backend the guard binds: the records' backend (PostgreSQL, or memory)
-with finished keys cached in Redis in front of it. The records stay the truth, so a miss
-(flushed Redis, evicted key, Redis down) falls through to the claim, which finds the record
-and replays it from there. Only succeeded records are cached; in-progress and failed ones
-always go to the records. Reads and fills join the call's Redis rounds
-(`resilience.batch.for_client`): one round trip for every guard's reads, one for the writes.
-
-A result is cached for `IdempotencyConfig.cache_ttl_seconds` (10 minutes by default), not
-for the record's TTL: duplicates mostly arrive within minutes, and a day of keys at a high
-job rate would fill Redis with copies of what PostgreSQL already holds.
-
-With `cache="auto"` (the default) the fast path is on for a task in a process only while
-its keys replay: for `HOT_SECONDS` after a replay, until `HOT_FRESH_CALLS` fresh keys in a
-row are claimed. Duplicates are a minority of most workloads and the records answer one
-anyway (the claim, then a read of the row in the way), so an always-on cache costs every
-fresh job two Redis round trips (a read before the claim, a fill after the completion) to
-spare PostgreSQL two statements per duplicate; "auto" pays them only while duplicates come.
+with succeeded keys cached in Redis in front of it. The records stay the truth, so a miss
+(flushed Redis, evicted key, Redis down) falls through to the claim, which replays from the
+record. Reads and fills join the call's Redis rounds (`resilience.batch.for_client`). Why a
+result is cached for `cache_ttl_seconds` and not the record's TTL, and why `cache="auto"`
+reads the cache only while a task's keys replay: docs/idempotency.md ("Cache mode",
+"Cache TTL").
 """
 
 from __future__ import annotations
@@ -56,9 +46,8 @@ NAMESPACE = "resilience:idempotency"
 #: With `cache="auto"`, how long the fast path stays on for a task in a process after one
 #: of its keys was replayed (from the cache or from the records).
 HOT_SECONDS = 60.0
-#: With `cache="auto"`, how many fresh keys in a row (claimed, no replay between them) turn
-#: the fast path off again before `HOT_SECONDS`: duplicates have stopped arriving, and each
-#: fresh job would pay the cache's two Redis round trips for nothing.
+#: With `cache="auto"`, how many fresh keys in a row (no replay between them) turn the fast
+#: path off again before `HOT_SECONDS`: duplicates have stopped arriving.
 HOT_FRESH_CALLS = 8
 
 
@@ -77,8 +66,7 @@ class CacheHit(ClaimResult):
 
 
 def cache_key(task_name: str, key: str) -> str:
-    """The Redis key caching `task_name`'s record of `key`: the guard key `task:key`,
-    encoded by `resilience.keys.redis_key` (no length or character limit)."""
+    """The Redis key caching `task_name`'s record of `key` (`resilience.keys.redis_key`)."""
     return redis_key(NAMESPACE, f"{task_name}:{key}")
 
 
@@ -203,7 +191,7 @@ class CachedBackend:
         self._fresh_in_a_row = 0
 
     def cache_on(self) -> bool:
-        """Whether a call reads and fills the fast path now (see the module's docstring)."""
+        """Whether a call reads and fills the fast path now."""
         return self.cache is not None and (
             self.mode != "auto" or (self._hot_until > 0 and time.monotonic() < self._hot_until))
 
@@ -309,9 +297,8 @@ class CachedBackend:
 def cached_backend(stores: Stores, records: IdempotencyBackend | None = None, *,
                    cache: bool | str = True, cache_ttl_seconds: float = DEFAULT_CACHE_TTL_SECONDS,
                    **postgres: Any) -> CachedBackend:
-    """`records` (None: PostgreSQL of `stores`, made with the `postgres` options of
-    `backend_for`; memory in memory stores) behind the Redis fast path of `stores` (none
-    in memory), as a guard or an operator uses them."""
+    """`records` (None: `backend_for(**postgres)` of `stores`, or memory) behind the Redis
+    fast path of `stores` (none in memory stores)."""
     if records is None:
         records = stores.backend("idempotency", partial(backend_for, **postgres),
                                  memory=MemoryIdempotencyBackend,
