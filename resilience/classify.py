@@ -32,13 +32,8 @@ class Retryable(Exception):
         status: an HTTP status, kept for the record.
     """
 
-    def __init__(
-        self,
-        message: str = "retryable failure",
-        *,
-        retry_after_seconds: float | None = None,
-        status: int | None = None,
-    ) -> None:
+    def __init__(self, message: str = "retryable failure", *,
+                 retry_after_seconds: float | None = None, status: int | None = None) -> None:
         super().__init__(message)
         self.retry_after_seconds = retry_after_seconds
         self.status = status

@@ -49,16 +49,9 @@ class Stop(Exception):
         details: structured fields (key, holder task id, breaker name, ...).
     """
 
-    def __init__(
-        self,
-        outcome: Outcome,
-        *,
-        guard: str,
-        reason: str,
-        result: Any = None,
-        retry_after_seconds: float | None = None,
-        details: dict[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, outcome: Outcome, *, guard: str, reason: str, result: Any = None,
+                 retry_after_seconds: float | None = None,
+                 details: dict[str, Any] | None = None) -> None:
         super().__init__(f"{outcome}: {reason}")
         self.outcome = Outcome(outcome)
         self.guard = guard

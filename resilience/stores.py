@@ -64,19 +64,11 @@ class Stores:
         ConfigurationError: a URL of the wrong kind, an unknown pool mode.
     """
 
-    def __init__(
-        self,
-        *,
-        redis_url: str,
-        database_url: str | None = None,
-        redlock_urls: Sequence[str] = (),
-        locks_database_url: str | None = None,
-        socket_timeout_seconds: float = 5.0,
-        statement_timeout_seconds: float = 5.0,
-        pool_mode: str | None = None,
-        transactions: str = "sqlalchemy",
-        django_database: str = "default",
-    ) -> None:
+    def __init__(self, *, redis_url: str, database_url: str | None = None,
+                 redlock_urls: Sequence[str] = (), locks_database_url: str | None = None,
+                 socket_timeout_seconds: float = 5.0, statement_timeout_seconds: float = 5.0,
+                 pool_mode: str | None = None, transactions: str = "sqlalchemy",
+                 django_database: str = "default") -> None:
         check_redis_url(redis_url, "redis_url")
         for url in redlock_urls:
             check_redis_url(url, "a Redlock URL")

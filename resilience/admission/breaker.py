@@ -57,14 +57,9 @@ class BreakerAdmissionGuard(EnqueueGuard):
     name = "circuit"
     stage = EnqueueStage.BREAKER
 
-    def __init__(
-        self,
-        breaker: Any,
-        config: Any,
-        *,
-        backend: BreakerStates | Callable[[Task], BreakerStates],
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, breaker: Any, config: Any, *,
+                 backend: BreakerStates | Callable[[Task], BreakerStates],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.breaker = breaker
         self.config = config
         self.clock = clock

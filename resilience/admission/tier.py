@@ -171,14 +171,9 @@ class AdmissionGuard(EnqueueGuard):
     name = "bulkhead"
     stage = EnqueueStage.ADMIT
 
-    def __init__(
-        self,
-        config: ConfigSource,
-        *,
-        backend: DepthBackend | None = None,
-        sleep: Callable[[float], None] = time.sleep,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, config: ConfigSource, *, backend: DepthBackend | None = None,
+                 sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if not isinstance(config, BulkheadConfig) and not callable(config):
             raise ConfigurationError("config must be a BulkheadConfig or a callable(task)")
         self.config = config
@@ -315,14 +310,9 @@ class AdmissionGuard(EnqueueGuard):
         count_outcome(publish.task.app, outcome, guard=self.name, tier=config.tier, name=name)
 
 
-def bulkhead(
-    config: BulkheadConfig | None = None,
-    /,
-    *,
-    backend: DepthBackend | None = None,
-    sleep: Callable[[float], None] = time.sleep,
-    **overrides: Any,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def bulkhead(config: BulkheadConfig | None = None, /, *, backend: DepthBackend | None = None,
+             sleep: Callable[[float], None] = time.sleep,
+             **overrides: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: a task's own admission limit, in place of its tier's default.
 
     Takes a `BulkheadConfig` and/or keyword overrides of its fields (options, defaults and
