@@ -100,8 +100,7 @@ def _load_app(name: str) -> object:
         found = find_app(name)
     except Exception as exc:  # noqa: BLE001 - any import error of the user's module
         raise ConfigurationError(
-            f"cannot load the Celery app {name!r}: {type(exc).__name__}: {exc}"
-        ) from None
+            f"cannot load the Celery app {name!r}: {type(exc).__name__}: {exc}") from None
     if not isinstance(found, Celery):
         raise ConfigurationError(f"{name!r} is {type(found).__name__}, not a Celery app")
     return found

@@ -71,8 +71,7 @@ def celery_arguments(args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str,
     args = args or ()
     kwargs = kwargs or {}
     if not isinstance(args, (list, tuple)):
-        raise InvalidTaskArguments(
-            f"task args must be a list or tuple, not {type(args).__name__}")
+        raise InvalidTaskArguments(f"task args must be a list or tuple, not {type(args).__name__}")
     if not isinstance(kwargs, Mapping):
         raise InvalidTaskArguments(
             f"task keyword arguments must be a mapping, not {type(kwargs).__name__}")

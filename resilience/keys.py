@@ -48,9 +48,7 @@ def canonical_json(value: Any) -> str:
     except (TypeError, ValueError) as exc:
         raise NonJsonArguments(
             f"arguments must be JSON-serializable (str, int, float, bool, None, list, dict "
-            f"with str keys): {exc}",
-            cause=repr(exc),
-        ) from None
+            f"with str keys): {exc}", cause=repr(exc)) from None
 
 
 def canonical_arguments(value: Any) -> str:
@@ -68,8 +66,7 @@ def canonical_arguments(value: Any) -> str:
         raise NonJsonArguments(
             f"arguments must be what Celery's JSON serializer carries (str, int, float, bool, "
             f"None, list, dict, UUID, datetime, date, time, Decimal): {exc}",
-            cause=repr(exc),
-        ) from None
+            cause=repr(exc)) from None
 
 
 def revive(value: Any) -> Any:
@@ -172,8 +169,7 @@ def bind_arguments(
     except TypeError as exc:
         name = getattr(func, "__name__", repr(func))
         raise ArgumentsDoNotBind(
-            f"arguments do not match {name}{signature}: {exc}", signature=str(signature)
-        ) from None
+            f"arguments do not match {name}{signature}: {exc}", signature=str(signature)) from None
     bound.apply_defaults()
     arguments: dict[str, Any] = {}
     for name, value in bound.arguments.items():
@@ -227,8 +223,7 @@ class KeySpec:
         self.key = key
         if isinstance(key, str):
             parameters = inspect.signature(func).parameters
-            accepts_any = any(
-                p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+            accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
             for _, field, _, _ in string.Formatter().parse(key):
                 if field is None:
                     continue
@@ -282,8 +277,7 @@ class KeySpec:
                 except NonJsonArguments:
                     raise InvalidKey(
                         f"key function returned {type(produced).__name__}, which is not JSON; "
-                        "return a string or plain JSON values"
-                    ) from None
+                        "return a string or plain JSON values") from None
         if not value:
             raise InvalidKey("a guard key must not be empty")
         if len(value) > MAX_KEY_LENGTH:

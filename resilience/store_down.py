@@ -75,5 +75,4 @@ def store_failed(call: Any, error: Exception, *, guard: str, policy: StoreDown,
         Outcome.DEFERRED, guard=guard,
         reason=f"store unavailable, failing closed: {error}",
         retry_after_seconds=retry_after_seconds,
-        details={**(details or {}), "store_down": True},
-    ) from error
+        details={**(details or {}), "store_down": True}) from error

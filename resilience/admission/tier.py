@@ -77,8 +77,7 @@ class BulkheadConfig:
             valid = ", ".join(policy.value for policy in RejectionPolicy)
             raise ConfigurationError(
                 f"unknown rejection policy {self.policy!r}; valid policies are: {valid}",
-                policy=self.policy,
-            ) from None
+                policy=self.policy) from None
         object.__setattr__(self, "on_store_down", store_down_policy(self.on_store_down))
         if not isinstance(self.tier, str) or not self.tier:
             raise ConfigurationError(f"a bulkhead needs a tier name, got {self.tier!r}")

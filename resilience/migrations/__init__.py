@@ -167,15 +167,11 @@ def _translated(database_url: str) -> Iterator[None]:
         text = redact(_one_line(exc.orig if exc.orig is not None else exc))
         if exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError):
             raise StoreUnavailable(
-                f"resilience migrations: PostgreSQL at {where} unavailable: {text}"
-            ) from None
+                f"resilience migrations: PostgreSQL at {where} unavailable: {text}") from None
         raise ConfigurationError(
-            f"resilience migrations: PostgreSQL at {where} refused: {text}"
-        ) from None
+            f"resilience migrations: PostgreSQL at {where} refused: {text}") from None
     except SQLAlchemyError as exc:
-        raise ConfigurationError(
-            f"resilience migrations: {redact(_one_line(exc))}"
-        ) from None
+        raise ConfigurationError(f"resilience migrations: {redact(_one_line(exc))}") from None
 
 
 def _where(database_url: str) -> str:
