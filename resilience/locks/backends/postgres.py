@@ -1,41 +1,16 @@
-"""PostgreSQL locks: session advisory locks on a dedicated connection, and the registry.
+"""PostgreSQL locks: session advisory locks, and the held-lock registry.
 
-A session advisory lock belongs to one server backend and is freed the instant that
-backend ends: when the holder process dies, the kernel closes its socket, PostgreSQL sees
-EOF and drops the lock — no TTL to wait out, nothing left behind. That only holds when the
-connection is the holder's alone for the whole run, hence `AdvisorySession` opens its own
-psycopg2 connection (never one from the shared SQLAlchemy pool, which could hand the
-backend to other code that unlocks, or keep it alive after we are gone).
-
-PgBouncer in transaction (or statement) pooling mode breaks session locks: consecutive
-statements may run on different backends, so the lock is taken on one and "checked" or
-released on another. Lock sessions therefore go to `Stores.locks_database_url`
-(`LOCKS_DATABASE_URL`: PostgreSQL reached directly) while everything else may use the
-pooler. `AdvisorySession` refuses a pooler in front of its own URL:
-  * declared: `pool_mode="transaction"` (`app.conf.resilience_pool_mode`, through
-    `Stores.locks_pool_mode`, which passes "none" for a separate direct URL);
-  * detected: the backend pid must stay the same across statements at open and at every
-    ownership check; a change means a pooler moved us → error / lost ownership.
-A pooler with a single idle server connection can hide the pid change, so declare it.
-
-A lock session is taken per acquisition from the process's `SESSION_POOL` and given back
-at release; one unused for `idle_seconds` (default 5 s) is closed. Direct connections
-follow the locks held at once, not the worker threads.
-
-When the locks' URL is the statements' URL with no pooler (`SingletonGuard.default_backend`),
-`@singleton` holds its lock on the worker thread's own connection instead
-(`resilience.connections.postgres.StatementRunner`, `SharedSessionLock`): that connection is
-the thread's alone too (never pooled, never handed to other code), it ends with the process,
-and nothing on it unlocks but the holder. The idempotency claim and completion run there,
-so the release rides on the completion (`AdvisoryLockBackend.hand_off`): one query string,
-`_HANDOFF_ADVISORY` first, which turns the session lock into a lock of that string's
-implicit transaction, so the lock is free exactly when the completion commits.
-
-The held-lock registry (`resilience_held_locks`, one row per key) records who holds each
-lock, for holder details in refusals and for `describe()`; it is informational, the truth
-is the lock itself. `AdvisoryLockBackend` (`@singleton`) takes the lock, names its session
-after the holder and registers it in one round trip; `RedlockBackend` (redlock.py) writes
-the same row through `HeldLockRegistry`.
+A session advisory lock belongs to one server backend and is freed the instant that backend
+ends (the holder dies: no TTL to wait out). That holds only while the connection is the
+holder's alone for the whole run: a lock session from `SESSION_POOL` (its own psycopg2
+connection, never one of the shared SQLAlchemy pool, which could hand the backend to other
+code or keep it alive after us), or the worker thread's own connection (`SharedSessionLock`,
+whose release rides on the idempotency completion's commit). A transaction or statement
+pooler would run the lock's statements on different backends: `AdvisorySession` refuses
+one declared (`pool_mode`) or detected (the backend pid changes between statements; a
+pooler with one idle server connection hides that, so declare it). The registry
+(`resilience_held_locks`, one row per key) is informational; the truth is the lock itself.
+See docs/locks.md ("Singleton: PostgreSQL session advisory lock").
 """
 
 from __future__ import annotations
@@ -329,14 +304,6 @@ class AdvisorySession:
             self.held.add(lock_id)
         return taken
 
-    def owns(self, key: str) -> bool:
-        """True when this session still holds `key`'s lock on the backend it started on."""
-        try:
-            self.verify(key)
-        except LockNotOwnedError:
-            return False
-        return True
-
     def verify(self, key: str) -> None:
         """Check the session is alive, unmoved, and still holds `key`'s lock.
 
@@ -424,24 +391,14 @@ DEFAULT_IDLE_SECONDS = 5.0
 
 
 class LockSessionPool:
-    """The process's lock sessions that hold no lock, kept open a few seconds for reuse.
+    """The process's lock sessions that hold no lock, kept open `idle_seconds` for reuse
+    (connecting costs ~3 ms, a lock and unlock ~0.2 ms); a reaper thread, running only while
+    sessions are idle, closes them after that. Any thread may take an idle session; after a
+    fork the parent's are forgotten, never closed (that would end the parent's backends).
 
-    A lock session is taken for one acquisition and given back at release. Connecting
-    costs ~3 ms on a local PostgreSQL (more with TLS and password authentication) against
-    ~0.2 ms for a lock and unlock on an open session, so a released session waits
-    `idle_seconds` for the next singleton of the process; a reaper thread (running only
-    while sessions are idle) closes it after that. Direct connections are then the locks
-    held at once plus the sessions released in the last `idle_seconds`, not one per
-    worker thread that ever ran a singleton.
-
-    An idle session holds no lock, so any thread may take it. After a fork the parent's
-    sessions are forgotten, never closed: closing would end the parent's backends.
-
-    Its sessions commit without waiting for the WAL flush (`synchronous_commit=False`): what
-    they write is the informational registry row, whose loss in a PostgreSQL crash is
-    harmless (the crash freed every lock too), and a flush wait cost each acquisition and
-    each release ~1 ms on this machine's disk. An acquisition whose fencing token a body
-    receives still waits for it (`Claimant.fenced`): see `AdvisoryLockBackend.acquire`.
+    Its sessions commit without waiting for the WAL flush: they write only the registry row,
+    whose loss in a crash is harmless (the crash freed every lock too); a flush cost ~1 ms
+    per acquisition and per release. See `AdvisoryLockBackend.acquire` for the exception.
     """
 
     def __init__(self, idle_seconds: float | None = None) -> None:
@@ -649,18 +606,10 @@ class SharedSessionLock:
 
 
 class AdvisoryLockBackend(StoreBackend):
-    """`@singleton`'s store: session advisory locks, one session per lock held.
-
-    A session comes from the process's `SESSION_POOL` at acquire and goes back at release
-    (closed after `idle_seconds` unused), so the connections to `database_url` follow the
-    locks held, not the worker threads.
-
-    With `statements` (the runner of the thread's own connection, on the same database
-    reached directly: `SingletonGuard.default_backend`), the lock is held on that connection
-    instead: it is the worker thread's alone, as a lock session is, and ends with the
-    process. The acquisition then follows the idempotency claim on the same session, and
-    the release rides on the idempotency completion (`hand_off`): one round trip for both,
-    the lock freed at the completion's commit. No lock session is opened.
+    """`@singleton`'s store: session advisory locks, one session from `SESSION_POOL` per
+    lock held. With `statements`, the lock is held on the worker thread's own connection
+    instead (as dedicated as a lock session) and its release rides on the idempotency
+    completion (`hand_off`): the lock is freed at the completion's commit.
 
     Args:
         database_url: the PostgreSQL of the locks, reached directly (`Stores.locks_database_url`).
