@@ -101,11 +101,8 @@ def _install_hooks(app: Celery) -> None:
                 _rebase(bound_app, task)
 
         hooked = type(base.__name__, (base,), {
-            "on_bound": classmethod(on_bound),
-            "__module__": base.__module__,
-            "__qualname__": base.__qualname__,
-            "abstract": True,
-        })
+            "on_bound": classmethod(on_bound), "__module__": base.__module__,
+            "__qualname__": base.__qualname__, "abstract": True})
         app.Task = hooked
         app.on_after_finalize.connect(_rebase_all, weak=False)
 
@@ -158,11 +155,8 @@ def _class_for(original: type, initialised: bool) -> type:
                 request = _request_for(original)
                 if request is not None:
                     namespace["Request"] = request
-            namespace.update({
-                _ORIGINAL_ATTRIBUTE: original,
-                "__module__": original.__module__,
-                "__qualname__": original.__qualname__,
-            })
+            namespace.update({_ORIGINAL_ATTRIBUTE: original, "__module__": original.__module__,
+                              "__qualname__": original.__qualname__})
             made = _classes[(original, initialised)] = type(original.__name__,
                                                             (mixin, original), namespace)
             shadowed = _own_call(original)

@@ -56,6 +56,9 @@ logger = logging.getLogger("resilience.task")
 LIBRARY_GUARDS: tuple[Guard, ...] = (*workflow_guards(), ScheduleRunGuard(),
                                      ScheduleSingletonGuard())
 
+#: A request with any of these is part of a chain, group or chord, or has links to call.
+_CANVAS_FIELDS = ("chain", "callbacks", "chord", "group")
+
 #: A republish the broker refused (full tier queue on RabbitMQ) is published again by the
 #: outbox relay no sooner than this.
 REFUSED_REPUBLISH_DELAY_SECONDS = 5.0
@@ -301,14 +304,9 @@ class GuardedTask(Task):
         logger.info(
             "guard decision: task=%s id=%s guard=%s outcome=%s reason=%s",
             self.name, call.task_id, stop.guard, stop.outcome.value, stop.reason,
-            extra={
-                "task_id": call.task_id,
-                "task_name": self.name,
-                "tier": getattr(self, "tier", None),
-                "guard": stop.guard,
-                "outcome": stop.outcome.value,
-                "reason": stop.reason,
-            })
+            extra={"task_id": call.task_id, "task_name": self.name,
+                   "tier": getattr(self, "tier", None), "guard": stop.guard,
+                   "outcome": stop.outcome.value, "reason": stop.reason})
         if stop.outcome is Outcome.DEFERRED:
             self.defer(call, stop)
         replayed = stop.outcome is Outcome.REPLAYED
@@ -322,7 +320,7 @@ class GuardedTask(Task):
         if replayed or stop.result is not None:
             # A stop with a result (REPLAYED's stored one, a breaker's fallback) stands in
             # for the body's: in a canvas it is passed on as the body's would have been.
-            if _in_canvas(request):
+            if any(getattr(request, name, None) for name in _CANVAS_FIELDS):
                 return stop.result
         elif getattr(request, "chord", None):
             raise JobStopped(
@@ -402,9 +400,3 @@ class GuardedTask(Task):
             request, call.args, call.kwargs, countdown=countdown, retries=request.retries)
         signature.apply_async()
         raise Retry(message, exc=reason, when=countdown, sig=signature)
-
-
-def _in_canvas(request: Any) -> bool:
-    """Is this job part of a chain, group, chord or has links to call with its result?"""
-    return any(getattr(request, name, None) for name in ("chain", "callbacks", "chord", "group"))
-

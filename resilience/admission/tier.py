@@ -120,13 +120,10 @@ class DiscardedResult:
 
     def get(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """The outcome as the dict a guard-stopped task returns."""
-        return {
-            "outcome": self.outcome.value,
-            "guard": AdmissionGuard.name,
-            "reason": f"tier {self.tier!r} full ({self.depth}/{self.limit}); job discarded",
-            "details": {"tier": self.tier, "queue": self.queue, "depth": self.depth,
-                        "limit": self.limit},
-        }
+        return {"outcome": self.outcome.value, "guard": AdmissionGuard.name,
+                "reason": f"tier {self.tier!r} full ({self.depth}/{self.limit}); job discarded",
+                "details": {"tier": self.tier, "queue": self.queue, "depth": self.depth,
+                            "limit": self.limit}}
 
 
 @dataclass(frozen=True)

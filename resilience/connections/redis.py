@@ -115,10 +115,8 @@ def redis_from_url(url: str, **options: Any) -> Any:
             options["db"] = int(path[1])
         except ValueError:
             raise ConfigurationError(f"{redact_url(url)!r}: {path[1]!r} is no db number") from None
-    sentinel_options = {
-        key: options[key] for key in ("socket_timeout", "socket_connect_timeout", "ssl")
-        if key in options
-    }
+    sentinel_options = {key: options[key] for key in ("socket_timeout", "socket_connect_timeout",
+                                                      "ssl") if key in options}
     if query.get("sentinel_password"):
         sentinel_options["password"] = query["sentinel_password"]
     sentinel = Sentinel(_hosts(hostlist, 26379), sentinel_kwargs=sentinel_options, **options)
