@@ -394,7 +394,7 @@ def eager_backend(app: Celery) -> EagerWorkflowBackend:
 def start(run: EagerRun, connection: Any = None) -> None:
     """Keep and run `run` when `connection`'s transaction commits (None: at once); a
     rollback leaves nothing (`resilience.outbox`'s in-memory rule: a SQLAlchemy Session or
-    Connection on any database, or a `MemoryTransaction`).
+    Connection on any database).
 
     Raises:
         ConfigurationError: `connection` is no transaction this can follow.
