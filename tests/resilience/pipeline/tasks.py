@@ -178,8 +178,13 @@ def loses_lock(self: Any, run_id: str, key: str, session: Any = None,
     from resilience.locks.backends.postgres import _SESSIONS
 
     _write(session, run_id, key, self.request.id)
-    lock_session = _SESSIONS.local.session
-    lock_session.connection.close()  # as a PostgreSQL restart would
+    # As a PostgreSQL restart would: the lock is held on the thread's own connection when
+    # the lock URL is the database URL with no pooler (`SharedSessionLock`), else on the
+    # thread's lock session; both go.
+    stores_for(app).statements().connection().driver.close()
+    lock_session = getattr(_SESSIONS.local, "session", None)
+    if lock_session is not None:
+        lock_session.connection.close()
     checkpoint()
     return key
 
