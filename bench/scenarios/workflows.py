@@ -21,10 +21,12 @@ second count every step (3 per chain, 11 per chord). `start_per_s` is the produc
 of starting workflows while the consumers are paused (not part of the drain time).
 
 Cost per step, which a loaded machine does not stretch as it stretches rates
-(`cpu_us_per_step`, `wal_syncs_per_step`; `CpuMeter`): from the end of each start to the
-end of its drain, the CPU time of the worker (main and pool processes), of the PostgreSQL
-backends of the bench's database and of the Redis server, and the server's WAL syncs
-(`pg_stat_wal`: the commits that waited for a flush), per step, the mean of the rounds.
+(`cpu_us_per_step`, `wal_syncs_per_step`, `redis_commands_per_step`; `CpuMeter`): from the
+end of each start to the end of its drain, the CPU time of the worker (main and pool
+processes), of the PostgreSQL backends of the bench's database and of the Redis server, the
+server's WAL syncs (`pg_stat_wal`: the commits that waited for a flush) and the Redis
+commands the server ran (the bench's own GET polls and INFO reads left out), per step, the
+mean of the rounds.
 
 PostgreSQL per durable step (`pg_statements_per_step`): after the timed rounds, a second
 worker (started with the first, idle until then) whose pool processes count every query
@@ -338,10 +340,16 @@ def run(argv: list[str]) -> dict[str, Any]:
     return _report(options, sizes, rates, starts, costs, statements)
 
 
+#: Redis commands the bench itself sends while it measures (its counter polls, these
+#: snapshots), left out of `redis_commands`.
+BENCH_REDIS_COMMANDS = frozenset({"get", "info"})
+
+
 class CpuMeter:
     """CPU seconds spent by the worker (main and pool processes), by the PostgreSQL backends
-    of the bench's database and by the Redis server, and the server's WAL syncs: the cost of
-    a step in time the machine's load does not stretch (a loaded box stretches rates).
+    of the bench's database and by the Redis server, the server's WAL syncs and the Redis
+    commands the server ran (`BENCH_REDIS_COMMANDS` left out): the cost of a step in time
+    the machine's load does not stretch (a loaded box stretches rates).
 
     The Redis server and WAL figures are server-wide: exact on the bench's own embedded
     servers (no REDIS_URL / DATABASE_URL), shared with anything else on a shared server.
@@ -368,11 +376,14 @@ class CpuMeter:
             "current_database() AND pid <> pg_backend_pid() AND backend_type = "
             "'client backend'") if psutil.pid_exists(int(pid))}
         info = self.redis.info("cpu")
+        commands = sum(int(stats["calls"]) for name, stats in
+                       self.redis.info("commandstats").items()
+                       if name.removeprefix("cmdstat_") not in BENCH_REDIS_COMMANDS)
         wal = psql(self.database_url, "SELECT wal_sync FROM pg_stat_wal")
         return {"worker": cpu(main) + sum(cpu(child) for child in main.children(True)),
                 "backends": backends,
                 "redis": float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
-                "wal_syncs": int(wal[0][0]) if wal else 0}
+                "wal_syncs": int(wal[0][0]) if wal else 0, "redis_commands": commands}
 
     @staticmethod
     def delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
@@ -382,7 +393,8 @@ class CpuMeter:
                          for pid, seconds in after["backends"].items())
         return {"worker": after["worker"] - before["worker"], "postgresql": postgresql,
                 "redis": after["redis"] - before["redis"],
-                "wal_syncs": after["wal_syncs"] - before["wal_syncs"]}
+                "wal_syncs": after["wal_syncs"] - before["wal_syncs"],
+                "redis_commands": after["redis_commands"] - before["redis_commands"]}
 
 
 def _drain(starter: Starter, shape: str, n: int, redis: Any, database_url: str,
@@ -441,13 +453,14 @@ def _report(options: argparse.Namespace, sizes: dict[str, int],
     cost = {shape: {variant: {kind: value / options.rounds
                               for kind, value in costs[shape][variant].items()}
                     for variant in options.variants} for shape in SHAPES}
-    table("CPU µs per step (worker main+pool, PostgreSQL backends, Redis server) and WAL "
-          "syncs per step, mean of the rounds",
-          ["shape", "variant", "worker", "PostgreSQL", "Redis", "total", "WAL syncs"],
+    table("CPU µs per step (worker main+pool, PostgreSQL backends, Redis server), WAL "
+          "syncs and Redis commands per step, mean of the rounds",
+          ["shape", "variant", "worker", "PostgreSQL", "Redis", "total", "WAL syncs",
+           "Redis cmds"],
           [(shape, variant, *(1e6 * found.get(kind, 0.0)
                               for kind in ("worker", "postgresql", "redis")),
             1e6 * sum(found.get(kind, 0.0) for kind in ("worker", "postgresql", "redis")),
-            found.get("wal_syncs", 0.0))
+            found.get("wal_syncs", 0.0), found.get("redis_commands", 0.0))
            for shape in SHAPES for variant, found in cost[shape].items()])
     figures["cpu_us_per_step"] = {
         shape: {variant: {kind: round(1e6 * found.get(kind, 0.0))
@@ -455,6 +468,9 @@ def _report(options: argparse.Namespace, sizes: dict[str, int],
                 for variant, found in cost[shape].items()} for shape in SHAPES}
     figures["wal_syncs_per_step"] = {
         shape: {variant: round(found.get("wal_syncs", 0.0), 2)
+                for variant, found in cost[shape].items()} for shape in SHAPES}
+    figures["redis_commands_per_step"] = {
+        shape: {variant: round(found.get("redis_commands", 0.0), 2)
                 for variant, found in cost[shape].items()} for shape in SHAPES}
     if statements is not None:
         per_step = statements["per_step"]
