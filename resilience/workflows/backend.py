@@ -125,8 +125,8 @@ RETURNING s.state, s.result, s.compensation_state, w.state AS workflow_state,
 # the same query string (one round trip, one implicit transaction): the workflow row is
 # locked first, so this statement's snapshot, taken after that, sees every source that
 # counted before it, and the input of a fan-in whose source is a flat list of steps (a
-# chord's header) is built here. Without `fan_in`, or for a nested source, nothing is recorded when
-# this step is the last source: `succeed`'s transaction reads the results then.
+# chord's header) is built here. Without `fan_in`, or for a nested source, nothing is
+# recorded when this step is the last source: `succeed`'s transaction reads the results.
 _SUCCEED_SIMPLE = PreparedStatement("resilience_workflow_succeed", f"""
 WITH running AS (
     SELECT state FROM {WORKFLOWS_TABLE} WHERE id = %(workflow_id)s FOR UPDATE
