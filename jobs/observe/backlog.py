@@ -80,16 +80,11 @@ def _redis_backlog(app: Celery, url: str, queues: list[str], timeout_seconds: fl
 
 
 def _amqp_backlog(app: Celery, queues: list[str], timeout_seconds: float) -> int:
-    total = 0
     with app.connection_for_write(connect_timeout=timeout_seconds) as connection:
         connection.ensure_connection(max_retries=1, timeout=timeout_seconds)
-        channel = connection.channel()
-        try:
-            for queue in queues:
-                total += int(channel.queue_declare(queue, passive=True).message_count)
-        finally:
-            channel.close()
-    return total
+        with connection.channel() as channel:
+            return sum(int(channel.queue_declare(queue, passive=True).message_count)
+                       for queue in queues)
 
 
 def published_at(item: bytes | str | None) -> float | None:

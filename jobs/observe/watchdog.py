@@ -108,11 +108,9 @@ def _remove_abandoned(directory: Path) -> None:
     else removes (node names that never come back, as in test sessions)."""
     cutoff = time.time() - ABANDONED_AFTER_SECONDS
     for path in directory.glob("*"):
-        try:
+        with contextlib.suppress(OSError):  # another worker removed it first, or not ours
             if path.stat().st_mtime < cutoff:
                 path.unlink()
-        except OSError:
-            pass  # another worker removed it first, or it is not ours to remove
 
 
 class WorkerHeartbeat(bootsteps.StartStopStep):
@@ -386,12 +384,10 @@ def sever_connections(addresses: set[tuple[str, int]]) -> int:
         remote = connection.raddr
         if not remote or connection.fd < 0 or (remote.ip, remote.port) not in addresses:
             continue
-        try:
-            with socket.fromfd(connection.fd, connection.family, socket.SOCK_STREAM) as sock:
-                sock.shutdown(socket.SHUT_RDWR)  # acts on the connection, not the copy
+        with contextlib.suppress(OSError), socket.fromfd(  # OSError: closed meanwhile
+                connection.fd, connection.family, socket.SOCK_STREAM) as sock:
+            sock.shutdown(socket.SHUT_RDWR)  # acts on the connection, not the copy
             severed += 1
-        except OSError:
-            pass  # closed meanwhile
     return severed
 
 
