@@ -1,8 +1,5 @@
-"""`jobs cancel ID` / `jobs cancel --task NAME --key KEY` (registered by jobs.cli) and
-`jobs cancellations` (list, withdraw, restore): cancel jobs so the cancel sticks, in
-PostgreSQL, in the Redis copy every worker checks, and with Celery's `revoke`
-(`resilience.cancel`).
-"""
+"""`jobs cancel` (registered by jobs.cli) and `jobs cancellations`: cancellations that stick
+(`resilience.cancel`: PostgreSQL, the workers' Redis copy, and Celery's revoke)."""
 
 from __future__ import annotations
 

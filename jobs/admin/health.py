@@ -1,7 +1,5 @@
-"""`jobs health live` (the worker's loop runs: its heartbeat file with `--local`, else a
-ping through the broker) apart from `jobs health ready` (its stores answer: the worker's
-recorded check with `--local`); exit 0 / 1. See docs/observe.md (Health).
-"""
+"""`jobs health live` (the worker's loop runs) apart from `jobs health ready` (its stores
+answer), exit 0 / 1; `--local` reads the worker's own files. See docs/observe.md (Health)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""`jobs status`: the platform's resilience state, live in the terminal (`--once`, `--json`);
-the stores are probed first, so one that cannot serve is one line saying why and the fix.
-Also the table and source helpers every `jobs <group>` command prints with. See
-docs/observe.md (`jobs status`).
+"""`jobs status` (live, `--once`, `--json`; the stores probed first), and the helpers every
+`jobs <group>` command prints and acts with. See docs/observe.md (`jobs status`).
 """
 
 from __future__ import annotations

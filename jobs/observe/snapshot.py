@@ -1,10 +1,8 @@
-"""One function collecting the whole platform state as a JSON-able dict: `collect(app)`,
-what `jobs status`, the Flower page, `/metrics` and `/api/resilience` show, one section per
-view of `VIEWS`, each read in its own `try` (a store that is down turns that section into
-`{"unavailable": "<reason>"}`). No SCAN: this runs on every scrape and refresh, so the
-names read are those the app declares (docs/production.md). `probe_stores(settings)` asks
-each store once, quickly, so `collect(app, stores=...)` skips what would only wait on a
-store that cannot serve. See docs/observe.md (The snapshot, `jobs status`).
+"""`collect(app)`: the whole platform state as a JSON-able dict, one section per view of
+`VIEWS`, each read in its own `try` (what `jobs status`, the page, `/metrics` and
+`/api/resilience` show), without a SCAN; `probe_stores(settings)` asks each store once,
+quickly, so `collect` skips what would only wait on one that cannot serve. See
+docs/observe.md (The snapshot, `jobs status`).
 """
 
 from __future__ import annotations
@@ -325,7 +323,6 @@ VIEWS: tuple[View, ...] = (
     batches_view.VIEW, workflows_view.VIEW, deadletter_view.VIEW, locks_view.BEAT_LEADER_VIEW,
     schedules_view.VIEW,
 )
-#: Section names in the order views show them.
 SECTIONS = tuple(view.name for view in VIEWS)
 
 

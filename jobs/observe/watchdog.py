@@ -1,11 +1,9 @@
-"""The worker's liveness, kept in its main process: the heartbeat file (`jobs health live
---local` reads its age: one `stat`, no broker round trip), beaten by the event loop and, while
-the main thread waits for a lost broker, by a thread (a broker outage must not fail every
-liveness probe of the fleet at once); and the consumption watchdog: a worker that stops
-taking work while it stays alive reconnects its consumer, then exits with status 75 for its
-supervisor to restart (celery#4453, #8030, #8082, #8091, #9054, #10205); a broker nothing
-reaches is an outage, waited out. The heartbeat's bootstep also starts the worker's
-readiness recorder. See docs/observe.md (Health; Workers that stop consuming).
+"""The worker's liveness, in its main process: the heartbeat file (`jobs health live --local`
+reads its age), beaten by the event loop and, while the main thread waits for a lost
+broker, by a thread; and the consumption watchdog: a worker that stops taking work while
+alive reconnects its consumer, then exits 75 for its supervisor to restart, while a broker
+nothing reaches is an outage, waited out. See docs/observe.md (Health; Workers that stop
+consuming and stay alive).
 """
 
 from __future__ import annotations

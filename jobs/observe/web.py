@@ -109,7 +109,6 @@ class ResiliencePage(BaseHandler):
             return None
 
 
-#: View name -> view, for the views that have a page per row (`View.detail`).
 DETAILS: dict[str, View] = {view.name: view for view in VIEWS if view.detail}
 #: A row page's address under /resilience, as an action form's `back` names it: the key is
 #: percent-quoted (`row_page`), so any key (a schedule named "add every 10") has a page.
