@@ -4,41 +4,16 @@
     @singleton(key="account:{account_id}", policy="skip")
     def rebuild(account_id): ...
 
-    @app.task(tier="standard")
-    @exclusive(key="{report}", ttl_seconds=30, policy="defer")
-    def publish(report, fencing_token=None): ...
+* singleton — a PostgreSQL session advisory lock, freed the instant the holder dies, held on
+  the worker thread's own connection (its release riding on the idempotency completion) or
+  on a lock session (`backends/postgres.py`); a `SessionWatcher` probes it while the body
+  runs, so `checkpoint()` and a transactional commit refuse once it is lost (watcher.py).
+* exclusive — Redlock with a lease heartbeat and a fencing token from PostgreSQL, handed to
+  the body as `fencing_token` when it takes that parameter (`backends/redlock.py`).
 
-* singleton — a PostgreSQL session advisory lock, freed the instant the holder dies. When
-  the app's direct lock URL (`resilience_locks_database_url`) is its database URL with no
-  pooler, the lock is held on the worker thread's own connection (the one the idempotency
-  guard uses; the thread's alone), and its release rides on the idempotency completion;
-  otherwise on a dedicated connection to the lock URL (one per lock held, used for nothing
-  else, kept `resilience_lock_session_idle_seconds` (5) after release for the next run,
-  then closed). While the body runs a `SessionWatcher`
-  probes the session every `probe_seconds` (2) and for each `call.checkpoint()`; a lost
-  session, or one silent past the watcher's bound (5 s), makes `checkpoint()` and a
-  transactional commit refuse (watcher.py). Acquire and release
-  are one round trip each, the fencing token minted inside the acquisition
-  (`backends/postgres.py`).
-* exclusive — Redlock over `resilience_redlock_urls` with a lease heartbeat and a fencing token from
-  PostgreSQL, handed to the body as `fencing_token` when it takes that parameter
-  (`backends/redlock.py`).
-
-This module is the flow only; the stores are behind `resilience.locks.backends.LockBackend`.
-
-Key: the task name plus the arguments bound to the signature (`f(1)` == `f(a=1)`), a
-template, or a function (resilience.keys). When another run holds the key: `skip` returns
-the outcome SKIPPED, `defer` republishes the message later without spending a retry.
-
-Celery's own retry of the holder is never blocked by its own lock: the lock is released in
-`on_error` before the retry message can run, and because `Task.retry()` publishes the retry
-*before* raising, a run whose task id is the holder's waits up to `same_task_wait_seconds`
-for its predecessor to let go instead of being skipped. A redelivery of a message whose
-holder still runs (same task id) waits the same way and then defers — it never runs beside it.
-
-When the lock store is down the guard fails closed by default (`on_store_down="fail_closed"`:
-DEFERRED); `"fail_open"` runs the body unguarded, logs a warning and counts FAIL-OPEN. A
-store that rejects the operation (`StoreRejected`) dead-letters the job.
+This module is the flow only (the stores are behind `LockBackend`): the key, `skip` or
+`defer` when another run holds it, a retry or redelivery of the holder waiting
+`same_task_wait_seconds` for its predecessor, the store-down policy. See docs/locks.md.
 """
 
 from __future__ import annotations
@@ -388,27 +363,21 @@ class ExclusiveGuard(LockGuard):
                 task=task.name,
             )
 
-    def node_urls(self, app: Any) -> tuple[str, ...]:
-        """Redlock nodes: the option, else the app's stores (`resilience_redlock_urls`)."""
-        if self.options.nodes:
-            return self.options.nodes
-        return tuple(stores_for(app).redlock_urls)
-
     def default_backend(self, task: Task) -> LockBackend:
         """This process's Redlock backend for the nodes (rebuilt after fork or change);
         with in-memory stores, a lease of `ttl_seconds` in memory."""
         stores = stores_for(task.app)
-        shared = stores.backend("exclusive", lambda real: self._redlock_backend(task, real),
+        shared = stores.backend("exclusive", lambda real: self._redlock_backend(real),
                                 memory=lambda: MemoryLockBackend("exclusive", stores),
                                 variant=self)
         if isinstance(shared, MemoryLockBackend):
             return shared.leased(self.options.ttl_seconds, fencing=self.options.fencing)
         return shared
 
-    def _redlock_backend(self, task: Task, stores: Stores) -> LockBackend:
+    def _redlock_backend(self, stores: Stores) -> LockBackend:
         """Built once per process by `Stores.backend` (keyed by this guard)."""
         return RedlockBackend(
-            Redlock.from_urls(self.node_urls(task.app), check=False,
+            Redlock.from_urls(self.options.nodes or tuple(stores.redlock_urls), check=False,
                               options=self.options.redlock_options),
             registry=HeldLockRegistry(stores.guard_engine),
             tokens=FencingTokens(stores.guard_engine()) if self.options.fencing else None,
@@ -462,7 +431,7 @@ def _decorator(guard_class: type[LockGuard], config_class: type[Any], key: Any,
 def singleton(
     key: KeyOption | SingletonConfig = None, /, **overrides: Any
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """At most one run per key at a time, on a PostgreSQL advisory lock (see module doc).
+    """At most one run per key at a time, on a PostgreSQL advisory lock (docs/locks.md).
 
     `key` is the key option (as keyword too), or a `SingletonConfig`; `overrides` replace
     its fields (options, defaults and meaning: `SingletonConfig`).
@@ -477,7 +446,7 @@ def singleton(
 def exclusive(
     key: KeyOption | ExclusiveConfig = None, /, **overrides: Any
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """At most one holder per key on Redlock, with heartbeat and fencing (see module doc).
+    """At most one holder per key on Redlock, with heartbeat and fencing (docs/locks.md).
 
     `key` is the key option (as keyword too), or an `ExclusiveConfig`; `overrides` replace
     its fields (options, defaults and meaning: `ExclusiveConfig`).
