@@ -129,12 +129,16 @@ _ACQUIRE_ADVISORY = PreparedStatement("resilience_singleton_acquire", f"""
     FROM attempt
 """)
 
-#: One round trip: unregister, unlock, and clear the session's holder name.
-_RELEASE_ADVISORY = PreparedStatement("resilience_singleton_release", """
+#: The release's first part: the holder's registry row deleted.
+_UNREGISTER = """
     WITH unregistered AS (
         DELETE FROM resilience_held_locks
         WHERE key = %(key)s::text AND owner = %(owner)s::text
     )
+"""
+
+#: One round trip: unregister, unlock, and clear the session's holder name.
+_RELEASE_ADVISORY = PreparedStatement("resilience_singleton_release", _UNREGISTER + """\
     SELECT pg_advisory_unlock(%(id)s::bigint), set_config('application_name', 'lock:', false)
 """)
 
@@ -143,22 +147,14 @@ _RELEASE_ADVISORY = PreparedStatement("resilience_singleton_release", """
 #: becomes a transaction lock of that query string's implicit transaction (taken at once:
 #: this session holds it), so it is free the moment that statement commits, never before.
 #: The unregistration commits with it too.
-_HANDOFF_ADVISORY = PreparedStatement("resilience_singleton_handoff", """
-    WITH unregistered AS (
-        DELETE FROM resilience_held_locks
-        WHERE key = %(key)s::text AND owner = %(owner)s::text
-    )
+_HANDOFF_ADVISORY = PreparedStatement("resilience_singleton_handoff", _UNREGISTER + """\
     SELECT pg_advisory_unlock(%(id)s::bigint), set_config('application_name', '', false)
     FROM (SELECT pg_try_advisory_xact_lock(%(id)s::bigint) AS moved OFFSET 0) AS handoff
     WHERE handoff.moved
 """)
 
 #: `_RELEASE_ADVISORY` on a shared connection: its name back to none.
-_RELEASE_SHARED = PreparedStatement("resilience_singleton_release_shared", """
-    WITH unregistered AS (
-        DELETE FROM resilience_held_locks
-        WHERE key = %(key)s::text AND owner = %(owner)s::text
-    )
+_RELEASE_SHARED = PreparedStatement("resilience_singleton_release_shared", _UNREGISTER + """\
     SELECT pg_advisory_unlock(%(id)s::bigint), set_config('application_name', '', false)
 """)
 
@@ -179,22 +175,43 @@ _OWNS = """
         AND objsubid = 1)
 """
 
-_ROWS = """
+_SELECT_ROWS = """
     SELECT key, kind, owner, task_id, hostname, pid, token,
            extract(epoch FROM now() - acquired_at) AS age
-    FROM resilience_held_locks WHERE kind = %(kind)s ORDER BY acquired_at
-"""
-
-_ROW = """
-    SELECT key, kind, owner, task_id, hostname, pid, token,
-           extract(epoch FROM now() - acquired_at) AS age
-    FROM resilience_held_locks WHERE key = %(key)s
-"""
+    FROM resilience_held_locks WHERE """
+_ROWS = _SELECT_ROWS + "kind = %(kind)s ORDER BY acquired_at\n"
+_ROW = _SELECT_ROWS + "key = %(key)s\n"
 
 _TERMINATE_HOLDERS = """
     SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'
     AND granted AND classid = %(classid)s AND objid = %(objid)s AND objsubid = 1
 """
+
+
+def _verify(key: str, backend_pid: object, execute: Callable[..., Any],
+            parts: tuple[int, int]) -> None:
+    """Check, with `_OWNS` run by `execute` on the lock's session, that the session is alive,
+    still on backend `backend_pid`, and holds the lock of pg_locks' `parts`.
+
+    Raises:
+        LockNotOwnedError: the session died (PostgreSQL restart, backend terminated) or
+            moved to another backend, or the lock is not held.
+    """
+    try:
+        rows = execute(_OWNS, parts)
+    except StorageError as exc:
+        raise LockNotOwnedError(
+            f"singleton lock {key!r} lost: its PostgreSQL session is gone ({exc}); "
+            "stopping before the task commits",
+            key=key, cause=getattr(exc, "cause", repr(exc)),
+        ) from exc
+    pid, held = rows[0]
+    if str(pid) != str(backend_pid):
+        raise LockNotOwnedError(
+            f"singleton lock {key!r} lost: the session moved from backend "
+            f"{backend_pid} to {pid} (reconnect or transaction pooling)", key=key)
+    if not held:
+        raise LockNotOwnedError(f"singleton lock {key!r} is not held by this session", key=key)
 
 
 # -- the session -----------------------------------------------------------------------------
@@ -305,30 +322,8 @@ class AdvisorySession:
         return taken
 
     def verify(self, key: str) -> None:
-        """Check the session is alive, unmoved, and still holds `key`'s lock.
-
-        Raises:
-            LockNotOwnedError: the session died (PostgreSQL restart, backend terminated) or
-                moved to another backend, or the lock is not held.
-        """
-        try:
-            rows = self.execute(_OWNS, lock_parts(advisory_id(key)))
-        except StorageError as exc:
-            raise LockNotOwnedError(
-                f"singleton lock {key!r} lost: its PostgreSQL session is gone ({exc}); "
-                "stopping before the task commits",
-                key=key, cause=getattr(exc, "cause", repr(exc)),
-            ) from exc
-        pid, held = rows[0]
-        if pid != self.backend_pid:
-            raise LockNotOwnedError(
-                f"singleton lock {key!r} lost: the session moved from backend "
-                f"{self.backend_pid} to {pid} (reconnect or transaction pooling)",
-                key=key,
-            )
-        if not held:
-            raise LockNotOwnedError(f"singleton lock {key!r} is not held by this session",
-                                    key=key)
+        """Check the session is alive, unmoved, and still holds `key`'s lock (`_verify`)."""
+        _verify(key, self.backend_pid, self.execute, lock_parts(advisory_id(key)))
 
     def probe(self) -> None:
         """One cheap statement proving the session is alive on the backend it started on
@@ -742,7 +737,8 @@ class AdvisoryLockBackend(StoreBackend):
         handle = taken.handle
         if isinstance(handle, SharedSessionLock):
             try:
-                self._verify_shared(taken, handle)
+                _verify(taken.key, taken.owner, handle.connection.execute_here,
+                        lock_parts(handle.lock_id))
             except Exception:
                 self._drop_shared(handle)
                 raise
@@ -752,26 +748,6 @@ class AdvisoryLockBackend(StoreBackend):
         except Exception:
             give_back_session(handle, self.database_url, close=True)
             raise
-
-    @staticmethod
-    def _verify_shared(taken: Taken, handle: SharedSessionLock) -> None:
-        """`AdvisorySession.verify` of a lock on a shared connection."""
-        try:
-            rows = handle.connection.execute_here(_OWNS, lock_parts(handle.lock_id))
-        except StorageError as exc:
-            raise LockNotOwnedError(
-                f"singleton lock {taken.key!r} lost: its PostgreSQL session is gone ({exc}); "
-                "stopping before the task commits",
-                key=taken.key, cause=getattr(exc, "cause", repr(exc)),
-            ) from exc
-        pid, held = rows[0]
-        if str(pid) != taken.owner:
-            raise LockNotOwnedError(
-                f"singleton lock {taken.key!r} lost: the session moved from backend "
-                f"{taken.owner} to {pid} (reconnect or transaction pooling)", key=taken.key)
-        if not held:
-            raise LockNotOwnedError(f"singleton lock {taken.key!r} is not held by this session",
-                                    key=taken.key)
 
     def _drop_shared(self, handle: SharedSessionLock) -> None:
         """Give up a shared connection whose lock is lost or in doubt: the thread's next
