@@ -28,7 +28,6 @@ import psycopg2.extensions
 import sqlalchemy
 from sqlalchemy import event, make_url
 from sqlalchemy.engine import Engine
-from sqlalchemy.pool import NullPool
 
 from resilience.connections import ProcessLocal, translate_store_error, wrap_store_errors
 from resilience.prepared import PreparedStatement
@@ -38,9 +37,8 @@ from resilience.prepared import PreparedStatement
 TCP_USER_TIMEOUT_MS = 10_000
 #: Client-side TCP settings of every PostgreSQL connection the library opens (libpq
 #: parameters, nothing sent to the server, so poolers accept them): a partition surfaces
-#: as a connection error within ~10 s (unacknowledged data or unanswered keepalive probes
-#: for `tcp_user_timeout` ms end the connection) instead of a call that hangs until the
-#: task's hard time limit. A guard then applies its store-down policy.
+#: as a connection error within ~10 s, and a guard applies its store-down policy, instead
+#: of a call that hangs until the task's hard time limit.
 PG_CLIENT_TCP: dict[str, int] = {
     "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
     "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
@@ -132,20 +130,15 @@ def connect(database_url: str, *, connect_timeout_seconds: float,
     return connection
 
 
-def engine(database_url: str, *, connect_timeout_seconds: float, server_tcp: bool,
-           pooled: bool = True) -> Engine:
-    """A SQLAlchemy engine with the client TCP bounds; with `server_tcp` (a direct URL, no
-    pooler in between) `PG_SERVER_TCP` once per new connection. Pooled: five connections
-    (five more on demand), pinged at checkout; else none kept (`NullPool`). Each
-    transaction begun on a connection carrying `GUARD_BOUND_OPTION` first runs its
-    `SET LOCAL` bounds (`Stores.guard_engine`)."""
-    options: dict[str, Any] = (
-        {"pool_pre_ping": True, "pool_size": 5, "max_overflow": 5} if pooled
-        else {"poolclass": NullPool})
+def engine(database_url: str, *, connect_timeout_seconds: float, server_tcp: bool) -> Engine:
+    """A SQLAlchemy engine with the client TCP bounds: five connections (five more on
+    demand), pinged at checkout; with `server_tcp` (a direct URL, no pooler in between)
+    `PG_SERVER_TCP` once per new connection. Each transaction begun on a connection carrying
+    `GUARD_BOUND_OPTION` first runs its `SET LOCAL` bounds (`Stores.guard_engine`)."""
     created = sqlalchemy.create_engine(
         database_url,
         connect_args={"connect_timeout": int(max(1, connect_timeout_seconds)), **PG_CLIENT_TCP},
-        **options)
+        pool_pre_ping=True, pool_size=5, max_overflow=5)
     if server_tcp:
         @event.listens_for(created, "connect")
         def _server_keepalives(dbapi_connection: Any, _record: Any) -> None:

@@ -1,28 +1,19 @@
 """PostgreSQL backend of the idempotency guard: each decision is one SQL statement.
 
-Round trips on the happy path: one for the claim, one for the completion. The claim is an
-`INSERT ... ON CONFLICT DO UPDATE ... WHERE <takeover allowed> RETURNING attempt` in
-autocommit; when it claims nothing (the key is someone else's) a second statement reads
-the row in the way ("done": replay; "running elsewhere": defer), so only duplicates that
-reach PostgreSQL pay for reading a row. The completion is one `UPDATE` by primary key that
-changes no indexed column, so PostgreSQL writes it as a HOT update (no index entry; see
-`resilience.idempotency.models`). Each worker thread keeps one autocommit
-connection (`resilience.connections.postgres.StatementRunner`), so no statement pays for a
-pool checkout, a `SELECT 1`, a `BEGIN` or a `COMMIT` of its own.
+Happy path: one round trip for the claim (`INSERT ... ON CONFLICT DO UPDATE ... WHERE
+<takeover allowed> RETURNING attempt`, autocommit), one for the completion (an `UPDATE` by
+primary key changing no indexed column: a HOT update, see `resilience.idempotency.models`).
+Only a claim that claims nothing pays a second statement, reading the row in the way. Each
+worker thread keeps one autocommit connection (`StatementRunner`): no pool checkout,
+`SELECT 1`, `BEGIN` or `COMMIT` per statement. Transactional mode (`begin()`) is the
+exception: the body's writes and the completion share one transaction on a pooled
+connection (`PostgresTransaction`), committed while every lock the call holds is owned.
 
-Transactional mode (`begin()`) is the exception: the body's writes and the record's
-completion share one transaction on a pooled connection (`PostgresTransaction`), committed
-by the guard while every lock the call holds is still owned.
-
-Behind PgBouncer in transaction mode (`Stores.pool_mode`): every statement is its own
-transaction, so each may run on another server connection. Nothing here relies on session
-state there: `synchronous_commit=off` is set per statement (`SET LOCAL`, sent in the same
-query string as the write: no round trip of its own), and SQL-level prepared statements,
-which belong to one server session, are turned off (`backend_for`). Without a pooler the
-setting is sent once per connection instead (a `SET LOCAL` per write cost ~25 µs of parse
-and execution each). The thread's connection is
-then a client connection to PgBouncer, which multiplexes them over its server pool;
-without a pooler it is one PostgreSQL backend per worker thread, held for the thread's life.
+Behind a transaction pooler (`Stores.transaction_pooled`) no session state holds from one
+statement to the next: `synchronous_commit=off` is sent per statement (`SET LOCAL`, in the
+write's query string) and prepared statements are off (`backend_for`); without a pooler it
+is set once per connection (a `SET LOCAL` per write cost ~25 µs). See docs/idempotency.md
+("How a call goes").
 
 Race timeline the claim is written for (insert first, never check-then-act)::
 
@@ -32,9 +23,6 @@ Race timeline the claim is written for (insert first, never check-then-act)::
     A: killed; lease expires
     C: INSERT ... ON CONFLICT          -> conflict, lease expired: attempt 2, owner c
     A': (a paused A wakes up) UPDATE ... WHERE attempt = 1 AND lease_owner = 'a' -> 0 rows
-
-Every native error leaves as `StoreUnavailable`, `StoreRejected` or `StorageError`
-(`resilience.connections.translate_store_error`).
 """
 
 from __future__ import annotations
@@ -49,7 +37,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from resilience.connections import StoreBackend, translate_store_error
-from resilience.connections.postgres import HeldConnection, StatementRunner
+from resilience.connections.postgres import ASYNCHRONOUS_COMMIT, HeldConnection, StatementRunner
 from resilience.errors import ConfigurationError, StorageError, StoreUnavailable
 from resilience.holders import Holder
 from resilience.idempotency.backends import (
@@ -80,14 +68,11 @@ _COLUMNS = (
     "EXTRACT(EPOCH FROM (expires_at - now()))::float8 AS expires_in"
 )
 
-# The claim: one plain `INSERT ... ON CONFLICT DO UPDATE ... WHERE <takeover allowed>` that
-# returns only the attempt it claimed, and nothing when the key is someone else's; then
-# READ_SQL (a second round trip, for duplicates only) reads the row in the way. Fresh
-# claims are most calls: answering a duplicate in the same statement (a CTE with a UNION
-# ALL branch reading the row, every column returned) cost each fresh claim ~15 µs of
-# server CPU and the client the parsing of nine columns (docs/idempotency.md).
-# The claim sets `expires_at` to cover the lease and the TTL, so a completion within the
-# lease leaves it as it is (COMPLETE_SQL: `GREATEST`) and changes no indexed column.
+# The claim returns only the attempt it claimed, nothing when the key is someone else's;
+# READ_SQL (duplicates only) then reads the row in the way: answering a duplicate in the same
+# statement cost every fresh claim ~15 µs of server CPU (docs/idempotency.md). `expires_at`
+# covers the lease and the TTL, so a completion within the lease leaves it as it is
+# (COMPLETE_SQL: `GREATEST`) and changes no indexed column.
 CLAIM_SQL = f"""
 INSERT INTO {TABLE_NAME} AS r
     (task_name, key, fingerprint, state, attempt, lease_owner, lease_expires_at,
@@ -236,9 +221,6 @@ def _database_errors(action: str) -> Iterator[None]:
         raise wrap_database_error(exc, action) from exc
 
 
-#: Prepended to a write when `synchronous_commit` is off behind a transaction pooler:
-#: applies to the statement's own (implicit) transaction only.
-ASYNCHRONOUS_COMMIT = "SET LOCAL synchronous_commit = off; "
 #: Without a pooler: prepended once, when a connection's session is not in the mode wanted.
 SESSION_ASYNCHRONOUS_COMMIT = "SET synchronous_commit = off; "
 SESSION_DEFAULT_COMMIT = "SET synchronous_commit TO DEFAULT; "
