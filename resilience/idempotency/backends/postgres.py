@@ -257,19 +257,15 @@ class PostgresTransaction:
         # rollback_only: the body's session.commit() only flushes into this transaction;
         # the guard commits it together with the record's completion.
         self.session = Session(
-            bind=self._connection, join_transaction_mode="rollback_only", expire_on_commit=False
-        )
+            bind=self._connection, join_transaction_mode="rollback_only", expire_on_commit=False)
 
     def complete(self, claim: Claim | None, result_json: str, ttl_seconds: float) -> bool:
         with _database_errors("commit"):
             self.session.flush()
             if claim is None:
                 return True
-            parameters = {
-                **claim.parameters(),
-                "result": result_json,
-                "ttl_seconds": float(ttl_seconds),
-            }
+            parameters = {**claim.parameters(), "result": result_json,
+                          "ttl_seconds": float(ttl_seconds)}
             return self._connection.exec_driver_sql(COMPLETE_SQL, parameters).rowcount == 1
 
     def commit(self) -> None:
@@ -307,16 +303,10 @@ class PostgresIdempotencyBackend(StoreBackend):
 
     store_operation = "idempotency store"
 
-    def __init__(
-        self,
-        runner: StatementRunner,
-        *,
-        prepared: bool = True,
-        transaction_engine: Engine | Callable[[], Engine] | None = None,
-        synchronous_commit: bool = True,
-        transaction_pooled: bool = False,
-        transactions: Callable[[], Transaction] | None = None,
-    ) -> None:
+    def __init__(self, runner: StatementRunner, *, prepared: bool = True,
+                 transaction_engine: Engine | Callable[[], Engine] | None = None,
+                 synchronous_commit: bool = True, transaction_pooled: bool = False,
+                 transactions: Callable[[], Transaction] | None = None) -> None:
         self.runner = runner
         self._transactions = transactions
         self.prepared = prepared
@@ -364,31 +354,16 @@ class PostgresIdempotencyBackend(StoreBackend):
         self._execute(PING, {}, "ping")
 
     # -- the guard's steps -----------------------------------------------------------------
-    def claim(
-        self,
-        *,
-        task_name: str,
-        key: str,
-        fingerprint: str,
-        owner: str,
-        task_id: str | None,
-        lease_seconds: float,
-        ttl_seconds: float,
-    ) -> ClaimResult:
+    def claim(self, *, task_name: str, key: str, fingerprint: str, owner: str,
+              task_id: str | None, lease_seconds: float, ttl_seconds: float) -> ClaimResult:
         """Claim `key` for `owner`, or return the record that stands in the way.
 
         Raises:
             StoreUnavailable, StoreRejected, StorageError.
         """
-        parameters = {
-            "task_name": task_name,
-            "key": key,
-            "fingerprint": fingerprint,
-            "owner": owner,
-            "task_id": task_id,
-            "lease_seconds": float(lease_seconds),
-            "ttl_seconds": float(ttl_seconds),
-        }
+        parameters = {"task_name": task_name, "key": key, "fingerprint": fingerprint,
+                      "owner": owner, "task_id": task_id, "lease_seconds": float(lease_seconds),
+                      "ttl_seconds": float(ttl_seconds)}
         for _ in (1, 2):
             claimed = self._execute(CLAIM, parameters, "claim", write=True, named=False,
                                     fixed=_CLAIM_FIXED)
@@ -397,31 +372,19 @@ class PostgresIdempotencyBackend(StoreBackend):
                 attempt = int(claimed[0][0])
                 return ClaimResult(
                     claim=Claim(task_name=task_name, key=key, attempt=attempt, owner=owner),
-                    attempt=attempt,
-                    state=IN_PROGRESS,
-                    fingerprint=fingerprint,
-                    result=None,
-                    error=None,
-                    task_id=task_id,
-                    lease_owner=owner,
+                    attempt=attempt, state=IN_PROGRESS, fingerprint=fingerprint, result=None,
+                    error=None, task_id=task_id, lease_owner=owner,
                     lease_remaining_seconds=float(lease_seconds),
-                    expires_in_seconds=float(lease_seconds) + float(ttl_seconds),
-                )
+                    expires_in_seconds=float(lease_seconds) + float(ttl_seconds))
             rows = self._execute(READ, parameters, "claim (read)")
             if rows:
                 row = rows[0]
                 return ClaimResult(
-                    claim=None,
-                    attempt=int(row.attempt),
-                    state=row.state,
-                    fingerprint=row.fingerprint,
-                    result=row.result,
-                    error=row.error,
-                    task_id=row.task_id,
-                    lease_owner=row.lease_owner,
+                    claim=None, attempt=int(row.attempt), state=row.state,
+                    fingerprint=row.fingerprint, result=row.result, error=row.error,
+                    task_id=row.task_id, lease_owner=row.lease_owner,
                     lease_remaining_seconds=row.lease_remaining,
-                    expires_in_seconds=float(row.expires_in or 0.0),
-                )
+                    expires_in_seconds=float(row.expires_in or 0.0))
             # Deleted between the two statements (a purge, cleanup): claim again.
         raise StorageError(f"idempotency store: claim of {task_name}:{key} found no row")
 
@@ -431,21 +394,15 @@ class PostgresIdempotencyBackend(StoreBackend):
         The call's last commit: what waits to ride on it (a singleton's release held on
         this thread's connection, freed at this commit) goes in the same round trip.
         """
-        parameters = {
-            **claim.parameters(),
-            "result": result_json,
-            "ttl_seconds": float(ttl_seconds),
-        }
+        parameters = {**claim.parameters(), "result": result_json,
+                      "ttl_seconds": float(ttl_seconds)}
         return self._execute(COMPLETE, parameters, "complete", write=True,
                              fixed=_COMPLETE_FIXED, lead=True) == 1
 
     def fail(self, claim: Claim, error: str, ttl_seconds: float) -> bool:
         """Record a non-retryable failure; False when the claim was taken over."""
-        parameters = {
-            **claim.parameters(),
-            "error": error[:4000],
-            "ttl_seconds": float(ttl_seconds),
-        }
+        parameters = {**claim.parameters(), "error": error[:4000],
+                      "ttl_seconds": float(ttl_seconds)}
         return self._execute(FAIL, parameters, "fail", write=True) == 1
 
     def release(self, claim: Claim) -> bool:
@@ -464,8 +421,7 @@ class PostgresIdempotencyBackend(StoreBackend):
         engine = self._transaction_engine
         if engine is None:
             raise ConfigurationError(
-                "this idempotency backend has no transaction_engine; transactional=True needs one"
-            )
+                "this idempotency backend has no transaction_engine; transactional=True needs one")
         return PostgresTransaction(engine() if callable(engine) else engine)
 
     def unavailable(self, error: BaseException) -> bool:
@@ -473,20 +429,17 @@ class PostgresIdempotencyBackend(StoreBackend):
         if isinstance(error, StoreUnavailable):
             return True
         return isinstance(error, DBAPIError) and isinstance(
-            wrap_database_error(error, "body"), StoreUnavailable
-        )
+            wrap_database_error(error, "body"), StoreUnavailable)
 
     # -- the operator's side ---------------------------------------------------------------
     def read(self, task_name: str, key: str) -> Record | None:
         rows = self._execute(FIND, {"task_name": task_name, "key": key}, "read")
         return Record(**rows[0]) if rows else None
 
-    def recent(
-        self, *, limit: int, task_name: str | None = None, state: str | None = None
-    ) -> list[Record]:
+    def recent(self, *, limit: int, task_name: str | None = None,
+               state: str | None = None) -> list[Record]:
         rows = self._execute(
-            RECENT, {"task_name": task_name, "state": state, "limit": int(limit)}, "read"
-        )
+            RECENT, {"task_name": task_name, "state": state, "limit": int(limit)}, "read")
         return [Record(**row) for row in rows]
 
     def purge(self, task_name: str, key: str, *, force: bool = False) -> bool:
@@ -529,22 +482,14 @@ class PostgresIdempotencyBackend(StoreBackend):
 
     def holders(self, *, limit: int) -> list[Holder]:
         rows = self._execute(HOLDERS, {"limit": int(limit)}, "holders")
-        return [
-            Holder(
-                kind=HOLDER_KIND,
-                key=f"{row.task_name}:{row.key}",
-                owner=row.task_id or row.lease_owner,
-                token=int(row.attempt),
-                held_seconds=max(0.0, float(row.held_seconds)),
-                alive=bool(row.alive),
-            )
-            for row in rows
-        ]
+        return [Holder(kind=HOLDER_KIND, key=f"{row.task_name}:{row.key}",
+                       owner=row.task_id or row.lease_owner, token=int(row.attempt),
+                       held_seconds=max(0.0, float(row.held_seconds)), alive=bool(row.alive))
+                for row in rows]
 
 
-def backend_for(
-    stores: Stores, *, synchronous_commit: bool = True, prepared: bool = True
-) -> PostgresIdempotencyBackend:
+def backend_for(stores: Stores, *, synchronous_commit: bool = True,
+                prepared: bool = True) -> PostgresIdempotencyBackend:
     """The PostgreSQL idempotency backend of `stores`, for this process; transactional
     bodies write through `stores.engine()`.
 
@@ -554,10 +499,6 @@ def backend_for(
     statement pooler (`Stores.transaction_pooled`): they would not survive it.
     """
     return PostgresIdempotencyBackend(
-        stores.statements(),
-        prepared=prepared and not stores.transaction_pooled,
-        transaction_engine=stores.engine,
-        synchronous_commit=synchronous_commit,
-        transaction_pooled=stores.transaction_pooled,
-        transactions=stores.begin_transaction(),
-    )
+        stores.statements(), prepared=prepared and not stores.transaction_pooled,
+        transaction_engine=stores.engine, synchronous_commit=synchronous_commit,
+        transaction_pooled=stores.transaction_pooled, transactions=stores.begin_transaction())
