@@ -43,26 +43,20 @@ class SettingsError(ConfigurationError):
 
 
 class TierSettings(BaseModel):
-    """Worker and admission settings of one tier."""
+    """Worker and admission settings of one tier (the README's configuration table)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    concurrency: int = Field(ge=1, le=512, description="worker processes serving the tier")
-    prefetch_multiplier: int = Field(ge=1, le=128, description="messages reserved per process")
-    soft_time_limit_seconds: float = Field(gt=0, description="SoftTimeLimitExceeded raised")
-    hard_time_limit_seconds: float = Field(gt=0, description="worker process killed")
-    max_queue_depth: int = Field(ge=1, description="bulkhead: most messages waiting")
-    rejection_policy: RejectionPolicy = Field(description="what a full tier does")
-    wait_timeout_seconds: float = Field(ge=0, description="policy wait: longest block")
-    deadline_seconds: float | None = Field(
-        gt=0, description="jobs not started this long after enqueue are shed; unset: never"
-    )
-    shed_queue_depth: int | None = Field(
-        ge=1, description="beyond this depth the deadline shrinks; unset: half max depth"
-    )
-    shed_deadline_factor: float = Field(
-        gt=0, le=1, description="fraction of the deadline kept beyond shed_queue_depth"
-    )
+    concurrency: int = Field(ge=1, le=512)
+    prefetch_multiplier: int = Field(ge=1, le=128)
+    soft_time_limit_seconds: float = Field(gt=0)
+    hard_time_limit_seconds: float = Field(gt=0)
+    max_queue_depth: int = Field(ge=1)
+    rejection_policy: RejectionPolicy
+    wait_timeout_seconds: float = Field(ge=0)
+    deadline_seconds: float | None = Field(gt=0)  # unset: never shed
+    shed_queue_depth: int | None = Field(ge=1)  # unset: half max_queue_depth
+    shed_deadline_factor: float = Field(gt=0, le=1)
 
     @model_validator(mode="after")
     def _soft_below_hard(self) -> TierSettings:
@@ -117,12 +111,6 @@ def _aliased(variable: str, **field: Any) -> Any:
     return Field(validation_alias=choices, **field)
 
 
-def _split(value: Any) -> Any:
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    return value
-
-
 class Settings(BaseSettings):
     """All platform settings; see the README's configuration table."""
 
@@ -134,79 +122,34 @@ class Settings(BaseSettings):
         populate_by_name=True,
     )
 
-    redis_url: str | None = _aliased(
-        "REDIS_URL", description="shared guard state and results; unset: embedded Redis")
-    database_url: str | None = _aliased(
-        "DATABASE_URL", description="PostgreSQL for durable state; unset: embedded PostgreSQL")
-    broker_url: str | None = _aliased(
-        "BROKER_URL", description="Celery broker (redis:// or amqp://); unset: the Redis URL")
-    locks_database_url: str | None = _aliased(
-        "LOCKS_DATABASE_URL",
-        description="PostgreSQL reached directly for advisory locks (singletons, beat) when "
-                    "DATABASE_URL is a transaction-mode PgBouncer; unset: DATABASE_URL",
-    )
-    result_backend_url: str | None = _aliased(
-        "RESULT_BACKEND_URL",
-        description="Celery result backend; unset: the Redis URL (or the broker's Redis when "
-                    "the guard Redis is a Sentinel or Cluster URL)",
-    )
-    redlock_urls: CommaList = _aliased(
-        "REDLOCK_URLS", default_factory=list,
-        description="comma list of independent Redis nodes; unset: 3 embedded nodes",
-    )
-    visibility_timeout_seconds: int = Field(
-        3600, ge=10, description="Redis broker: unacked message redelivered after this"
-    )
-    max_countdown_seconds: float = Field(
-        600, gt=0, description="longest retry/deferral delay; ETA messages stay unacked"
-    )
-    accept_content: CommaList = Field(
-        default_factory=lambda: ["json"], description="accepted serializers: json only"
-    )
-    max_payload_bytes: int = Field(256 * 1024, ge=1024, description="largest argument payload")
-    imports: CommaList = Field(default_factory=list, description="extra task modules to load")
-    data_dir: Path = Field(Path(".data"), description="embedded services' data and logs")
+    redis_url: str | None = _aliased("REDIS_URL")  # unset: embedded Redis
+    database_url: str | None = _aliased("DATABASE_URL")  # unset: embedded PostgreSQL
+    broker_url: str | None = _aliased("BROKER_URL")  # unset: the Redis URL
+    locks_database_url: str | None = _aliased("LOCKS_DATABASE_URL")  # unset: DATABASE_URL
+    result_backend_url: str | None = _aliased("RESULT_BACKEND_URL")
+    redlock_urls: CommaList = _aliased("REDLOCK_URLS", default_factory=list)
+    visibility_timeout_seconds: int = Field(3600, ge=10)
+    max_countdown_seconds: float = Field(600, gt=0)
+    accept_content: CommaList = Field(default_factory=lambda: ["json"])
+    max_payload_bytes: int = Field(256 * 1024, ge=1024)
+    imports: CommaList = Field(default_factory=list)
+    data_dir: Path = Path(".data")
     embedded_redis_port: int = Field(16379, ge=1, le=65535)
     embedded_postgres_port: int = Field(15432, ge=1, le=65535)
-    embedded_redlock_ports: CommaList = Field(
-        default_factory=lambda: ["16380", "16381", "16382"]
-    )
-    flower_address: str = Field("127.0.0.1", description="Flower bind address")
+    embedded_redlock_ports: CommaList = Field(default_factory=lambda: ["16380", "16381", "16382"])
+    flower_address: str = "127.0.0.1"
     flower_port: int = Field(5555, ge=1, le=65535)
-    flower_basic_auth: SecretStr | None = _aliased(
-        "FLOWER_BASIC_AUTH",
-        description="user:password (comma list of pairs); required beyond loopback")
-    max_deliveries: int = Field(
-        3, ge=1, description="deliveries that never returned before a job is dead-lettered"
-    )
-    dead_letter_replay_closed_seconds: float | None = Field(
-        None, gt=0,
-        description="replay dead letters of a breaker once it stayed closed this long; "
-                    "unset: no automatic replay",
-    )
-    dead_letter_replay_rate: str = Field(
-        "10/second", description="pace of automatic dead-letter replay across the fleet"
-    )
-    pg_pool_mode: Literal["none", "session", "transaction", "statement"] = Field(
-        "none", description="PgBouncer pool mode in front of DATABASE_URL, if any"
-    )
-    metrics_port: int = Field(9808, ge=1, le=65535, description="Prometheus /metrics port")
-    worker_stall_seconds: float = Field(
-        60, ge=0,
-        description="a worker with a backlog and free slots that took nothing this long "
-                    "reconnects its consumer, then exits if that does not help; 0: off",
-    )
-    vendor_url: str | None = Field(
-        None,
-        description="payment vendor the example charge calls; unset: the simulated vendor",
-    )
-    vendor_port: int = Field(
-        18090, ge=1, le=65535, description="port of the simulated vendor (on 127.0.0.1)"
-    )
+    flower_basic_auth: SecretStr | None = _aliased("FLOWER_BASIC_AUTH")  # user:password,...
+    max_deliveries: int = Field(3, ge=1)
+    dead_letter_replay_closed_seconds: float | None = Field(None, gt=0)  # unset: no replay
+    dead_letter_replay_rate: str = "10/second"
+    pg_pool_mode: Literal["none", "session", "transaction", "statement"] = "none"
+    metrics_port: int = Field(9808, ge=1, le=65535)
+    worker_stall_seconds: float = Field(60, ge=0)  # 0: off
+    vendor_url: str | None = None  # unset: the simulated vendor
+    vendor_port: int = Field(18090, ge=1, le=65535)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    log_format: Literal["logfmt", "json", "text"] = Field(
-        "logfmt", description="worker log lines: logfmt, json or Celery's text"
-    )
+    log_format: Literal["logfmt", "json", "text"] = "logfmt"
 
     critical: TierSettings
     standard: TierSettings
@@ -221,15 +164,17 @@ class Settings(BaseSettings):
                                for tier in TIERS if not isinstance(data.get(tier), TierSettings)}}
         return data
 
-    @field_validator("redlock_urls", "accept_content", "imports", mode="before")
+    @field_validator("redlock_urls", "accept_content", "imports", "embedded_redlock_ports",
+                     mode="before")
     @classmethod
     def _comma_list(cls, value: Any) -> Any:
-        return _split(value)
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
-    @field_validator("embedded_redlock_ports", mode="before")
+    @field_validator("embedded_redlock_ports")
     @classmethod
-    def _ports(cls, value: Any) -> Any:
-        ports = _split(value)
+    def _ports(cls, ports: list[str]) -> list[str]:
         for port in ports:
             if not str(port).isdigit():
                 raise ValueError(f"ports must be numbers, got {port!r}")
@@ -380,47 +325,31 @@ class Settings(BaseSettings):
 
 def is_loopback(address: str) -> bool:
     """Whether `address` (an IP or `localhost`) is this machine's loopback."""
-    if address == "localhost":
-        return True
     try:
-        return ipaddress.ip_address(address).is_loopback
+        return address == "localhost" or ipaddress.ip_address(address).is_loopback
     except ValueError:
         return False
 
 
-def _variable_set(head: str, overrides: dict[str, Any]) -> str | None:
-    """The environment variable the field named `head` was read from, if it has aliases.
+def _env_name(location: tuple[Any, ...], overrides: dict[str, Any]) -> str:
+    """The environment variable to change for the error at `location`.
 
-    Errors locate an aliased field by its first alias (JOBS_REDIS_URL) even when the value
-    came from another (REDIS_URL); pydantic-settings reads the first alias present,
-    ignoring case, so the same search finds the variable the user actually set.
+    An aliased field is named by the variable the user set (REDIS_URL or JOBS_REDIS_URL):
+    pydantic-settings reads the first alias present, ignoring case, and so does this search.
     """
-    for name, field in Settings.model_fields.items():
-        alias = field.validation_alias
-        if not isinstance(alias, AliasChoices):
-            continue
-        choices = [choice for choice in alias.choices if isinstance(choice, str)]
-        if head != name and head not in choices:
-            continue
-        if overrides.keys() & {name, *choices}:
-            return None  # given in code, not read from the environment
-        environ = {key.lower(): key for key in os.environ}
-        for choice in choices:
-            if choice.lower() in environ:
-                return environ[choice.lower()]
-    return None
-
-
-def _env_name(location: tuple[Any, ...], overrides: dict[str, Any] | None = None) -> str:
     if not location:
         return "the configuration"
-    variable = _variable_set(str(location[0]), overrides or {})
-    if variable is not None:
-        return variable
+    head = str(location[0])
+    for name, field in Settings.model_fields.items():
+        choices = getattr(field.validation_alias, "choices", [])
+        if head in (name, *choices) and not overrides.keys() & {name, *choices}:
+            environ = {key.lower(): key for key in os.environ}
+            for choice in choices:
+                if choice.lower() in environ:
+                    return environ[choice.lower()]
     parts = [str(part).upper() for part in location if not str(part).isdigit()]
-    if parts[0] in ("REDIS_URL", "DATABASE_URL", "BROKER_URL", "REDLOCK_URLS"):
-        return parts[0]
-    if parts[0].startswith("JOBS_"):
+    if parts[0].startswith("JOBS_") or parts[0] in ("REDIS_URL", "DATABASE_URL", "BROKER_URL",
+                                                    "REDLOCK_URLS"):
         return parts[0]
     return "JOBS_" + "__".join(parts)
 
