@@ -98,11 +98,8 @@ def connect_arguments(database_url: str) -> dict[str, Any]:
     """psycopg2 keyword arguments of a SQLAlchemy/libpq URL."""
     url = make_url(database_url)
     arguments: dict[str, Any] = {
-        "host": url.host or "127.0.0.1",
-        "port": url.port or 5432,
-        "user": url.username or "postgres",
-        "dbname": url.database or "postgres",
-    }
+        "host": url.host or "127.0.0.1", "port": url.port or 5432,
+        "user": url.username or "postgres", "dbname": url.database or "postgres"}
     if url.password:
         arguments["password"] = url.password
     arguments.update({k: v for k, v in url.query.items() if isinstance(v, str)})

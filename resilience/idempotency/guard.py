@@ -150,15 +150,12 @@ class IdempotencyGuard(Guard):
         time_limit = task.time_limit or task.app.conf.task_time_limit
         if self.config.lease_seconds is None:
             self.lease_seconds = (
-                float(time_limit) + LEASE_MARGIN_SECONDS if time_limit else DEFAULT_LEASE_SECONDS
-            )
+                float(time_limit) + LEASE_MARGIN_SECONDS if time_limit else DEFAULT_LEASE_SECONDS)
         elif time_limit and not self.config.transactional and self.lease_seconds < time_limit:
             raise ConfigurationError(
                 f"{task.name}: lease_seconds={self.lease_seconds:g} is shorter than the hard "
                 f"time limit ({time_limit:g}s): a slow but live holder would be overtaken and "
-                "the effect could happen twice; raise it or use transactional=True",
-                task=task.name,
-            )
+                "the effect could happen twice; raise it or use transactional=True", task=task.name)
 
     @property
     def backend(self) -> CachedBackend:
@@ -254,20 +251,16 @@ class IdempotencyGuard(Guard):
         raise IdempotencyKeyReused(
             f"{self.task_name}: idempotency key {key.value!r} was already used with different "
             "arguments; use a new key for a new request (HTTP 422 semantics)",
-            key=key.value,
-            task=self.task_name,
-        )
+            key=key.value, task=self.task_name)
 
     def _replay(self, call: Call, key: GuardKey, found: ClaimResult) -> None:
         call.count(Outcome.REPLAYED, guard=GUARD_NAME)
         source = "cache" if isinstance(found, CacheHit) else "database"
         raise Stop(
-            Outcome.REPLAYED,
-            guard=GUARD_NAME,
+            Outcome.REPLAYED, guard=GUARD_NAME,
             reason=f"key {key.value!r} already succeeded in task {found.task_id}",
             result=revive(found.result),
-            details={"key": key.value, "original_task_id": found.task_id, "source": source},
-        )
+            details={"key": key.value, "original_task_id": found.task_id, "source": source})
 
     def _store_down(self, call: Call, taken: _Taken, error: StorageError,
                     policy: StoreDown | None = None) -> None:
@@ -507,13 +500,8 @@ class IdempotencyKeyGuard(EnqueueGuard):
         self.guard.key_for(publish.args, publish.kwargs)
 
 
-def idempotent(
-    key: KeyOption | IdempotencyConfig = None,
-    /,
-    *,
-    backend: BackendOption = None,
-    **overrides: Any,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def idempotent(key: KeyOption | IdempotencyConfig = None, /, *, backend: BackendOption = None,
+               **overrides: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Make a task idempotent: one effect and one result per key within `ttl_seconds`.
 
     Place it under `@app.task(...)`. `key` is the key option, or an `IdempotencyConfig`

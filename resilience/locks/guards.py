@@ -263,13 +263,10 @@ class LockGuard(Guard):
         outcome = Outcome.SKIPPED if self.policy_of(call) == "skip" else Outcome.DEFERRED
         call.count(outcome, guard=self.name)
         raise Stop(
-            outcome,
-            guard=self.name,
+            outcome, guard=self.name,
             reason=f"{self.kind} lock {key.full!r} is held by another run",
             retry_after_seconds=self.options.defer_seconds if outcome is Outcome.DEFERRED
-            else None,
-            details=details,
-        )
+            else None, details=details)
 
     def _store_failed(self, call: Call, key: GuardKey, exc: StorageError) -> None:
         store_failed(call, exc, guard=self.name, policy=self.options.on_store_down,
@@ -359,9 +356,7 @@ class ExclusiveGuard(LockGuard):
                 f"{task.name}: exclusive lease can last at most "
                 f"{self.options.longest_hold_seconds:g}s (ttl_seconds with heartbeat renewals) "
                 f"but the task's time limit is {time_limit}s: the lock would expire while the "
-                "body still runs; raise ttl_seconds or max_extensions",
-                task=task.name,
-            )
+                "body still runs; raise ttl_seconds or max_extensions", task=task.name)
 
     def default_backend(self, task: Task) -> LockBackend:
         """This process's Redlock backend for the nodes (rebuilt after fork or change);
@@ -381,8 +376,7 @@ class ExclusiveGuard(LockGuard):
                               options=self.options.redlock_options),
             registry=HeldLockRegistry(stores.guard_engine),
             tokens=FencingTokens(stores.guard_engine()) if self.options.fencing else None,
-            ttl_seconds=self.options.ttl_seconds,
-        )
+            ttl_seconds=self.options.ttl_seconds)
 
     def _heartbeat(self, backend: LockBackend, taken: Taken) -> Heartbeat | None:
         if taken.lease is None:

@@ -119,17 +119,8 @@ class ResultCache:
         except (ValueError, KeyError, TypeError):
             return None
 
-    def put_later(
-        self,
-        rounds: Rounds,
-        task_name: str,
-        key: str,
-        *,
-        fingerprint: str,
-        result_json: str,
-        task_id: str | None,
-        ttl_seconds: float,
-    ) -> None:
+    def put_later(self, rounds: Rounds, task_name: str, key: str, *, fingerprint: str,
+                  result_json: str, task_id: str | None, ttl_seconds: float) -> None:
         """Cache a succeeded record for `ttl_seconds` (never more than the record has left),
         queued in the call's write round with its other after-run writes."""
 

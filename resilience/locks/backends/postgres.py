@@ -232,15 +232,8 @@ class AdvisorySession:
         StoreUnavailable: PostgreSQL cannot be reached.
     """
 
-    def __init__(
-        self,
-        database_url: str,
-        *,
-        label: str = "",
-        pool_mode: str | None = None,
-        connect_timeout_seconds: float = 5,
-        synchronous_commit: bool = True,
-    ) -> None:
+    def __init__(self, database_url: str, *, label: str = "", pool_mode: str | None = None,
+                 connect_timeout_seconds: float = 5, synchronous_commit: bool = True) -> None:
         mode = (pool_mode or "").strip().lower()
         if mode in UNSAFE_POOL_MODES:
             raise ConfigurationError(
@@ -248,9 +241,7 @@ class AdvisorySession:
                 f"pooler in {mode} pooling mode (PgBouncer): the lock would be taken on one "
                 "backend and checked or released on another. Set LOCKS_DATABASE_URL "
                 "(Stores(locks_database_url=...)) to PostgreSQL reached directly, or point "
-                "the singleton guard at a session-mode pool.",
-                pool_mode=mode,
-            )
+                "the singleton guard at a session-mode pool.", pool_mode=mode)
         #: One statement at a time: the watcher's probes and the holder's release may come
         #: from two threads, and a psycopg2 connection must not run two at once.
         self.lock = threading.Lock()
