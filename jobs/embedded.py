@@ -61,25 +61,9 @@ def redis_command(port: int, data_dir: Path, *, persist: bool = True) -> list[st
               else ["--appendonly", "no"])]
 
 
-def _postgres_user() -> pwd.struct_passwd | None:
-    """The system user PostgreSQL runs as: None for a non-root user (runs as itself)."""
-    if os.geteuid() != 0:
-        return None
-    postgres_bin_dir()  # imports pgserver quietly
-    from pgserver.utils import ensure_user_exists
-
-    return ensure_user_exists(POSTGRES_SYSTEM_USER)
-
-
 def _demote(user: pwd.struct_passwd | None) -> Callable[[], None] | None:
-    if user is None:
-        return None
-
-    def switch() -> None:
-        os.setgid(user.pw_gid)
-        os.setuid(user.pw_uid)
-
-    return switch
+    """What a child runs before exec to become `user` (None: stays the current user)."""
+    return None if user is None else lambda: (os.setgid(user.pw_gid), os.setuid(user.pw_uid))
 
 
 def prepare_postgres(data_dir: Path) -> pwd.struct_passwd | None:
@@ -90,11 +74,16 @@ def prepare_postgres(data_dir: Path) -> pwd.struct_passwd | None:
     """
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    user = _postgres_user()
-    if user is not None:
-        from pgserver.utils import ensure_folder_permissions, ensure_prefix_permissions
+    user = None
+    if os.geteuid() == 0:  # PostgreSQL refuses root: it runs as POSTGRES_SYSTEM_USER
+        bin_dir = postgres_bin_dir()  # imports pgserver quietly
+        from pgserver.utils import (
+            ensure_folder_permissions,
+            ensure_prefix_permissions,
+            ensure_user_exists,
+        )
 
-        bin_dir = postgres_bin_dir()
+        user = ensure_user_exists(POSTGRES_SYSTEM_USER)
         ensure_prefix_permissions(data_dir)
         ensure_prefix_permissions(bin_dir)
         ensure_folder_permissions(bin_dir.parent, 0o755)
@@ -198,14 +187,12 @@ class EmbeddedProcess:
         return self.process.pid
 
     def stop(self, timeout_seconds: float = 10) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout_seconds)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(5)
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout_seconds)
+            except subprocess.TimeoutExpired:
+                self.kill()
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
