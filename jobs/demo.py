@@ -401,8 +401,7 @@ def run_story(app: Any, *, options: DemoOptions, console: Console) -> bool:
 
 
 def _outcome(result: Any) -> str:
-    """What happened to one finished job: a guard's outcome (from the result's metadata, as
-    a replay answers the first call's value), SUCCEEDED or FAILED."""
+    """A finished job's guard outcome (in the result's metadata), SUCCEEDED or FAILED."""
     if result.state == "FAILURE":
         return "DEAD-LETTERED" if "DEAD-LETTERED" in str(result.result) else "FAILED"
     decision = outcome_of(result)
@@ -410,17 +409,9 @@ def _outcome(result: Any) -> str:
 
 
 def _latencies(sends: Iterable[Sent]) -> list[float]:
-    """Seconds from send to done (the result's `date_done`, written by the worker)."""
-    latencies = []
-    for sent in sends:
-        done = sent.result.date_done
-        if isinstance(done, str):
-            done = dt.datetime.fromisoformat(done)
-        if isinstance(done, dt.datetime):
-            if done.tzinfo is None:
-                done = done.replace(tzinfo=dt.timezone.utc)
-            latencies.append(max(0.0, done.timestamp() - sent.sent_at))
-    return latencies
+    """Seconds from send to done (the result's `date_done`, UTC, written by the worker)."""
+    return [max(0.0, done.replace(tzinfo=done.tzinfo or dt.timezone.utc).timestamp() - s.sent_at)
+            for s in sends if (done := s.result.date_done) is not None]
 
 
 def _ms(values: list[float], pick: Callable[[list[float]], float] = statistics.median) -> str:
@@ -429,23 +420,22 @@ def _ms(values: list[float], pick: Callable[[list[float]], float] = statistics.m
 
 def run_steady(*, rate: float, seconds: float, console: Console) -> None:
     """Enqueue about `rate` jobs per second (70% critical, 20% standard, 10% optional)."""
+    senders: dict[str, Callable[[], Any]] = {
+        "critical": lambda: charge_payment.delay(
+            order_id=f"ord-{uuid.uuid4().hex[:12]}", account=random.choice(ACCOUNTS),
+            amount_cents=random.randint(100, 50_000)),
+        "standard": lambda: build_daily_report.delay(
+            day=(dt.date.today() - dt.timedelta(days=random.randint(0, 6))).isoformat()),
+        "optional": lambda: warm_cache.delay(account=random.choice(ACCOUNTS)),
+    }
     started = time.monotonic()
-    counts = dict.fromkeys(("critical", "standard", "optional", "refused"), 0)
+    counts = dict.fromkeys((*senders, "refused"), 0)
     console.print(f"demo: {rate:g} jobs/s; Ctrl-C to stop")
     try:
         while not seconds or time.monotonic() - started < seconds:
-            roll = random.random()
-            tier = "critical" if roll < 0.7 else "standard" if roll < 0.9 else "optional"
+            tier = random.choices(list(senders), weights=(7, 2, 1))[0]
             try:
-                if tier == "critical":
-                    charge_payment.delay(order_id=f"ord-{uuid.uuid4().hex[:12]}",
-                                         account=random.choice(ACCOUNTS),
-                                         amount_cents=random.randint(100, 50_000))
-                elif tier == "standard":
-                    day = dt.date.today() - dt.timedelta(days=random.randint(0, 6))
-                    build_daily_report.delay(day=day.isoformat())
-                else:
-                    warm_cache.delay(account=random.choice(ACCOUNTS))
+                senders[tier]()
                 counts[tier] += 1
             except ResilienceError as exc:
                 counts["refused"] += 1
@@ -459,11 +449,8 @@ def run_steady(*, rate: float, seconds: float, console: Console) -> None:
 
 
 def ensure_vendor(settings: Any, console: Console) -> Any:
-    """Make sure a payment vendor answers; start the simulated one here if none does.
-
-    `jobs up` runs the vendor; a platform started another way (a test's workers, separate
-    commands) gets one inside this process for the demo's duration. Returns that server
-    (call `shutdown()`), or None when a vendor already answered.
+    """Make sure a payment vendor answers: if none does (a platform not started by `jobs up`),
+    start the simulated one in this process and return it (call `shutdown()`); else None.
 
     Raises:
         DemoError: no vendor answers at `JOBS_VENDOR_URL`, or the simulated vendor's port
