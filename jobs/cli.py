@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jobs.admin.cancel import cancel as cancel_command
-from jobs.admin.status import exit_on, fail, platform_app, platform_source, show
+from jobs.admin.status import act, exit_on, fail, platform_app, platform_source, show
 from jobs.embedded import (
     exec_postgres,
     port_in_use,
@@ -39,7 +39,6 @@ from jobs.settings import Settings, SettingsError, get_settings
 from jobs.tiers import TIERS
 from jobs.vendor import VendorControl, VendorError, serve
 from resilience.errors import ResilienceError
-from resilience.pause import PauseSwitch
 from resilience.pause import view as pause_view
 from resilience.redact import redact, redact_url
 
@@ -422,9 +421,11 @@ def pipeline(
         console.print(table)
 
 
-def _pause_switch() -> PauseSwitch:
+def _pause_form(tier: str | None, task: str | None, **extra: str) -> dict[str, str]:
+    if (tier is None) == (task is None):
+        raise fail("name a tier (jobs pause critical) or a task (--task NAME)")
     settings_or_exit()
-    return pause_view.switch(platform_source())
+    return {"scope": "tier" if tier is not None else "task", "name": tier or str(task), **extra}
 
 
 @cli.command()
@@ -435,10 +436,7 @@ def pause(
         "paused by an operator"),
 ) -> None:
     """Pause a tier (or --task NAME) fleet-wide: its jobs are DEFERRED, none lost, none run."""
-    scope, name = _pause_target(tier, task)
-    _pause_switch().pause(scope, name, reason=reason)
-    console.print(f"paused {scope} {name!r}: its jobs wait (within 1 s on every worker); "
-                  f"`jobs resume {'--task ' if scope == 'task' else ''}{name}` lets them run")
+    act(pause_view.pause, _pause_form(tier, task, reason=reason))
 
 
 @cli.command()
@@ -447,9 +445,7 @@ def resume(
     task: Annotated[str | None, typer.Option("--task", help="resume one task instead")] = None,
 ) -> None:
     """Resume a paused tier (or --task NAME): its deferred jobs run again."""
-    scope, name = _pause_target(tier, task)
-    was = _pause_switch().resume(scope, name)
-    console.print(f"resumed {scope} {name!r}" if was else f"{scope} {name!r} was not paused")
+    act(pause_view.resume, _pause_form(tier, task))
 
 
 @cli.command()
@@ -459,16 +455,6 @@ def paused(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] =
 
 
 cli.command("cancel")(cancel_command)
-
-
-def _pause_target(tier: str | None, task: str | None) -> tuple[str, str]:
-    if (tier is None) == (task is None):
-        raise fail("name a tier (jobs pause critical) or a task (--task NAME)")
-    if tier is not None:
-        if tier not in TIERS:
-            raise fail(f"unknown tier {tier!r}; tiers are {', '.join(TIERS)}")
-        return "tier", tier
-    return "task", str(task)
 
 
 def _register_admin_commands() -> None:
