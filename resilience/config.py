@@ -8,6 +8,8 @@ live only in the `*Config` docstring.
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from resilience.errors import ConfigurationError
@@ -47,3 +49,16 @@ def configured(
         return dataclasses.replace(config, **overrides)  # type: ignore[type-var]
     except TypeError as error:  # a required field missing
         raise ConfigurationError(f"{where}: {error}", option=None) from error
+
+
+def check(config: Any, name: str, rule: str, valid: Callable[[Any], bool], label: str = "") -> None:
+    """A Config's field check: `ConfigurationError("<label or name> must be <rule>, got
+    <value>", field=name)` unless `valid(config.<name>)`."""
+    value = getattr(config, name)
+    if not valid(value):
+        raise ConfigurationError(f"{label or name} must be {rule}, got {value!r}", field=name)
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float (not a bool)."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)

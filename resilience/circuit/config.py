@@ -2,31 +2,17 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from resilience.config import check, is_number
 from resilience.errors import ConfigurationError
 from resilience.store_down import StoreDown, store_down_policy
 
 
-def _check(
-    config: Any, name: str, rule: str, valid: Callable[[Any], bool], label: str = ""
-) -> None:
-    value = getattr(config, name)
-    if not valid(value):
-        raise ConfigurationError(f"{label or name} must be {rule}, got {value!r}", field=name)
-
-
-def _number(value: Any) -> bool:
-    """A finite int or float (not a bool)."""
-    return (not isinstance(value, bool) and isinstance(value, int | float)
-            and math.isfinite(value))
-
-
 def _rate(value: Any) -> bool:
-    return _number(value) and 0.0 < value <= 1.0
+    return is_number(value) and 0.0 < value <= 1.0
 
 
 def _int_at_least_1(value: Any) -> bool:
@@ -40,7 +26,7 @@ class CountWindow:
     calls: int = 100
 
     def __post_init__(self) -> None:
-        _check(self, "calls", "an int > 0", _int_at_least_1, label="window calls")
+        check(self, "calls", "an int > 0", _int_at_least_1, label="window calls")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,8 +37,8 @@ class TimeWindow:
     slots: int = 10
 
     def __post_init__(self) -> None:
-        _check(self, "seconds", "> 0", lambda v: v > 0, label="window seconds")
-        _check(self, "slots", "an int >= 1", _int_at_least_1, label="window slots")
+        check(self, "seconds", "> 0", lambda v: v > 0, label="window seconds")
+        check(self, "slots", "an int >= 1", _int_at_least_1, label="window slots")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,19 +86,19 @@ class BreakerConfig:
             raise ConfigurationError(
                 f"window must be CountWindow, TimeWindow or an int, got {self.window!r}"
             )
-        _check(self, "failure_rate_threshold", "within (0, 1]", _rate)
+        check(self, "failure_rate_threshold", "within (0, 1]", _rate)
         if self.slow_call_rate_threshold is not None:
-            _check(self, "slow_call_rate_threshold", "within (0, 1]", _rate)
+            check(self, "slow_call_rate_threshold", "within (0, 1]", _rate)
             if self.slow_call_seconds is None:
                 raise ConfigurationError("slow_call_rate_threshold needs slow_call_seconds")
-        _check(self, "slow_call_seconds", "> 0", lambda v: v is None or v > 0)
-        _check(self, "minimum_calls", "an int >= 1", _int_at_least_1)
-        _check(self, "open_seconds", "> 0", lambda v: v > 0)
-        _check(self, "half_open_probes", "an int >= 1", _int_at_least_1)
-        _check(self, "probe_timeout_seconds", "> 0", lambda v: v > 0)
-        _check(self, "fallback", "callable", lambda v: v is None or callable(v))
-        _check(self, "local_state_seconds", "a number within 0..60",
-               lambda v: _number(v) and 0 <= v <= 60)
+        check(self, "slow_call_seconds", "> 0", lambda v: v is None or v > 0)
+        check(self, "minimum_calls", "an int >= 1", _int_at_least_1)
+        check(self, "open_seconds", "> 0", lambda v: v > 0)
+        check(self, "half_open_probes", "an int >= 1", _int_at_least_1)
+        check(self, "probe_timeout_seconds", "> 0", lambda v: v > 0)
+        check(self, "fallback", "callable", lambda v: v is None or callable(v))
+        check(self, "local_state_seconds", "a number within 0..60",
+               lambda v: is_number(v) and 0 <= v <= 60)
         object.__setattr__(self, "on_store_down", store_down_policy(self.on_store_down))
 
 
@@ -135,5 +121,5 @@ class AdmissionConfig:
     refresh_seconds: float = 1.0
 
     def __post_init__(self) -> None:
-        _check(self, "on_open", f"one of {ON_OPEN}", lambda v: v in ON_OPEN)
-        _check(self, "refresh_seconds", "a number >= 0", lambda v: _number(v) and v >= 0)
+        check(self, "on_open", f"one of {ON_OPEN}", lambda v: v in ON_OPEN)
+        check(self, "refresh_seconds", "a number >= 0", lambda v: is_number(v) and v >= 0)

@@ -15,8 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from resilience.config import configured
-from resilience.errors import ConfigurationError
+from resilience.config import check, configured
 from resilience.keys import redis_key
 from resilience.pipeline import Call, Guard, Stage, attach
 from resilience.scripts import LuaScript
@@ -46,11 +45,8 @@ class PoisonConfig:
     ttl_seconds: float = 24 * 3600
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_deliveries, int) or self.max_deliveries < 1:
-            raise ConfigurationError(
-                f"max_deliveries must be an int >= 1, got {self.max_deliveries!r}")
-        if self.ttl_seconds <= 0:
-            raise ConfigurationError(f"ttl_seconds must be > 0, got {self.ttl_seconds}")
+        check(self, "max_deliveries", "an int >= 1", lambda v: isinstance(v, int) and v >= 1)
+        check(self, "ttl_seconds", "> 0", lambda v: v > 0)
 
 
 class PoisonGuard(Guard):

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import DBAPIError
 
+from resilience.config import check
 from resilience.errors import ConfigurationError
 from resilience.idempotency.backends import FAILED, IN_PROGRESS
 from resilience.idempotency.backends.postgres import wrap_database_error
@@ -102,15 +103,11 @@ class CleanupConfig:
     grace_seconds: float = 300.0
 
     def __post_init__(self) -> None:
-        if not 1 <= self.batch_size <= 100_000:
-            raise ConfigurationError(f"batch_size must be 1..100000, got {self.batch_size}")
+        check(self, "batch_size", "1..100000", lambda v: 1 <= v <= 100_000)
         if self.pause_seconds < 0 or self.grace_seconds < 0:
             raise ConfigurationError("pause_seconds and grace_seconds must be >= 0")
-        if self.max_batches is not None and self.max_batches < 1:
-            raise ConfigurationError(f"max_batches must be >= 1, got {self.max_batches}")
-        if self.time_budget_seconds <= 0:
-            raise ConfigurationError(
-                f"time_budget_seconds must be > 0, got {self.time_budget_seconds}")
+        check(self, "max_batches", ">= 1", lambda v: v is None or v >= 1)
+        check(self, "time_budget_seconds", "> 0", lambda v: v > 0)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from resilience.config import check
 from resilience.errors import ConfigurationError
 from resilience.keys import KeyOption
 from resilience.store_down import StoreDown, store_down_policy
@@ -58,15 +59,10 @@ class IdempotencyConfig:
     prepared_statements: bool = True
 
     def __post_init__(self) -> None:
-        if not self.ttl_seconds > 0:
-            raise ConfigurationError(f"ttl_seconds must be > 0, got {self.ttl_seconds!r}")
-        if self.lease_seconds is not None and not self.lease_seconds > 0:
-            raise ConfigurationError(f"lease_seconds must be > 0, got {self.lease_seconds!r}")
-        if self.cache not in (True, False, "auto"):
-            raise ConfigurationError(f"cache must be True, False or 'auto', got {self.cache!r}")
-        if not self.cache_ttl_seconds > 0:
-            raise ConfigurationError(
-                f"cache_ttl_seconds must be > 0, got {self.cache_ttl_seconds!r}")
+        check(self, "ttl_seconds", "> 0", lambda v: v > 0)
+        check(self, "lease_seconds", "> 0", lambda v: v is None or v > 0)
+        check(self, "cache", "True, False or 'auto'", lambda v: v in (True, False, "auto"))
+        check(self, "cache_ttl_seconds", "> 0", lambda v: v > 0)
         # A cached copy must never outlive its record (a purge or expiry must win).
         object.__setattr__(self, "cache_ttl_seconds", min(self.cache_ttl_seconds, self.ttl_seconds))
         object.__setattr__(self, "on_store_down", store_down_policy(self.on_store_down))

@@ -30,10 +30,9 @@ from celery.exceptions import Retry
 from celery.utils.dispatch import Signal
 
 from resilience.admission.broker import UNIQUE_HEADER, broker_redis, guarded_publish
-from resilience.config import configured
+from resilience.config import check, configured
 from resilience.counters import count_outcome
 from resilience.errors import (
-    ConfigurationError,
     DuplicateJob,
     JobStopped,
     ResilienceError,
@@ -91,11 +90,9 @@ class UniqueConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "on_store_down", store_down_policy(self.on_store_down))
-        if not self.ttl_seconds > 0:
-            raise ConfigurationError(f"ttl_seconds must be > 0, got {self.ttl_seconds!r}")
-        if self.mode not in ("until_started", "until_finished"):
-            raise ConfigurationError(
-                f"mode must be 'until_started' or 'until_finished', got {self.mode!r}")
+        check(self, "ttl_seconds", "> 0", lambda v: v > 0)
+        check(self, "mode", "'until_started' or 'until_finished'",
+              lambda v: v in ("until_started", "until_finished"))
 
 
 class UniqueKeys:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from resilience.config import check
 from resilience.connections.postgres import TCP_USER_TIMEOUT_MS
 from resilience.errors import ConfigurationError
 from resilience.locks.backends import validate_ttl
@@ -33,14 +34,10 @@ class LockConfig:
     on_store_down: StoreDown | str = StoreDown.FAIL_CLOSED
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ConfigurationError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        check(self, "policy", f"one of {POLICIES}", lambda v: v in POLICIES)
         object.__setattr__(self, "on_store_down", store_down_policy(self.on_store_down))
-        if not self.defer_seconds > 0:
-            raise ConfigurationError(f"defer_seconds must be > 0, got {self.defer_seconds}")
-        if self.same_task_wait_seconds < 0:
-            raise ConfigurationError(
-                f"same_task_wait_seconds must be >= 0, got {self.same_task_wait_seconds}")
+        check(self, "defer_seconds", "> 0", lambda v: v > 0)
+        check(self, "same_task_wait_seconds", ">= 0", lambda v: v >= 0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,12 +64,8 @@ class SingletonConfig(LockConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.probe_seconds is not None and not self.probe_seconds >= 0:
-            raise ConfigurationError(
-                f"probe_seconds must be >= 0 (0 or None: no watcher), got {self.probe_seconds}")
-        if not self.probe_timeout_seconds > 0:
-            raise ConfigurationError(
-                f"probe_timeout_seconds must be > 0, got {self.probe_timeout_seconds}")
+        check(self, "probe_seconds", ">= 0 (0 or None: no watcher)", lambda v: v is None or v >= 0)
+        check(self, "probe_timeout_seconds", "> 0", lambda v: v > 0)
         server_bound = TCP_USER_TIMEOUT_MS / 1000
         if self.probe_seconds and self.probe_seconds + self.probe_timeout_seconds >= server_bound:
             raise ConfigurationError(

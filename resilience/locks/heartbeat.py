@@ -13,7 +13,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from resilience.errors import ConfigurationError, LockNotOwnedError
+from resilience.config import check
+from resilience.errors import LockNotOwnedError
 from resilience.locks.backends import Lease
 
 logger = logging.getLogger("resilience.locks.heartbeat")
@@ -32,10 +33,8 @@ class HeartbeatConfig:
     max_extensions: int = 100
 
     def __post_init__(self) -> None:
-        if not 0 < self.renew_fraction < 1:
-            raise ConfigurationError(f"renew_fraction must be in (0, 1), got {self.renew_fraction}")
-        if self.max_extensions < 0:
-            raise ConfigurationError(f"max_extensions must be >= 0, got {self.max_extensions}")
+        check(self, "renew_fraction", "in (0, 1)", lambda v: 0 < v < 1)
+        check(self, "max_extensions", ">= 0", lambda v: v >= 0)
 
 
 class Heartbeat:

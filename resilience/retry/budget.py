@@ -10,7 +10,6 @@ what aggregation costs: docs/failure.md ("Fleet-wide retry budget", "Local state
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -19,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from resilience import flushing
 from resilience.batch import for_client
+from resilience.config import check, is_number
 from resilience.connections import wrap_store_errors
 from resilience.connections.redis import read_hashes
-from resilience.errors import ConfigurationError, StorageError
+from resilience.errors import StorageError
 from resilience.keys import redis_key, stored_keys
 from resilience.scripts import LuaScript
 from resilience.store_down import StoreDown, store_down_policy
@@ -66,21 +66,12 @@ class RetryBudget:
     flush_seconds: float = 0.1
 
     def __post_init__(self) -> None:
-        seconds = self.flush_seconds
-        if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
-                or not math.isfinite(seconds) or not 0 <= seconds <= 60):
-            raise ConfigurationError(
-                f"flush_seconds must be a number within 0..60, got {seconds!r}",
-                field="flush_seconds",
-            )
-        if not 0.0 <= self.ratio <= 1.0:
-            raise ConfigurationError(f"ratio must be within 0..1, got {self.ratio}")
-        if self.min_per_second < 0:
-            raise ConfigurationError(f"min_per_second must be >= 0, got {self.min_per_second}")
-        if self.window_seconds <= 0:
-            raise ConfigurationError(f"window_seconds must be > 0, got {self.window_seconds}")
-        if self.slots < 1:
-            raise ConfigurationError(f"slots must be >= 1, got {self.slots}")
+        check(self, "flush_seconds", "a number within 0..60",
+              lambda v: is_number(v) and 0 <= v <= 60)
+        check(self, "ratio", "within 0..1", lambda v: 0.0 <= v <= 1.0)
+        check(self, "min_per_second", ">= 0", lambda v: v >= 0)
+        check(self, "window_seconds", "> 0", lambda v: v > 0)
+        check(self, "slots", ">= 1", lambda v: v >= 1)
         object.__setattr__(self, "on_store_down", store_down_policy(self.on_store_down))
 
     @property

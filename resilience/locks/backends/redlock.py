@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from resilience.config import check
 from resilience.connections.redis import check_redis_url, client_for
 from resilience.errors import ConfigurationError, LockError, StoreUnavailable
 from resilience.holders import Holder
@@ -82,14 +83,9 @@ class RedlockConfig:
     clock_drift_factor: float = 0.01
 
     def __post_init__(self) -> None:
-        if self.retry_count < 0:
-            raise ConfigurationError(f"retry_count must be >= 0, got {self.retry_count}")
-        if self.retry_delay_seconds < 0:
-            raise ConfigurationError(
-                f"retry_delay_seconds must be >= 0, got {self.retry_delay_seconds}")
-        if not 0 <= self.clock_drift_factor < 0.5:
-            raise ConfigurationError(
-                f"clock_drift_factor must be in [0, 0.5), got {self.clock_drift_factor}")
+        check(self, "retry_count", ">= 0", lambda v: v >= 0)
+        check(self, "retry_delay_seconds", ">= 0", lambda v: v >= 0)
+        check(self, "clock_drift_factor", "in [0, 0.5)", lambda v: 0 <= v < 0.5)
 
 
 class Redlock(LeaseLock):
