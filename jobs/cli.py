@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jobs.admin.cancel import cancel as cancel_command
-from jobs.admin.status import act, exit_on, fail, platform_app, platform_source, show
+from jobs.admin.status import act, exit_on, fail, list_command, platform_app, platform_source
 from jobs.embedded import (
     exec_postgres,
     port_in_use,
@@ -448,10 +448,8 @@ def resume(
     act(pause_view.resume, _pause_form(tier, task))
 
 
-@cli.command()
-def paused(as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False) -> None:
-    """List the pause switches that are on (one SCAN: undeclared names too)."""
-    show(pause_view.VIEW, as_json=as_json, read=partial(pause_view.read, include_stored=True))
+list_command(cli, "paused", pause_view.VIEW, "List the pause switches that are on (one SCAN: "
+             "undeclared names too).", partial(pause_view.read, include_stored=True))
 
 
 cli.command("cancel")(cancel_command)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from jobs.admin.status import console, platform_app, show
+from jobs.admin.status import console, list_command, platform_app
 from resilience.circuit.backends.redis import RedisBreakerBackend
 from resilience.circuit.breaker import CircuitBreaker
 from resilience.circuit.config import BreakerConfig
@@ -25,12 +25,8 @@ def _force(name: str, state: str) -> None:
     console.print(f"breaker {name}: {previous} -> {state}")
 
 
-@cli.command("list")
-def list_command(
-    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
-) -> None:
-    """Every breaker with state in Redis (one SCAN) or configured: state, window figures."""
-    show(VIEW, as_json=as_json, read=partial(read, include_stored=True))
+list_command(cli, "list", VIEW, "Every breaker with state in Redis (one SCAN) or configured: "
+             "state, window figures.", partial(read, include_stored=True))
 
 
 @cli.command("force-open")

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from jobs.admin.status import console, fail, platform_app, platform_source, show
+from jobs.admin.status import console, fail, list_command, platform_app, platform_source
 from resilience.cancel.view import VIEW, cancellations, read
 from resilience.cancel.view import cancel as run_cancel
 from resilience.views import ActionRefused
@@ -37,12 +37,8 @@ cli = typer.Typer(help="Live cancellations: list, withdraw one, restore the Redi
                   no_args_is_help=True)
 
 
-@cli.command("list")
-def list_command(
-    as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False,
-) -> None:
-    """Live cancellations, newest first (the newest 1,000)."""
-    show(VIEW, as_json=as_json, read=partial(read, limit=1000))
+list_command(cli, "list", VIEW, "Live cancellations, newest first (the newest 1,000).",
+             partial(read, limit=1000))
 
 
 @cli.command("withdraw")

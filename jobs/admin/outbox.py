@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from jobs.admin.status import platform_source, show
+from jobs.admin.status import list_command, platform_source
 from jobs.cli import settings_or_exit, wait_for_services
 from resilience.outbox import Relay, RelayConfig
 from resilience.outbox.view import VIEW
@@ -44,9 +44,5 @@ def relay_command(
     relay.run(should_stop=stopping.is_set)
 
 
-@cli.command("status")
-def status_command(
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
-) -> None:
-    """Pending rows (due now, scheduled later), lag, published in the last minute."""
-    show(VIEW, as_json=as_json)
+list_command(cli, "status", VIEW, "Pending rows (due now, scheduled later), lag, published in "
+             "the last minute.")

@@ -109,6 +109,18 @@ def show(view: View, *, as_json: bool = False,
     print_view(table(view, section))
 
 
+JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+def list_command(group: typer.Typer, name: str, view: View, summary: str,
+                 read: Callable[[Source], Any] | None = None) -> None:
+    """Add `jobs <group> <name> [--json]`: `show(view)` (read another way with `read`)."""
+    def command(as_json: JsonOption = False) -> None:
+        show(view, as_json=as_json, read=read)
+
+    group.command(name, help=summary)(command)
+
+
 def render(snapshot: dict[str, Any]) -> Group:
     """The whole view of one snapshot."""
     header = Text(f"resilience status at {snapshot['taken_at']} "
