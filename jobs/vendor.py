@@ -62,6 +62,14 @@ class VendorState:
                     "calls": self.calls, "charges": len(self.charges)}
 
 
+class Refused(Exception):
+    """Raised inside a handler to answer `status` with `{"error": message}`."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class VendorHandler(BaseHTTPRequestHandler):
     """Answers charges by the vendor's mode; changes the mode for loopback clients only."""
 
@@ -71,31 +79,37 @@ class VendorHandler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass  # one line per charge would drown honcho's output
 
-    def do_GET(self) -> None:
-        if self._at("/control"):
-            self._reply(200, self.server.state.describe())
+    #: (method, path) -> the handler's method answering it; anything else is a 404.
+    ROUTES = {("GET", "/control"): "_status", ("PUT", "/control"): "_set_mode",
+              ("POST", "/charges"): "_charge"}
 
-    def do_PUT(self) -> None:
+    def _route(self) -> None:
+        action = self.ROUTES.get((self.command, self.path.rstrip("/")))
+        try:
+            if action is None:
+                raise Refused(404, f"no such path {self.path}")
+            getattr(self, action)()
+        except Refused as refused:
+            self._reply(refused.status, {"error": str(refused)})
+
+    do_GET = do_PUT = do_POST = _route
+
+    def _status(self) -> None:
+        self._reply(200, self.server.state.describe())
+
+    def _set_mode(self) -> None:
         """Change the mode. A state-changing endpoint without CSRF protection is safe here
         only because the server binds 127.0.0.1 and this handler also refuses any client
         that is not loopback (a browser page elsewhere cannot reach it)."""
-        if not self._at("/control"):
-            return
         if not is_loopback(self.client_address[0]):
-            self._reply(403, {"error": "the vendor's mode can only be changed from this machine"})
-            return
+            raise Refused(403, "the vendor's mode can only be changed from this machine")
         body = self._json_body()
-        if body is None:
-            return
-        mode = body.get("mode")
-        delay = body.get("delay_seconds")
+        mode, delay = body.get("mode"), body.get("delay_seconds")
         if mode not in MODES:
-            self._reply(400, {"error": f"mode must be one of {', '.join(MODES)}, got {mode!r}"})
-            return
+            raise Refused(400, f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if delay is not None and (isinstance(delay, bool) or not isinstance(delay, int | float)
                                   or not 0 <= delay <= MAX_DELAY_SECONDS):
-            self._reply(400, {"error": f"delay_seconds must be 0..{MAX_DELAY_SECONDS:g}"})
-            return
+            raise Refused(400, f"delay_seconds must be 0..{MAX_DELAY_SECONDS:g}")
         state = self.server.state
         with state.lock:
             state.mode = mode
@@ -103,18 +117,13 @@ class VendorHandler(BaseHTTPRequestHandler):
                 state.delay_seconds = float(delay)
         self._reply(200, state.describe())
 
-    def do_POST(self) -> None:
-        if not self._at("/charges"):
-            return
+    def _charge(self) -> None:
         body = self._json_body()
-        if body is None:
-            return
         key = self.headers.get("Idempotency-Key") or ""
         amount = body.get("amount_cents")
         if not key or isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0:
-            self._reply(422, {"error": "an Idempotency-Key header and a positive integer "
-                                       "amount_cents are required"})
-            return
+            raise Refused(422, "an Idempotency-Key header and a positive integer amount_cents "
+                               "are required")
         state = self.server.state
         with state.lock:
             state.calls += 1
@@ -134,22 +143,14 @@ class VendorHandler(BaseHTTPRequestHandler):
                 state.charges[key] = charge
         self._reply(200 if replayed else 201, {**charge, "replayed": replayed})
 
-    def _at(self, path: str) -> bool:
-        """Whether the request is for `path`; answers 404 when it is not."""
-        if self.path.rstrip("/") != path:
-            self._reply(404, {"error": f"no such path {self.path}"})
-            return False
-        return True
-
-    def _json_body(self) -> dict[str, Any] | None:
+    def _json_body(self) -> dict[str, Any]:
         try:
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}") if length <= 65536 else None
         except (ValueError, UnicodeDecodeError):
             body = None
         if not isinstance(body, dict):
-            self._reply(400, {"error": "the body must be a JSON object (at most 64 KiB)"})
-            return None
+            raise Refused(400, "the body must be a JSON object (at most 64 KiB)")
         return body
 
     def _reply(self, status: int, body: dict[str, Any],
