@@ -235,19 +235,6 @@ def load_beat_schedule(module: str = "jobs.schedule") -> dict[str, Any]:
     return schedule
 
 
-def resilience_config(settings: Settings) -> dict[str, Any]:
-    """The guard library's part of the settings, as the `app.conf` keys it reads
-    (`resilience.init_app`): the platform's environment handed to the library."""
-    return {
-        "resilience_redis_url": settings.effective_redis_url,
-        "resilience_database_url": settings.effective_database_url,
-        "resilience_redlock_urls": list(settings.effective_redlock_urls),
-        "resilience_locks_database_url": settings.locks_database_url,
-        "resilience_pool_mode": settings.pg_pool_mode,
-        **_resilience_environment(),
-    }
-
-
 #: Library settings the platform still takes from its environment (documented fallbacks):
 #: variable -> (`app.conf` key, its type).
 _RESILIENCE_ENVIRONMENT = {
@@ -260,22 +247,27 @@ _RESILIENCE_ENVIRONMENT = {
 }
 
 
-def _resilience_environment() -> dict[str, Any]:
-    """The `app.conf` keys of the `_RESILIENCE_ENVIRONMENT` variables that are set.
+def resilience_config(settings: Settings) -> dict[str, Any]:
+    """The guard library's part of the settings, as the `app.conf` keys it reads
+    (`resilience.init_app`), with the `_RESILIENCE_ENVIRONMENT` variables that are set.
 
     Raises:
         ConfigurationError: a number that does not parse.
     """
-    found: dict[str, Any] = {}
+    config: dict[str, Any] = {
+        "resilience_redis_url": settings.effective_redis_url,
+        "resilience_database_url": settings.effective_database_url,
+        "resilience_redlock_urls": list(settings.effective_redlock_urls),
+        "resilience_locks_database_url": settings.locks_database_url,
+        "resilience_pool_mode": settings.pg_pool_mode,
+    }
     for variable, (key, kind) in _RESILIENCE_ENVIRONMENT.items():
-        value = os.environ.get(variable, "").strip()
-        if not value:
-            continue
-        try:
-            found[key] = kind(value)
-        except ValueError:
-            raise ConfigurationError(f"{variable} must be a number, got {value!r}") from None
-    return found
+        if value := os.environ.get(variable, "").strip():
+            try:
+                config[key] = kind(value)
+            except ValueError:
+                raise ConfigurationError(f"{variable} must be a number, got {value!r}") from None
+    return config
 
 
 def create_app(settings: Settings | None = None) -> JobsCelery:
