@@ -15,7 +15,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import create_engine, make_url, text
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 
 from resilience import migrations as library_migrations
@@ -95,13 +95,12 @@ def expected_versions(database_url: str) -> dict[str, frozenset[str]]:
     }
 
 
-def migrate(database_url: str, engine: Engine | None = None) -> None:
+def migrate(database_url: str) -> None:
     """Create the database if missing, apply the library's migrations, then the platform's;
     safe when several processes call it at once."""
     ensure_database(database_url)
     library_migrations.upgrade(database_url)
-    owned = engine is None
-    engine = engine or create_engine(_sqlalchemy_url(database_url))
+    engine = create_engine(_sqlalchemy_url(database_url))
     try:
         with engine.connect() as connection, _locked(connection):
             config = alembic_config(database_url)
@@ -109,5 +108,4 @@ def migrate(database_url: str, engine: Engine | None = None) -> None:
             command.upgrade(config, "heads")
             connection.commit()
     finally:
-        if owned:
-            engine.dispose()
+        engine.dispose()
