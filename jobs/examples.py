@@ -1,12 +1,5 @@
-"""Example jobs written as a user of the platform should write them; copy these.
-
-    charge_payment      critical  calls the payment vendor once per order, ledger row in the
-                                  same transaction as the idempotency record
-    build_daily_report  standard  one build per day at a time: a double trigger is SKIPPED
-    settle_account      standard  an exclusive resource, written through the fencing check
-    warm_cache          optional  one queued warm-up per account; shed when it comes too late
-
-`jobs demo` shows each guard acting on them (see the README's "See it work").
+"""Example jobs written as a user of the platform should write them; copy these. The README
+lists them ("Adding a job"); `jobs demo` shows each guard acting on them ("See it work").
 """
 
 from __future__ import annotations

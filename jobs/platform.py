@@ -197,23 +197,16 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 
 def restore_sweep(visibility_timeout_seconds: float) -> dict[str, int]:
-    """kombu's Redis transport options for its sweep of expired unacknowledged messages: one
-    scan every tenth of the visibility timeout, between 1 and 10 s.
-
-    kombu scans only on every 10th tick of 10 s (`unacked_restore_throttle`), so a message
-    whose worker vanished or was cut from the broker came back up to 100 s after its
-    visibility timeout: three times the timeout itself at the shortest the platform allows.
-    A scan is a lock and one sorted-set range read per worker, cheap at every 10 s.
-    """
+    """kombu's Redis options: sweep expired unacknowledged messages every tenth of the
+    visibility timeout (1-10 s). kombu's default (every 10th tick of 10 s) brought a lost
+    worker's message back up to 100 s late; a sweep is one lock and one range read."""
     return {"unacked_restore_interval": int(min(10, max(1, visibility_timeout_seconds // 10))),
             "unacked_restore_throttle": 1}
 
 
 def queue_arguments(settings: Settings, tier: str) -> dict[str, Any] | None:
-    """The tier queue's declare arguments: on RabbitMQ, `x-max-length` at the tier's depth
-    limit with `reject-publish`, so the broker refuses (nacks) the publish that would pass
-    it and the bulkhead's bound is exact (`resilience.admission.broker`). Redis
-    queues take no arguments (the publish script bounds them)."""
+    """The tier queue's declare arguments: on RabbitMQ, the tier's depth limit enforced by the
+    broker (docs/overload.md); none on Redis (the publish script bounds the queue)."""
     if settings.broker_is_redis:
         return None
     return {"x-max-length": settings.tier(tier).max_queue_depth,
