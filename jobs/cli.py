@@ -61,11 +61,6 @@ def settings_or_exit() -> Settings:
         return get_settings()
 
 
-def python_command(*args: str) -> str:
-    """A shell command running this interpreter (the venv's), quoted."""
-    return shlex.join([sys.executable, *args])
-
-
 # -- running the platform ---------------------------------------------------------------
 def procfile(settings: Settings) -> str:
     """The Procfile `jobs up` hands to honcho: embedded services, the simulated payment
@@ -85,7 +80,7 @@ def procfile(settings: Settings) -> str:
     processes += [(f"worker_{tier}", ("worker", tier, "--restart-on-stall")) for tier in TIERS]
     processes += [("beat", ("beat",)), ("outbox", ("outbox", "relay")), ("flower", ("flower",)),
                   ("metrics", ("metrics", "--port", str(settings.metrics_port)))]
-    return "".join(f"{name}: exec {python_command('-m', 'jobs', *args)}\n"
+    return "".join(f"{name}: exec {shlex.join([sys.executable, '-m', 'jobs', *args])}\n"
                    for name, args in processes)
 
 
@@ -455,14 +450,10 @@ list_command(cli, "paused", pause_view.VIEW, "List the pause switches that are o
 cli.command("cancel")(cancel_command)
 
 
-def _register_admin_commands() -> None:
-    for name, module in ADMIN_COMMANDS.items():
-        cli.add_typer(importlib.import_module(module).cli, name=name)
-
-
 def main() -> None:
     """Console-script entry point: resilience errors print as one clear message."""
-    _register_admin_commands()
+    for name, module in ADMIN_COMMANDS.items():
+        cli.add_typer(importlib.import_module(module).cli, name=name)
     try:
         cli()
     except (ResilienceError, SettingsError) as exc:

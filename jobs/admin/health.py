@@ -9,21 +9,13 @@ from typing import Annotated
 import typer
 
 from jobs.admin.status import console, platform_app
-from jobs.observe.health import (
-    DEFAULT_MAX_AGE_SECONDS,
-    DEFAULT_READY_MAX_AGE_SECONDS,
-    Check,
-    liveness,
-    local_liveness,
-    local_readiness,
-    readiness,
-)
+from jobs.observe import health
 
 cli = typer.Typer(help="Health checks: live (worker's loop runs), ready (stores reachable).",
                   no_args_is_help=True)
 
 
-def _report(checks: list[Check]) -> None:
+def _report(checks: list[health.Check]) -> None:
     for check in checks:
         mark = "[green]ok[/green]" if check.ok else "[red]FAIL[/red]"
         console.print(f"{mark} {check.name}: {check.detail}", soft_wrap=True)
@@ -51,14 +43,14 @@ def live(
                         "trip (the liveness probe).")] = False,
     max_age: Annotated[float, typer.Option(
         min=0.1, help="With --local: seconds since the last beat before the worker counts "
-                      "as dead.")] = DEFAULT_MAX_AGE_SECONDS,
+                      "as dead.")] = health.DEFAULT_MAX_AGE_SECONDS,
 ) -> None:
     """Exit 0 when the worker is alive (its heartbeat is fresh with --local, else it answers
     `inspect ping`), 1 when it is not."""
     node = _node(node, tier)
     if local:  # no app, no broker: one stat of the heartbeat file
-        _report(local_liveness(node, max_age_seconds=max_age))
-    _report(liveness(platform_app(), node, timeout_seconds=timeout))
+        _report(health.local_liveness(node, max_age_seconds=max_age))
+    _report(health.liveness(platform_app(), node, timeout_seconds=timeout))
 
 
 @cli.command("ready")
@@ -73,10 +65,11 @@ def ready(
                         "10 s): no connection from the probe (the readiness probe).")] = False,
     max_age: Annotated[float, typer.Option(
         min=0.1, help="With --local: seconds since the worker's last check before the "
-                      "record counts as stale (not ready).")] = DEFAULT_READY_MAX_AGE_SECONDS,
+                      "record counts as stale (not ready).")
+    ] = health.DEFAULT_READY_MAX_AGE_SECONDS,
 ) -> None:
     """Exit 0 when Redis, the broker and PostgreSQL answer and migrations are applied
     (checked now, or with --local as the worker last recorded it), 1 when not."""
     if local:  # no app, no store: one read of the worker's readiness file
-        _report(local_readiness(_node(node, tier), max_age_seconds=max_age))
-    _report(readiness(platform_app()))
+        _report(health.local_readiness(_node(node, tier), max_age_seconds=max_age))
+    _report(health.readiness(platform_app()))

@@ -18,7 +18,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from jobs.observe.snapshot import VIEWS, collect, probe_stores, problem_lines, unreachable_snapshot
+from jobs.observe.snapshot import VIEWS, collect, probe_stores, problem_lines
 from jobs.settings import get_settings
 from jobs.tiers import TIERS
 from resilience.errors import ResilienceError
@@ -141,7 +141,7 @@ def take_snapshot(*, inspect_timeout_seconds: float = 1.0) -> dict[str, Any]:
     building the Celery app: an answer in about a second, not every section's timeouts)."""
     stores = probe_stores(get_settings(), timeout_seconds=PROBE_TIMEOUT_SECONDS)
     if not any(status.ok for status in stores.values()):
-        return unreachable_snapshot(stores)
+        return collect(None, stores=stores)
     return collect(platform_source().app, inspect_timeout_seconds=inspect_timeout_seconds,
                    stores=stores)
 

@@ -326,19 +326,13 @@ VIEWS: tuple[View, ...] = (
 SECTIONS = tuple(view.name for view in VIEWS)
 
 
-def unreachable_snapshot(stores: dict[str, StoreStatus]) -> dict[str, Any]:
-    """The snapshot when no store can serve: the same keys, every section saying why; built
-    without the Celery app (nothing could be read), so it costs nothing."""
-    return collect(None, stores=stores)
-
-
 def collect(app: Celery | None, *, inspect_timeout_seconds: float = 1.0, active: bool = True,
             stores: dict[str, StoreStatus] | None = None) -> dict[str, Any]:
     """The platform's resilience state; a section that cannot be read says why.
 
     Args:
         app: the platform's Celery app (its settings give tier limits); None only when no
-            store serves (`unreachable_snapshot`).
+            store serves (then every section says why, at no cost).
         inspect_timeout_seconds: how long to wait for workers' `active` replies.
         active: ask the workers what runs now (one broadcast); False skips it.
         stores: a `probe_stores` result: sections on a store that cannot serve are not
