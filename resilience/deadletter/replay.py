@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from resilience.circuit.backends.redis import RedisBreakerBackend
+from resilience.config import check
 from resilience.connections import wrap_store_errors
 from resilience.deadletter.bulk import STOPPED_BY_ADMIT, RequeueReport, Selection, requeue_many
 from resilience.deadletter.models import dead_letters
@@ -66,13 +67,11 @@ class ReplayConfig:
 
     def __post_init__(self) -> None:
         for name in ("closed_for_seconds", "max_run_seconds"):
-            if not getattr(self, name) >= 0:
-                raise ConfigurationError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+            check(self, name, ">= 0", lambda v: v >= 0)
         parse(self.rate)  # raises ConfigurationError naming the problem
         for name in ("max_rows_per_run", "batch_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigurationError(f"{name} must be an integer >= 1, got {value!r}")
+            check(self, name, "an integer >= 1",
+                  lambda v: not isinstance(v, bool) and isinstance(v, int) and v >= 1)
         if self.dependencies is not None:
             if isinstance(self.dependencies, str) or not all(
                     isinstance(name, str) and name for name in self.dependencies):

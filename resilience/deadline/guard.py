@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from resilience.config import check
 from resilience.errors import ConfigurationError, StorageError
 from resilience.headers import DEADLINE_HEADER, ENQUEUED_AT_HEADER, epoch_seconds, finite_seconds
 from resilience.outcomes import Outcome, Stop
@@ -49,16 +50,11 @@ class DeadlineConfig:
     tier: str | None = None
 
     def __post_init__(self) -> None:
-        seconds, depth, factor = (self.deadline_seconds, self.pressure_queue_depth,
-                                  self.pressure_deadline_factor)
-        if seconds is not None and not _positive_seconds(seconds):
-            raise ConfigurationError("deadline_seconds must be positive finite seconds (or None "
-                                     f"for no deadline), got {seconds!r}")
-        if depth is not None and (isinstance(depth, bool) or depth <= 0):
-            raise ConfigurationError(
-                f"pressure_queue_depth must be a positive integer or None, got {depth!r}")
-        if not 0 < factor <= 1:
-            raise ConfigurationError(f"pressure_deadline_factor must be in (0, 1], got {factor!r}")
+        check(self, "deadline_seconds", "positive finite seconds (or None for no deadline)",
+              lambda v: v is None or _positive_seconds(v))
+        check(self, "pressure_queue_depth", "a positive integer or None",
+              lambda v: v is None or (not isinstance(v, bool) and v > 0))
+        check(self, "pressure_deadline_factor", "in (0, 1]", lambda v: 0 < v <= 1)
 
 
 PolicySource = DeadlineConfig | Callable[["Task"], "DeadlineConfig | None"]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from resilience.classify import is_retryable
+from resilience.config import check
 from resilience.counters import count_outcome
 from resilience.errors import (
     AdmissionError,
@@ -72,12 +73,10 @@ class RelayConfig:
     backoff_max_seconds: float = 30.0
 
     def __post_init__(self) -> None:
-        size = self.batch_size
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ConfigurationError(f"batch_size must be a positive integer, got {size!r}")
+        check(self, "batch_size", "a positive integer",
+              lambda v: not isinstance(v, bool) and isinstance(v, int) and v >= 1)
         for name in ("poll_seconds", "backoff_initial_seconds", "backoff_max_seconds"):
-            if not getattr(self, name) > 0:
-                raise ConfigurationError(f"{name} must be > 0, got {getattr(self, name)!r}")
+            check(self, name, "> 0", lambda v: v > 0)
         if self.lookahead_seconds < 0:
             raise ConfigurationError("lookahead_seconds must be >= 0")
 
