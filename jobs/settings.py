@@ -43,20 +43,21 @@ class SettingsError(ConfigurationError):
 
 
 class TierSettings(BaseModel):
-    """Worker and admission settings of one tier (the README's configuration table)."""
+    """Worker and admission settings of one tier (the README's configuration table); the
+    defaults here are every tier's, `TIER_DEFAULTS` adds each tier's own."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 
-    concurrency: int = Field(ge=1, le=512)
-    prefetch_multiplier: int = Field(ge=1, le=128)
+    concurrency: int = Field(2, ge=1, le=512)
+    prefetch_multiplier: int = Field(1, ge=1, le=128)
     soft_time_limit_seconds: float = Field(gt=0)
     hard_time_limit_seconds: float = Field(gt=0)
-    max_queue_depth: int = Field(ge=1)
+    max_queue_depth: int = Field(10_000, ge=1)
     rejection_policy: RejectionPolicy
-    wait_timeout_seconds: float = Field(ge=0)
-    deadline_seconds: float | None = Field(gt=0)  # unset: never shed
-    shed_queue_depth: int | None = Field(ge=1)  # unset: half max_queue_depth
-    shed_deadline_factor: float = Field(gt=0, le=1)
+    wait_timeout_seconds: float = Field(5, ge=0)
+    deadline_seconds: float | None = Field(None, gt=0)  # unset: never shed
+    shed_queue_depth: int | None = Field(None, ge=1)  # unset: half max_queue_depth
+    shed_deadline_factor: float = Field(0.25, gt=0, le=1)
 
     @model_validator(mode="after")
     def _soft_below_hard(self) -> TierSettings:
@@ -69,21 +70,16 @@ class TierSettings(BaseModel):
         return self
 
 
-#: Defaults per tier (seeds: critical waits for room, standard runs in the caller,
+#: Each tier's defaults (seeds: critical waits for room, standard runs in the caller,
 #: optional is discarded when full; long tiers prefetch one message). Optional work is shed
 #: after 10 minutes, and after 2.5 minutes while its queue is more than half full: under
 #: pressure the optional tier sheds first.
-_EVERY_TIER: dict[str, Any] = {
-    "concurrency": 2, "prefetch_multiplier": 1, "max_queue_depth": 10_000,
-    "wait_timeout_seconds": 5, "deadline_seconds": None, "shed_queue_depth": None,
-    "shed_deadline_factor": 0.25,
-}
 TIER_DEFAULTS: dict[str, dict[str, Any]] = {
-    CRITICAL: {**_EVERY_TIER, "soft_time_limit_seconds": 25, "hard_time_limit_seconds": 30,
+    CRITICAL: {"soft_time_limit_seconds": 25, "hard_time_limit_seconds": 30,
                "rejection_policy": "wait"},
-    STANDARD: {**_EVERY_TIER, "soft_time_limit_seconds": 110, "hard_time_limit_seconds": 120,
+    STANDARD: {"soft_time_limit_seconds": 110, "hard_time_limit_seconds": 120,
                "rejection_policy": "caller_runs"},
-    OPTIONAL: {**_EVERY_TIER, "soft_time_limit_seconds": 50, "hard_time_limit_seconds": 60,
+    OPTIONAL: {"soft_time_limit_seconds": 50, "hard_time_limit_seconds": 60,
                "rejection_policy": "discard", "prefetch_multiplier": 4,
                "max_queue_depth": 1_000, "wait_timeout_seconds": 0, "deadline_seconds": 600},
 }
