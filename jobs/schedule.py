@@ -18,18 +18,12 @@ def _every(seconds: float, task: str, expires: float) -> dict[str, Any]:
             "options": {"expires": expires}, "overlap": "skip"}
 
 
+#: Each task's docstring (jobs/maintenance.py) says what it does.
 SCHEDULE: dict[str, dict[str, Any]] = {
-    # Expired, finished idempotency records: batches of 1000 until none is left or 30 s are
-    # spent, every minute, so deletion keeps up with the insert rate.
+    # Every minute, so deletion keeps up with the insert rate.
     "idempotency-cleanup": _every(60.0, "cleanup_idempotency", expires=55),
-    # The Redis copies of live cancellations, rewritten from their PostgreSQL record.
     "cancellations-restore": _every(300.0, "restore_cancellations", expires=240),
-    # Dead letters of a dependency that was down, requeued once its breaker stayed closed
-    # long enough (off unless configured: see jobs.maintenance.replay_dead_letters).
-    "dead-letters-replay": _every(30.0, "replay_dead_letters", expires=25),
-    # Schedule run rows older than resilience_schedule_history_days (default 7), each
-    # entry's newest 20 and every run in flight kept: batches of 1000 for up to 30 s, hourly.
+    "dead-letters-replay": _every(30.0, "replay_dead_letters", expires=25),  # off by default
     "schedule-history-prune": _every(3600.0, "prune_schedule_runs", expires=3000),
-    # Claims whose holder died and whose lease ended more than 5 minutes ago.
     "idempotency-reaper": _every(300.0, "reap_idempotency_claims", expires=240),
 }

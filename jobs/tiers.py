@@ -22,9 +22,6 @@ def validate_tier(name: object) -> str:
         UnknownTierError: naming the valid tiers.
     """
     if name not in TIERS:
-        raise UnknownTierError(
-            f"unknown tier {name!r}; valid tiers are: {', '.join(TIERS)}",
-            tier=name,
-            valid=TIERS,
-        )
+        raise UnknownTierError(f"unknown tier {name!r}; valid tiers are: {', '.join(TIERS)}",
+                               tier=name, valid=TIERS)
     return str(name)
