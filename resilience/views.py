@@ -13,7 +13,7 @@ walk a list of views and know no guard: adding a guard adds its view to that lis
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
@@ -52,6 +52,15 @@ def number(value: Any) -> str:
 def seconds(value: Any, suffix: str = "s") -> str:
     """A cell for a duration that may be absent (empty)."""
     return "" if value is None else f"{value}{suffix}"
+
+
+def per_row(
+    field: str, label: str = "name", rows: str = ""
+) -> Callable[[Any, dict[str, Any]], Iterator[tuple[list[str], float]]]:
+    """`Family.samples` of `field`, one per row (of `section[rows]`, or the section itself)
+    labelled by its `label`; a row without a value exports none."""
+    return lambda section, _: (([row[label]], row[field]) for row in
+                               (section[rows] if rows else section) if row.get(field) is not None)
 
 
 def marked(text: str, style: str, when: bool) -> str:

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
-
 from resilience.circuit.backends.base import STATES
 from resilience.circuit.backends.redis import RedisBreakerBackend
-from resilience.views import Column, Family, Row, Source, View, marked, seconds
+from resilience.views import Column, Family, Row, Source, View, marked, per_row, seconds
 
 
 def _rounded(value: float | None, digits: int) -> float | None:
@@ -36,12 +33,6 @@ def _percent(value: float | None) -> str:
     return "" if value is None else f"{value:.0%}"
 
 
-def _each(field: str) -> Callable[[list[Row], Any], Iterator[tuple[list[str], float]]]:
-    """Samples of `field` labelled by breaker name (rows without it export none)."""
-    return lambda rows, _: (([row["name"]], row[field])
-                            for row in rows if row.get(field) is not None)
-
-
 VIEW = View(
     name="breakers", title="circuit breakers", store="redis", read=read,
     row_id=lambda r: f"breaker-{r['name']}", row_data=lambda r: {"state": r["state"]},
@@ -64,13 +55,13 @@ VIEW = View(
                samples=lambda rows, _: (([row["name"], name], float(row["state"] == name))
                                         for row in rows for name in STATES)),
         Family(name="jobs_breaker_failure_rate", help="Failures / calls in the breaker's window",
-               labels=("breaker",), samples=_each("failure_rate")),
+               labels=("breaker",), samples=per_row("failure_rate")),
         Family(name="jobs_breaker_opened", help="Times the breaker opened", kind="counter",
-               labels=("breaker",), samples=_each("times_opened")),
+               labels=("breaker",), samples=per_row("times_opened")),
         # How long the current state has lasted, so a dashboard can say "open for 12 min"
         # without a range query; absent for a breaker that never changed state.
         Family(name="jobs_breaker_state_seconds",
                help="Seconds since the breaker entered its current state",
-               labels=("breaker",), samples=_each("seconds_in_state")),
+               labels=("breaker",), samples=per_row("seconds_in_state")),
     ),
 )

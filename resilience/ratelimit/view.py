@@ -8,7 +8,7 @@ from typing import Any
 
 from resilience.ratelimit.algorithms import ALGORITHMS, LEASE
 from resilience.ratelimit.backends.redis import RedisBackend
-from resilience.views import Column, Family, Row, Source, View, counted, number
+from resilience.views import Column, Family, Row, Source, View, counted, number, per_row
 
 #: The `guard` labels of the limits' counters.
 GUARDS = ("concurrency", "rate-limit")
@@ -76,14 +76,10 @@ VIEW = View(
         # None in use: keyed per argument, not enumerated.
         Family(name="jobs_concurrency_in_use", help="Concurrency slots held now",
                labels=("limit",),
-               samples=lambda section, _: (([row["name"]], row["in_use"])
-                                           for row in section["concurrency"]
-                                           if row["in_use"] is not None)),
+               samples=per_row("in_use", rows="concurrency")),
         Family(name="jobs_concurrency_limit", help="Concurrency slots configured",
                labels=("limit",),
-               samples=lambda section, _: (([row["name"]], row["limit"])
-                                           for row in section["concurrency"]
-                                           if row["limit"] is not None)),
+               samples=per_row("limit", rows="concurrency")),
     ),
 )
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from typing import Any
 
 from resilience.retry.budget import RedisBudgetBackend
-from resilience.views import Column, Family, Row, Source, View, marked
+from resilience.views import Column, Family, Row, Source, View, marked, per_row
 
 
 def read(source: Source) -> list[Row]:
@@ -25,11 +24,6 @@ def read(source: Source) -> list[Row]:
     ]
 
 
-def _each(field: str) -> Callable[[list[Row], Any], Iterator[tuple[list[str], float]]]:
-    """Samples of `field` labelled by dependency."""
-    return lambda rows, _: (([row["dependency"]], row[field]) for row in rows)
-
-
 VIEW = View(
     name="budgets", title="retry budgets", store="redis", read=read,
     columns=(
@@ -42,11 +36,11 @@ VIEW = View(
         Column(header="window", text=lambda r: f"{r['window_seconds']:g}s"),
     ),
     metrics=(
-        Family(name="jobs_retry_budget_used_ratio", labels=("dependency",),
-               help="Retries in the window / retries the budget allows", samples=_each("used")),
-        Family(name="jobs_retry_budget_requests", labels=("dependency",),
-               help="Executions counted in the budget window", samples=_each("requests")),
-        Family(name="jobs_retry_budget_retries", labels=("dependency",),
-               help="Retries spent in the budget window", samples=_each("retries")),
+        Family(name="jobs_retry_budget_used_ratio", samples=per_row("used", "dependency"),
+               labels=("dependency",), help="Retries in the window / retries the budget allows"),
+        Family(name="jobs_retry_budget_requests", samples=per_row("requests", "dependency"),
+               labels=("dependency",), help="Executions counted in the budget window"),
+        Family(name="jobs_retry_budget_retries", samples=per_row("retries", "dependency"),
+               labels=("dependency",), help="Retries spent in the budget window"),
     ),
 )
