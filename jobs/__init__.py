@@ -12,7 +12,7 @@ from typing import Any
 from resilience.errors import ConfigurationError
 from resilience.redact import redact
 
-__all__ = ["app", "batch"]
+__all__ = ["app"]
 
 _app: Any = None
 
@@ -34,11 +34,6 @@ def __getattr__(name: str) -> Any:
                 # import name 'app'" and hide the real cause.
                 raise RuntimeError(f"building the Celery app failed: {exc!r}") from exc
         return _app
-    if name == "batch":  # `jobs.batch([...], on_success=...)` (resilience.batches)
-        # lazy: `import jobs` stays light for the CLI and helper modules
-        from resilience.batches import batch
-
-        return batch
     raise AttributeError(f"module 'jobs' has no attribute {name!r}")
 
 
