@@ -339,9 +339,7 @@ class Story:
         pending = {s.result.id for s in sends if getattr(s.result, "id", None)}
 
         def done() -> bool:
-            for task_id in list(pending):
-                if self.app.AsyncResult(task_id).ready():
-                    pending.discard(task_id)
+            pending.difference_update([t for t in pending if self.app.AsyncResult(t).ready()])
             return not pending
 
         self._wait(done, f"{len(pending)} jobs to finish", poll_seconds=poll_seconds)

@@ -21,12 +21,9 @@ from resilience.stores import stores_for
 
 @app.task(tier="standard")
 @singleton(key="maintenance:cleanup_idempotency")
-def cleanup_idempotency(
-    batch_size: int = 1000,
-    pause_seconds: float = 0.0,
-    max_batches: int | None = None,
-    time_budget_seconds: float = 30.0,
-) -> dict[str, Any]:
+def cleanup_idempotency(batch_size: int = 1000, pause_seconds: float = 0.0,
+                        max_batches: int | None = None,
+                        time_budget_seconds: float = 30.0) -> dict[str, Any]:
     """Delete expired, finished idempotency records until none is left or the time budget
     is spent; reports rows/s."""
     policy = CleanupConfig(batch_size=batch_size, pause_seconds=pause_seconds,
@@ -38,9 +35,8 @@ def cleanup_idempotency(
 
 @app.task(tier="standard")
 @singleton(key="maintenance:reap_idempotency_claims")
-def reap_idempotency_claims(
-    grace_seconds: float = 300.0, batch_size: int = 1000, max_batches: int = 100
-) -> dict[str, Any]:
+def reap_idempotency_claims(grace_seconds: float = 300.0, batch_size: int = 1000,
+                            max_batches: int = 100) -> dict[str, Any]:
     """Turn claims whose holder died long ago (lease ended > grace) into failed records."""
     policy = CleanupConfig(batch_size=batch_size, max_batches=max_batches,
                            grace_seconds=grace_seconds)
@@ -57,12 +53,9 @@ def restore_cancellations() -> dict[str, Any]:
 
 @app.task(tier="standard")
 @singleton(key="maintenance:replay_dead_letters")
-def replay_dead_letters(
-    closed_for_seconds: float | None = None,
-    rate: str | None = None,
-    max_rows_per_run: int | None = None,
-    dependencies: list[str] | None = None,
-) -> dict[str, Any]:
+def replay_dead_letters(closed_for_seconds: float | None = None, rate: str | None = None,
+                        max_rows_per_run: int | None = None,
+                        dependencies: list[str] | None = None) -> dict[str, Any]:
     """Requeue dead letters of a dependency that was down, once its breaker has stayed
     closed `closed_for_seconds`, paced by `rate` (see `resilience.deadletter.replay`);
     with `dependencies`, only the rows of those.
@@ -76,11 +69,9 @@ def replay_dead_letters(
     if closed is None:
         return {"enabled": False, "replayed": 0}
     options: dict[str, Any] = {
-        "closed_for_seconds": float(closed),
-        "rate": rate or settings.dead_letter_replay_rate,
+        "closed_for_seconds": float(closed), "rate": rate or settings.dead_letter_replay_rate,
         "max_rows_per_run": max_rows_per_run,
-        "dependencies": tuple(dependencies) if dependencies is not None else None,
-    }
+        "dependencies": tuple(dependencies) if dependencies is not None else None}
     config = ReplayConfig(**{name: value for name, value in options.items() if value is not None})
     return {"enabled": True, **AutoReplay.of_app(app, config).run_once().summary()}
 

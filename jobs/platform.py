@@ -141,18 +141,13 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "override_backends": FINAL_STATE_BACKENDS,
         # A worker cut from the result backend's Redis learns it in seconds (Celery's
         # defaults: 120 s reads, connects unbounded), as the guards' own clients do.
-        "redis_socket_timeout": 5.0,
-        "redis_socket_connect_timeout": 5.0,
+        "redis_socket_timeout": 5.0, "redis_socket_connect_timeout": 5.0,
         "broker_connection_retry_on_startup": True,
         # JSON only: a pickle message can run arbitrary code in the worker.
-        "task_serializer": "json",
-        "result_serializer": "json",
-        "event_serializer": "json",
-        "accept_content": ["json"],
-        "result_accept_content": ["json"],
+        "task_serializer": "json", "result_serializer": "json", "event_serializer": "json",
+        "accept_content": ["json"], "result_accept_content": ["json"],
         # At-least-once: ack after the body, requeue when the worker process is lost.
-        "task_acks_late": True,
-        "task_reject_on_worker_lost": True,
+        "task_acks_late": True, "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
         # Messages that cannot become a task call are dead-lettered, never dropped and never
         # allowed to stop the worker (resilience.deadletter.intake).
@@ -161,18 +156,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_queues": [Queue(tier, exchange, routing_key=tier,
                               queue_arguments=queue_arguments(settings, tier))
                         for tier in TIERS],
-        "task_default_queue": DEFAULT_TIER,
-        "task_default_exchange": "jobs",
-        "task_default_routing_key": DEFAULT_TIER,
-        "task_create_missing_queues": False,
+        "task_default_queue": DEFAULT_TIER, "task_default_exchange": "jobs",
+        "task_default_routing_key": DEFAULT_TIER, "task_create_missing_queues": False,
         # Flower: events, started state, names and arguments on results.
-        "worker_send_task_events": True,
-        "task_send_sent_event": True,
-        "task_track_started": True,
-        "result_extended": True,
-        "result_expires": 24 * 3600,
-        "timezone": "UTC",
-        "enable_utc": True,
+        "worker_send_task_events": True, "task_send_sent_event": True,
+        "task_track_started": True, "result_extended": True,
+        "result_expires": 24 * 3600, "timezone": "UTC", "enable_utc": True,
         "imports": ["jobs.examples", "jobs.maintenance", "jobs.observe.worker", *settings.imports],
         "resilience_max_payload_bytes": settings.max_payload_bytes,
         "resilience_max_countdown_seconds": settings.max_countdown_seconds,
