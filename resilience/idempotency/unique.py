@@ -1,17 +1,10 @@
 """`@unique`: `.delay()` of a job already queued (or running) returns the existing job.
 
-Enqueue side (`EnqueueStage.UNIQUE`): one Lua script takes the Redis key
-`resilience:unique:{<task>:<key>}` for the new task id (with a TTL) or returns the task id
-holding it; a duplicate gets that job's `AsyncResult` (or `DuplicateJob`). A later enqueue
-guard that refuses, or a failed publish, gives the key back at once (`give_back`): a key
-never names a job that was not sent. Execution side (the outermost stage): the key is
-given back when the job starts (`until_started`) or finishes (`until_finished`), only if it
-still names this job (compare-and-delete), so a late release never frees another job's key.
-
-A duplicate whose task id its caller fixed (an outbox row's, a canvas member's, an explicit
-`task_id`) would stay PENDING forever, so it is given its outcome at once (`settle`).
-A cheap dedupe of the queue, not a guarantee: with Redis down the job is enqueued anyway
-(fail open, counted); use `@idempotent` for effects that must happen once.
+One Lua script takes `resilience:unique:{<task>:<key>}` for the new task id or names the
+holder (`UniqueEnqueueGuard`); the key is given back, only while it still names this job
+(compare-and-delete), when the job starts or finishes (`UniqueReleaseGuard`), or at once
+when a later enqueue guard or the publish fails. A queue dedupe, not a guarantee: see
+docs/idempotency.md (`@unique`, a duplicate with its own task id).
 """
 
 from __future__ import annotations

@@ -126,7 +126,6 @@ class MemoryLockBackend:
         return entry
 
     def check(self, taken: Taken) -> None:
-        """Raises LockNotOwnedError when `taken` expired or another holder has the key."""
         with self._lock:
             if self._own(taken) is None:
                 raise LockNotOwnedError(
@@ -134,7 +133,6 @@ class MemoryLockBackend:
                     "taken over); stopping before commit", key=taken.key, token=taken.token)
 
     def extend(self, taken: Taken) -> bool:
-        """Renew the lease for its TTL from now; False when it is lost."""
         with self._lock:
             entry = self._own(taken)
             if entry is None:
@@ -145,11 +143,6 @@ class MemoryLockBackend:
             return True
 
     def release(self, taken: Taken) -> None:
-        """Give `taken` back.
-
-        Raises:
-            LockNotOwnedError: it was no longer held (expired or taken over).
-        """
         with self._lock:
             entry = self._own(taken)
             if entry is None:
@@ -165,7 +158,6 @@ class MemoryLockBackend:
                       alive=self._alive(entry))
 
     def holder(self, key: str) -> Holder | None:
-        """Who holds `key` now (a live holder), or None."""
         with self._lock:
             entry = self._held.get(key)
             if entry is None or not self._alive(entry):

@@ -42,9 +42,11 @@ def on_transaction_end(connection: Any, commit: Callable[[], None],
     from sqlalchemy.orm import Session
 
     if isinstance(connection, Session):
-        events = (("after_commit", _committed), ("after_soft_rollback", _session_rolled_back))
+        events = (("after_commit", lambda session: _end(session, True)),
+                  ("after_soft_rollback", _session_rolled_back))
     elif isinstance(connection, Connection):
-        events = (("commit", _committed), ("rollback", _rolled_back))
+        events = (("commit", lambda connection: _end(connection, True)),
+                  ("rollback", lambda connection: _end(connection, False)))
     else:
         raise ConfigurationError(
             "in-memory outbox: the transaction must be a SQLAlchemy Session or Connection, "
@@ -79,14 +81,6 @@ def _end(target: Any, committed: bool) -> None:
 def _session_rolled_back(session: Any, previous: Any) -> None:
     if not session.in_transaction():  # the outermost transaction ended
         _end(session, False)
-
-
-def _committed(target: Any) -> None:
-    _end(target, True)
-
-
-def _rolled_back(connection: Any) -> None:
-    _end(connection, False)
 
 
 @dataclass
