@@ -257,7 +257,6 @@ def flower() -> None:
     # lazy: Flower and tornado, needed by `jobs flower` alone
     from jobs.observe.web import run_flower
 
-    # Flower's own app and command, plus the resilience page (/resilience, /api/resilience).
     run_flower(platform_app(),
                [f"--address={settings.flower_address}", f"--port={settings.flower_port}"])
 

@@ -47,16 +47,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("jobs.observe.snapshot")
 
 #: Counter outcomes summed per tier in the tiers section.
-TIER_OUTCOMES = {
-    "rejected": "REJECTED",
-    "discarded": "DISCARDED",
-    "shed": "SHED",
-    "deferred": "DEFERRED",
-    "replayed": "REPLAYED",
-    "skipped": "SKIPPED",
-    "retried": "RETRY",
-    "dead_lettered": "DEAD-LETTERED",
-}
+TIER_OUTCOMES = {"rejected": "REJECTED", "discarded": "DISCARDED", "shed": "SHED",
+                 "deferred": "DEFERRED", "replayed": "REPLAYED", "skipped": "SKIPPED",
+                 "retried": "RETRY", "dead_lettered": "DEAD-LETTERED"}
 
 #: What a store that cannot be reached tells the operator to do.
 START_HINT = "start the platform with `make run` (or `jobs up`), or set {variable}"
@@ -192,10 +185,8 @@ def _diagnose(exc: BaseException, server: str, variable: str) -> tuple[str, str,
 
 
 def probe_stores(settings: Settings, *, timeout_seconds: float = 1.0) -> dict[str, StoreStatus]:
-    """Can each store the snapshot reads serve (`broker`, `redis`, `database`)? One quick
-    connection each, in parallel, on clients of the probe's own: `timeout_seconds` (at least
-    2 for PostgreSQL), no retries, so `jobs status` with nothing running answers within
-    about a second. Needs the settings alone, no app."""
+    """Can `broker`, `redis` and `database` serve? One quick connection each, in parallel, no
+    retries (`timeout_seconds`, at least 2 for PostgreSQL); the settings alone, no app."""
     redis_variable = url_variable("redis_url", "REDIS_URL")
     stores = (  # store, server, role, url, variable, probe
         ("broker", "Redis" if settings.broker_is_redis else "RabbitMQ", "broker",
@@ -331,12 +322,11 @@ def collect(app: Celery | None, *, inspect_timeout_seconds: float = 1.0, active:
     """The platform's resilience state; a section that cannot be read says why.
 
     Args:
-        app: the platform's Celery app (its settings give tier limits); None only when no
-            store serves (then every section says why, at no cost).
+        app: the platform's Celery app; None only when no store serves.
         inspect_timeout_seconds: how long to wait for workers' `active` replies.
         active: ask the workers what runs now (one broadcast); False skips it.
         stores: a `probe_stores` result: sections on a store that cannot serve are not
-            read (no waiting on timeouts) and say why; None reads every section.
+            read and say why; None reads every section.
     """
     started = time.perf_counter()
     errors: dict[str, str] = {}

@@ -1,9 +1,6 @@
-"""The worker's liveness, in its main process: the heartbeat file (`jobs health live --local`
-reads its age), beaten by the event loop and, while the main thread waits for a lost
-broker, by a thread; and the consumption watchdog: a worker that stops taking work while
-alive reconnects its consumer, then exits 75 for its supervisor to restart, while a broker
-nothing reaches is an outage, waited out. See docs/observe.md (Health; Workers that stop
-consuming and stay alive).
+"""The worker's heartbeat file (`jobs health live --local`) and the consumption watchdog (a
+worker that stops taking work reconnects, then exits 75). See docs/observe.md (Health;
+Workers that stop consuming and stay alive).
 """
 
 from __future__ import annotations

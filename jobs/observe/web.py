@@ -1,9 +1,6 @@
-"""The resilience view inside Flower's own web app: `/resilience` (the page: every view's
-section and its actions' forms), `/resilience/<view>/<key>` (one row's page, `View.detail`),
-`POST /resilience/actions/<action>` (the views' `Action`s) and `/api/resilience` (JSON).
-The handlers subclass Flower's, so its auth applies; every POST also needs tornado's XSRF
-token whatever the auth (Flower skips it under basic auth, and a browser sends cached
-credentials on a cross-site POST too). GET never changes state. See docs/observe.md.
+"""The resilience view inside Flower's own web app: `/resilience` (the page), its row pages
+(`View.detail`), `POST /resilience/actions/<action>` (the views' `Action`s, XSRF token
+required whatever the auth) and `/api/resilience` (JSON). See docs/observe.md (The web view).
 """
 
 from __future__ import annotations
@@ -146,12 +143,9 @@ class ResilienceDetail(BaseHandler):
         try:
             document = await IOLoop.current().run_in_executor(None, detail.read, source, key)
         except Exception as exc:  # noqa: BLE001 - every failure is one line and a status
-            declared = [s for kind, s in detail.statuses.items() if isinstance(exc, kind)]
-            status = declared[0] if declared else 503 if isinstance(exc, StorageError) else 500
-            log = logger.exception if status == 500 else logger.warning
-            log("resilience page %s/%s: %s", name, key, one_line(exc))
+            status, error = failure(detail.statuses, exc, f"page {name}/{key}")
             self.set_status(status)
-            page = {"document": None, "error": one_line(exc, 500), "refresh_seconds": 0,
+            page = {"document": None, "error": error, "refresh_seconds": 0,
                     "heading": "", "figure": "", "tables": [], "forms": []}
         else:
             live = detail.live is not None and detail.live(document)
@@ -209,13 +203,17 @@ def page_forms() -> list[list[dict[str, Any]]]:
     return cards
 
 
-def _status_of(action: Action, exc: BaseException) -> int:
-    """The HTTP status an action's error answers with."""
-    if isinstance(exc, ActionRefused):
-        return exc.status
-    declared = [*action.statuses.items(), (AdmissionError, 409), (StorageError, 503),
+def failure(statuses: dict[type[Exception], int], exc: Exception, what: str) -> tuple[int, str]:
+    """The HTTP status an error of a row page or an action answers with (`statuses` first),
+    and its one line, logged (with the traceback when it is a 500)."""
+    declared = [*statuses.items(), (AdmissionError, 409), (StorageError, 503),
                 (ResilienceError, 400)]
-    return next((status for kind, status in declared if isinstance(exc, kind)), 500)
+    status = next((status for kind, status in declared if isinstance(exc, kind)), 500)
+    message = one_line(exc, 500)
+    if isinstance(exc, ActionRefused):
+        status, message = exc.status, str(exc)
+    (logger.exception if status == 500 else logger.warning)("resilience %s: %s", what, message)
+    return status, message
 
 
 class ResilienceAction(BaseHandler):
@@ -244,10 +242,8 @@ class ResilienceAction(BaseHandler):
                                                              action, form)
             ok, status = True, 200
         except Exception as exc:  # noqa: BLE001 - every failure becomes one line, not a trace
-            ok, status, message = False, _status_of(action, exc), (
-                str(exc) if isinstance(exc, ActionRefused) else one_line(exc, 500))
-            log = logger.exception if status == 500 else logger.warning
-            log("resilience action %s refused: %s", name, message)
+            ok = False
+            status, message = failure(action.statuses, exc, f"action {name} refused")
         else:
             logger.info("resilience action %s: %s", name, message)
         if "application/json" in self.request.headers.get("Accept", ""):
