@@ -90,8 +90,7 @@ def expected_versions(database_url: str) -> dict[str, frozenset[str]]:
     return {
         library_migrations.VERSION_TABLE: frozenset({library_migrations.head()}),
         VERSION_TABLE: frozenset(
-            ScriptDirectory.from_config(alembic_config(database_url)).get_heads()
-        ),
+            ScriptDirectory.from_config(alembic_config(database_url)).get_heads()),
     }
 
 

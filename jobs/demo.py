@@ -107,8 +107,7 @@ class Story:
         self._breaker().backend.force(self._breaker().name, "closed")
         self.console.print(
             f"[bold]jobs demo[/bold] (run {self.run_id}): Flower {self.flower}, "
-            f"resilience view {self.flower}/resilience"
-        )
+            f"resilience view {self.flower}/resilience")
         for phase in (self.duplicates, self.breaker, self.singleton, self.flood, self.poison):
             phase()
             if self.options.phase_seconds > 0:
@@ -128,20 +127,17 @@ class Story:
         replayed = [s for s in done if _outcome(s.result) == "REPLAYED"]
         self.console.print(
             f"  4 orders x 3 sends = {len(sends)} jobs: {len(firsts)} charged, "
-            f"{len(replayed)} REPLAYED with the first result"
-        )
+            f"{len(replayed)} REPLAYED with the first result")
         if replayed:
             decision = outcome_of(replayed[0].result)
             details = decision.details if decision is not None else {}
             self.console.print(
                 f"  e.g. task {replayed[0].result.id} -> REPLAYED, original task "
-                f"{details.get('original_task_id')}"
-            )
+                f"{details.get('original_task_id')}")
         self._hint(
             "Flower: Tasks, search charge_payment. The duplicates are REPLAYED, with the "
             "first charge's result (their .get() answers it too); the ledger has one row "
-            "per order."
-        )
+            "per order.")
 
     def breaker(self) -> None:
         self._title(2, "the vendor fails: breaker open, jobs deferred, recovery")
@@ -157,8 +153,7 @@ class Story:
             sends.append(self._charge(self._order(f"brk{len(sends)}")))
             time.sleep(0.2)
         self.console.print(
-            f"  breaker {PAYMENTS_VENDOR}: [red]OPEN[/red] after {len(sends)} failing charges"
-        )
+            f"  breaker {PAYMENTS_VENDOR}: [red]OPEN[/red] after {len(sends)} failing charges")
         before = self._counter("breaker", "DEFERRED")
         for n in range(4):
             sends.append(self._charge(self._order(f"open{n}")))
@@ -166,12 +161,10 @@ class Story:
                    "the breaker to defer a charge")
         self.console.print(
             "  new charges are DEFERRED by the breaker: republished for when it half-opens, "
-            "no retry spent, the vendor not called"
-        )
+            "no retry spent, the vendor not called")
         self._hint(
             f"{self.flower}/resilience: breaker {PAYMENTS_VENDOR} OPEN. Flower: charges in "
-            "RETRY with 'DEFERRED by breaker: breaker payments-vendor is open'."
-        )
+            "RETRY with 'DEFERRED by breaker: breaker payments-vendor is open'.")
         time.sleep(self.options.breaker_hold_seconds)
         vendor.set_mode("ok")
         self.console.print("  vendor: RECOVERED - `jobs vendor ok`; the breaker half-opens "
@@ -184,8 +177,7 @@ class Story:
         self.console.print(
             f"  breaker [green]CLOSED[/green]; {len(sends)} charges: {dict(outcomes)}; "
             f"{deferred} deferrals by the breaker, {retries} retries spent (only calls that "
-            "reached the failing vendor)"
-        )
+            "reached the failing vendor)")
 
     def singleton(self) -> None:
         self._title(3, "a report triggered twice builds once; a stale holder is fenced off")
@@ -217,8 +209,7 @@ class Story:
                            f"a paused first holder writing with {old} now: {refused}")
         self._hint(
             "Flower: build_daily_report, one SUCCESS and one {'outcome': 'SKIPPED', "
-            "'holder_task_id': ...}; `jobs locks list` shows a held lock while a report builds."
-        )
+            "'holder_task_id': ...}; `jobs locks list` shows a held lock while a report builds.")
 
     def flood(self) -> None:
         count = self.options.flood
@@ -243,23 +234,19 @@ class Story:
         outcomes = Counter(_outcome(s.result) for s in flood)
         self.console.print(
             f"  {count * 2} sends -> {len(ids)} jobs ({duplicates} returned the queued job: "
-            f"@unique per account; {discarded} DISCARDED by the full tier)"
-        )
+            f"@unique per account; {discarded} DISCARDED by the full tier)")
         self.console.print(
             f"  {outcomes['SHED']} SHED (waited past the {WARM_CACHE_DEADLINE_SECONDS:g} s "
-            f"deadline, or a quarter of it under pressure), {outcomes['SUCCEEDED']} ran"
-        )
+            f"deadline, or a quarter of it under pressure), {outcomes['SUCCEEDED']} ran")
         during = _latencies(charges)
         self.console.print(
             f"  critical charges during the flood: median {_ms(during)}, max "
             f"{_ms(during, max)} (quiet: median {_ms(_latencies(quiet))}) - their own "
-            "queue and workers"
-        )
+            "queue and workers")
         self._hint(
             "Flower: warm_cache jobs in state SHED, result {'outcome': 'SHED', 'reason': "
             "'deadline passed ...'}; "
-            f"{self.flower}/resilience and `jobs status`: the optional tier's shed count."
-        )
+            f"{self.flower}/resilience and `jobs status`: the optional tier's shed count.")
 
     def poison(self) -> None:
         self._title(5, "a job that can never succeed is dead-lettered, not retried")
@@ -295,13 +282,11 @@ class Story:
             f"[red]{len(twice)} charged twice, {len(missing)} missing[/red]")
         self.console.print(
             f"  ledger: {len(charged)} orders, {sum(rows.values())} charges - {verdict} "
-            f"(duplicates sent: {self.sent['jobs.examples.charge_payment'] - len(self.orders)})"
-        )
+            f"(duplicates sent: {self.sent['jobs.examples.charge_payment'] - len(self.orders)})")
         vendor = self._vendor().status()
         self.console.print(
             f"  vendor: {vendor['calls'] - self.vendor_before['calls']} calls, "
-            f"{vendor['charges'] - self.vendor_before['charges']} charges"
-        )
+            f"{vendor['charges'] - self.vendor_before['charges']} charges")
         after = self._counters()
         table = Table("guard", "outcome", Column("count", justify="right"),
                       title="outcomes by guard (this run)")

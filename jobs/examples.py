@@ -133,8 +133,7 @@ def build_daily_report(day: str) -> dict[str, Any]:
             statement.on_conflict_do_update(
                 index_elements=[DailyReport.day],
                 set_={"entries": entries, "total_cents": total, "built_at": func.now()},
-            )
-        )
+            ))
     time.sleep(REPORT_RENDER_SECONDS)  # stands in for rendering and uploading the report
     return {"day": day, "entries": int(entries), "total_cents": int(total)}
 

@@ -42,8 +42,7 @@ class LedgerEntry(Base):
     currency: Mapped[str] = mapped_column(String(3))
     task_id: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), server_default=func.now(), index=True
-    )
+        DateTime(timezone=True), server_default=func.now(), index=True)
 
 
 class DailyReport(Base):

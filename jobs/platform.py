@@ -116,17 +116,14 @@ class JobsCelery(Celery):
         options.setdefault("time_limit", limits.hard_time_limit_seconds)
         if not issubclass(options["base"], GuardedTask):
             raise ConfigurationError(
-                f"base={options['base'].__name__} must subclass JobTask so guards and tiers apply"
-            )
+                f"base={options['base'].__name__} must subclass JobTask so guards and tiers apply")
         if self.settings.broker_is_redis and options["time_limit"] and (
-            options["time_limit"] + 30 > self.settings.visibility_timeout_seconds
-        ):
+            options["time_limit"] + 30 > self.settings.visibility_timeout_seconds):
             raise ConfigurationError(
                 f"time_limit={options['time_limit']}s is too close to the broker visibility "
                 f"timeout ({self.settings.visibility_timeout_seconds}s): the message would be "
                 "delivered again while the task still runs; lower it or raise "
-                "JOBS_VISIBILITY_TIMEOUT_SECONDS"
-            )
+                "JOBS_VISIBILITY_TIMEOUT_SECONDS")
         return super().task(*args, **options)
 
 

@@ -65,8 +65,7 @@ class TierSettings(BaseModel):
             raise ValueError(
                 f"soft_time_limit_seconds ({self.soft_time_limit_seconds}) must be below "
                 f"hard_time_limit_seconds ({self.hard_time_limit_seconds}) so the task can "
-                "clean up before it is killed"
-            )
+                "clean up before it is killed")
         return self
 
 
@@ -183,8 +182,7 @@ class Settings(BaseSettings):
         if refused:
             raise ValueError(
                 f"only JSON is accepted on this platform; remove {', '.join(refused)} "
-                "(pickle and yaml let a message run arbitrary code in the worker)"
-            )
+                "(pickle and yaml let a message run arbitrary code in the worker)")
         return value
 
     @field_validator(*_URL_SCHEMES)
@@ -208,8 +206,7 @@ class Settings(BaseSettings):
                 if not (colon and user.strip() and password.strip()):
                     raise ValueError(
                         "must be user:password, or a comma list of user:password pairs, "
-                        "with a non-empty user and password in every pair (value not shown)"
-                    )
+                        "with a non-empty user and password in every pair (value not shown)")
         return value
 
     @model_validator(mode="after")
@@ -225,32 +222,27 @@ class Settings(BaseSettings):
                     f"must be at least {needed:g} (the longest of tier {longest_tier}'s hard "
                     f"time limit {longest:g}s and JOBS_MAX_COUNTDOWN_SECONDS="
                     f"{self.max_countdown_seconds:g}, plus {VISIBILITY_MARGIN_SECONDS}s); raise "
-                    "it or lower those limits"
-                )
+                    "it or lower those limits")
         if self.flower_basic_auth is None and not is_loopback(self.flower_address):
             raise ValueError(
                 f"JOBS_FLOWER_ADDRESS={self.flower_address} exposes Flower beyond this machine "
-                "without a password; set FLOWER_BASIC_AUTH to user:password or bind to 127.0.0.1"
-            )
+                "without a password; set FLOWER_BASIC_AUTH to user:password or bind to 127.0.0.1")
         if self.pg_pool_mode in ("transaction", "statement") and not self.locks_database_url:
             raise ValueError(
                 f"JOBS_PG_POOL_MODE={self.pg_pool_mode}: advisory locks (singleton guard, beat "
                 "leadership) need a session of their own; set LOCKS_DATABASE_URL to PostgreSQL "
-                "reached directly (docs/production.md)"
-            )
+                "reached directly (docs/production.md)")
         topology = not (self.redis_url or "redis://").startswith(("redis://", "rediss://",
                                                                    "unix://"))
         if topology and not self.broker_url:
             raise ValueError(
                 "REDIS_URL is a Sentinel or Cluster URL: set BROKER_URL to the broker (one "
                 "Redis, redis://, or RabbitMQ, amqp://); guard state and broker are kept apart "
-                "in production (docs/production.md)"
-            )
+                "in production (docs/production.md)")
         if topology and not self.result_backend_url and not self.broker_is_redis:
             raise ValueError(
                 "REDIS_URL is a Sentinel or Cluster URL and the broker is RabbitMQ: set "
-                "RESULT_BACKEND_URL (a redis:// URL, or db+postgresql://...) for task results"
-            )
+                "RESULT_BACKEND_URL (a redis:// URL, or db+postgresql://...) for task results")
         if len(self.embedded_redlock_ports) < 3 and not self.redlock_urls:
             raise ValueError("JOBS_EMBEDDED_REDLOCK_PORTS needs at least 3 ports for a quorum")
         return self
@@ -280,8 +272,7 @@ class Settings(BaseSettings):
     def effective_database_url(self) -> str:
         return (
             self.database_url
-            or f"postgresql://postgres@127.0.0.1:{self.embedded_postgres_port}/jobs"
-        )
+            or f"postgresql://postgres@127.0.0.1:{self.embedded_postgres_port}/jobs")
 
     @property
     def effective_locks_database_url(self) -> str:
