@@ -623,24 +623,23 @@ class AdvisoryLockBackend(StoreBackend):
         """One round trip on a lock session: lock, name the session, register.
 
         The commit waits for its WAL flush only when the body receives the fencing token
-        (`claimant.fenced`): the sequence's WAL must be on disk before a token is used, or
-        PostgreSQL recovering from a crash could hand the same token out again. A token
-        no body receives is informational (holder reports), and any later durable commit
-        flushes the WAL before it anyway.
+        (`claimant.fenced`): a token used before its WAL is on disk could be handed out
+        again after a crash (docs/locks.md). A token no body receives is informational.
         """
         lock_id = advisory_id(key)
         if any(lock_id in held.held for held in _in_use()):
             # Session locks are re-entrant; a second take by the same thread (an inline
             # caller-runs call of the same key) must see the key as held.
             return None
-        if self.statements is not None:
-            return self._acquire_shared(key, lock_id, claimant)
-        session = take_session(self.database_url, self.pool_mode)
         parameters = {
-            "id": lock_id, "key": key, "kind": self.kind, "owner": str(session.backend_pid),
+            "id": lock_id, "key": key, "kind": self.kind, "owner": "",
             "name": f"{SESSION_PREFIX}{claimant.task_id or ''}"[:63], "ttl_seconds": None,
             **_claimant_fields(claimant),
         }
+        if self.statements is not None:
+            return self._acquire_shared(lock_id, parameters, claimant)
+        session = take_session(self.database_url, self.pool_mode)
+        parameters["owner"] = str(session.backend_pid)
         for fresh in (False, True):
             try:
                 taken, token, _ = session.execute_prepared(
@@ -661,16 +660,12 @@ class AdvisoryLockBackend(StoreBackend):
         session.held.add(lock_id)
         return Taken(key=key, owner=parameters["owner"], token=token, handle=session)
 
-    def _acquire_shared(self, key: str, lock_id: int, claimant: Claimant) -> Taken | None:
-        """`acquire` on this thread's shared connection (see the class docstring); its
-        first acquisition also bounds the server's end of the connection (`PG_SERVER_TCP`)
-        and prepares the release, in the same round trip."""
+    def _acquire_shared(self, lock_id: int, parameters: dict[str, Any],
+                        claimant: Claimant) -> Taken | None:
+        """`acquire` on this thread's shared connection; its first acquisition also bounds
+        the server's end of the connection (`PG_SERVER_TCP`) and prepares the release, in
+        the same round trip."""
         assert self.statements is not None
-        parameters = {
-            "id": lock_id, "key": key, "kind": self.kind, "owner": "",
-            "name": f"{SESSION_PREFIX}{claimant.task_id or ''}"[:63], "ttl_seconds": None,
-            **_claimant_fields(claimant),
-        }
         used: list[HeldConnection] = []
 
         def session_setup(connection: HeldConnection) -> tuple[str, Callable[[], None] | None]:
@@ -700,7 +695,7 @@ class AdvisoryLockBackend(StoreBackend):
             return None
         connection = used[-1]
         connection.locks.add(lock_id)
-        return Taken(key=key, owner=parameters["owner"], token=token,
+        return Taken(key=parameters["key"], owner=parameters["owner"], token=token,
                      handle=SharedSessionLock(connection, lock_id))
 
     def hand_off(self, taken: Taken) -> None:
