@@ -83,14 +83,8 @@ def charge_at_vendor(order_id: str, account: str, amount_cents: int, currency: s
 @rate_limit(PAYMENTS_VENDOR, "20/second", burst=5)
 @retry_policy(max_attempts=4, backoff=wait_full_jitter(base=0.5, cap=10),
               dependency=PAYMENTS_VENDOR, budget=RetryBudget(ratio=0.2))
-def charge_payment(
-    self: Any,
-    order_id: str,
-    account: str,
-    amount_cents: int,
-    currency: str = "EUR",
-    session: Session | None = None,
-) -> dict[str, Any]:
+def charge_payment(self: Any, order_id: str, account: str, amount_cents: int,
+                   currency: str = "EUR", session: Session | None = None) -> dict[str, Any]:
     """Charge `amount_cents` to `account` for `order_id`: one vendor charge, one ledger row.
 
     `@idempotent` makes a duplicate or redelivered order REPLAYED with the first result;

@@ -109,13 +109,8 @@ def _aliased(variable: str, **field: Any) -> Any:
 class Settings(BaseSettings):
     """All platform settings; see the README's configuration table."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="JOBS_",
-        env_nested_delimiter="__",
-        extra="ignore",
-        frozen=True,
-        populate_by_name=True,
-    )
+    model_config = SettingsConfigDict(env_prefix="JOBS_", env_nested_delimiter="__",
+                                      extra="ignore", frozen=True, populate_by_name=True)
 
     redis_url: str | None = _aliased("REDIS_URL")  # unset: embedded Redis
     database_url: str | None = _aliased("DATABASE_URL")  # unset: embedded PostgreSQL
