@@ -63,8 +63,7 @@ def settings_or_exit() -> Settings:
 
 # -- running the platform ---------------------------------------------------------------
 def procfile(settings: Settings) -> str:
-    """The Procfile `jobs up` hands to honcho: embedded services, the simulated payment
-    vendor, workers, beat, the outbox relay, Flower, the metrics exporter."""
+    """The Procfile `jobs up` hands to honcho: services, vendor, workers, beat, relay, Flower..."""
     processes: list[tuple[str, tuple[str, ...]]] = []
     if settings.embedded_redis:
         processes.append(("redis", ("service", "redis")))

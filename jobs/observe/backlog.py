@@ -49,8 +49,7 @@ def fresh_backlog(app: Celery, queues: Iterable[str], *, timeout_seconds: float)
 
 def per_list(client: Any, lists: dict[str, list[str]], command: str,
              *args: Any) -> dict[str, list[Any]]:
-    """`command` on every Redis list of `lists` (key -> its lists) in one pipeline: key ->
-    the replies."""
+    """`command` on every list of `lists` (key -> lists) in one pipeline: key -> replies."""
     with client.pipeline(transaction=False) as pipe:
         for names in lists.values():
             for name in names:

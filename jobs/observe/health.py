@@ -169,8 +169,7 @@ def check_broker(app: Celery) -> Check:
 
 @lru_cache(maxsize=4)
 def migration_heads(database_url: str) -> dict[str, frozenset[str]]:
-    """Each version table and its history's heads (read from the scripts once per process):
-    the library's and the platform's."""
+    """Each version table (the library's, the platform's) and its heads, read once."""
     # lazy: jobs.db loads alembic and SQLAlchemy, which the local probes never need
     from jobs.db import expected_versions
 

@@ -86,8 +86,7 @@ class SharedStateCollector(Collector):
 
 
 def view_metrics(view: View, snapshot: dict[str, Any]) -> Iterator[Metric]:
-    """The metric families `view` declares, with samples from its section of `snapshot`
-    (none when the section could not be read)."""
+    """The families `view` declares, sampled from its section (none when it was not read)."""
     section = snapshot[view.name]
     for family in view.metrics:
         kind = CounterMetricFamily if family.kind == "counter" else GaugeMetricFamily

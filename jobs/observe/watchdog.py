@@ -164,8 +164,7 @@ class ConsumerHeartbeat(bootsteps.StartStopStep):
 
 
 def stop_heartbeat(worker: Any) -> None:
-    """Stop `worker`'s heartbeat and readiness checks and remove their files (the worker
-    has shut down)."""
+    """Stop `worker`'s heartbeat and readiness checks and remove their files."""
     for part in (getattr(worker, "jobs_readiness", None), getattr(worker, "jobs_heartbeat", None)):
         if part is not None:
             part.stop()

@@ -274,8 +274,7 @@ def _refresh_seconds(handler: BaseHandler) -> int:
 
 
 def add_resilience_handlers(flower_app: Flower) -> None:
-    """Add the resilience page, its actions and the API to a Flower application (before its
-    catch-all 404)."""
+    """Add the resilience handlers to a Flower application (before its catch-all 404)."""
     from flower.app import rewrite_handler
 
     rules = [(r"/resilience/?", ResiliencePage),
