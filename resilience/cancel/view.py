@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from resilience.cancel.backends.redis import RedisCancelBackend
@@ -10,21 +11,12 @@ from resilience.cancel.results import store_cancelled
 from resilience.cancel.tombstones import DEFAULT_TTL_SECONDS, Cancellations
 from resilience.errors import StorageError
 from resilience.stores import stores_for
-from resilience.views import (
-    PAGE_REASON,
-    Action,
-    ActionRefused,
-    Column,
-    Form,
-    Input,
-    Row,
-    Source,
-    Submitted,
-    View,
-)
+from resilience.views import PAGE_REASON, Action, ActionRefused, Column, Form, Input, View
 
 if TYPE_CHECKING:
     from celery import Celery
+
+    from resilience.views import Row, Source, Submitted
 
 logger = logging.getLogger("resilience.cancel")
 
@@ -83,13 +75,9 @@ def cancel(source: Source, form: Submitted) -> str:
 
 def read(source: Source, *, limit: int = SHOWN) -> list[Row]:
     """Live cancellations, newest first, at most `limit` (one statement)."""
-    return [
-        {"target": entry.target, "task_name": entry.task_name, "task_id": entry.task_id,
-         "key": entry.key, "reason": entry.reason,
-         "created_at": entry.created_at.isoformat(timespec="seconds"),
-         "expires_at": entry.expires_at.isoformat(timespec="seconds")}
-        for entry in cancellations(source.app).describe(limit=limit)
-    ]
+    return [{**asdict(entry), "created_at": entry.created_at.isoformat(timespec="seconds"),
+             "expires_at": entry.expires_at.isoformat(timespec="seconds")}
+            for entry in cancellations(source.app).describe(limit=limit)]
 
 
 VIEW = View(

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from resilience.deadletter import place
 from resilience.deadletter.bulk import Selection, parse_since, requeue_many
-from resilience.views import (
-    Action,
-    ActionRefused,
-    Column,
-    Form,
-    Input,
-    Row,
-    Source,
-    Submitted,
-    View,
-)
+from resilience.views import Action, ActionRefused, Column, Form, Input, View
+
+if TYPE_CHECKING:
+    from resilience.views import Row, Source, Submitted
 
 #: Pending dead letters the status views list, newest first (`jobs dead-letters list`: more).
 SHOWN = 20

@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from typing import TYPE_CHECKING
 
 from resilience.pause.backends.redis import RedisPauseBackend
 from resilience.pause.guard import PauseSwitch
-from resilience.views import (
-    PAGE_REASON,
-    Action,
-    ActionRefused,
-    Column,
-    Form,
-    Input,
-    Row,
-    Source,
-    Submitted,
-    View,
-)
+from resilience.views import PAGE_REASON, Action, ActionRefused, Column, Form, Input, View
+
+if TYPE_CHECKING:
+    from resilience.views import Row, Source, Submitted
 
 
 def declared_switches(source: Source) -> list[tuple[str, str]]:
