@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from resilience.config import check
 from resilience.errors import ConfigurationError
 from resilience.keys import KeyOption
 from resilience.ratelimit.algorithms import RATE_ALGORITHMS, Params, algorithm_named
@@ -43,8 +44,7 @@ def _validate_common(config: Any) -> None:
     """The options both configs share: name, retry_seconds, on_store_down (resolved)."""
     if not config.name:
         raise ConfigurationError("a limit needs a non-empty name")
-    if not config.retry_seconds > 0:
-        raise ConfigurationError(f"retry_seconds must be positive, got {config.retry_seconds!r}")
+    check(config, "retry_seconds", "positive", lambda v: v > 0)
     object.__setattr__(config, "on_store_down", store_down_policy(config.on_store_down))
 
 

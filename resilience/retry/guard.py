@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from celery.exceptions import Ignore, Reject, Retry
 
 from resilience.classify import ClassifyHook, is_retryable, retry_after
-from resilience.config import configured
+from resilience.config import check, configured
 from resilience.errors import ConfigurationError, DeadLettered
 from resilience.headers import PREVIOUS_DELAY_HEADER
 from resilience.outcomes import Outcome, Stop
@@ -56,11 +56,10 @@ class RetryConfig:
     classify_hooks: Sequence[ClassifyHook] = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
-            raise ConfigurationError(f"max_attempts must be an int >= 1, got {self.max_attempts!r}")
+        check(self, "max_attempts", "an int >= 1", lambda v: isinstance(v, int) and v >= 1)
         check_backoff(self.backoff)
-        if self.budget is not None and not isinstance(self.budget, RetryBudget):
-            raise ConfigurationError(f"budget must be a RetryBudget or None, got {self.budget!r}")
+        check(self, "budget", "a RetryBudget or None",
+              lambda v: v is None or isinstance(v, RetryBudget))
         for hook in self.classify_hooks:
             if not callable(hook):
                 raise ConfigurationError(f"classify hook {hook!r} is not callable")
