@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
+from resilience.config import check, is_number
 from resilience.errors import ConfigurationError
 
 _UNITS = {
@@ -46,14 +47,11 @@ class Rate:
     period_seconds: float
 
     def __post_init__(self) -> None:
-        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit <= 0:
-            raise ConfigurationError(f"a rate limit must be a positive integer, got {self.limit!r}")
+        check(self, "limit", "a positive integer", label="a rate limit",
+              valid=lambda v: not isinstance(v, bool) and isinstance(v, int) and v > 0)
+        check(self, "period_seconds", "positive finite seconds", label="a rate period",
+              valid=lambda v: is_number(v) and v > 0)
         period = self.period_seconds
-        if (isinstance(period, bool) or not isinstance(period, int | float)
-                or not math.isfinite(period) or period <= 0):
-            raise ConfigurationError(
-                f"a rate period must be positive finite seconds, got {period!r}"
-            )
         if period < MIN_PERIOD_SECONDS:
             raise ConfigurationError(
                 f"rate {self}: the period must be at least 1 ms (a decision is a Redis round "
