@@ -71,15 +71,12 @@ class LocalBreaker:
 
     # -- pending successes ---------------------------------------------------------------
     def add(self, config: BreakerConfig, generation: int, now: float) -> None:
-        """Count one success admitted under `generation`."""
         self._pending.add((config, generation), now, config.local_state_seconds)
 
     def due(self, now: float) -> bool:
-        """Are the pending counts old enough to send?"""
         return self._pending.due(now)
 
     def take(self) -> Batch:
-        """Everything pending (and no longer pending)."""
         return [(config, generation, calls)
                 for (config, generation), calls in self._pending.take().items()]
 

@@ -145,7 +145,6 @@ class RequeueReport:
 
     @property
     def skipped_count(self) -> int:
-        """Rows refused, whatever the reason."""
         return sum(len(ids) for ids in self.skipped.values())
 
     def skip(self, reason: str, entry_id: int) -> None:

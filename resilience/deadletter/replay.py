@@ -90,7 +90,6 @@ class ReplayReport:
 
     @property
     def replayed(self) -> int:
-        """Rows requeued in this run."""
         return sum(len(report.requeued) for report in self.requeued.values())
 
     def summary(self) -> dict[str, Any]:

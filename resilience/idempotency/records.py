@@ -58,7 +58,6 @@ class IdempotencyRecords:
         self.backend = backend
 
     def find(self, task_name: str, key: str) -> Record | None:
-        """The record of `key` under `task_name`, or None."""
         return self.backend.records.read(task_name, key)
 
     def recent(self, *, limit: int = 20, task_name: str | None = None,

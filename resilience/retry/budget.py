@@ -211,7 +211,6 @@ class MemoryBudgetBackend:
     def decide(
         self, dependency: str, mode: str, budget: RetryBudget, amount: int = 1
     ) -> BudgetDecision:
-        """One decision, as `RedisBudgetBackend.decide`."""
         now_ms = int(self.clock() * 1000)
         window_ms = int(budget.window_seconds * 1000)
         slot_ms = max(1, window_ms // budget.slots)
@@ -248,7 +247,6 @@ class MemoryBudgetBackend:
     def describe(
         self, budgets: Mapping[str, RetryBudget], *, include_stored: bool = False
     ) -> list[BudgetState]:
-        """As `RedisBudgetBackend.describe`."""
         now_ms = int(self.clock() * 1000)
         with self._lock:
             names = set(budgets) | (set(self._hashes) if include_stored else set())
@@ -278,15 +276,12 @@ class RequestCounts:
         self._pending = flushing.Pending()
 
     def add(self, now: float) -> None:
-        """Count one request."""
         self._pending.add(None, now, self.budget.flush_seconds)
 
     def due(self, now: float) -> bool:
-        """Are the pending requests old enough to send?"""
         return self._pending.due(now)
 
     def take(self) -> int:
-        """How many are pending (and no longer pending)."""
         return sum(self._pending.take().values())
 
     def flush(self, now: float, *, force: bool = False) -> bool:

@@ -43,7 +43,6 @@ class Claim:
     owner: str
 
     def parameters(self) -> dict[str, Any]:
-        """The claim as statement parameters."""
         return {"task_name": self.task_name, "key": self.key, "attempt": self.attempt,
                 "owner": self.owner}
 
