@@ -101,14 +101,6 @@ def raw_message(message: Any, *, runnable: bool) -> dict[str, Any]:
     }
 
 
-def _decoded_call(message: Any) -> tuple[list[Any], dict[str, Any]] | None:
-    """The message's args and kwargs when its body decodes to a well-formed call."""
-    try:
-        return check_body(message.decode())
-    except Exception:  # noqa: BLE001 - any failure means "not a call"; the reason is known
-        return None
-
-
 def record(app: Any, message: Any, reason: str, exc: BaseException | None = None) -> bool:
     """Put `message` in the dead-letter table with `reason`; False if it could not be written.
 
@@ -116,7 +108,11 @@ def record(app: Any, message: Any, reason: str, exc: BaseException | None = None
     written again cut down (`_bare_row`), so only an unreachable PostgreSQL returns False.
     """
     headers = message.headers if isinstance(message.headers, dict) else {}
-    call = _decoded_call(message)
+    call: tuple[list[Any], dict[str, Any]] | None
+    try:
+        call = check_body(message.decode())
+    except Exception:  # noqa: BLE001 - any failure means "not a call"; the reason is known
+        call = None
     task_name = str(headers.get("task") or UNKNOWN_TASK)
     queue = (message.delivery_info or {}).get("routing_key")
     row: dict[str, Any] = dict(
