@@ -52,8 +52,7 @@ PG_SERVER_TCP = (
     "SELECT set_config('tcp_keepalives_idle', '5', false), "
     "set_config('tcp_keepalives_interval', '2', false), "
     "set_config('tcp_keepalives_count', '3', false), "
-    f"set_config('tcp_user_timeout', '{TCP_USER_TIMEOUT_MS}', false)"
-)
+    f"set_config('tcp_user_timeout', '{TCP_USER_TIMEOUT_MS}', false)")
 
 #: Execution option that marks a connection of `Stores.guard_engine()`: every transaction
 #: it begins gets `SET LOCAL statement_timeout` and `lock_timeout` (milliseconds).

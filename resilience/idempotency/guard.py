@@ -129,7 +129,6 @@ class IdempotencyGuard(Guard):
         self._resolved: tuple[Stores, CachedBackend] | None = None
         self._task: Task | None = None
         self.task_name = ""
-        self.tier: str | None = None
         self.spec: KeySpec | None = None
         #: The body declares `session` (transactional mode passes it the transaction's).
         self._passes_session = False
@@ -144,7 +143,6 @@ class IdempotencyGuard(Guard):
         """
         self._task = task
         self.task_name = task.name
-        self.tier = getattr(task, "tier", None)
         self.spec = KeySpec(task.run, self.config.key)
         self._passes_session = _session_parameter(task.run) is not None
         time_limit = task.time_limit or task.app.conf.task_time_limit
@@ -170,11 +168,9 @@ class IdempotencyGuard(Guard):
             return resolved[1]
         config = self.config
         backend = cached_backend(
-            stores,
-            self._backend(task) if callable(self._backend) else self._backend,
+            stores, self._backend(task) if callable(self._backend) else self._backend,
             cache=config.cache, cache_ttl_seconds=config.cache_ttl_seconds,
-            synchronous_commit=config.synchronous_commit, prepared=config.prepared_statements,
-        )
+            synchronous_commit=config.synchronous_commit, prepared=config.prepared_statements)
         self._resolved = (stores, backend)
         return backend
 
@@ -293,8 +289,7 @@ class IdempotencyGuard(Guard):
             raise ConfigurationError(
                 f"{self.task_name}: transactional=True writes through the SQLAlchemy session "
                 "it passes; declare `session=None`, or use resilience.contrib.django",
-                task=self.task_name,
-            )
+                task=self.task_name)
 
     # -- commit (inside every lock and lease the call holds) -------------------------------
     def commit(self, call: Call, result: Any) -> None:
@@ -313,8 +308,7 @@ class IdempotencyGuard(Guard):
             raise UnserializableResult(
                 f"{self.task_name}: the result of an idempotent task must be what Celery's "
                 f"JSON serializer carries, so it can be replayed; got {type(result).__name__}",
-                key=key.value,
-            ) from None
+                key=key.value) from None
         if self.config.transactional:
             self._commit_transaction(call, taken, result_json)
             if claim is not None:
@@ -421,8 +415,7 @@ class IdempotencyGuard(Guard):
         logger.info(
             "idempotency claim on %s:%s released once the store answers (attempt %s): the "
             "store is unreachable (%s)", claim.task_name, claim.key, claim.attempt,
-            type(error).__name__,
-        )
+            type(error).__name__)
         backend = self.backend
         give_up_at = time.monotonic() + self.lease_seconds
 
@@ -513,14 +506,12 @@ def idempotent(key: KeyOption | IdempotencyConfig = None, /, *, backend: Backend
             argument, or `transactional=True` on a function whose `session` parameter has
             a default other than None or is positional-only / variadic.
     """
-    if isinstance(key, IdempotencyConfig):
-        config = configured(IdempotencyConfig, key, overrides, where="idempotent")
-    else:
-        if key is not None:
-            if "key" in overrides:
-                raise ConfigurationError("idempotent: key given twice", option="key")
-            overrides["key"] = key
-        config = configured(IdempotencyConfig, None, overrides, where="idempotent")
+    base = key if isinstance(key, IdempotencyConfig) else None
+    if base is None and key is not None:
+        if "key" in overrides:
+            raise ConfigurationError("idempotent: key given twice", option="key")
+        overrides["key"] = key
+    config = configured(IdempotencyConfig, base, overrides, where="idempotent")
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         KeySpec(func, config.key)  # a template naming a missing argument fails here
@@ -533,8 +524,7 @@ def idempotent(key: KeyOption | IdempotencyConfig = None, /, *, backend: Backend
                 raise ConfigurationError(
                     f"{func.__name__}: transactional=True gives the body a SQLAlchemy session; "
                     "declare its parameter as `session: Session | None = None`",
-                    function=func.__name__,
-                )
+                    function=func.__name__)
         guard = IdempotencyGuard(config, backend)
         attach(func, guard)
         attach(func, IdempotencyKeyGuard(guard))

@@ -62,18 +62,8 @@ INJECTED = (FENCING_PARAMETER, CHECKPOINT_PARAMETER)
 #: A guard's backend: one object, or one built for the task's app at first use.
 BackendOption = LockBackend | Callable[["Task"], LockBackend] | None
 
-__all__ = [
-    "ExclusiveConfig",
-    "ExclusiveGuard",
-    "Hold",
-    "LockConfig",
-    "LockGuard",
-    "LockKeyGuard",
-    "SingletonConfig",
-    "SingletonGuard",
-    "exclusive",
-    "singleton",
-]
+__all__ = ["ExclusiveConfig", "ExclusiveGuard", "Hold", "LockConfig", "LockGuard", "LockKeyGuard",
+           "SingletonConfig", "SingletonGuard", "exclusive", "singleton"]
 
 
 @dataclass
@@ -184,8 +174,7 @@ class LockGuard(Guard):
             raise Stop(
                 Outcome.DEFERRED, guard=self.name,
                 reason=f"{self.kind} lock lost while the job ran ({exc}); run again later",
-                retry_after_seconds=self.options.defer_seconds,
-                details={"lock_lost": True},
+                retry_after_seconds=self.options.defer_seconds, details={"lock_lost": True},
             ) from exc
 
     def release(self, call: Call) -> None:

@@ -132,8 +132,7 @@ class ResultCache:
         payload = f'{{"f":{json.dumps(fingerprint)},"t":{json.dumps(task_id)},"r":{result_json}}}'
         for_client(rounds, self.client).command(
             "SET", cache_key(task_name, key), payload, "PX", max(1, int(ttl_seconds * 1000)),
-            then=done,
-        )
+            then=done)
 
     def forget(self, task_name: str, key: str) -> None:
         """Drop a cached key (admin purge)."""

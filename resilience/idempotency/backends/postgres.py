@@ -65,8 +65,7 @@ logger = logging.getLogger("resilience.idempotency")
 _COLUMNS = (
     "attempt, state, fingerprint, result, error, task_id, lease_owner, "
     "EXTRACT(EPOCH FROM (lease_expires_at - now()))::float8 AS lease_remaining, "
-    "EXTRACT(EPOCH FROM (expires_at - now()))::float8 AS expires_in"
-)
+    "EXTRACT(EPOCH FROM (expires_at - now()))::float8 AS expires_in")
 
 # The claim returns only the attempt it claimed, nothing when the key is someone else's;
 # READ_SQL (duplicates only) then reads the row in the way: answering a duplicate in the same
@@ -114,8 +113,7 @@ WHERE task_name = %(task_name)s AND key = %(key)s
 
 _CLAIM_MATCHES = (
     "task_name = %(task_name)s AND key = %(key)s AND attempt = %(attempt)s "
-    f"AND lease_owner = %(owner)s AND state = '{IN_PROGRESS}'"
-)
+    f"AND lease_owner = %(owner)s AND state = '{IN_PROGRESS}'")
 
 # The record lives at least `ttl_seconds` after its completion. `expires_at` (the only
 # indexed column an update could change) moves only when the completion came after the
@@ -147,8 +145,7 @@ WHERE {_CLAIM_MATCHES}
 # -- the operator's side ------------------------------------------------------------------
 _RECORD_FIELDS = (
     "task_name, key, fingerprint, state, result, error, attempt, lease_owner, "
-    "lease_expires_at, task_id, created_at, updated_at, expires_at"
-)
+    "lease_expires_at, task_id, created_at, updated_at, expires_at")
 
 FIND_SQL = f"""
 SELECT {_RECORD_FIELDS} FROM {TABLE_NAME} WHERE task_name = %(task_name)s AND key = %(key)s
@@ -340,8 +337,7 @@ class PostgresIdempotencyBackend(StoreBackend):
             StoreUnavailable, StoreRejected, StorageError.
         """
         return self.runner.run(statement, parameters, f"idempotency store: {action}",
-                               prepared=self.prepared,
-                               prefix=self._commit_mode if write else None,
+                               prepared=self.prepared, prefix=self._commit_mode if write else None,
                                named=named, fixed=fixed, lead=lead)
 
     def ping(self) -> None:

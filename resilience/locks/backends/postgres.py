@@ -202,8 +202,7 @@ def _verify(key: str, backend_pid: object, execute: Callable[..., Any],
     except StorageError as exc:
         raise LockNotOwnedError(
             f"singleton lock {key!r} lost: its PostgreSQL session is gone ({exc}); "
-            "stopping before the task commits",
-            key=key, cause=getattr(exc, "cause", repr(exc)),
+            "stopping before the task commits", key=key, cause=getattr(exc, "cause", repr(exc)),
         ) from exc
     pid, held = rows[0]
     if str(pid) != str(backend_pid):
@@ -212,6 +211,14 @@ def _verify(key: str, backend_pid: object, execute: Callable[..., Any],
             f"{backend_pid} to {pid} (reconnect or transaction pooling)", key=key)
     if not held:
         raise LockNotOwnedError(f"singleton lock {key!r} is not held by this session", key=key)
+
+
+def _unmoved(pid: object, backend_pid: object) -> None:
+    """Raise LockNotOwnedError when a lock session's probe answered from another backend."""
+    if str(pid) != str(backend_pid):
+        raise LockNotOwnedError(
+            f"the lock session moved from backend {backend_pid} to {pid} "
+            "(reconnect or transaction pooling)", backend_pid=backend_pid)
 
 
 # -- the session -----------------------------------------------------------------------------
@@ -267,9 +274,7 @@ class AdvisorySession:
                 "the PostgreSQL session moved between backends across statements: the "
                 "database is behind a transaction-pooling proxy (PgBouncer "
                 "pool_mode=transaction); session advisory locks cannot work there: set "
-                "LOCKS_DATABASE_URL to PostgreSQL reached directly",
-                pool_mode="transaction",
-            )
+                "LOCKS_DATABASE_URL to PostgreSQL reached directly", pool_mode="transaction")
         self.held: set[int] = set()
         #: Names of the statements prepared on this session.
         self.prepared: set[str] = set()
@@ -325,11 +330,7 @@ class AdvisorySession:
             StoreUnavailable, StorageError: the session is gone.
             LockNotOwnedError: it moved to another backend (a transaction pooler).
         """
-        pid = self.scalar("SELECT pg_backend_pid()")
-        if pid != self.backend_pid:
-            raise LockNotOwnedError(
-                f"the lock session moved from backend {self.backend_pid} to {pid} "
-                "(reconnect or transaction pooling)", backend_pid=self.backend_pid)
+        _unmoved(self.scalar("SELECT pg_backend_pid()"), self.backend_pid)
 
     def release(self, key: str) -> bool:
         """Release `key`'s lock; False when it was not held (or the session is gone)."""
@@ -525,10 +526,9 @@ class HeldLockRegistry(StoreBackend):
     def register(self, key: str, *, kind: str, owner: str, claimant: Claimant,
                  token: int | None, ttl_seconds: float | None) -> None:
         """Record `owner` as the holder of `key` (replacing a row a dead holder left)."""
-        self._rows(_REGISTER_TAKEN, {
-            "key": key, "kind": kind, "owner": owner, "token": token,
-            "ttl_seconds": ttl_seconds, **_claimant_fields(claimant),
-        }, write=True)
+        self._rows(_REGISTER_TAKEN, {"key": key, "kind": kind, "owner": owner, "token": token,
+                                     "ttl_seconds": ttl_seconds, **_claimant_fields(claimant)},
+                   write=True)
 
     def unregister(self, key: str, owner: str) -> None:
         """Delete `key`'s row if `owner` still holds it there."""
@@ -634,8 +634,7 @@ class AdvisoryLockBackend(StoreBackend):
         parameters = {
             "id": lock_id, "key": key, "kind": self.kind, "owner": "",
             "name": f"{SESSION_PREFIX}{claimant.task_id or ''}"[:63], "ttl_seconds": None,
-            **_claimant_fields(claimant),
-        }
+            **_claimant_fields(claimant)}
         if self.statements is not None:
             return self._acquire_shared(lock_id, parameters, claimant)
         session = take_session(self.database_url, self.pool_mode)
@@ -800,13 +799,9 @@ class AdvisoryLockBackend(StoreBackend):
         singleton's `SessionWatcher` while the body runs."""
         handle = taken.handle
         if isinstance(handle, SharedSessionLock):
-            pid = handle.connection.execute_here("SELECT pg_backend_pid()")[0][0]
-            if str(pid) != taken.owner:
-                raise LockNotOwnedError(
-                    f"the lock session moved from backend {taken.owner} to {pid} "
-                    "(reconnect or transaction pooling)", backend_pid=taken.owner)
-            return
-        handle.probe()
+            _unmoved(handle.connection.execute_here("SELECT pg_backend_pid()")[0][0], taken.owner)
+        else:
+            handle.probe()
 
     def abandon(self, taken: Taken) -> None:
         """Give up a lock known lost, without a statement: the session leaves this thread
