@@ -7,12 +7,9 @@ A record is one row per (task name, key); its state machine (models.py has the t
                           |---release (retryable): lease ends now, row stays in_progress
                           '---reaper (lease expired long ago)--> failed
 
-Each step is one atomic store operation; `complete`, `fail` and `release` match the claim's
-fencing pair (attempt, owner token), so a holder whose claim was taken over changes nothing.
-A claim takes a row over (attempt + 1, a fresh owner) when its lease ended or it failed
-(same fingerprint), or the whole record expired. Transactional mode adds `begin()`: the
-body writes through the `Transaction`'s `session`, and its `complete` records the result in
-the same transaction.
+`complete`, `fail` and `release` match the claim's fencing pair (attempt, owner token): a
+holder whose claim was taken over changes nothing. When a claim takes a row over, and
+transactional mode (`begin()`): docs/idempotency.md.
 """
 
 from __future__ import annotations

@@ -45,10 +45,6 @@ class _Row:
     error: str | None = None
 
 
-def _datetime(seconds: float | None) -> datetime | None:
-    return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
-
-
 class MemoryIdempotencyBackend:
     """Records in a dict behind a lock.
 
@@ -141,7 +137,8 @@ class MemoryIdempotencyBackend:
     def _record(self, task_name: str, key: str, row: _Row) -> Record:
         fields = dict(vars(row))
         for name in ("lease_expires_at", "created_at", "updated_at", "expires_at"):
-            fields[name] = _datetime(fields[name])
+            if fields[name] is not None:
+                fields[name] = datetime.fromtimestamp(fields[name], UTC)
         return Record(task_name=task_name, key=key, **fields)
 
     def read(self, task_name: str, key: str) -> Record | None:
