@@ -89,14 +89,10 @@ class PauseGuard(Guard):
     def backend(self, task: Task) -> PauseBackend:
         return self._backend(task) if callable(self._backend) else self._backend
 
-    def _switches_on(self, call: Call) -> list[Paused]:
-        """The call's switches (its tier's, its task's) that are on, from this process's
-        copy, read again (one MGET) when older than `refresh_seconds`; a store that is down
-        costs one attempt per refresh, not one per job.
-
-        Raises:
-            StorageError: unreadable and no earlier copy to keep.
-        """
+    def before_run(self, call: Call) -> None:
+        # The call's switches (its tier's, its task's) from this process's copy, read again
+        # (one MGET) when older than `refresh_seconds`: a store that is down costs one
+        # attempt per refresh, not one per job.
         task = call.task
         mine = (str(getattr(task, "tier", None) or ""), task.name)
         now = time.monotonic()
@@ -112,15 +108,9 @@ class PauseGuard(Guard):
                                    error)
                 found = kept
             copy = self._copies[mine] = (now, found)
-        if isinstance(copy[1], StorageError):
-            raise copy[1]
-        return copy[1]
-
-    def before_run(self, call: Call) -> None:
-        try:
-            found = self._switches_on(call)
-        except StorageError as error:
-            store_failed(call, error, guard=self.name, policy=self.config.on_store_down,
+        found = copy[1]
+        if isinstance(found, StorageError):  # unreadable, and no earlier copy to keep
+            store_failed(call, found, guard=self.name, policy=self.config.on_store_down,
                          retry_after_seconds=self.config.retry_seconds)
             return
         if not found:
