@@ -12,9 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from jobs.admin.status import act, platform_source, print_view, show, table
-from resilience.errors import ResilienceError
-from resilience.redact import redact
+from jobs.admin.status import act, list_command, one_line_errors, platform_source, print_view, table
 from resilience.schedules.api import recent_runs
 from resilience.schedules.policies import CatchUp, Overlap
 from resilience.schedules.view import (
@@ -25,7 +23,6 @@ from resilience.schedules.view import (
     detail,
     edit_schedule,
     pause_schedule,
-    read,
     remove_schedule,
     resume_schedule,
     run_schedule_now,
@@ -36,16 +33,10 @@ from resilience.views import Submitted
 cli = typer.Typer(help="Schedules: list, show, add, edit, pause, resume, remove, run now.",
                   no_args_is_help=True)
 console = Console()
-errors = Console(stderr=True)
 
 _EVERY_HELP = "A period (30, 30s, 5m, 1h) or a five-field cron expression ('*/5 * * * *')."
 _CATCH_UP_HELP = f"Missed slots: {', '.join(CatchUp)}."
 _OVERLAP_HELP = f"When the previous run has not finished: {', '.join(Overlap)}."
-
-
-def _fail(message: str) -> typer.Exit:
-    errors.print(f"[red]{escape(redact(message))}[/red]")
-    return typer.Exit(2)
 
 
 def _form(**fields: str | float | bool | None) -> Submitted:
@@ -54,15 +45,8 @@ def _form(**fields: str | float | bool | None) -> Submitted:
             for name, value in fields.items()}
 
 
-@cli.command("list")
-def list_command(
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
-) -> None:
-    """Every schedule: task, timing, policies, paused or not, last run and next fire."""
-    try:
-        show(VIEW, as_json=as_json, read=read)
-    except ResilienceError as exc:
-        raise _fail(f"{type(exc).__name__}: {exc}") from None
+list_command(cli, "list", VIEW, "Every schedule: task, timing, policies, paused or not, last "
+             "run and next fire.")
 
 
 @cli.command("show")
@@ -72,13 +56,11 @@ def show_command(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """One schedule: its settings, its last runs (outcome, lateness) and its next five fires."""
-    try:
+    with one_line_errors():
         source = platform_source()
         row = detail(source, name)
         if runs != len(row["last_runs"]):
             row["last_runs"] = [run.as_dict() for run in recent_runs(source.stores, name, runs)]
-    except ResilienceError as exc:
-        raise _fail(f"{type(exc).__name__}: {exc}") from None
     if as_json:
         typer.echo(json.dumps(row, default=str))
         return

@@ -73,15 +73,22 @@ def exit_on(*kinds: type[Exception]) -> Iterator[None]:
         raise fail(str(exc)) from None
 
 
-def act(run: Callable[[Source, Submitted], str], form: Submitted) -> None:
-    """Run one of a view's actions, as the page's forms do: print its line, or its refusal or
-    error (an unknown name, a store down) as one red line and exit 2."""
+@contextlib.contextmanager
+def one_line_errors() -> Iterator[None]:
+    """An action's refusal or a library error (an unknown name, a store down) as one red line
+    on stderr and exit code 2."""
     try:
-        console.print(escape(run(platform_source(), form)))
+        yield
     except ActionRefused as refused:
         raise fail(escape(redact(str(refused)))) from None
     except ResilienceError as exc:
         raise fail(escape(redact(f"{type(exc).__name__}: {exc}"))) from None
+
+
+def act(run: Callable[[Source, Submitted], str], form: Submitted) -> None:
+    """Run one of a view's actions, as the page's forms do, and print its line."""
+    with one_line_errors():
+        console.print(escape(run(platform_source(), form)))
 
 
 def platform_app() -> Celery:
@@ -102,7 +109,8 @@ def show(view: View, *, as_json: bool = False,
          read: Callable[[Source], Any] | None = None) -> None:
     """Read `view` now (or `read` it another way: with a SCAN, more rows) and print its
     table, or with `as_json` its section as JSON: what `jobs <view> list` prints."""
-    section = (read or view.read)(platform_source())
+    with one_line_errors():
+        section = (read or view.read)(platform_source())
     if as_json:
         typer.echo(json.dumps(section, default=str))
         return

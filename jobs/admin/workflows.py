@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from jobs.admin.status import act, platform_source, print_view, show, table
+from jobs.admin.status import act, fail, platform_source, print_view, show, table
 from resilience.workflows.view import (
     LIST,
     STEPS,
@@ -30,7 +30,6 @@ from resilience.workflows.view import (
 cli = typer.Typer(help="Durable workflows: runs, steps, cancel, retry, replay.",
                   no_args_is_help=True)
 console = Console()
-errors = Console(stderr=True)
 
 STATES = ("running", "succeeded", "failed", "compensating", "compensated", "cancelled")
 
@@ -44,8 +43,7 @@ def list_command(
 ) -> None:
     """The newest workflow runs: state, steps done, the other steps' states."""
     if state is not None and state not in STATES:
-        errors.print(f"[red]unknown state {state!r}; states are {', '.join(STATES)}[/red]")
-        raise typer.Exit(2)
+        raise fail(f"unknown state {state!r}; states are {', '.join(STATES)}")
     show(LIST, as_json=as_json, read=partial(listed, limit=limit, state=state))
 
 
