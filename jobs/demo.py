@@ -65,8 +65,7 @@ class DemoOptions:
 
     @classmethod
     def fast(cls, *, flood: int = 300) -> DemoOptions:
-        """No pauses to look, a smaller flood; the breaker stays open long enough for a
-        screenshot."""
+        """No pauses, a smaller flood; the breaker stays open long enough for a screenshot."""
         return cls(phase_seconds=0.0, breaker_hold_seconds=3.0, flood=flood)
 
 
@@ -155,8 +154,7 @@ class Story:
         self.console.print(
             f"  breaker {PAYMENTS_VENDOR}: [red]OPEN[/red] after {len(sends)} failing charges")
         before = self._counter("breaker", "DEFERRED")
-        for n in range(4):
-            sends.append(self._charge(self._order(f"open{n}")))
+        sends += [self._charge(self._order(f"open{n}")) for n in range(4)]
         self._wait(lambda: self._counter("breaker", "DEFERRED") > before,
                    "the breaker to defer a charge")
         self.console.print(
@@ -287,10 +285,9 @@ class Story:
         self.console.print(
             f"  vendor: {vendor['calls'] - self.vendor_before['calls']} calls, "
             f"{vendor['charges'] - self.vendor_before['charges']} charges")
-        after = self._counters()
         table = Table("guard", "outcome", Column("count", justify="right"),
                       title="outcomes by guard (this run)")
-        for (guard, outcome), value in sorted(after.items()):
+        for (guard, outcome), value in sorted(self._counters().items()):
             delta = value - self.counters_before.get((guard, outcome), 0)
             if delta > 0:
                 table.add_row(guard, outcome, str(delta))
