@@ -118,26 +118,6 @@ class CancelGuard(Guard):
                 found.append(key_target(name, key))
         return found
 
-    def _marks(self, call: Call) -> Marks:
-        """This process's copy, refreshed as the module doc says.
-
-        Raises:
-            StorageError: the store cannot be read and there is no copy to keep.
-        """
-        now, copy = self.clock(), self._copy
-        if copy is not None and now - copy[0] < self.config.refresh_seconds:
-            return copy[2]
-        try:
-            version, marks = self._read(call, copy)
-            fresh = (now, version, marks)
-        except StorageError as error:
-            if copy is None:
-                raise
-            logger.warning("cancellations unreadable, keeping the last copy: %s", error)
-            fresh = (now, copy[1], copy[2])
-        self._copy = fresh
-        return fresh[2]
-
     def _read(self, call: Call, copy: tuple[float, str, Marks] | None) -> tuple[str, Marks]:
         """The store's version and marks: the copy's own when the version has not moved, a
         reload when it moved, a restore from the record when it is gone."""
@@ -181,12 +161,20 @@ class CancelGuard(Guard):
         targets = self.targets(call)
         if not targets:
             return
-        try:
-            marks = self._marks(call)
-        except StorageError as error:
-            store_failed(call, error, guard=self.name, policy=self.config.on_store_down,
-                         retry_after_seconds=self.config.retry_seconds)
-            return
+        now, copy = self.clock(), self._copy  # refreshed as the module doc says
+        if copy is None or now - copy[0] >= self.config.refresh_seconds:
+            try:
+                version, marks = self._read(call, copy)
+                copy = (now, version, marks)
+            except StorageError as error:
+                if copy is None:  # no copy to keep
+                    store_failed(call, error, guard=self.name, policy=self.config.on_store_down,
+                                 retry_after_seconds=self.config.retry_seconds)
+                    return
+                logger.warning("cancellations unreadable, keeping the last copy: %s", error)
+                copy = (now, copy[1], copy[2])
+            self._copy = copy
+        marks = copy[2]
         wall = time.time()
         for target in targets:
             mark = marks.get(target)
