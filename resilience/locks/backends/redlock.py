@@ -164,7 +164,9 @@ class Redlock(LeaseLock):
                              acquired_at=started, valid_until=valid_until, clock=self.clock)
             # Not ours: undo the partial grant everywhere, including nodes whose reply was lost.
             run_on_nodes(self.clients, RELEASE, key, [owner])
-            failures = self._failures(replies)
+            failures = [f"{describe(client)} ({type(reply).__name__}: {reply})"
+                        for client, reply in zip(self.clients, replies, strict=True)
+                        if isinstance(reply, BaseException)]
         if len(self.clients) - len(failures) < self.quorum:
             raise StoreUnavailable(
                 f"Redlock: lock {name!r} unavailable, only {len(self.clients) - len(failures)} "
@@ -232,13 +234,6 @@ class Redlock(LeaseLock):
             except Exception:  # noqa: BLE001 - best effort on a dead node
                 continue
         return deleted
-
-    def _failures(self, replies: Sequence[Any]) -> list[str]:
-        return [
-            f"{describe(client)} ({type(reply).__name__}: {reply})"
-            for client, reply in zip(self.clients, replies, strict=True)
-            if isinstance(reply, BaseException)
-        ]
 
 
 class RedlockBackend:
