@@ -301,13 +301,11 @@ class StatementRunner:
             prefix: session statements sent in the same query string (see `Prefix`).
             named: rows as `Row`s, else tuples.
             fixed: parameters the same on every call of one caller (a guard's task name,
-                lease, TTL): a prepared `EXECUTE` gets them written in once per connection,
-                as the driver writes them (the same query text), instead of adapting them
-                on every call.
-            lead: send the connection's waiting `Lead`s first, in the same query string
-                (the result is still this statement's). Only a statement that is the last
-                commit of a call takes leads: a singleton's release rides on the
-                idempotency completion this way (resilience.locks.backends.postgres).
+                lease, TTL), written into a prepared `EXECUTE` once per connection instead
+                of adapted on every call.
+            lead: send the connection's waiting `Lead`s first, in the same query string;
+                only a call's last commit takes them (a singleton's release rides on the
+                idempotency completion this way).
 
         Raises:
             StoreUnavailable, StoreRejected, StorageError, SchemaMissing.
@@ -370,8 +368,7 @@ class StatementRunner:
                   parameters: dict[str, Any], fixed: tuple[str, ...]
                   ) -> tuple[str, tuple[str, ...]]:
         """`statement`'s `EXECUTE` with the `fixed` parameters' values written in (by the
-        driver's own `mogrify`, so the server receives the query text it would otherwise),
-        and the names still passed per call."""
+        driver's `mogrify`: the same query text), and the names still passed per call."""
         key = (statement.name, *[parameters[name] for name in fixed])
         found = connection.rendered.get(key)
         if found is not None:

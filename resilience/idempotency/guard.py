@@ -458,7 +458,6 @@ class IdempotencyGuard(Guard):
 
 
 def _deferred(reason: str, retry_after_seconds: float, **details: Any) -> Stop:
-    """The guard's DEFERRED stop."""
     return Stop(Outcome.DEFERRED, guard=GUARD_NAME, reason=reason,
                 retry_after_seconds=retry_after_seconds, details=details)
 

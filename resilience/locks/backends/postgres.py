@@ -390,20 +390,17 @@ class LockSessionPool:
     """
 
     def __init__(self, idle_seconds: float | None = None) -> None:
-        if idle_seconds is None:
-            idle_seconds = DEFAULT_IDLE_SECONDS
         #: Seconds a released session stays open; 0 closes it at release.
-        self.idle_seconds = idle_seconds
-        self._lock = threading.Lock()
-        self._idle: list[tuple[float, str, AdvisorySession]] = []
-        self._reaper: threading.Thread | None = None
+        self.idle_seconds = DEFAULT_IDLE_SECONDS if idle_seconds is None else idle_seconds
+        self._forked()
         on_fork(self._forked)
 
     def _forked(self) -> None:
-        """In a forked child: forget the parent's sessions and reaper."""
+        """No idle session and no reaper: at start, and in a forked child (the parent's
+        sessions are forgotten)."""
         self._lock = threading.Lock()
-        self._idle = []
-        self._reaper = None
+        self._idle: list[tuple[float, str, AdvisorySession]] = []
+        self._reaper: threading.Thread | None = None
 
     def take(self, database_url: str, pool_mode: str | None = None) -> AdvisorySession:
         """An idle session of `database_url` (the most recently released), else a new one.
