@@ -111,7 +111,10 @@ def _remove_abandoned(directory: Path) -> None:
 class WorkerHeartbeat(bootsteps.StartStopStep):
     """Worker bootstep: the heartbeat file, beaten every second by the worker's timer."""
 
-    requires = ("celery.worker.components:Timer",)
+    # After the pool: its processes are forked when it starts, and the readiness thread's
+    # first check imports modules; a process forked meanwhile would inherit their import
+    # locks held and hang on its first PostgreSQL statement.
+    requires = ("celery.worker.components:Timer", "celery.worker.components:Pool")
     timer_entry: Any = None
 
     def create(self, w: Any) -> Heartbeat:

@@ -102,3 +102,25 @@ def test_a_worker_records_its_readiness_and_the_probe_reads_it(worker_factory: A
     worker.stop()
     wait_for(lambda: not readiness_path(node).exists(), timeout_seconds=30,
              message="the record removed at shutdown")
+
+
+def test_the_recorder_starts_after_the_pool_has_forked_its_processes() -> None:
+    """The heartbeat step (which starts the readiness thread) starts after the pool step in
+    every worker: the thread's first check imports modules (psycopg2.extras, alembic), and
+    a pool process forked meanwhile inherits their import locks held, so its first
+    PostgreSQL statement hangs until the task's time limit. The steps come from a set, so
+    the order is checked in fresh processes."""
+    script = (
+        "from celery.worker.worker import WorkController\n"
+        "from jobs import app\n"
+        "from jobs.observe import watchdog\n"
+        "watchdog.install(app)\n"
+        "blueprint = WorkController.Blueprint(steps=app.steps['worker'])\n"
+        "names = [s.name for s in blueprint._finalize_steps(blueprint.claim_steps())]\n"
+        "print(names.index('celery.worker.components.Pool')"
+        " < names.index('jobs.observe.watchdog.WorkerHeartbeat'))\n"
+    )
+    for _ in range(6):
+        done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120, check=True)
+        assert done.stdout.strip().splitlines()[-1] == "True", done.stdout
