@@ -1,13 +1,11 @@
 """Server-side prepared statements for the guards' hot statements.
 
-PostgreSQL parses and plans a statement on every simple-protocol call; for the guards' CTEs
-that is more than the execution itself (~0.1-0.2 ms each). `PreparedStatement` keeps the SQL
-readable with `%(name)s` parameters and turns it into `PREPARE name AS ... $n` once per
-connection, then `EXECUTE name (...)` on each call.
-
-SQL-level prepared statements belong to a server session: behind a transaction (or
-statement) pooler such as PgBouncer before 1.21 the next statement may run on another
-server connection, where the name does not exist. Users turn them off there
+PostgreSQL parses and plans every simple-protocol statement; for the guards' CTEs that costs
+more than running them (~0.1-0.2 ms each). `PreparedStatement` keeps the SQL readable with
+`%(name)s` parameters and sends `PREPARE name AS ... $n` once per connection, then
+`EXECUTE name (...)`. They belong to a server session: behind a transaction (or statement)
+pooler such as PgBouncer before 1.21 the next statement may run on another server
+connection, where the name does not exist, so users turn them off there
 (`Stores.transaction_pooled`).
 """
 

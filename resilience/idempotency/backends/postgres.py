@@ -422,10 +422,8 @@ class PostgresIdempotencyBackend(StoreBackend):
 
     def unavailable(self, error: BaseException) -> bool:
         """Is `error` PostgreSQL being unreachable (not a bug, not a constraint)?"""
-        if isinstance(error, StoreUnavailable):
-            return True
-        return isinstance(error, DBAPIError) and isinstance(
-            wrap_database_error(error, "body"), StoreUnavailable)
+        return isinstance(error, StoreUnavailable) or (isinstance(error, DBAPIError) and isinstance(
+            wrap_database_error(error, "body"), StoreUnavailable))
 
     # -- the operator's side ---------------------------------------------------------------
     def read(self, task_name: str, key: str) -> Record | None:
