@@ -83,8 +83,12 @@ class Heartbeat:
         self._thread.stop(join_seconds=self.interval_seconds * 2)
         self.path.unlink(missing_ok=True)
 
+    def connected(self) -> bool:
+        """The consumer runs and is not inside kombu's connection retry loop."""
+        return self.consuming and not main_thread_waits_for_broker()
+
     def _beat_if_waiting(self) -> None:
-        if not self.consuming or main_thread_waits_for_broker():
+        if not self.connected():
             self.beat()
 
 
@@ -119,12 +123,8 @@ class WorkerHeartbeat(bootsteps.StartStopStep):
 
     def create(self, w: Any) -> Heartbeat:
         heartbeat = w.jobs_heartbeat = Heartbeat(w.hostname)
-
-        def connected() -> bool:
-            return heartbeat.consuming and not main_thread_waits_for_broker()
-
         w.jobs_readiness = ReadinessRecorder(readiness_path(w.hostname),
-                                             lambda: readiness(w.app, connected))
+                                             lambda: readiness(w.app, heartbeat.connected))
         return heartbeat
 
     def start(self, w: Any) -> None:
@@ -153,15 +153,11 @@ class ConsumerHeartbeat(bootsteps.StartStopStep):
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
     def start(self, c: Any) -> None:
-        heartbeat = getattr(c.controller, "jobs_heartbeat", None)
-        if heartbeat is not None:
-            heartbeat.consuming = True
-            heartbeat.beat()
+        c.controller.jobs_heartbeat.consuming = True
+        c.controller.jobs_heartbeat.beat()
 
     def stop(self, c: Any) -> None:
-        heartbeat = getattr(c.controller, "jobs_heartbeat", None)
-        if heartbeat is not None:
-            heartbeat.consuming = False
+        c.controller.jobs_heartbeat.consuming = False
 
     shutdown = stop
 
@@ -343,15 +339,13 @@ def consumer_state(worker: Any, *, blocked_after_seconds: float = 5.0) -> Consum
     from celery.worker import state
 
     consumer = worker.consumer
-    heartbeat = getattr(worker, "jobs_heartbeat", None)
-    running = heartbeat.consuming if heartbeat is not None else consumer.connection is not None
     task_consumer = getattr(consumer, "task_consumer", None)
     queues = tuple(queue.name for queue in getattr(task_consumer, "queues", None) or ())
     qos = getattr(consumer, "qos", None)
     limit = int(getattr(qos, "value", 0) or 0)
     return ConsumerState(
         taken=_taken[0], free_slots=limit == 0 or len(state.reserved_requests) < limit,
-        consuming=running and not main_thread_waits_for_broker(), queues=queues,
+        consuming=worker.jobs_heartbeat.connected(), queues=queues,
         loop_blocked=(heartbeat_age(worker.hostname) or 0.0) > blocked_after_seconds)
 
 
@@ -388,10 +382,6 @@ def sever_connections(addresses: set[tuple[str, int]]) -> int:
     return severed
 
 
-class _Reconnect(ConnectionResetError):
-    """Raised on the worker's event loop to send the consumer down Celery's reconnect path."""
-
-
 def reconnect_consumer(worker: Any, *, wait_seconds: float = 1.0) -> None:
     """Make `worker`'s consumer reconnect: shut down the main process's broker connections
     (a loop blocked reading one gets its end of stream, kombu reconnects); and if the
@@ -411,7 +401,7 @@ def reconnect_consumer(worker: Any, *, wait_seconds: float = 1.0) -> None:
 
     def lost() -> None:
         if consumer.restart_count == restarts:  # not restarted meanwhile
-            raise _Reconnect("consumption watchdog: the consumer stalled, reconnecting")
+            raise ConnectionResetError("consumption watchdog: the consumer stalled, reconnecting")
 
     hub.call_soon(lost)
 
@@ -429,18 +419,14 @@ def exit_stalled(worker: Any, reason: str, *, grace_seconds: float) -> None:
     time.sleep(grace_seconds)
     logger.critical("consumption watchdog: the worker did not stop within %.1fs; exiting "
                     "now with status %d", grace_seconds, EXIT_STALLED)
-    _kill_pool()
-    os._exit(EXIT_STALLED)
-
-
-def _kill_pool() -> None:
-    """SIGKILL the pool processes: no orphan outlives the worker (a crash to the platform:
-    their unacknowledged messages are delivered again)."""
     import psutil
 
+    # SIGKILL the pool: no orphan outlives the worker (their unacknowledged messages are
+    # delivered again, as after a crash).
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             child.send_signal(signal.SIGKILL)
+    os._exit(EXIT_STALLED)
 
 
 class WorkerWatchdog(bootsteps.StartStopStep):
@@ -475,11 +461,10 @@ class WorkerWatchdog(bootsteps.StartStopStep):
                 watchdog.check()
             except Exception:  # the watchdog must never take the worker down
                 logger.exception("consumption watchdog check failed")
-            heartbeat = getattr(w, "jobs_heartbeat", None)
-            if watchdog.outage and heartbeat is not None:
+            if watchdog.outage:
                 # Nothing reaches the broker: the main thread may be blocked on a silent
                 # socket, but a restart would not help. Liveness holds.
-                heartbeat.beat()
+                w.jobs_heartbeat.beat()
 
         return Periodic("jobs-watchdog", watchdog.check_interval_seconds, check)
 
