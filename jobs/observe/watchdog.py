@@ -113,18 +113,22 @@ def _remove_abandoned(directory: Path) -> None:
 
 
 class WorkerHeartbeat(bootsteps.StartStopStep):
-    """Worker bootstep: the heartbeat file, beaten every second by the worker's timer."""
+    """Worker bootstep: the heartbeat file, beaten every second by the worker's timer, the
+    readiness checks, and the consumption watchdog's thread (JOBS_WORKER_STALL_SECONDS > 0)."""
 
     # After the pool: its processes are forked when it starts, and the readiness thread's
     # first check imports modules; a process forked meanwhile would inherit their import
     # locks held and hang on its first PostgreSQL statement.
     requires = ("celery.worker.components:Timer", "celery.worker.components:Pool")
     timer_entry: Any = None
+    watchdog: Periodic | None = None
 
     def create(self, w: Any) -> Heartbeat:
         heartbeat = w.jobs_heartbeat = Heartbeat(w.hostname)
         w.jobs_readiness = ReadinessRecorder(readiness_path(w.hostname),
                                              lambda: readiness(w.app, heartbeat.connected))
+        stall = float((getattr(w.app, "settings", None) or get_settings()).worker_stall_seconds)
+        self.watchdog = watchdog_thread(w, stall) if stall > 0 else None
         return heartbeat
 
     def start(self, w: Any) -> None:
@@ -134,8 +138,13 @@ class WorkerHeartbeat(bootsteps.StartStopStep):
         self.timer_entry = w.timer.call_repeatedly(
             w.jobs_heartbeat.interval_seconds, w.jobs_heartbeat.beat)
         w.jobs_readiness.start()
+        if self.watchdog is not None:
+            clear_stalled(w.hostname)  # a previous incarnation's mark
+            self.watchdog.start()
 
     def stop(self, w: Any) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
         # The thread keeps beating while the pool finishes its tasks; `worker_shutdown`
         # stops it and removes the file (`stop_heartbeat`).
         if self.timer_entry is not None:
@@ -429,56 +438,39 @@ def exit_stalled(worker: Any, reason: str, *, grace_seconds: float) -> None:
     os._exit(EXIT_STALLED)
 
 
-class WorkerWatchdog(bootsteps.StartStopStep):
-    """Worker bootstep: the consumption watchdog's thread, for the worker's whole life."""
+def watchdog_thread(w: Any, stall: float) -> Periodic:
+    """The consumption watchdog of worker `w` (stall after `stall` seconds), in its thread."""
+    timeout = min(5.0, max(0.5, stall / 4))
+    # The loop beats every second: a few missed beats make a fresh read due at once.
+    blocked_after = max(2.0, stall / 10)
 
-    requires = ("celery.worker.components:Timer",)
+    def count(action: str) -> None:
+        tier = ",".join(watchdog.queues) or None
+        count_outcome(w.app, "STALLED", guard=WATCHDOG, tier=tier, name=action)
 
-    def include_if(self, w: Any) -> bool:
-        return _stall_seconds(w.app) > 0
+    watchdog = w.jobs_watchdog = ConsumptionWatchdog(
+        stall_seconds=stall,
+        observe=lambda: consumer_state(w, blocked_after_seconds=blocked_after),
+        backlog=lambda queues: fresh_backlog(w.app, queues, timeout_seconds=timeout),
+        reconnect=lambda: reconnect_consumer(w),
+        give_up=lambda reason: exit_stalled(w, reason, grace_seconds=max(1.0, stall / 4)),
+        count=count,
+    )
 
-    def create(self, w: Any) -> Periodic:
-        stall = _stall_seconds(w.app)
-        timeout = min(5.0, max(0.5, stall / 4))
-        # The loop beats every second: a few missed beats make a fresh read due at once.
-        blocked_after = max(2.0, stall / 10)
+    def check() -> None:
+        try:
+            watchdog.check()
+        except Exception:  # the watchdog must never take the worker down
+            logger.exception("consumption watchdog check failed")
+        if watchdog.outage:
+            # Nothing reaches the broker: the main thread may be blocked on a silent
+            # socket, but a restart would not help. Liveness holds.
+            w.jobs_heartbeat.beat()
 
-        def count(action: str) -> None:
-            tier = ",".join(watchdog.queues) or None
-            count_outcome(w.app, "STALLED", guard=WATCHDOG, tier=tier, name=action)
-
-        watchdog = w.jobs_watchdog = ConsumptionWatchdog(
-            stall_seconds=stall,
-            observe=lambda: consumer_state(w, blocked_after_seconds=blocked_after),
-            backlog=lambda queues: fresh_backlog(w.app, queues, timeout_seconds=timeout),
-            reconnect=lambda: reconnect_consumer(w),
-            give_up=lambda reason: exit_stalled(w, reason, grace_seconds=max(1.0, stall / 4)),
-            count=count,
-        )
-
-        def check() -> None:
-            try:
-                watchdog.check()
-            except Exception:  # the watchdog must never take the worker down
-                logger.exception("consumption watchdog check failed")
-            if watchdog.outage:
-                # Nothing reaches the broker: the main thread may be blocked on a silent
-                # socket, but a restart would not help. Liveness holds.
-                w.jobs_heartbeat.beat()
-
-        return Periodic("jobs-watchdog", watchdog.check_interval_seconds, check)
-
-    def start(self, w: Any) -> None:
-        clear_stalled(w.hostname)  # a previous incarnation's mark
-        super().start(w)
-
-
-def _stall_seconds(app: Any) -> float:
-    settings = getattr(app, "settings", None) or get_settings()
-    return float(settings.worker_stall_seconds)
+    return Periodic("jobs-watchdog", watchdog.check_interval_seconds, check)
 
 
 def install(app: Any) -> None:
     """Add the heartbeat and watchdog bootsteps to `app`'s workers (before it is built)."""
-    app.steps["worker"].update({WorkerHeartbeat, WorkerWatchdog})
+    app.steps["worker"].add(WorkerHeartbeat)
     app.steps["consumer"].add(ConsumerHeartbeat)
