@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from jobs.admin.status import console, platform_source, print_view, show, table
+from jobs.admin.status import JsonOption, console, platform_source, print_view, show, table
 from resilience.batches.view import CALLBACKS, LIST, MEMBERS, detail, listed, status
 
 cli = typer.Typer(help="Batches: members' final states and callbacks.", no_args_is_help=True)
@@ -18,7 +18,7 @@ cli = typer.Typer(help="Batches: members' final states and callbacks.", no_args_
 def list_command(
     limit: Annotated[int, typer.Option(help="Newest batches to show.")] = 50,
     incomplete: Annotated[bool, typer.Option(help="Only batches with pending members.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """The newest batches: members, pending, failed, and which callbacks were written."""
     show(LIST, as_json=as_json, read=partial(listed, limit=limit, incomplete_only=incomplete))
@@ -27,7 +27,7 @@ def list_command(
 @cli.command("show")
 def show_command(
     batch_id: Annotated[str, typer.Argument(help="Batch id (from `jobs batches list`).")],
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """One batch: members per final state, and each callback (written? its job's state)."""
     batch = detail(platform_source(), batch_id)
