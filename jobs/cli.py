@@ -313,13 +313,10 @@ vendor_cli = typer.Typer(help="The simulated payment vendor (started by `jobs up
 cli.add_typer(vendor_cli, name="vendor")
 
 
-def _vendor_control() -> Any:
-    return VendorControl(settings_or_exit().effective_vendor_url)
-
-
 def _vendor_switch(mode: str, delay_seconds: float | None = None) -> None:
     with exit_on(VendorError):
-        state = _vendor_control().set_mode(mode, delay_seconds=delay_seconds)
+        state = VendorControl(settings_or_exit().effective_vendor_url).set_mode(
+            mode, delay_seconds=delay_seconds)
     console.print(f"vendor: {state['mode']} (delay {state['delay_seconds']:g}s when slow; "
                   f"{state['calls']} calls, {state['charges']} charges so far)")
 
@@ -366,7 +363,7 @@ def vendor_slow(
 def vendor_status() -> None:
     """The vendor's mode, calls received and distinct charges."""
     with exit_on(VendorError):
-        state = _vendor_control().status()
+        state = VendorControl(settings_or_exit().effective_vendor_url).status()
     console.print_json(json.dumps(state))
 
 
