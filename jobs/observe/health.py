@@ -266,20 +266,19 @@ class ReadinessRecorder:
         self.path, self.check = path, check
         self._thread = Periodic("jobs-readiness", interval_seconds, self.refresh)
 
-    def refresh(self) -> list[Check]:
+    def refresh(self) -> None:
         """Run the checks once and record them; a failing check is a result, not an error."""
         try:
             checks = self.check()
         except Exception as exc:  # noqa: BLE001 - an unexpected failure is "not ready"
             checks = [_failed("readiness", exc)]
         if self._thread.stopped.is_set():  # stopping: leave no file behind
-            return checks
+            return
         try:
             write_readiness(self.path, checks)
         except OSError as exc:
             logger.warning("readiness file %s cannot be written (%s): `jobs health ready "
                            "--local` will fail", self.path, exc)
-        return checks
 
     def start(self) -> None:
         """Start checking (first check at once, in the thread)."""

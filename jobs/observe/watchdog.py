@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from celery import bootsteps, signals
@@ -75,7 +74,13 @@ class Heartbeat:
     def start(self) -> None:
         """Write the file and start the thread that beats while the consumer is down."""
         self.beat()
-        _remove_abandoned(self.path.parent)
+        # Remove heartbeat files untouched for a day: killed workers', which nothing else
+        # removes (node names that never come back, as in test sessions).
+        cutoff = time.time() - ABANDONED_AFTER_SECONDS
+        for path in self.path.parent.glob("*"):
+            with contextlib.suppress(OSError):  # another worker removed it first, or not ours
+                if path.stat().st_mtime < cutoff:
+                    path.unlink()
         self._thread.start()
 
     def stop(self) -> None:
@@ -100,16 +105,6 @@ def main_thread_waits_for_broker() -> bool:
             return True
         frame = frame.f_back
     return False
-
-
-def _remove_abandoned(directory: Path) -> None:
-    """Remove heartbeat files untouched for a day: killed workers' files, which nothing
-    else removes (node names that never come back, as in test sessions)."""
-    cutoff = time.time() - ABANDONED_AFTER_SECONDS
-    for path in directory.glob("*"):
-        with contextlib.suppress(OSError):  # another worker removed it first, or not ours
-            if path.stat().st_mtime < cutoff:
-                path.unlink()
 
 
 class WorkerHeartbeat(bootsteps.StartStopStep):
