@@ -7,6 +7,7 @@ heartbeat and watchdog bootsteps (added at `celeryd_init`, stopped at `worker_sh
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Any
@@ -22,18 +23,16 @@ from resilience.workflows import observe_steps
 LOCK_GUARDS = ("singleton", "exclusive")
 
 _started: dict[str, tuple[float, str]] = {}
-_lock_kinds: dict[str, str | None] = {}
 
 
+@functools.cache
 def lock_kind(task: Any) -> str | None:
     """The lock guard kind of `task` ('singleton' / 'exclusive'), or None."""
-    if task.name not in _lock_kinds:
-        try:
-            guards = [getattr(guard, "name", None) for guard in task.pipelines()[0].guards]
-        except Exception:  # noqa: BLE001 - a task without guards holds no lock
-            guards = []
-        _lock_kinds[task.name] = next((g for g in guards if g in LOCK_GUARDS), None)
-    return _lock_kinds[task.name]
+    try:
+        guards = [getattr(guard, "name", None) for guard in task.pipelines()[0].guards]
+    except Exception:  # noqa: BLE001 - a task without guards holds no lock
+        guards = []
+    return next((g for g in guards if g in LOCK_GUARDS), None)
 
 
 @signals.task_prerun.connect(weak=False)
