@@ -56,11 +56,6 @@ START_HINT = "start the platform with `make run` (or `jobs up`), or set {variabl
 MIGRATE_HINT = "run `jobs migrate`"
 
 
-def unavailable(reason: str) -> dict[str, str]:
-    """The value of a section that could not be read."""
-    return {"unavailable": reason}
-
-
 def one_line(exc: BaseException, limit: int = 300) -> str:
     """`Type: first line of the message` (redacted, at most `limit` characters)."""
     text = redact(str(exc).strip().splitlines()[0]) if str(exc).strip() else ""
@@ -337,20 +332,20 @@ def collect(app: Celery | None, *, inspect_timeout_seconds: float = 1.0, active:
         status = (stores or {}).get(store or ("broker" if app is None else ""))
         if status is not None and not status.ok:
             errors[name] = status.summary
-            return unavailable(errors[name])
-        try:
-            return read()
-        except Exception as exc:  # noqa: BLE001 - one broken section must not hide the others
-            logger.warning("snapshot section %s unavailable: %s", name, redact(str(exc)))
-            errors[name] = one_line(exc)
-            return unavailable(errors[name])
+        else:
+            try:
+                return read()
+            except Exception as exc:  # noqa: BLE001 - one broken section must not hide others
+                logger.warning("snapshot section %s unavailable: %s", name, redact(str(exc)))
+                errors[name] = one_line(exc)
+        return {"unavailable": errors[name]}
 
     source.counters = section("counters", "redis", lambda: outcome_counters(source.redis()))
     source.cache["queue_depth"] = section("queue_depth", "broker",
                                           lambda: queue_depths(app, TIERS))
     running = source.cache["active"] = (
         section("active", "broker", lambda: active_tasks(app, inspect_timeout_seconds))
-        if active else unavailable("not asked"))
+        if active else {"unavailable": "not asked"})
     snapshot: dict[str, Any] = {
         "taken_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "stores": None if stores is None else {n: s.as_dict() for n, s in stores.items()},
