@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import logging
 import re
@@ -175,12 +176,11 @@ class ResilienceJson(BaseApiHandler):
 ACTIONS: dict[str, Action] = {action.web: action for view in VIEWS for action in view.actions}
 
 
+@functools.cache
 def _load_tasks(app: Celery) -> None:
     """Register the app's task modules in this process once, as the CLI does before acting
     (bulk requeue and cancel-by-key look tasks up by name)."""
-    if not getattr(app, "_resilience_web_loaded", False):
-        app.loader.import_default_modules()
-        app._resilience_web_loaded = True  # type: ignore[attr-defined]
+    app.loader.import_default_modules()
 
 
 def run_action(app: Celery, action: Action, form: Submitted) -> str:
