@@ -1,7 +1,6 @@
 """What waits in the tier queues, read apart from the worker's consumer: `fresh_backlog` (on
-a connection of its own, for the consumption watchdog: the consumer's may be wedged) and
-`oldest_ages` (from the `published_at` stamp on every publish; Redis brokers only). Why the
-stamp, and why not on RabbitMQ: docs/observe.md (The oldest message's age).
+a connection of its own: the consumer's may be wedged) and `oldest_ages` (Redis brokers
+only). See docs/observe.md (The oldest message's age).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""`collect(app)`: the whole platform state as a JSON-able dict, one section per view of
-`VIEWS`, each read in its own `try` (what `jobs status`, the page, `/metrics` and
-`/api/resilience` show), without a SCAN; `probe_stores(settings)` asks each store once,
-quickly, so `collect` skips what would only wait on one that cannot serve. See
-docs/observe.md (The snapshot, `jobs status`).
+"""`collect(app)`: the platform state as a JSON-able dict, one section per view of `VIEWS`,
+read without a SCAN after `probe_stores`. See docs/observe.md (The snapshot, `jobs status`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Tracing with OpenTelemetry: Celery's own instrumentation, on when `OTEL_TRACES_EXPORTER`
-names an exporter and `OTEL_SDK_DISABLED` is not `true`; every other setting is the SDK's
-own. `jobs.platform.create_app` calls `install_tracing`, so producers, workers and the
-outbox relay trace. What a trace holds: docs/observe.md (Tracing).
+"""Tracing with OpenTelemetry (Celery's own instrumentation), installed by
+`jobs.platform.create_app` when the environment asks for it. See docs/observe.md (Tracing).
 """
 
 from __future__ import annotations
