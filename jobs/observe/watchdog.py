@@ -233,13 +233,11 @@ class ConsumptionWatchdog:
         self.recover_seconds = stall_seconds / 2
         self.observe, self.backlog, self.clock = observe, backlog, clock
         self.reconnect, self.give_up, self.count = reconnect, give_up, count
-        now = clock()
         self._taken: int | None = None
         #: The queues the consumer consumed when last seen running.
         self.queues: tuple[str, ...] = ()
-        self._idle_since = now
-        self._next_read = now
         self._backlog_seen: float | None = None
+        self._restart_clock(clock())
         self._gave_up = False
         self._reconnected_at: float | None = None
         #: The last fresh read could not reach the broker (and nothing was taken since).
