@@ -136,11 +136,6 @@ def mark_stalled(node: str, reason: str) -> None:
         logger.warning("stall mark %s cannot be written (%s)", path, exc)
 
 
-def clear_stalled(node: str) -> None:
-    """Remove worker `node`'s stall mark (a new worker of that name starts)."""
-    stalled_path(node).unlink(missing_ok=True)
-
-
 def check_redis(app: Celery) -> Check:
     """The shared guard-state Redis answers PING."""
     try:

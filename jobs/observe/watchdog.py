@@ -24,12 +24,12 @@ from jobs.observe.backlog import fresh_backlog
 from jobs.observe.health import (
     Periodic,
     ReadinessRecorder,
-    clear_stalled,
     heartbeat_age,
     heartbeat_path,
     mark_stalled,
     readiness,
     readiness_path,
+    stalled_path,
 )
 from jobs.observe.metrics import WATCHDOG
 from jobs.settings import get_settings
@@ -134,7 +134,7 @@ class WorkerHeartbeat(bootsteps.StartStopStep):
             w.jobs_heartbeat.interval_seconds, w.jobs_heartbeat.beat)
         w.jobs_readiness.start()
         if self.watchdog is not None:
-            clear_stalled(w.hostname)  # a previous incarnation's mark
+            stalled_path(w.hostname).unlink(missing_ok=True)  # a previous incarnation's mark
             self.watchdog.start()
 
     def stop(self, w: Any) -> None:
