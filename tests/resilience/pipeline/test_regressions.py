@@ -105,7 +105,11 @@ class TestEnqueueUnwind:
         again = unique_abort.delay(run_id, f"u-{run_id}")
         assert publishes == ["tests.pipeline.unique_abort"]
         duplicate = unique_abort.delay(run_id, f"u-{run_id}")
-        assert duplicate.id == again.id  # the key now names the job that was published
+        if duplicate.id != again.id:  # the key names the job that was published, until a
+            # shared standard worker starts it (@unique gives the key back at the start)
+            from celery.result import AsyncResult
+
+            assert AsyncResult(again.id, app=app).state in {"STARTED", "SUCCESS"}
 
     def test_failed_publish_gives_back_the_key_and_the_reservation(
         self, app: Any, run_id: str
@@ -123,7 +127,13 @@ class TestEnqueueUnwind:
         assert backend.reserved("no-such-queue") == 0
         assert backend.reserved("standard") == before
         published = unique_abort.delay(run_id, f"f-{run_id}")
-        assert unique_abort.delay(run_id, f"f-{run_id}").id == published.id
+        second = unique_abort.delay(run_id, f"f-{run_id}")
+        if second.id != published.id:
+            # A shared standard worker started `published` in between (seen in a full run:
+            # 6 ms apart), and @unique gives its key back when the job starts.
+            from celery.result import AsyncResult
+
+            assert AsyncResult(published.id, app=app).state in {"STARTED", "SUCCESS"}
 
 
 class TestCommitInsideTheLock:
