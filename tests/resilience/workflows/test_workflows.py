@@ -367,6 +367,22 @@ def test_step_header_carries_the_run(value: str, parsed: tuple[Any, ...] | None)
         assert step_header(parsed[0], parsed[1], parsed[2], parsed[3]) == value
 
 
+def unrun(backend_class: Any, stores: Any, engine: Any, canvas: Any) -> tuple[Any, str]:
+    """`canvas` created as a workflow nobody runs (its outbox rows deleted): the test plays
+    the worker through the returned backend. Returns (backend, workflow id)."""
+    import uuid
+
+    backend = backend_class(stores.guard_engine, stores.statements(),
+                            prepared=not stores.transaction_pooled)
+    workflow_id = uuid.uuid4().hex
+    backend.create(None, workflow_id=workflow_id, name=canvas.name,
+                   canvas=canvas._document(), steps=canvas.steps, hold=False)
+    with engine.begin() as connection:
+        connection.execute(text("DELETE FROM resilience_outbox WHERE task_id = ANY(:ids)"),
+                           {"ids": [step.task_id for step in canvas.steps]})
+    return backend, workflow_id
+
+
 class TestLateSuccess:
     """A step that succeeds after its workflow stopped is recorded with the next
     compensation, in one transaction."""
@@ -377,7 +393,6 @@ class TestLateSuccess:
         records the step and queues its compensation together: a crash in between leaves
         the step live (its redelivery records both), never succeeded with no compensation
         to come. Then the real completion queues the compensation."""
-        import uuid
 
         from resilience.workflows.backend import WorkflowBackend
 
@@ -388,14 +403,7 @@ class TestLateSuccess:
 
         canvas = durable(chain(t.step.s(None, run, "a").set(compensate=t.undo.s(run, "a")),
                                t.step.s(run, "b")), name="late-success")
-        backend = WorkflowBackend(stores.guard_engine, stores.statements(),
-                                  prepared=not stores.transaction_pooled)
-        workflow_id = uuid.uuid4().hex
-        backend.create(None, workflow_id=workflow_id, name="late-success",
-                       canvas=canvas._document(), steps=canvas.steps, hold=False)
-        with engine.begin() as connection:  # nobody runs it: this test plays the worker
-            connection.execute(text("DELETE FROM resilience_outbox WHERE task_id = ANY(:ids)"),
-                               {"ids": [s.task_id for s in canvas.steps]})
+        backend, workflow_id = unrun(WorkflowBackend, stores, engine, canvas)
         started = backend.start(workflow_id, 0)
         assert started is not None and started.simple
         backend.cancel(workflow_id)
@@ -484,20 +492,12 @@ class TestFanInRelease:
         """Each header member's completion is one statement; the last one writes the body's
         outbox row with the header's results in header order (its own included), as plain
         Celery passes them; the body's completion then finishes the workflow."""
-        import uuid
 
         from resilience.workflows.backend import WorkflowBackend
 
         canvas = durable(chord([t.add.s(1, 1), t.add.s(2, 2), t.add.s(3, 3)],
                                t.pack.s("end")), name="fan-in")
-        backend = WorkflowBackend(stores.guard_engine, stores.statements(),
-                                  prepared=not stores.transaction_pooled)
-        workflow_id = uuid.uuid4().hex
-        backend.create(None, workflow_id=workflow_id, name="fan-in",
-                       canvas=canvas._document(), steps=canvas.steps, hold=False)
-        with engine.begin() as connection:  # nobody runs it: this test plays the worker
-            connection.execute(text("DELETE FROM resilience_outbox WHERE task_id = ANY(:ids)"),
-                               {"ids": [s.task_id for s in canvas.steps]})
+        backend, workflow_id = unrun(WorkflowBackend, stores, engine, canvas)
         statements: list[str] = []
         runner = stores.statements()
         original = runner.run
