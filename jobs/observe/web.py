@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
 import json
 import logging
 import re
@@ -26,7 +25,7 @@ from tornado.ioloop import IOLoop
 from jobs.observe.snapshot import VIEWS, collect, one_line, queue_depths
 from jobs.tiers import TIERS
 from resilience.errors import AdmissionError, ResilienceError, StorageError
-from resilience.views import Action, ActionRefused, Detail, Row, Source, Submitted, View, missing
+from resilience.views import Action, ActionRefused, Detail, Row, Source, View, missing
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -52,8 +51,8 @@ async def snapshot_of(app: Celery) -> dict[str, Any]:
 
 
 def suggestions(app: Celery) -> dict[str, list[str]]:
-    """What the action forms suggest (`Input.suggest`): task names, tiers and task names."""
-    _load_tasks(app)
+    """What the action forms suggest (`Input.suggest`): task names, tiers and task names (the
+    app's task modules are loaded: `Flower.__init__` imports them, as the CLI does)."""
     tasks = sorted(name for name, task in app.tasks.items() if hasattr(task, "pipelines"))
     return {"tasks": tasks, "names": [*TIERS, *tasks]}
 
@@ -87,8 +86,7 @@ class ResiliencePage(BaseHandler):
     @web.authenticated
     async def get(self) -> None:
         snapshot = await snapshot_of(self.capp)
-        suggested = await IOLoop.current().run_in_executor(None, suggestions, self.capp)
-        self.render(PAGE_TEMPLATE, snapshot=snapshot, suggestions=suggested,
+        self.render(PAGE_TEMPLATE, snapshot=snapshot, suggestions=suggestions(self.capp),
                     cards=page_forms(),
                     sections=[page_section(view, snapshot[view.name]) for view in VIEWS],
                     refresh_seconds=_refresh_seconds(self),
@@ -176,19 +174,6 @@ class ResilienceJson(BaseApiHandler):
 ACTIONS: dict[str, Action] = {action.web: action for view in VIEWS for action in view.actions}
 
 
-@functools.cache
-def _load_tasks(app: Celery) -> None:
-    """Register the app's task modules in this process once, as the CLI does before acting
-    (bulk requeue and cancel-by-key look tasks up by name)."""
-    app.loader.import_default_modules()
-
-
-def run_action(app: Celery, action: Action, form: Submitted) -> str:
-    """Run `action` on a submitted form (the app's tasks loaded first)."""
-    _load_tasks(app)
-    return action.run(Source(app=app, tiers=TIERS), form)
-
-
 def page_forms() -> list[list[dict[str, Any]]]:
     """The action forms, one card per view that has any: each form with the action it
     submits, the actions that join it (a second button) and its button's width."""
@@ -238,8 +223,9 @@ class ResilienceAction(BaseHandler):
         form = {key: self.get_body_argument(key, "") for key in self.request.body_arguments
                 if key != "_xsrf"}
         try:
-            message = await IOLoop.current().run_in_executor(None, run_action, self.capp,
-                                                             action, form)
+            # Bulk requeue and cancel-by-key look tasks up by name: Flower loaded them.
+            message = await IOLoop.current().run_in_executor(
+                None, action.run, Source(app=self.capp, tiers=TIERS), form)
             ok, status = True, 200
         except Exception as exc:  # noqa: BLE001 - every failure becomes one line, not a trace
             ok = False
