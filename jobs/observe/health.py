@@ -12,15 +12,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jobs.observe.snapshot import StoreStatus, probe_stores
 from resilience.redact import redact
-from resilience.stores import stores_for
 
 if TYPE_CHECKING:
     from celery import Celery
+
+    from jobs.settings import Settings
 
 logger = logging.getLogger("jobs.observe.health")
 
@@ -31,6 +32,8 @@ READY_CHECK_INTERVAL_SECONDS = 10.0
 #: Default `--max-age` of `jobs health ready --local`: a few missed checks (a check may
 #: wait on a store's timeouts) before the file counts as stale.
 DEFAULT_READY_MAX_AGE_SECONDS = 45.0
+#: Connect/read timeout of each store probe of a readiness check.
+READY_TIMEOUT_SECONDS = 3.0
 
 
 def heartbeat_path(node: str) -> Path:
@@ -136,85 +139,28 @@ def mark_stalled(node: str, reason: str) -> None:
         logger.warning("stall mark %s cannot be written (%s)", path, exc)
 
 
-def check_redis(app: Celery) -> Check:
-    """The shared guard-state Redis answers PING."""
-    try:
-        return ping_redis(stores_for(app).redis())
-    except Exception as exc:  # noqa: BLE001
-        return _failed("redis", exc)
+def _passed(name: str, status: StoreStatus, detail: str) -> Check:
+    return Check(name, status.ok, detail if status.ok else status.summary)
 
 
-def ping_redis(client: Any) -> Check:
-    """`client`'s Redis answers PING (the `redis` check, on any client)."""
-    try:
-        return Check("redis", bool(client.ping()), "PONG")
-    except Exception as exc:  # noqa: BLE001
-        return _failed("redis", exc)
-
-
-def check_broker(app: Celery) -> Check:
-    """The broker accepts a connection."""
-    try:
-        with app.connection_for_write() as connection:
-            connection.ensure_connection(max_retries=1, timeout=3)
-        return Check("broker", True, "connected")
-    except Exception as exc:  # noqa: BLE001
-        return _failed("broker", exc)
-
-
-@lru_cache(maxsize=4)
-def migration_heads(database_url: str) -> dict[str, frozenset[str]]:
-    """Each version table (the library's, the platform's) and its heads, read once."""
-    # lazy: jobs.db loads alembic and SQLAlchemy, which the local probes never need
-    from jobs.db import expected_versions
-
-    return expected_versions(database_url)
-
-
-def missing_migrations(cursor: Any, database_url: str) -> tuple[list[str], bool]:
-    """(the code's migration heads not applied, sorted; whether any is applied), read on a
-    DB-API `cursor` (psycopg2)."""
-    expected = migration_heads(database_url)
-    applied: set[str] = set()
-    for table in expected:  # names of our own, never user input
-        cursor.execute("SELECT to_regclass(%s) IS NOT NULL", (table,))
-        row = cursor.fetchone()
-        if row and row[0]:
-            cursor.execute(f"SELECT version_num FROM {table}")
-            applied |= {version for (version,) in cursor.fetchall()}
-    return sorted(frozenset().union(*expected.values()) - applied), bool(applied)
-
-
-def check_postgres(app: Celery) -> list[Check]:
-    """PostgreSQL answers, and the applied migrations are every head of the code's scripts."""
-    stores = stores_for(app)
-    try:
-        connection = stores.engine().raw_connection()
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT 1")
-                missing, _ = missing_migrations(cursor, stores.database_url)
-        finally:
-            connection.close()
-    except Exception as exc:  # noqa: BLE001
-        return [_failed("postgres", exc), Check("migrations", False, "database unreachable")]
-    return [
-        Check("postgres", True, "SELECT 1"),
-        Check("migrations", not missing,
-              "all heads applied" if not missing else f"not applied: {', '.join(missing)}"),
-    ]
-
-
-def readiness(app: Celery, broker_connected: Callable[[], bool] | None = None) -> list[Check]:
-    """Redis, the broker and PostgreSQL reachable; migrations applied. A worker checks on its
-    pooled clients, and sees the broker as its consumer does (`broker_connected`)."""
+def readiness(settings: Settings,
+              broker_connected: Callable[[], bool] | None = None) -> list[Check]:
+    """Redis, the broker and PostgreSQL answer `probe_stores`' probes; migrations applied. A
+    worker sees the broker as its consumer does (`broker_connected`)."""
+    found = probe_stores(settings, timeout_seconds=READY_TIMEOUT_SECONDS,
+                         skip=("broker",) if broker_connected else ())
     if broker_connected is None:
-        broker = check_broker(app)
+        broker = _passed("broker", found["broker"], "connected")
     elif broker_connected():
         broker = Check("broker", True, "consumer connected")
     else:
         broker = Check("broker", False, "consumer not consuming (connecting or reconnecting)")
-    return [check_redis(app), broker, *check_postgres(app)]
+    database = found["database"]
+    reached = database.problem in (None, "not_migrated")  # a missing database too
+    return [_passed("redis", found["redis"], "PONG"), broker,
+            Check("postgres", reached, "SELECT 1" if reached else database.summary),
+            Check("migrations", database.ok, "all heads applied" if database.ok
+                  else database.summary if reached else "database unreachable")]
 
 
 # -- cached readiness ---------------------------------------------------------------------

@@ -13,11 +13,10 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any
 
 from jobs.observe.backlog import per_list, quick_redis
-from jobs.observe.health import missing_migrations
 from jobs.settings import Settings
 from jobs.tiers import TIERS
 from resilience.admission import RedisBrokerDepth, depth_backend_for
@@ -135,6 +134,29 @@ def probe_broker(url: str, timeout_seconds: float) -> None:
                                      timeout=timeout_seconds)
 
 
+@lru_cache(maxsize=4)
+def migration_heads(database_url: str) -> dict[str, frozenset[str]]:
+    """Each version table (the library's, the platform's) and its heads, read once."""
+    # lazy: jobs.db loads alembic and SQLAlchemy, which the probes never need
+    from jobs.db import expected_versions
+
+    return expected_versions(database_url)
+
+
+def missing_migrations(cursor: Any, database_url: str) -> tuple[list[str], bool]:
+    """(the code's migration heads not applied, sorted; whether any is applied), read on a
+    DB-API `cursor` (psycopg2)."""
+    expected = migration_heads(database_url)
+    applied: set[str] = set()
+    for table in expected:  # names of our own, never user input
+        cursor.execute("SELECT to_regclass(%s) IS NOT NULL", (table,))
+        row = cursor.fetchone()
+        if row and row[0]:
+            cursor.execute(f"SELECT version_num FROM {table}")
+            applied |= {version for (version,) in cursor.fetchall()}
+    return sorted(frozenset().union(*expected.values()) - applied), bool(applied)
+
+
 def _probe_database(url: str, timeout_seconds: float) -> tuple[str, str, str] | None:
     """Connect with psycopg2 alone (SQLAlchemy's import alone costs more than the probe) and
     compare the applied migrations with the code's heads: None when migrated, else
@@ -176,9 +198,11 @@ def _diagnose(exc: BaseException, server: str, variable: str) -> tuple[str, str,
     return "unreachable", reason, START_HINT.format(variable=variable)
 
 
-def probe_stores(settings: Settings, *, timeout_seconds: float = 1.0) -> dict[str, StoreStatus]:
-    """Can `broker`, `redis` and `database` serve? One quick connection each, in parallel, no
-    retries (`timeout_seconds`, at least 2 for PostgreSQL); the settings alone, no app."""
+def probe_stores(settings: Settings, *, timeout_seconds: float = 1.0,
+                 skip: Iterable[str] = ()) -> dict[str, StoreStatus]:
+    """Can `broker`, `redis` and `database` (but those in `skip`) serve? One quick connection
+    each, in parallel, no retries (`timeout_seconds`, at least 2 for PostgreSQL); the
+    settings alone, no app."""
     redis_variable = url_variable("redis_url", "REDIS_URL")
     stores = (  # store, server, role, url, variable, probe
         ("broker", "Redis" if settings.broker_is_redis else "RabbitMQ", "broker",
@@ -200,11 +224,13 @@ def probe_stores(settings: Settings, *, timeout_seconds: float = 1.0) -> dict[st
     with ThreadPoolExecutor(max_workers=3, thread_name_prefix="status-probe") as pool:
         results: dict[str, Any] = {}
         # The guard-state Redis first: a broker on its URL shares its probe and its line.
-        for _, server, _, url, variable, probe in (stores[1], stores[0], stores[2]):
-            if url not in results:
+        for store, server, _, url, variable, probe in (stores[1], stores[0], stores[2]):
+            if url not in results and store not in skip:
                 results[url] = pool.submit(run, server, url, variable, probe)
         found = {}
         for store, server, role, url, variable, _ in stores:
+            if store in skip:
+                continue
             problem, reason, fix = results[url].result()
             found[store] = StoreStatus(store=store, server=server, role=role,
                                        url=redact_url(url), variable=variable,
