@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import os
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from jobs.admin.status import console, platform_app, print_view, table
+from jobs.admin.status import console, platform_source, print_view, table
 from resilience.locks import force_release
-from resilience.locks.view import LOCKS, held_rows
-from resilience.stores import stores_for
+from resilience.locks.view import LOCKS, held
 
 cli = typer.Typer(help="Exclusive-run locks: list held locks, force-release one.",
                   no_args_is_help=True)
-
-
-def _context() -> tuple[Any, list[str]]:
-    stores = stores_for(platform_app())
-    urls = [u.strip() for u in os.environ.get("REDLOCK_URLS", "").split(",") if u.strip()]
-    return stores, urls or list(stores.redlock_urls)
 
 
 @cli.command("list")
@@ -27,7 +19,7 @@ def list_command(
     all_rows: Annotated[bool, typer.Option("--all", help="also show stale registry rows")] = False,
 ) -> None:
     """Held locks (and the beat leader): key, kind, holder task, age, fencing token."""
-    rows = [row for row in held_rows(*_context()) if all_rows or not row["stale"]]
+    rows = [row for row in held(platform_source()) if all_rows or not row["stale"]]
     print_view(table(LOCKS, {"count": sum(not row["stale"] for row in rows), "held": rows}))
 
 
@@ -39,5 +31,5 @@ def release_command(
     """Force-release KEY: delete it on the Redlock nodes or end the session holding it."""
     if not yes:
         typer.confirm(f"force-release {key!r}? its holder loses the lock", abort=True)
-    stores, urls = _context()
-    console.print(f"{key}: {force_release(stores, key, urls)}")
+    stores = platform_source().stores
+    console.print(f"{key}: {force_release(stores, key, stores.redlock_urls)}")

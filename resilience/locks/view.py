@@ -2,29 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from resilience.locks.registry import BEAT_LEADER, describe
-from resilience.stores import Stores
 from resilience.views import Column, Family, Row, Source, View
 
 
-def held_rows(stores: Stores, redlock_urls: Sequence[str]) -> list[Row]:
-    """Every lock held now and the beat leader: each registry row checked against the real
-    lock (`pg_locks`, the Redlock nodes); a row a dead holder left behind is `stale`."""
-    return [{"key": holder.key, "kind": holder.kind, "holder": holder.owner or "-",
-             "held_seconds": round(holder.held_seconds or 0.0, 1), "token": holder.token,
-             "stale": not holder.alive}
-            for holder in describe(stores, redlock_urls)]
-
-
 def held(source: Source) -> list[Row]:
-    """`held_rows` of the source's stores, read once per snapshot."""
+    """Every lock held now and the beat leader, read once per snapshot: each registry row
+    checked against the real lock (`pg_locks`, the Redlock nodes); a row a dead holder left
+    behind is `stale`."""
     if "held_locks" not in source.cache:
         try:
             stores = source.stores
-            source.cache["held_locks"] = held_rows(stores, stores.redlock_urls)
+            source.cache["held_locks"] = [
+                {"key": holder.key, "kind": holder.kind, "holder": holder.owner or "-",
+                 "held_seconds": round(holder.held_seconds or 0.0, 1), "token": holder.token,
+                 "stale": not holder.alive}
+                for holder in describe(stores, stores.redlock_urls)]
         except Exception as exc:  # noqa: BLE001 - both views say why, the lock view re-raises
             source.cache["held_locks"] = exc
     found = source.cache["held_locks"]

@@ -24,7 +24,8 @@ def test_list_and_force_release(
     from jobs.admin.locks import cli
     from tests.resilience.locks.tasks import exclusive_run, singleton_run
 
-    monkeypatch.setenv("REDLOCK_URLS", ",".join(nodes.urls))
+    # The CLI checks exclusive locks on the app's Redlock nodes (REDLOCK_URLS in a real run).
+    monkeypatch.setattr(stores, "redlock_urls", tuple(nodes.urls))
     worker_factory("critical", name="locks-admin", concurrency=2, env=nodes.env())
     held_single = singleton_run.delay(run_id, "admin-s", seconds=60)
     held_excl = exclusive_run.delay(run_id, "admin-e", seconds=8)
