@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobs.observe.snapshot import StoreStatus, probe_stores
+from jobs.observe.snapshot import StoreStatus, one_line, probe_stores
 from resilience.redact import redact
 
 if TYPE_CHECKING:
@@ -95,16 +95,12 @@ class Check:
     detail: str = ""
 
 
-def _failed(name: str, exc: BaseException) -> Check:
-    return Check(name, False, redact(f"{type(exc).__name__}: {exc}".splitlines()[0])[:300])
-
-
 def liveness(app: Celery, node: str, *, timeout_seconds: float = 5.0) -> list[Check]:
     """Does worker `node` (e.g. `critical@host`) answer a ping within the timeout?"""
     try:
         replies = app.control.ping(destination=[node], timeout=timeout_seconds) or []
     except Exception as exc:  # noqa: BLE001 - any failure means: no answer
-        return [_failed(f"ping {node}", exc)]
+        return [Check(f"ping {node}", False, one_line(exc))]
     answered = any(node in reply for reply in replies)
     return [Check(f"ping {node}", answered,
                   "pong" if answered else f"no reply within {timeout_seconds:g}s")]
@@ -212,7 +208,7 @@ class ReadinessRecorder:
         try:
             checks = self.check()
         except Exception as exc:  # noqa: BLE001 - an unexpected failure is "not ready"
-            checks = [_failed("readiness", exc)]
+            checks = [Check("readiness", False, one_line(exc))]
         if self._thread.stopped.is_set():  # stopping: leave no file behind
             return
         try:
