@@ -35,10 +35,6 @@ console = Console()
 #: Problem lines: one line each, never wrapped, so `grep` and a reader see them whole.
 errors = Console(stderr=True, soft_wrap=True)
 
-#: Section titles, in display order (tests look for each).
-TITLES = {view.name: view.title for view in VIEWS}
-
-
 def table(view: View, section: Any) -> Table:
     """`section` of the snapshot as `view` declares its table (or why it is missing)."""
     reason = missing(section)

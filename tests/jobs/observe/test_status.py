@@ -10,8 +10,11 @@ from typing import Any
 
 import pytest
 
-from jobs.admin.status import TITLES
+from jobs.observe.snapshot import VIEWS
 from tests.support import ROOT, wait_for
+
+#: Section titles, in display order.
+TITLES = {view.name: view.title for view in VIEWS}
 
 
 def _purge(app: Any) -> None:
