@@ -126,7 +126,10 @@ def list_command(group: typer.Typer, name: str, view: View, summary: str,
 
 
 def render(snapshot: dict[str, Any]) -> Group:
-    """The whole view of one snapshot."""
+    """The whole view of one snapshot; nothing when no store served (every table would only
+    say so)."""
+    if not _served(snapshot):
+        return Group()
     header = Text(f"resilience status at {snapshot['taken_at']} "
                   f"(collected in {snapshot['collect_seconds']}s)", style="bold")
     return Group(header, *(table(view, snapshot[view.name]) for view in VIEWS))
@@ -150,15 +153,14 @@ def take_snapshot(*, inspect_timeout_seconds: float = 1.0) -> dict[str, Any]:
                    stores=stores)
 
 
-def _nothing_served(snapshot: dict[str, Any]) -> bool:
-    stores = snapshot.get("stores") or {}
-    return bool(stores) and not any(status["ok"] for status in stores.values())
+def _served(snapshot: dict[str, Any]) -> bool:
+    return any(status["ok"] for status in snapshot["stores"].values())
 
 
 def live_view(snapshot: dict[str, Any]) -> Group:
     """The live mode's screen: one red line per store that cannot serve, then the tables."""
-    lines = [Text(line, style="red") for line in problem_lines(snapshot)]
-    return Group(*lines) if _nothing_served(snapshot) else Group(*lines, render(snapshot))
+    return Group(*(Text(line, style="red") for line in problem_lines(snapshot)),
+                 render(snapshot))
 
 
 def print_view(view: Any) -> None:
@@ -183,19 +185,15 @@ def status(
     `--json` then exit 1.
     """
     snapshot = take_snapshot()
-    if as_json:
-        typer.echo(json.dumps(snapshot, default=str, indent=2))
-        if snapshot["unavailable"]:
-            raise typer.Exit(EXIT_UNAVAILABLE)
-        return
-    if once or _nothing_served(snapshot):
-        # Nothing to watch live when no store answers: say so and stop.
-        if not _nothing_served(snapshot):
+    # Nothing to watch live when no store answers: say so and stop.
+    if as_json or once or not _served(snapshot):
+        if as_json:
+            typer.echo(json.dumps(snapshot, default=str, indent=2))
+        else:
             print_view(render(snapshot))
-        problems = problem_lines(snapshot)
-        for line in problems:
-            errors.print(Text(line, style="red"))
-        if problems:
+            for line in problem_lines(snapshot):
+                errors.print(Text(line, style="red"))
+        if snapshot["unavailable"]:
             raise typer.Exit(EXIT_UNAVAILABLE)
         return
     try:
