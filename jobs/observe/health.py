@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobs.observe.snapshot import StoreStatus, one_line, probe_stores
-from resilience.redact import redact
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -123,16 +122,6 @@ def local_liveness(node: str, *, max_age_seconds: float) -> list[Check]:
     except OSError as exc:
         stalled = f"unreadable stall mark: {type(exc).__name__}"
     return [*checks, Check(f"consumption {node}", False, stalled or "stalled")]
-
-
-def mark_stalled(node: str, reason: str) -> None:
-    """Fail `jobs health live --local` for worker `node` from now on, with `reason`."""
-    path = stalled_path(node)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(redact(reason)[:300] + "\n")
-    except OSError as exc:
-        logger.warning("stall mark %s cannot be written (%s)", path, exc)
 
 
 def _passed(name: str, status: StoreStatus, detail: str) -> Check:

@@ -26,7 +26,6 @@ from jobs.observe.health import (
     ReadinessRecorder,
     heartbeat_age,
     heartbeat_path,
-    mark_stalled,
     readiness,
     readiness_path,
     stalled_path,
@@ -34,6 +33,7 @@ from jobs.observe.health import (
 from jobs.observe.metrics import WATCHDOG
 from jobs.settings import get_settings
 from resilience.counters import count_outcome
+from resilience.redact import redact
 
 logger = logging.getLogger("jobs.observe.watchdog")
 
@@ -414,7 +414,12 @@ def exit_stalled(worker: Any, reason: str, *, grace_seconds: float) -> None:
     status `EXIT_STALLED`, and exit at once if it has not stopped after `grace_seconds`."""
     from celery.worker import state
 
-    mark_stalled(worker.hostname, reason)
+    path = stalled_path(worker.hostname)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(redact(reason)[:300] + "\n")
+    except OSError as exc:
+        logger.warning("stall mark %s cannot be written (%s)", path, exc)
     state.should_stop = EXIT_STALLED  # the event loop raises WorkerShutdown(75)
     hub = getattr(worker.consumer, "hub", None)
     if hub is not None:
