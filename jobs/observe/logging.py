@@ -87,17 +87,13 @@ def log_format() -> str:
     return chosen
 
 
-def apply_formatter(logger: logging.Logger, name: str | None = None) -> None:
-    """Give every handler of `logger` the structured formatter (none for `text`: Celery's)."""
-    formatter = {"json": JsonFormatter, "logfmt": LogfmtFormatter}.get(name or log_format())
-    if formatter is not None:
+def _on_setup(logger: logging.Logger | None = None, **_: Any) -> None:
+    """Give every handler of Celery's `logger` the structured formatter (none for `text`:
+    Celery's)."""
+    formatter = {"json": JsonFormatter, "logfmt": LogfmtFormatter}.get(log_format())
+    if logger is not None and formatter is not None:
         for handler in logger.handlers:
             handler.setFormatter(formatter())
-
-
-def _on_setup(logger: logging.Logger | None = None, **_: Any) -> None:
-    if logger is not None:
-        apply_formatter(logger)
 
 
 def install_worker_logging() -> None:
