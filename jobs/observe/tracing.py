@@ -36,12 +36,12 @@ def _exporter_names(environ: Mapping[str, str]) -> list[str]:
     return [name.strip().lower() for name in raw.split(",") if name.strip()]
 
 
-def _exporter(name: str, environ: Mapping[str, str]) -> Any:
+def _exporter(name: str) -> Any:
     """The span exporter registered under `name` (OpenTelemetry's entry point group); `otlp`
     is gRPC or HTTP by `OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL` (default the extra's HTTP)."""
     if name == "otlp":
-        protocol = (environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-                    or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf")
+        protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                    or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf")
         name = "otlp_proto_grpc" if protocol.strip() == "grpc" else "otlp_proto_http"
     found = entry_points(group="opentelemetry_traces_exporter", name=name)
     if not found:
@@ -55,7 +55,6 @@ def _exporter(name: str, environ: Mapping[str, str]) -> Any:
 
 
 def install_tracing(*, span_processor: SpanProcessor | None = None,
-                    environ: Mapping[str, str] | None = None,
                     set_global: bool = True) -> TracerProvider:
     """Trace this process: a tracer provider exporting as `OTEL_*` says, and Celery
     instrumented with it. Idempotent: a second call returns the first provider.
@@ -63,7 +62,6 @@ def install_tracing(*, span_processor: SpanProcessor | None = None,
     Args:
         span_processor: where spans go instead of the `OTEL_TRACES_EXPORTER` exporters (a
             test's in-memory exporter).
-        environ: the environment (default: `os.environ`).
         set_global: make it OpenTelemetry's global provider (a provider someone set before,
             e.g. `opentelemetry-instrument`, is reused instead).
 
@@ -73,7 +71,6 @@ def install_tracing(*, span_processor: SpanProcessor | None = None,
     global _installed
     if _installed is not None:
         return _installed
-    environ = os.environ if environ is None else environ
     from celery import signals
 
     try:
@@ -97,9 +94,9 @@ def install_tracing(*, span_processor: SpanProcessor | None = None,
             resource = resource.merge(Resource.create({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
         provider = TracerProvider(resource=resource)
         if span_processor is None:
-            for name in _exporter_names(environ):
+            for name in _exporter_names(os.environ):
                 if name != "none":
-                    provider.add_span_processor(BatchSpanProcessor(_exporter(name, environ)))
+                    provider.add_span_processor(BatchSpanProcessor(_exporter(name)))
         if set_global:
             trace.set_tracer_provider(provider)
     if span_processor is not None:
