@@ -3,7 +3,7 @@ histograms too when `PROMETHEUS_MULTIPROC_DIR` names their directory)."""
 
 from __future__ import annotations
 
-import time
+import contextlib
 from typing import Annotated
 
 import typer
@@ -23,15 +23,12 @@ def metrics(
     once: Annotated[bool, typer.Option("--once", help="Print one scrape and exit.")] = False,
 ) -> None:
     """Serve /metrics until Ctrl-C (prometheus-client's own HTTP server)."""
-    app = platform_source().app
+    registry = registry_for(platform_source().app)
     if once:
-        typer.echo(generate_latest(registry_for(app)).decode())
+        typer.echo(generate_latest(registry).decode())
         return
-    start_http_server(port, addr=address, registry=registry_for(app))
+    _, serving = start_http_server(port, addr=address, registry=registry)
     where = multiprocess_dir() or "off (PROMETHEUS_MULTIPROC_DIR unset)"
     console.print(f"metrics on http://{address}:{port}/metrics; multiprocess: {where}")
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        pass
+    with contextlib.suppress(KeyboardInterrupt):
+        serving.join()
