@@ -167,9 +167,10 @@ class ConsumerHeartbeat(bootsteps.StartStopStep):
     shutdown = stop
 
 
-def stop_heartbeat(worker: Any) -> None:
-    """Stop `worker`'s heartbeat and readiness checks and remove their files."""
-    for part in (getattr(worker, "jobs_readiness", None), getattr(worker, "jobs_heartbeat", None)):
+@signals.worker_shutdown.connect(weak=False)
+def stop_heartbeat(sender: Any = None, **_: Any) -> None:
+    """Stop worker `sender`'s heartbeat and readiness checks and remove their files."""
+    for part in (getattr(sender, "jobs_readiness", None), getattr(sender, "jobs_heartbeat", None)):
         if part is not None:
             part.stop()
 
@@ -469,7 +470,9 @@ def watchdog_thread(w: Any, stall: float) -> Periodic:
     return Periodic("jobs-watchdog", watchdog.check_interval_seconds, check)
 
 
-def install(app: Any) -> None:
-    """Add the heartbeat and watchdog bootsteps to `app`'s workers (before it is built)."""
-    app.steps["worker"].add(WorkerHeartbeat)
-    app.steps["consumer"].add(ConsumerHeartbeat)
+@signals.celeryd_init.connect(weak=False)
+def install(instance: Any = None, **_: Any) -> None:
+    """Add the heartbeat and watchdog bootsteps to worker `instance`'s app (not built yet)."""
+    if instance is not None:
+        instance.app.steps["worker"].add(WorkerHeartbeat)
+        instance.app.steps["consumer"].add(ConsumerHeartbeat)

@@ -2,7 +2,8 @@
 log formatter, `jobs_lock_hold_seconds` (task_prerun to task_postrun of a task holding a
 singleton or exclusive lock; a call its own lock guard stopped never held it),
 `jobs_workflow_step_seconds`, dead pool processes marked for multiprocess metrics, and the
-heartbeat and watchdog bootsteps (added at `celeryd_init`, stopped at `worker_shutdown`).
+heartbeat and watchdog bootsteps (`jobs.observe.watchdog` adds them at `celeryd_init` and
+stops them at `worker_shutdown`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from celery import signals
 
-from jobs.observe import watchdog
+from jobs.observe import watchdog  # noqa: F401 - connects the heartbeat's receivers
 from jobs.observe.logging import install_worker_logging
 from jobs.observe.metrics import LOCK_HOLD_SECONDS, WORKFLOW_STEP_SECONDS, multiprocess_dir
 from resilience.outcomes import OutcomeStored
@@ -66,17 +67,6 @@ def _process_gone(pid: int | None = None, **_: Any) -> None:
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(pid or os.getpid())
-
-
-@signals.celeryd_init.connect(weak=False)
-def _install_heartbeat(instance: Any = None, **_: Any) -> None:
-    if instance is not None:
-        watchdog.install(instance.app)
-
-
-@signals.worker_shutdown.connect(weak=False)
-def _stop_heartbeat(sender: Any = None, **_: Any) -> None:
-    watchdog.stop_heartbeat(sender)
 
 
 observe_steps(lambda task_name, state, seconds: WORKFLOW_STEP_SECONDS.labels(

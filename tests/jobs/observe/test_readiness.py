@@ -107,7 +107,7 @@ def test_the_recorder_starts_after_the_pool_has_forked_its_processes() -> None:
         "from celery.worker.worker import WorkController\n"
         "from jobs import app\n"
         "from jobs.observe import watchdog\n"
-        "watchdog.install(app)\n"
+        "app.steps['worker'].add(watchdog.WorkerHeartbeat)\n"
         "blueprint = WorkController.Blueprint(steps=app.steps['worker'])\n"
         "names = [s.name for s in blueprint._finalize_steps(blueprint.claim_steps())]\n"
         "print(names.index('celery.worker.components.Pool')"
