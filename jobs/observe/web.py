@@ -205,15 +205,10 @@ class ResilienceAction(BaseHandler):
     """`POST /resilience/actions/<action>`: one operator action, then back to the page with
     a one-line result (or that line as JSON for an `Accept: application/json` client)."""
     def check_xsrf_cookie(self) -> None:
-        """Flower's cross-site refusals, then tornado's token check, whatever the auth."""
+        """Flower's cross-site refusals, then tornado's token check, whatever the auth (tornado
+        calls this before every POST: Flower's settings set `xsrf_cookies`)."""
         super().check_xsrf_cookie()
         web.RequestHandler.check_xsrf_cookie(self)
-
-    def prepare(self) -> None:
-        # Tornado checks the token before prepare() when the app sets `xsrf_cookies` (Flower
-        # does); an app that does not still gets it checked here.
-        if self.request.method == "POST" and not self.settings.get("xsrf_cookies"):
-            self.check_xsrf_cookie()
 
     @web.authenticated
     async def post(self, name: str) -> None:
