@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 import os
 import shlex
 import shutil
@@ -364,7 +363,7 @@ def vendor_status() -> None:
     """The vendor's mode, calls received and distinct charges."""
     with exit_on(VendorError):
         state = VendorControl(settings_or_exit().effective_vendor_url).status()
-    console.print_json(json.dumps(state))
+    console.print_json(data=state)
 
 
 @cli.command()
@@ -397,7 +396,7 @@ def pipeline(
         raise fail(f"no task named {task_name!r}{hint} (load your module with JOBS_IMPORTS)")
     view = describe_pipelines(task)
     if as_json:
-        console.print_json(json.dumps(view, default=str))
+        console.print_json(data=view, default=str)
         return
     if view.get("unguarded"):
         console.print(view["unguarded"], markup=False)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, replace
 from functools import partial
 from typing import Annotated
@@ -32,7 +31,7 @@ def list_command(
 def show_command(entry_id: Annotated[int, typer.Argument(help="Dead-letter id.")]) -> None:
     """Everything recorded about one dead letter (arguments, error, reason)."""
     entry = asdict(get(platform_source().stores.engine(), entry_id))
-    console.print_json(json.dumps(entry, default=str))
+    console.print_json(data=entry, default=str)
 
 
 @cli.command("requeue")

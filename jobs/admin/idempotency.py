@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from functools import partial
 from typing import Annotated
@@ -33,7 +32,7 @@ def status_command(
     state = describe(platform_source().stores, holders_limit=limit,
                      cache_size=count_cache).as_dict()
     if as_json:
-        console.print_json(json.dumps(state))
+        console.print_json(data=state)
         return
     console.print(summary(state, cache_counted=count_cache))
     print_view(table(CLAIMS, state))
