@@ -10,6 +10,7 @@ import math
 import os
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -33,7 +34,7 @@ from resilience.ratelimit import view as ratelimit_view
 from resilience.redact import redact, redact_url
 from resilience.retry import view as retry_view
 from resilience.schedules import view as schedules_view
-from resilience.views import Column, Source, View, marked, number
+from resilience.views import Column, Source, View, marked, missing, number
 from resilience.workflows import view as workflows_view
 
 if TYPE_CHECKING:
@@ -281,28 +282,26 @@ def outcome_counters(client: redis.Redis) -> list[dict[str, Any]]:
 def tiers_section(app: Celery, counters: Any, depths: Any, active: Any) -> dict[str, Any]:
     """Per tier: depth against its limit (FULL at or over it), active, and refusals by kind."""
     tiers: dict[str, Any] = {}
-    read = isinstance(depths, dict) and "unavailable" not in depths
-    counted = isinstance(counters, list)
+    read = missing(depths) is None
     for tier in TIERS:
         limits = app.settings.tier(tier)
-        mine = [c for c in counters if c.get("tier") == tier] if counted else []
         row: dict[str, Any] = {
             "max_queue_depth": limits.max_queue_depth,
             "rejection_policy": limits.rejection_policy,
             "concurrency": limits.concurrency,
             "depth": depths[tier] if read else None,
             "full": depths[tier] >= limits.max_queue_depth if read else None,
-            "active": (active["per_tier"].get(tier, 0)
-                       if isinstance(active, dict) and "per_tier" in active else None),
-            **{column: sum(c["value"] for c in mine if c.get("outcome") == outcome)
-               if counted else None for column, outcome in TIER_OUTCOMES.items()},
+            "active": active["per_tier"].get(tier, 0) if missing(active) is None else None,
+            **dict.fromkeys(TIER_OUTCOMES),
         }
-        if counted:
-            by_guard: dict[str, dict[str, int]] = {}
-            for c in mine:
-                guard = by_guard.setdefault(c.get("guard") or "-", {})
-                guard[c["outcome"]] = guard.get(c["outcome"], 0) + c["value"]
-            row["by_guard"] = by_guard
+        if isinstance(counters, list):
+            by_guard: dict[str, Counter[str]] = {}
+            for c in counters:
+                if c.get("tier") == tier:
+                    guard = by_guard.setdefault(c.get("guard") or "-", Counter())
+                    guard[c["outcome"]] += c["value"]
+            row.update({column: sum(guard[outcome] for guard in by_guard.values())
+                        for column, outcome in TIER_OUTCOMES.items()}, by_guard=by_guard)
         tiers[tier] = row
     return tiers
 
