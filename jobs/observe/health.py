@@ -149,14 +149,12 @@ def readiness(settings: Settings,
 
 
 # -- cached readiness ---------------------------------------------------------------------
-def write_readiness(path: Path, checks: list[Check], *, checked_at: float | None = None) -> None:
-    """Record `checks` and when they ran (epoch seconds), atomically (write, then rename):
-    a probe never reads half a file."""
+def write_readiness(path: Path, checks: list[Check]) -> None:
+    """Record `checks` atomically (write, then rename): a probe never reads half a file, and
+    the file's modification time is when they ran."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    body = {"checked_at": time.time() if checked_at is None else checked_at,
-            "checks": [asdict(check) for check in checks]}
     partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-    partial.write_text(json.dumps(body))
+    partial.write_text(json.dumps([asdict(check) for check in checks]))
     os.replace(partial, path)
 
 
@@ -167,16 +165,13 @@ def local_readiness(node: str, *, max_age_seconds: float = DEFAULT_READY_MAX_AGE
     path = path or readiness_path(node)
     name = f"readiness {node}"
     try:
-        body: Any = json.loads(path.read_text())
-        checked_at = float(body["checked_at"])
-        checks = [Check(str(c["name"]), bool(c["ok"]), str(c.get("detail", "")))
-                  for c in body["checks"]]
+        age = max(0.0, time.time() - path.stat().st_mtime)
+        checks = [Check(**check) for check in json.loads(path.read_text())]
     except FileNotFoundError:
         return [Check(name, False, f"no readiness file {path}: no worker of that name runs "
                                    "on this host (or it has not checked yet)")]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, TypeError) as exc:
         return [Check(name, False, f"unreadable readiness file {path}: {type(exc).__name__}")]
-    age = max(0.0, time.time() - checked_at)
     fresh = Check(name, age <= max_age_seconds,
                   f"last check {age:.1f}s ago (max {max_age_seconds:g}s)"
                   + ("" if age <= max_age_seconds else ": the worker stopped checking"))

@@ -68,7 +68,8 @@ def test_the_record_follows_the_checked_stores_and_goes_stale(
         recorder.stop()
     assert not path.exists()  # a stopped worker leaves no record behind
 
-    write_readiness(path, [Check("redis", True, "PONG")], checked_at=time.time() - 60)
+    write_readiness(path, [Check("redis", True, "PONG")])
+    os.utime(path, (time.time() - 60,) * 2)  # checked a minute ago
     stale = local_readiness("worker@test", path=path, max_age_seconds=45)
     assert not stale[0].ok and stale[1].ok  # the recorded check passed, but long ago
     assert local_readiness("nobody@nowhere", path=tmp_path / "missing")[0].ok is False
