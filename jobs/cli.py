@@ -21,7 +21,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from jobs.admin.cancel import cancel as cancel_command
+from jobs.admin.cancel import cancel_command
 from jobs.admin.status import act, exit_on, fail, list_command, platform_app, platform_source
 from jobs.embedded import (
     exec_postgres,

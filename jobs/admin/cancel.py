@@ -9,12 +9,11 @@ from typing import Annotated
 import typer
 
 from jobs.admin.status import console, fail, list_command, platform_app, platform_source
-from resilience.cancel.view import VIEW, cancellations, read
-from resilience.cancel.view import cancel as run_cancel
+from resilience.cancel.view import VIEW, cancel, cancellations, read
 from resilience.views import ActionRefused
 
 
-def cancel(
+def cancel_command(
     task_id: Annotated[str | None, typer.Argument(help="the job's task id")] = None,
     task: Annotated[str | None, typer.Option("--task", help="task name (with --key)")] = None,
     key: Annotated[str | None, typer.Option(
@@ -28,7 +27,7 @@ def cancel(
         raise fail("give a task id (jobs cancel ID) or both --task NAME and --key KEY")
     form = {"task_id": task_id or "", "task": task or "", "key": key or "", "reason": reason}
     try:
-        console.print(run_cancel(platform_source(), form))
+        console.print(cancel(platform_source(), form))
     except ActionRefused as refused:
         raise fail(f"{refused}, or add cancel_key=\"{{...}}\" to its @app.task") from None
 

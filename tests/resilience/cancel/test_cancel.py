@@ -384,7 +384,7 @@ def test_cancelled_while_every_worker_is_stopped_never_runs_after_restart(
     started: the three cancelled jobs end CANCELLED (never Celery's REVOKED: the mark stopped
     them) and their bodies never ran (counters absent); the job queued alongside runs exactly
     once."""
-    from jobs.admin.cancel import cancel as jobs_cancel
+    from jobs.admin.cancel import cancel_command as jobs_cancel
     from tests.resilience.cancel.tasks import cancel_order
 
     critical = tier_workers["critical"]
