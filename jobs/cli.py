@@ -450,7 +450,7 @@ def main() -> None:
         cli.add_typer(importlib.import_module(module).cli, name=name)
     try:
         cli()
-    except (ResilienceError, SettingsError) as exc:
+    except ResilienceError as exc:  # a SettingsError too
         errors.print(f"[red]{type(exc).__name__}: {redact(str(exc))}[/red]")
         sys.exit(2)
 
