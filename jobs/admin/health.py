@@ -10,7 +10,6 @@ import typer
 
 from jobs.admin.status import console, platform_app
 from jobs.observe import health
-from jobs.settings import get_settings
 
 cli = typer.Typer(help="Health checks: live (worker's loop runs), ready (stores reachable).",
                   no_args_is_help=True)
@@ -73,4 +72,4 @@ def ready(
     (checked now, or with --local as the worker last recorded it), 1 when not."""
     if local:  # no app, no store: one read of the worker's readiness file
         _report(health.local_readiness(_node(node, tier), max_age_seconds=max_age))
-    _report(health.readiness(get_settings()))
+    _report(health.readiness(platform_app()))

@@ -15,12 +15,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobs.observe.snapshot import StoreStatus, one_line, probe_stores
+from jobs.observe.snapshot import missing_migrations, one_line
+from resilience.stores import stores_for
 
 if TYPE_CHECKING:
     from celery import Celery
-
-    from jobs.settings import Settings
 
 logger = logging.getLogger("jobs.observe.health")
 
@@ -31,8 +30,6 @@ READY_CHECK_INTERVAL_SECONDS = 10.0
 #: Default `--max-age` of `jobs health ready --local`: a few missed checks (a check may
 #: wait on a store's timeouts) before the file counts as stale.
 DEFAULT_READY_MAX_AGE_SECONDS = 45.0
-#: Connect/read timeout of each store probe of a readiness check.
-READY_TIMEOUT_SECONDS = 3.0
 
 
 def heartbeat_path(node: str) -> Path:
@@ -124,28 +121,63 @@ def local_liveness(node: str, *, max_age_seconds: float) -> list[Check]:
     return [*checks, Check(f"consumption {node}", False, stalled or "stalled")]
 
 
-def _passed(name: str, status: StoreStatus, detail: str) -> Check:
-    return Check(name, status.ok, detail if status.ok else status.summary)
+def check_redis(app: Celery) -> Check:
+    """The shared guard-state Redis answers PING."""
+    try:
+        return ping_redis(stores_for(app).redis())
+    except Exception as exc:  # noqa: BLE001
+        return Check("redis", False, one_line(exc))
 
 
-def readiness(settings: Settings,
-              broker_connected: Callable[[], bool] | None = None) -> list[Check]:
-    """Redis, the broker and PostgreSQL answer `probe_stores`' probes; migrations applied. A
-    worker sees the broker as its consumer does (`broker_connected`)."""
-    found = probe_stores(settings, timeout_seconds=READY_TIMEOUT_SECONDS,
-                         skip=("broker",) if broker_connected else ())
+def ping_redis(client: Any) -> Check:
+    """`client`'s Redis answers PING (the `redis` check, on any client)."""
+    try:
+        return Check("redis", bool(client.ping()), "PONG")
+    except Exception as exc:  # noqa: BLE001
+        return Check("redis", False, one_line(exc))
+
+
+def check_broker(app: Celery) -> Check:
+    """The broker accepts a connection."""
+    try:
+        with app.connection_for_write() as connection:
+            connection.ensure_connection(max_retries=1, timeout=3)
+        return Check("broker", True, "connected")
+    except Exception as exc:  # noqa: BLE001
+        return Check("broker", False, one_line(exc))
+
+
+def check_postgres(app: Celery) -> list[Check]:
+    """PostgreSQL answers, and the applied migrations are every head of the code's scripts."""
+    stores = stores_for(app)
+    try:
+        connection = stores.engine().raw_connection()
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+                missing, _ = missing_migrations(cursor, stores.database_url)
+        finally:
+            connection.close()
+    except Exception as exc:  # noqa: BLE001
+        return [Check("postgres", False, one_line(exc)),
+                Check("migrations", False, "database unreachable")]
+    return [
+        Check("postgres", True, "SELECT 1"),
+        Check("migrations", not missing,
+              "all heads applied" if not missing else f"not applied: {', '.join(missing)}"),
+    ]
+
+
+def readiness(app: Celery, broker_connected: Callable[[], bool] | None = None) -> list[Check]:
+    """Redis, the broker and PostgreSQL reachable; migrations applied. A worker checks on its
+    pooled clients, and sees the broker as its consumer does (`broker_connected`)."""
     if broker_connected is None:
-        broker = _passed("broker", found["broker"], "connected")
+        broker = check_broker(app)
     elif broker_connected():
         broker = Check("broker", True, "consumer connected")
     else:
         broker = Check("broker", False, "consumer not consuming (connecting or reconnecting)")
-    database = found["database"]
-    reached = database.problem in (None, "not_migrated")  # a missing database too
-    return [_passed("redis", found["redis"], "PONG"), broker,
-            Check("postgres", reached, "SELECT 1" if reached else database.summary),
-            Check("migrations", database.ok, "all heads applied" if database.ok
-                  else database.summary if reached else "database unreachable")]
+    return [check_redis(app), broker, *check_postgres(app)]
 
 
 # -- cached readiness ---------------------------------------------------------------------

@@ -199,11 +199,9 @@ def _diagnose(exc: BaseException, server: str, variable: str) -> tuple[str, str,
     return "unreachable", reason, START_HINT.format(variable=variable)
 
 
-def probe_stores(settings: Settings, *, timeout_seconds: float = 1.0,
-                 skip: Iterable[str] = ()) -> dict[str, StoreStatus]:
-    """Can `broker`, `redis` and `database` (but those in `skip`) serve? One quick connection
-    each, in parallel, no retries (`timeout_seconds`, at least 2 for PostgreSQL); the
-    settings alone, no app."""
+def probe_stores(settings: Settings, *, timeout_seconds: float = 1.0) -> dict[str, StoreStatus]:
+    """Can `broker`, `redis` and `database` serve? One quick connection each, in parallel, no
+    retries (`timeout_seconds`, at least 2 for PostgreSQL); the settings alone, no app."""
     redis_variable = url_variable("redis_url", "REDIS_URL")
     stores = (  # store, server, role, url, variable, probe
         ("broker", "Redis" if settings.broker_is_redis else "RabbitMQ", "broker",
@@ -225,13 +223,11 @@ def probe_stores(settings: Settings, *, timeout_seconds: float = 1.0,
     with ThreadPoolExecutor(max_workers=3, thread_name_prefix="status-probe") as pool:
         results: dict[str, Any] = {}
         # The guard-state Redis first: a broker on its URL shares its probe and its line.
-        for store, server, _, url, variable, probe in (stores[1], stores[0], stores[2]):
-            if url not in results and store not in skip:
+        for _, server, _, url, variable, probe in (stores[1], stores[0], stores[2]):
+            if url not in results:
                 results[url] = pool.submit(run, server, url, variable, probe)
         found = {}
         for store, server, role, url, variable, _ in stores:
-            if store in skip:
-                continue
             problem, reason, fix = results[url].result()
             found[store] = StoreStatus(store=store, server=server, role=role,
                                        url=redact_url(url), variable=variable,

@@ -120,10 +120,9 @@ class WorkerHeartbeat(bootsteps.StartStopStep):
 
     def create(self, w: Any) -> Heartbeat:
         heartbeat = w.jobs_heartbeat = Heartbeat(w.hostname)
-        settings = getattr(w.app, "settings", None) or get_settings()
         w.jobs_readiness = ReadinessRecorder(readiness_path(w.hostname),
-                                             lambda: readiness(settings, heartbeat.connected))
-        stall = float(settings.worker_stall_seconds)
+                                             lambda: readiness(w.app, heartbeat.connected))
+        stall = float((getattr(w.app, "settings", None) or get_settings()).worker_stall_seconds)
         self.watchdog = watchdog_thread(w, stall) if stall > 0 else None
         return heartbeat
 

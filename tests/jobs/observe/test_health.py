@@ -103,7 +103,7 @@ class TestReadiness:
     @pytest.mark.timeout(60)
     def test_ready_when_stores_answer_and_migrations_are_applied(self, app: Any) -> None:
         """Redis, broker and PostgreSQL answer; every migration head is applied."""
-        checks = {check.name: check for check in readiness(app.settings)}
+        checks = {check.name: check for check in readiness(app)}
         assert set(checks) == {"redis", "broker", "postgres", "migrations"}
         assert all(check.ok for check in checks.values()), checks
         assert _jobs("health", "ready").returncode == 0
