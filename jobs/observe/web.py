@@ -229,8 +229,7 @@ class ResilienceAction(BaseHandler):
             logger.info("resilience action %s: %s", name, message)
         if "application/json" in self.request.headers.get("Accept", ""):
             self.set_status(status)
-            self.set_header("Content-Type", "application/json; charset=UTF-8")
-            self.finish(json.dumps({"ok": ok, "action": name, "message": message}))
+            self.finish({"ok": ok, "action": name, "message": message})  # tornado's JSON
             return
         self.set_signed_cookie(FLASH_COOKIE, json.dumps({"ok": ok, "message": message}),
                                expires_days=None, path="/", httponly=True, samesite="Strict")
