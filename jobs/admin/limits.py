@@ -7,12 +7,11 @@ from typing import Annotated, Any
 
 import typer
 
-from jobs.admin.status import console, platform_app, platform_source, print_view, table
+from jobs.admin.status import console, platform_source, print_view, table
 from resilience.admission import RedisBrokerDepth, depth_backend_for
 from resilience.counters import read_all
 from resilience.ratelimit import LEASE, RedisBackend
 from resilience.ratelimit.view import RATES, SEMAPHORES, stored
-from resilience.stores import stores_for
 from resilience.views import Column, Source, View
 
 cli = typer.Typer(
@@ -77,5 +76,5 @@ def release(
     holder: Annotated[str, typer.Argument(help="holder id, as `show` prints it")],
 ) -> None:
     """Free one holder's slot by hand (a holder known dead whose lease is long)."""
-    released = RedisBackend(stores_for(platform_app()).redis).release(LEASE, key, holder)
+    released = RedisBackend(platform_source().redis()).release(LEASE, key, holder)
     console.print(f"{key}: {holder} {'released' if released else 'was not holding a slot'}")
