@@ -95,14 +95,10 @@ class ResiliencePage(BaseHandler):
     def _take_flash(self) -> dict[str, Any] | None:
         """The last action's result, shown once (the cookie is cleared, not platform state)."""
         raw = self.get_signed_cookie(FLASH_COOKIE, max_age_days=1)
-        if raw is None:
+        if raw is None:  # none, or not signed with this Flower's secret: not ours
             return None
         self.clear_cookie(FLASH_COOKIE, path="/")
-        try:
-            flash = json.loads(raw)
-            return {"ok": bool(flash["ok"]), "message": str(flash["message"])}
-        except (ValueError, KeyError, TypeError):
-            return None
+        return json.loads(raw)  # as ResilienceAction.post wrote it
 
 
 DETAILS: dict[str, View] = {view.name: view for view in VIEWS if view.detail}
