@@ -121,30 +121,18 @@ def local_liveness(node: str, *, max_age_seconds: float) -> list[Check]:
     return [*checks, Check(f"consumption {node}", False, stalled or "stalled")]
 
 
-def check_redis(app: Celery) -> Check:
-    """The shared guard-state Redis answers PING."""
+def _passes(name: str, probe: Callable[[], Any], detail: str) -> Check:
+    """Check `name`: passed with `detail` when `probe()` returns, failed with its error."""
     try:
-        return ping_redis(stores_for(app).redis())
-    except Exception as exc:  # noqa: BLE001
-        return Check("redis", False, one_line(exc))
+        probe()
+    except Exception as exc:  # noqa: BLE001 - any failure fails the check
+        return Check(name, False, one_line(exc))
+    return Check(name, True, detail)
 
 
 def ping_redis(client: Any) -> Check:
     """`client`'s Redis answers PING (the `redis` check, on any client)."""
-    try:
-        return Check("redis", bool(client.ping()), "PONG")
-    except Exception as exc:  # noqa: BLE001
-        return Check("redis", False, one_line(exc))
-
-
-def check_broker(app: Celery) -> Check:
-    """The broker accepts a connection."""
-    try:
-        with app.connection_for_write() as connection:
-            connection.ensure_connection(max_retries=1, timeout=3)
-        return Check("broker", True, "connected")
-    except Exception as exc:  # noqa: BLE001
-        return Check("broker", False, one_line(exc))
+    return _passes("redis", client.ping, "PONG")
 
 
 def check_postgres(app: Celery) -> list[Check]:
@@ -171,13 +159,15 @@ def check_postgres(app: Celery) -> list[Check]:
 def readiness(app: Celery, broker_connected: Callable[[], bool] | None = None) -> list[Check]:
     """Redis, the broker and PostgreSQL reachable; migrations applied. A worker checks on its
     pooled clients, and sees the broker as its consumer does (`broker_connected`)."""
-    if broker_connected is None:
-        broker = check_broker(app)
+    if broker_connected is None:  # the broker accepts a connection
+        broker = _passes("broker", lambda: app.connection_for_write().ensure_connection(
+            max_retries=1, timeout=3).release(), "connected")
     elif broker_connected():
         broker = Check("broker", True, "consumer connected")
     else:
         broker = Check("broker", False, "consumer not consuming (connecting or reconnecting)")
-    return [check_redis(app), broker, *check_postgres(app)]
+    return [_passes("redis", lambda: stores_for(app).redis().ping(), "PONG"), broker,
+            *check_postgres(app)]
 
 
 # -- cached readiness ---------------------------------------------------------------------
