@@ -50,9 +50,8 @@ class LogfmtFormatter(logging.Formatter):
     """Celery's human line followed by the record's fields as `key=value` pairs."""
     skipped = frozenset({"data"})
 
-    def __init__(self, fmt: str | None = None) -> None:
-        super().__init__(fmt or "[%(asctime)s: %(levelname)s/%(processName)s] %(name)s: "
-                         "%(message)s")
+    def __init__(self) -> None:
+        super().__init__("[%(asctime)s: %(levelname)s/%(processName)s] %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
