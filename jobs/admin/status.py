@@ -147,10 +147,8 @@ def take_snapshot(*, inspect_timeout_seconds: float = 1.0) -> dict[str, Any]:
     """Probe the stores, then collect what they can serve (when none answers, without even
     building the Celery app: an answer in about a second, not every section's timeouts)."""
     stores = probe_stores(get_settings(), timeout_seconds=PROBE_TIMEOUT_SECONDS)
-    if not any(status.ok for status in stores.values()):
-        return collect(None, stores=stores)
-    return collect(platform_source().app, inspect_timeout_seconds=inspect_timeout_seconds,
-                   stores=stores)
+    app = platform_source().app if any(status.ok for status in stores.values()) else None
+    return collect(app, inspect_timeout_seconds=inspect_timeout_seconds, stores=stores)
 
 
 def _served(snapshot: dict[str, Any]) -> bool:
