@@ -327,7 +327,6 @@ VIEWS: tuple[View, ...] = (
     batches_view.VIEW, workflows_view.VIEW, deadletter_view.VIEW, locks_view.BEAT_LEADER_VIEW,
     schedules_view.VIEW,
 )
-SECTIONS = tuple(view.name for view in VIEWS)
 
 
 def collect(app: Celery | None, *, inspect_timeout_seconds: float = 1.0, active: bool = True,
@@ -372,7 +371,7 @@ def collect(app: Celery | None, *, inspect_timeout_seconds: float = 1.0, active:
         **{view.name: section(view.name, view.store, partial(view.read, source))
            for view in VIEWS},
         "counters": source.counters,
-        "workers": running.get("workers") if isinstance(running, dict) else None,
+        "workers": running.get("workers"),
         "errors": errors,
     }
     snapshot["collect_seconds"] = round(time.perf_counter() - started, 3)

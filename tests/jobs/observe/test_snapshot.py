@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from jobs.embedded import free_port
-from jobs.observe.snapshot import SECTIONS, collect, tiers_section
+from jobs.observe.snapshot import VIEWS, collect, tiers_section
 from resilience.counters import count
 from tests.support import ROOT, wait_for
 
@@ -29,7 +29,7 @@ class TestCollect:
     def test_every_section_reads_from_real_stores(self, app: Any, redis_client: Any) -> None:
         """With Redis, the broker and PostgreSQL up, every section is read, none is missing."""
         snapshot = collect(app, inspect_timeout_seconds=0.3)
-        for section in SECTIONS:
+        for section in (view.name for view in VIEWS):
             assert section in snapshot, section
         assert snapshot["errors"] == {}
         assert set(snapshot["tiers"]) == {"critical", "standard", "optional"}
