@@ -25,16 +25,13 @@ FORMATS = ("logfmt", "json", "text")
 def fields_of(record: logging.LogRecord) -> dict[str, Any]:
     """The structured fields of a record: everything given through `extra=`, plus the
     running task's id and name when the line was logged inside a task."""
+    # Celery's task logger says task_id="???" outside a task: no id, as none given.
     extra = {key: value for key, value in vars(record).items()
-             if key not in _STANDARD and not key.startswith("_")}
+             if key not in _STANDARD and not key.startswith("_")
+             and not (key in ("task_id", "task_name") and value in (None, "???"))}
     task = get_current_task()  # its id and name, as Celery's TaskFormatter adds them
-    current = ({"task_id": task.request.id, "task_name": task.name}
-               if task is not None and task.request is not None and task.request.id else {})
-    for key in ("task_id", "task_name"):  # Celery's task logger says "???" outside a task
-        if extra.get(key) in (None, "???"):
-            extra.pop(key, None)
-            if current.get(key) not in (None, "???"):
-                extra[key] = current[key]
+    if task is not None and task.request is not None and task.request.id:
+        extra = {"task_id": task.request.id, "task_name": task.name, **extra}
     ordered = {key: extra.pop(key) for key in ORDERED if key in extra}
     return {**ordered, **dict(sorted(extra.items()))}
 
