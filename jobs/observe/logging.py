@@ -8,18 +8,16 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import os
 from typing import Any
 
 from celery._state import get_current_task
 
-from resilience.errors import ConfigurationError
+from jobs.settings import get_settings
 
 #: Attributes every LogRecord has; anything else on a record came from `extra=`.
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 #: Fields printed first, in this order, when a record has them.
 ORDERED = ("task_id", "task_name", "tier", "guard", "outcome", "reason")
-FORMATS = ("logfmt", "json", "text")
 
 
 def fields_of(record: logging.LogRecord) -> dict[str, Any]:
@@ -74,19 +72,10 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def log_format() -> str:
-    """The chosen format, from `JOBS_LOG_FORMAT` (logfmt, json or text)."""
-    chosen = os.environ.get("JOBS_LOG_FORMAT", "logfmt").strip().lower()
-    if chosen not in FORMATS:
-        raise ConfigurationError(
-            f"JOBS_LOG_FORMAT={chosen!r} is not a log format; use one of {', '.join(FORMATS)}")
-    return chosen
-
-
 def _on_setup(logger: logging.Logger | None = None, **_: Any) -> None:
-    """Give every handler of Celery's `logger` the structured formatter (none for `text`:
-    Celery's)."""
-    formatter = {"json": JsonFormatter, "logfmt": LogfmtFormatter}.get(log_format())
+    """Give every handler of Celery's `logger` the structured formatter of `JOBS_LOG_FORMAT`
+    (read and checked with the platform's settings; none for `text`: Celery's)."""
+    formatter = {"json": JsonFormatter, "logfmt": LogfmtFormatter}.get(get_settings().log_format)
     if logger is not None and formatter is not None:
         for handler in logger.handlers:
             handler.setFormatter(formatter())
