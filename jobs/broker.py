@@ -204,42 +204,38 @@ class Channel(kombu_redis.Channel):
         finally:
             self._in_poll = None
             self._flush_brpop_reauth()
-        if fetched is not None:
-            queue, message = fetched
+        if fetched is None and reply:
             self._fetch_due = True
-            self._queue_cycle.rotate(queue)
-            self.connection._deliver(message, queue)
-            return True
-        if not reply:
-            raise kombu_redis.Empty()  # every list empty: the waiters take over
+            fetched = self._taken(reply)
+        if fetched is None:
+            raise kombu_redis.Empty()  # every list empty (the waiters take over), or unreadable
+        queue, message = fetched
         self._fetch_due = True
-        key, item, tag = (bytes_to_str(part) for part in reply)
-        queue = key.rsplit(self.sep, 1)[0]
-        if tag == "unreadable":
-            logger.error("an item of queue %r is not a kombu message; moved to the Redis "
-                         "list %r", queue, UNREADABLE_KEY)
-            raise kombu_redis.Empty()
-        self.recorded.add(tag)
         self._queue_cycle.rotate(queue)
-        self.connection._deliver(loads(item), queue)
+        self.connection._deliver(message, queue)
         return True
 
     def _fetch(self, keys: list[str]) -> tuple[str, Any] | None:
         """The fetch, synchronously on the channel's shared client."""
         with self.conn_or_acquire() as client:
-            while True:
-                reply = FETCH(client, keys=[self.unacked_key, self.unacked_index_key,
-                                            UNREADABLE_KEY, *keys], args=[repr(time()), uuid()])
-                if not reply:
-                    return None
-                key, item, tag = (bytes_to_str(part) for part in reply)
-                queue = key.rsplit(self.sep, 1)[0]
-                if tag == "unreadable":
-                    logger.error("an item of queue %r is not a kombu message; moved to the "
-                                 "Redis list %r", queue, UNREADABLE_KEY)
-                    continue
-                self.recorded.add(tag)
-                return queue, loads(item)
+            while reply := FETCH(client, keys=[self.unacked_key, self.unacked_index_key,
+                                               UNREADABLE_KEY, *keys],
+                                 args=[repr(time()), uuid()]):
+                if (taken := self._taken(reply)) is not None:
+                    return taken
+        return None
+
+    def _taken(self, reply: Any) -> tuple[str, Any] | None:
+        """The queue and message of a fetch script's reply; None for an item that is not a
+        kombu message (the script moved it to `UNREADABLE_KEY`)."""
+        key, item, tag = (bytes_to_str(part) for part in reply)
+        queue = key.rsplit(self.sep, 1)[0]
+        if tag == "unreadable":
+            logger.error("an item of queue %r is not a kombu message; moved to the Redis "
+                         "list %r", queue, UNREADABLE_KEY)
+            return None
+        self.recorded.add(tag)
+        return queue, loads(item)
 
     # -- wait --------------------------------------------------------------------------
     def _arm_waiters(self, keys: list[str], timeout: float) -> None:
