@@ -140,12 +140,10 @@ class ResilienceDetail(BaseHandler):
         except Exception as exc:  # noqa: BLE001 - every failure is one line and a status
             status, error = failure(detail.statuses, exc, f"page {name}/{key}")
             self.set_status(status)
-            page = {"document": None, "error": error, "refresh_seconds": 0,
-                    "heading": "", "figure": "", "tables": [], "forms": []}
+            page = {"error": error, "refresh_seconds": 0}  # the template reads no more then
         else:
             live = detail.live is not None and detail.live(document)
-            page = {"document": document, "error": None,
-                    "refresh_seconds": _refresh_seconds(self) if live else 0,
+            page = {"error": None, "refresh_seconds": _refresh_seconds(self) if live else 0,
                     "heading": detail.heading(document),
                     "figure": detail.figure(document) if detail.figure else "",
                     "tables": [page_section(table, document) for table in detail.tables],
