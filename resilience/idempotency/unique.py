@@ -108,17 +108,10 @@ class UniqueKeys:
         return redis_key(NAMESPACE, f"{self.task_name}:{self.spec.value(args, kwargs)}")
 
     @staticmethod
-    def client(app: Any) -> redis.Redis:
-        """Where the keys live: the broker's Redis when its transport checks them in the
-        push (`resilience.admission.broker`: one round trip per `.delay()`), else the shared
-        Redis."""
-        if guarded_publish(app):
-            return broker_redis(app)
-        return stores_for(app).redis()
-
-    @staticmethod
     def store(app: Any) -> RedisUniqueKeys | MemoryUniqueKeys:
-        """The keys' store: on `client(app)`, or in memory with `MemoryStores`."""
+        """The keys' store: the broker's Redis when its transport checks them in the push
+        (`resilience.admission.broker`: one round trip per `.delay()`), else the shared
+        Redis, or memory with `MemoryStores`."""
         if guarded_publish(app):
             return RedisUniqueKeys(broker_redis(app))
         return stores_for(app).backend(

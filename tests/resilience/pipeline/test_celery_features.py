@@ -84,7 +84,7 @@ class TestCeleryFeatures:
                      message="the job deferred")
             assert held_unique.delay(run_id, key).id == first.id  # deduplicated
             unique_key = redis_key(NAMESPACE, f"{held_unique.name}:{key}")
-            keys = UniqueKeys.client(app)
+            keys = UniqueKeys.store(app).client
             assert keys.get(unique_key) == first.id
             app.control.revoke(first.id)
             wait_for(lambda: first.state == "REVOKED", timeout_seconds=20,
