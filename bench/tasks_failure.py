@@ -16,8 +16,11 @@ STORM_BUDGET = RetryBudget(ratio=0.2, min_per_second=0, window_seconds=10)
 
 
 def call_dependency(url: str) -> int:
-    """GET `url`; a 5xx raises urllib's HTTPError (retryable: status 503 on it)."""
-    with urllib.request.urlopen(url, timeout=10) as response:
+    """Charge the vendor at `url`; a 5xx raises urllib's HTTPError (retryable: status 503 on
+    it)."""
+    request = urllib.request.Request(f"{url}/charges", data=b'{"amount_cents": 100}',
+                                     headers={"Idempotency-Key": "storm"}, method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
         return int(response.status)
 
 

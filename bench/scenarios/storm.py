@@ -1,50 +1,17 @@
-"""Retry storm: dependency calls per job (amplification) against a local dependency answering
-503 to everything, `@retry_policy` with a budget vs Celery's autoretry, on the same workers.
-See docs/failure.md "Measured"."""
+"""Retry storm: dependency calls per job (amplification) against the simulated payment vendor
+(`jobs.vendor`) in its `fail` mode, answering 503 to every charge, `@retry_policy` with a
+budget vs Celery's autoretry, on the same workers. See docs/failure.md "Measured"."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from celery import states
 
 from bench.harness import Stopwatch, parse, platform, purge, table, workers
-
-
-class FailingDependency:
-    """HTTP server on 127.0.0.1 answering 503 to every GET, counting calls."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        lock = threading.Lock()
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                with lock:
-                    owner.calls += 1
-                self.send_response(503)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                return
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}/"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+from jobs.vendor import HOST, VendorControl, start_in_thread
 
 
 def _finished(results: list[Any]) -> Counter[str]:
@@ -61,8 +28,10 @@ def _finished(results: list[Any]) -> Counter[str]:
 
 
 def storm(task: Any, *, rate_per_s: float, seconds: float) -> dict[str, float]:
-    """Enqueue `task` at a steady rate against a fresh failing dependency; wait for all."""
-    dependency = FailingDependency()
+    """Enqueue `task` at a steady rate against a fresh failing vendor; wait for all."""
+    server = start_in_thread(0)
+    vendor = VendorControl(f"http://{HOST}:{server.server_address[1]}")
+    vendor.set_mode("fail")
     try:
         jobs = int(rate_per_s * seconds)
         watch = Stopwatch()
@@ -71,7 +40,7 @@ def storm(task: Any, *, rate_per_s: float, seconds: float) -> dict[str, float]:
             pause = index / rate_per_s - watch.elapsed
             if pause > 0:
                 time.sleep(pause)
-            results.append(task.delay(dependency.url))
+            results.append(task.delay(vendor.base_url))
         # Poll the stored states with one MGET: 300 AsyncResults each subscribing to the
         # result backend's pub/sub is what a benchmark should not measure (nor trip over).
         while True:
@@ -81,10 +50,12 @@ def storm(task: Any, *, rate_per_s: float, seconds: float) -> dict[str, float]:
             if watch.elapsed > seconds + 300:
                 raise TimeoutError(f"storm jobs did not finish in time: {finished}")
             time.sleep(0.2)
-        return {"jobs": jobs, "calls": dependency.calls, "failed": finished[states.FAILURE],
-                "amplification": dependency.calls / jobs, "seconds": watch.elapsed}
+        calls = vendor.status()["calls"]
+        return {"jobs": jobs, "calls": calls, "failed": finished[states.FAILURE],
+                "amplification": calls / jobs, "seconds": watch.elapsed}
     finally:
-        dependency.close()
+        server.shutdown()
+        server.server_close()
 
 
 def run(argv: list[str]) -> dict[str, Any]:
