@@ -25,15 +25,14 @@ _FLUSH = "jobs.observe.tracing.flush"
 def tracing_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """True when the environment asks for traces: an exporter named, the SDK not disabled."""
     environ = os.environ if environ is None else environ
-    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return False
-    names = _exporter_names(environ)
-    return bool(names) and names != ["none"]
+    disabled = environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+    return not disabled and bool(_exporter_names(environ))
 
 
 def _exporter_names(environ: Mapping[str, str]) -> list[str]:
-    raw = environ.get("OTEL_TRACES_EXPORTER", "")
-    return [name.strip().lower() for name in raw.split(",") if name.strip()]
+    """The exporters `OTEL_TRACES_EXPORTER` names (`none`: none)."""
+    names = [name.strip().lower() for name in environ.get("OTEL_TRACES_EXPORTER", "").split(",")]
+    return [name for name in names if name and name != "none"]
 
 
 def _exporter(name: str) -> Any:
@@ -95,8 +94,7 @@ def install_tracing(*, span_processor: SpanProcessor | None = None,
         provider = TracerProvider(resource=resource)
         if span_processor is None:
             for name in _exporter_names(os.environ):
-                if name != "none":
-                    provider.add_span_processor(BatchSpanProcessor(_exporter(name)))
+                provider.add_span_processor(BatchSpanProcessor(_exporter(name)))
         if set_global:
             trace.set_tracer_provider(provider)
     if span_processor is not None:
