@@ -317,16 +317,11 @@ class PostgresIdempotencyBackend(StoreBackend):
         thread's connection; a failed statement rolled its SET back with it)."""
         if self.transaction_pooled:
             return ("" if self.synchronous_commit else ASYNCHRONOUS_COMMIT), None
-        current = connection.settings.get("synchronous_commit")
-        if self.synchronous_commit:
-            if current is False:
-                return SESSION_DEFAULT_COMMIT, functools.partial(
-                    connection.settings.__setitem__, "synchronous_commit", None)
+        wanted = None if self.synchronous_commit else False  # None: the server's default
+        if connection.settings.get("synchronous_commit") is wanted:
             return "", None
-        if current is False:
-            return "", None
-        return SESSION_ASYNCHRONOUS_COMMIT, functools.partial(
-            connection.settings.__setitem__, "synchronous_commit", False)
+        return (SESSION_DEFAULT_COMMIT if wanted is None else SESSION_ASYNCHRONOUS_COMMIT,
+                functools.partial(connection.settings.__setitem__, "synchronous_commit", wanted))
 
     def _execute(self, statement: _Statement, parameters: dict[str, Any], action: str, *,
                  write: bool = False, named: bool = True, fixed: tuple[str, ...] = (),
