@@ -43,7 +43,6 @@ def _logfmt_value(value: Any) -> str:
 
 class LogfmtFormatter(logging.Formatter):
     """Celery's human line followed by the record's fields as `key=value` pairs."""
-    skipped = frozenset({"data"})
 
     def __init__(self) -> None:
         super().__init__("[%(asctime)s: %(levelname)s/%(processName)s] %(name)s: %(message)s")
@@ -51,7 +50,7 @@ class LogfmtFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
         # Celery's trace lines carry `data`, a copy of their message: not repeated here.
-        fields = {k: v for k, v in fields_of(record).items() if k not in self.skipped}
+        fields = {k: v for k, v in fields_of(record).items() if k != "data"}
         if not fields:
             return line
         head, newline, rest = line.partition("\n")
