@@ -59,9 +59,6 @@ FENCING_PARAMETER = "fencing_token"
 CHECKPOINT_PARAMETER = "checkpoint"
 INJECTED = (FENCING_PARAMETER, CHECKPOINT_PARAMETER)
 
-#: A guard's backend: one object, or one built for the task's app at first use.
-BackendOption = LockBackend | Callable[["Task"], LockBackend] | None
-
 __all__ = ["ExclusiveConfig", "ExclusiveGuard", "Hold", "LockConfig", "LockGuard", "LockKeyGuard",
            "SingletonConfig", "SingletonGuard", "exclusive", "singleton"]
 
@@ -97,13 +94,11 @@ class LockGuard(Guard):
     stage: ClassVar[Stage] = Stage.EXCLUSIVITY
     kind: ClassVar[str] = "lock"
 
-    def __init__(self, func: Callable[..., Any], key: KeyOption, options: LockConfig,
-                 backend: BackendOption = None) -> None:
+    def __init__(self, func: Callable[..., Any], key: KeyOption, options: LockConfig) -> None:
         self.func = func
         self.keys = KeySpec(func, key)
         self.options = options
         self.task: Task | None = None
-        self._backend = backend
         parameters = inspect.signature(func).parameters
         self.injects_token = FENCING_PARAMETER in parameters
         self.injects_checkpoint = CHECKPOINT_PARAMETER in parameters
@@ -123,15 +118,7 @@ class LockGuard(Guard):
         return self.keys.build(task_name, tuple(args), kwargs)
 
     def backend(self, task: Task) -> LockBackend:
-        """The store of this guard's locks for `task`'s app."""
-        if self._backend is None:
-            return self.default_backend(task)
-        if callable(self._backend):
-            return self._backend(task)
-        return self._backend
-
-    def default_backend(self, task: Task) -> LockBackend:
-        """The backend built from the app's stores when none was given."""
+        """The store of this guard's locks for `task`'s app (built from the app's stores)."""
         raise NotImplementedError
 
     def key_of(self, call: Call) -> GuardKey | None:
@@ -151,13 +138,15 @@ class LockGuard(Guard):
         try:
             backend = self.backend(call.task)
             hold = self._try_acquire(backend, call, key)
-            if hold is None and self._holder_is_same_task(backend, call, key):
+            holder = None if hold is not None else self._holder(backend, key)
+            if holder is not None and call.task_id is not None and holder.owner == call.task_id:
                 hold = self._wait_for_predecessor(backend, call, key)
+                holder = None if hold is not None else self._holder(backend, key)
         except StorageError as exc:
             self._store_failed(call, key, exc)
             return
         if hold is None:
-            self._refuse(backend, call, key)
+            self._refuse(call, key, holder)
         call.keep(self, hold)
         call.checks.append(hold.check)
         if self.injects_token and hold.taken.token is not None:
@@ -237,12 +226,7 @@ class LockGuard(Guard):
         except Exception:  # noqa: BLE001 - holder details are informational
             return None
 
-    def _holder_is_same_task(self, backend: LockBackend, call: Call, key: GuardKey) -> bool:
-        holder = self._holder(backend, key)
-        return holder is not None and call.task_id is not None and holder.owner == call.task_id
-
-    def _refuse(self, backend: LockBackend, call: Call, key: GuardKey) -> None:
-        holder = self._holder(backend, key)
+    def _refuse(self, call: Call, key: GuardKey, holder: Holder | None) -> None:
         details: dict[str, Any] = {"key": key.full}
         if holder is not None:
             details["holder_task_id"] = holder.owner
@@ -268,11 +252,7 @@ class SingletonGuard(LockGuard):
 
     name: ClassVar[str] = "singleton"
     kind: ClassVar[str] = "singleton"
-
-    def __init__(self, func: Callable[..., Any], key: KeyOption, options: SingletonConfig,
-                 backend: BackendOption = None) -> None:
-        super().__init__(func, key, options, backend)
-        self.options: SingletonConfig = options
+    options: SingletonConfig
 
     def commit(self, call: Call, result: Any) -> None:
         """Let the release ride on the call's last commit when the lock is held on the
@@ -298,7 +278,7 @@ class SingletonGuard(LockGuard):
             timeout_seconds=self.options.probe_timeout_seconds, answered_at=asked_at,
             token=taken.token).start()
 
-    def default_backend(self, task: Task) -> LockBackend:
+    def backend(self, task: Task) -> LockBackend:
         """Advisory locks on the option's database, else on the app's direct lock URL
         (`Stores.locks_database_url`); registry and holder reports on the pooled engine.
         The app's `resilience_lock_session_idle_seconds` is read when it is built (once per
@@ -331,11 +311,7 @@ class ExclusiveGuard(LockGuard):
 
     name: ClassVar[str] = "exclusive"
     kind: ClassVar[str] = "exclusive"
-
-    def __init__(self, func: Callable[..., Any], key: KeyOption, options: ExclusiveConfig,
-                 backend: BackendOption = None) -> None:
-        super().__init__(func, key, options, backend)
-        self.options: ExclusiveConfig = options
+    options: ExclusiveConfig
 
     def bind(self, task: Task) -> None:
         super().bind(task)
@@ -347,7 +323,7 @@ class ExclusiveGuard(LockGuard):
                 f"but the task's time limit is {time_limit}s: the lock would expire while the "
                 "body still runs; raise ttl_seconds or max_extensions", task=task.name)
 
-    def default_backend(self, task: Task) -> LockBackend:
+    def backend(self, task: Task) -> LockBackend:
         """This process's Redlock backend for the nodes (rebuilt after fork or change);
         with in-memory stores, a lease of `ttl_seconds` in memory."""
         stores = stores_for(task.app)
