@@ -29,7 +29,6 @@ from resilience.views import Action, ActionRefused, Detail, Row, Source, View, m
 
 if TYPE_CHECKING:
     from celery import Celery
-    from flower.app import Flower
 
 #: Absolute, so Flower's template loader finds it while `{% extends "base.html" %}` still
 #: resolves inside Flower's template folder.
@@ -247,20 +246,6 @@ def _refresh_seconds(handler: BaseHandler) -> int:
         return 5
 
 
-def add_resilience_handlers(flower_app: Flower) -> None:
-    """Add the resilience handlers to a Flower application (before its catch-all 404)."""
-    from flower.app import rewrite_handler
-
-    rules = [(r"/resilience/?", ResiliencePage),
-             (r"/resilience/actions/([a-z-]+)", ResilienceAction),
-             (rf"/resilience/(?!actions/){_ROW_PAGE.pattern}/?", ResilienceDetail),
-             (r"/api/resilience/?", ResilienceJson)]
-    prefix = getattr(flower_app.options, "url_prefix", None)
-    if prefix:
-        rules = [rewrite_handler(rule, prefix) for rule in rules]
-    flower_app.add_handlers(r".*", rules)
-
-
 class QueueDepthCollector:
     """`flower_queue_depth{queue}` in Flower's own `/metrics` (Flower counts events, never
     the broker's queues: Flower #1173), read at each scrape; empty when the broker is not."""
@@ -286,7 +271,7 @@ def run_flower(app: Celery, argv: list[str]) -> None:
     """Run Flower for `app` with the resilience view: Flower's own command body with its
     options (`argv`: `--address=...`; FLOWER_* variables apply too), handlers added."""
     from flower import command
-    from flower.app import Flower
+    from flower.app import Flower, rewrite_handler
     from flower.urls import settings
     from tornado.options import options
 
@@ -295,7 +280,14 @@ def run_flower(app: Celery, argv: list[str]) -> None:
     command.extract_settings()
     command.setup_logging()
     flower_app = Flower(capp=app, options=options, **settings)
-    add_resilience_handlers(flower_app)
+    # The resilience handlers, under Flower's url_prefix as its own, before its catch-all 404.
+    rules = [(r"/resilience/?", ResiliencePage),
+             (r"/resilience/actions/([a-z-]+)", ResilienceAction),
+             (rf"/resilience/(?!actions/){_ROW_PAGE.pattern}/?", ResilienceDetail),
+             (r"/api/resilience/?", ResilienceJson)]
+    if options.url_prefix:
+        rules = [rewrite_handler(rule, options.url_prefix) for rule in rules]
+    flower_app.add_handlers(r".*", rules)
     from prometheus_client import REGISTRY
 
     REGISTRY.register(QueueDepthCollector(app))
