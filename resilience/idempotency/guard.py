@@ -272,20 +272,20 @@ class IdempotencyGuard(Guard):
             taken.transaction = self.backend.begin()
         except Exception as exc:
             if isinstance(exc, ConfigurationError):
-                self._release(taken)
+                self._give_back(taken)
                 raise
             error = translate_store_error(exc, "idempotency store: open transaction")
             if isinstance(error, StoreUnavailable):
                 self._release_later(taken, error)
             else:
-                self._release(taken)
+                self._give_back(taken)
             raise _deferred(str(error), self.config.store_down_retry_seconds,
                             store_down=True) from exc
         if self._passes_session:
             call.inject["session"] = taken.transaction.session
         elif taken.transaction.session is not None:
             self._close(taken)
-            self._release(taken)
+            self._give_back(taken)
             raise ConfigurationError(
                 f"{self.task_name}: transactional=True writes through the SQLAlchemy session "
                 "it passes; declare `session=None`, or use resilience.contrib.django",
@@ -304,7 +304,7 @@ class IdempotencyGuard(Guard):
             result_json = "null" if result is None else canonical_arguments(result)
         except NonJsonArguments as exc:
             self._close(taken)
-            self._fail(taken, f"UnserializableResult: {exc}")
+            self._give_back(taken, f"UnserializableResult: {exc}")
             raise UnserializableResult(
                 f"{self.task_name}: the result of an idempotent task must be what Celery's "
                 f"JSON serializer carries, so it can be replayed; got {type(result).__name__}",
@@ -383,9 +383,9 @@ class IdempotencyGuard(Guard):
             if outage:
                 self._release_later(taken, exc)
             elif is_retryable(exc):
-                self._release(taken)
+                self._give_back(taken)
             else:
-                self._fail(taken, f"{type(exc).__name__}: {exc}")
+                self._give_back(taken, f"{type(exc).__name__}: {exc}")
         if outage:
             call.count(Outcome.DEFERRED, guard=GUARD_NAME)
             raise _deferred(f"the database went away under the transactional body "
@@ -400,7 +400,7 @@ class IdempotencyGuard(Guard):
         taken: _Taken | None = call.kept(self)
         self._close(taken)
         if taken is not None:
-            self._release(taken)
+            self._give_back(taken)
 
     def _release_later(self, taken: _Taken, error: BaseException) -> None:
         """Give the claim up while the store is unreachable: a daemon thread retries the
@@ -430,16 +430,20 @@ class IdempotencyGuard(Guard):
         threading.Thread(target=release_when_reachable, daemon=True,
                          name=f"idempotency-release:{claim.key}"[:60]).start()
 
-    def _release(self, taken: _Taken) -> None:
+    def _give_back(self, taken: _Taken, error: str | None = None) -> None:
+        """Give the claim back: released for a retry, or with `error` recorded as failed."""
         claim, taken.claim = taken.claim, None
-        if claim is not None:
-            self._quietly(lambda: self.backend.release(claim), "release")
-
-    def _fail(self, taken: _Taken, error: str) -> None:
-        claim, taken.claim = taken.claim, None
-        if claim is not None:
-            self._quietly(lambda: self.backend.fail(claim, error, self.config.ttl_seconds),
-                          "fail")
+        if claim is None:
+            return
+        try:
+            if error is None:
+                self.backend.release(claim)
+            else:
+                self.backend.fail(claim, error, self.config.ttl_seconds)
+        except StorageError as exc:
+            # The lease ends on its own; only the record's view is late.
+            logger.warning("idempotency %s not recorded: %s",
+                           "release" if error is None else "fail", exc)
 
     @staticmethod
     def _close(taken: _Taken | None) -> None:
@@ -447,14 +451,6 @@ class IdempotencyGuard(Guard):
         if taken is not None and taken.transaction is not None:
             transaction, taken.transaction = taken.transaction, None
             transaction.close()
-
-    @staticmethod
-    def _quietly(action: Callable[[], Any], what: str) -> None:
-        try:
-            action()
-        except StorageError as exc:
-            # The lease ends on its own; only the record's view is late.
-            logger.warning("idempotency %s not recorded: %s", what, exc)
 
 
 def _deferred(reason: str, retry_after_seconds: float, **details: Any) -> Stop:
