@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
+from celery import signals
+
 from resilience.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -70,8 +72,6 @@ def install_tracing(*, span_processor: SpanProcessor | None = None,
     global _installed
     if _installed is not None:
         return _installed
-    from celery import signals
-
     try:
         from opentelemetry import trace
         from opentelemetry.instrumentation.celery import CeleryInstrumentor
@@ -116,7 +116,6 @@ def uninstall_tracing() -> None:
     global _installed
     if _installed is None:
         return
-    from celery import signals
     from opentelemetry import trace
     from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
