@@ -19,6 +19,7 @@ from urllib.parse import quote
 
 from flower.api import BaseApiHandler
 from flower.views import BaseHandler
+from prometheus_client.core import REGISTRY, GaugeMetricFamily
 from tornado import web
 from tornado.ioloop import IOLoop
 
@@ -253,8 +254,6 @@ class QueueDepthCollector:
         self.app = app
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
-
         family = GaugeMetricFamily("flower_queue_depth", "Messages waiting in the queue",
                                    labels=["queue"])
         try:
@@ -288,8 +287,6 @@ def run_flower(app: Celery, argv: list[str]) -> None:
     if options.url_prefix:
         rules = [rewrite_handler(rule, options.url_prefix) for rule in rules]
     flower_app.add_handlers(r".*", rules)
-    from prometheus_client import REGISTRY
-
     REGISTRY.register(QueueDepthCollector(app))
     atexit.register(flower_app.stop)
     signal.signal(signal.SIGTERM, command.sigterm_handler)
