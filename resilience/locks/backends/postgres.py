@@ -65,9 +65,14 @@ def lock_parts(lock_id: int) -> tuple[int, int]:
     return unsigned >> 32, unsigned & 0xFFFFFFFF
 
 
-def session_owner(application_name: str | None, backend_pid: int) -> str:
-    """The holder a lock session names: its task id (or label), else its backend pid."""
-    return (application_name or "").removeprefix(SESSION_PREFIX) or f"backend {backend_pid}"
+def _session_holders(key: str, kind: str, execute: Callable[..., Any]) -> list[Holder]:
+    """The sessions holding `key`'s advisory lock (`_SESSION_HOLDERS`, run by `execute`);
+    each named by its task id (or label) if it is a lock session, else by its backend pid."""
+    classid, objid = lock_parts(advisory_id(key))
+    return [Holder(kind=kind, key=key,
+                   owner=(name or "").removeprefix(SESSION_PREFIX) or f"backend {pid}",
+                   held_seconds=round(float(age or 0), 3))
+            for pid, name, age in execute(_SESSION_HOLDERS, {"classid": classid, "objid": objid})]
 
 
 # -- SQL -------------------------------------------------------------------------------------
@@ -343,11 +348,7 @@ class AdvisorySession:
 
     def holders(self, key: str, *, kind: str = "advisory") -> list[Holder]:
         """Sessions holding `key`'s lock; `owner` is the label they were opened with."""
-        classid, objid = lock_parts(advisory_id(key))
-        rows = self.execute(_SESSION_HOLDERS, {"classid": classid, "objid": objid})
-        return [Holder(kind=kind, key=key, owner=session_owner(name, pid),
-                       held_seconds=round(float(age or 0), 3))
-                for pid, name, age in rows]
+        return _session_holders(key, kind, self.execute)
 
     def close(self) -> None:
         """Close the session; every lock it held is free when this returns.
@@ -534,9 +535,8 @@ class HeldLockRegistry(StoreBackend):
 
     def remove(self, key: str) -> int:
         """Delete `key`'s row whoever holds it (admin); the rows deleted."""
-        with self._engine().begin() as connection:
-            return int(connection.exec_driver_sql(
-                "DELETE FROM resilience_held_locks WHERE key = %(key)s", {"key": key}).rowcount)
+        return len(self._rows("DELETE FROM resilience_held_locks WHERE key = %(key)s RETURNING key",
+                              {"key": key}, write=True))
 
     def holder(self, key: str) -> Holder | None:
         """The registered holder of `key`, or None."""
@@ -634,9 +634,9 @@ class AdvisoryLockBackend(StoreBackend):
             **_claimant_fields(claimant)}
         if self.statements is not None:
             return self._acquire_shared(lock_id, parameters, claimant)
-        session = take_session(self.database_url, self.pool_mode)
-        parameters["owner"] = str(session.backend_pid)
         for fresh in (False, True):
+            session = take_session(self.database_url, self.pool_mode)
+            parameters["owner"] = str(session.backend_pid)
             try:
                 taken, token, _ = session.execute_prepared(
                     _ACQUIRE_ADVISORY, parameters, durable=claimant.fenced)[0]
@@ -648,8 +648,6 @@ class AdvisoryLockBackend(StoreBackend):
                 if fresh or not isinstance(exc, StoreUnavailable):
                     raise
                 SESSION_POOL.close_idle()  # died with it, most likely
-                session = take_session(self.database_url, self.pool_mode)
-                parameters["owner"] = str(session.backend_pid)
         if not taken:
             give_back_session(session, self.database_url)
             return None
@@ -717,23 +715,23 @@ class AdvisoryLockBackend(StoreBackend):
     def check(self, taken: Taken) -> None:
         """The session is alive, unmoved and still holds the lock (one statement)."""
         handle = taken.handle
-        if isinstance(handle, SharedSessionLock):
-            try:
+        try:
+            if isinstance(handle, SharedSessionLock):
                 _verify(taken.key, taken.owner, handle.connection.execute_here,
                         lock_parts(handle.lock_id))
-            except Exception:
-                self._drop_shared(handle)
-                raise
-            return
-        try:
-            handle.verify(taken.key)
+            else:
+                handle.verify(taken.key)
         except Exception:
-            give_back_session(handle, self.database_url, close=True)
+            self._drop(handle)
             raise
 
-    def _drop_shared(self, handle: SharedSessionLock) -> None:
-        """Give up a shared connection whose lock is lost or in doubt: the thread's next
-        statement opens another (closed in the background)."""
+    def _drop(self, handle: AdvisorySession | SharedSessionLock) -> None:
+        """Give up a session whose lock is lost or in doubt: a lock session is closed; a
+        shared connection leaves the thread, whose next statement opens another (closed in
+        the background)."""
+        if isinstance(handle, AdvisorySession):
+            give_back_session(handle, self.database_url, close=True)
+            return
         handle.withdraw()
         handle.connection.locks.discard(handle.lock_id)
         assert self.statements is not None
@@ -748,48 +746,33 @@ class AdvisoryLockBackend(StoreBackend):
         goes back to the pool (closed after `SESSION_POOL.idle_seconds` unused). A lock on
         a shared connection that rode on the call's commit (`hand_off`) is released already.
         """
-        if isinstance(taken.handle, SharedSessionLock):
-            self._release_shared(taken, taken.handle)
-            return
-        session: AdvisorySession = taken.handle
-        lock_id = advisory_id(taken.key)
-        session.held.discard(lock_id)
+        handle = taken.handle
+        parameters = {"id": advisory_id(taken.key), "key": taken.key, "owner": taken.owner}
+        failed_handoff = False
         try:
-            released = session.execute_prepared(
-                _RELEASE_ADVISORY, {"id": lock_id, "key": taken.key, "owner": taken.owner})[0][0]
+            if isinstance(handle, SharedSessionLock):
+                if handle.released:
+                    return
+                # A handoff sent with a statement that failed: its unlock may have run
+                # already (an unlock is not transactional), so "not held" is no loss then.
+                failed_handoff = handle.withdraw() is not None
+                handle.connection.locks.discard(handle.lock_id)
+                released = handle.connection.execute_here(_RELEASE_SHARED, parameters)[0][0]
+            else:
+                handle.held.discard(parameters["id"])
+                released = handle.execute_prepared(_RELEASE_ADVISORY, parameters)[0][0]
         except StorageError as exc:
             # The session is gone, and its lock with it.
-            give_back_session(session, self.database_url, close=True)
-            raise LockNotOwnedError(
-                f"singleton lock {taken.key!r} lost at release: its session is gone ({exc})",
-                key=taken.key) from exc
-        if not released:
-            give_back_session(session, self.database_url, close=True)
-            raise LockNotOwnedError(f"singleton lock {taken.key!r} was no longer held at "
-                                    "release", key=taken.key)
-        give_back_session(session, self.database_url)
-
-    def _release_shared(self, taken: Taken, handle: SharedSessionLock) -> None:
-        """`release` of a lock on a shared connection."""
-        if handle.released:
-            return
-        # A handoff sent with a statement that failed: its unlock may have run already
-        # (an unlock is not transactional), so "not held" is no loss then.
-        failed_handoff = handle.withdraw() is not None
-        connection = handle.connection
-        connection.locks.discard(handle.lock_id)
-        try:
-            released = connection.execute_here(_RELEASE_SHARED, {
-                "id": handle.lock_id, "key": taken.key, "owner": taken.owner})[0][0]
-        except StorageError as exc:
-            self._drop_shared(handle)
+            self._drop(handle)
             raise LockNotOwnedError(
                 f"singleton lock {taken.key!r} lost at release: its session is gone ({exc})",
                 key=taken.key) from exc
         if not released and not failed_handoff:
-            self._drop_shared(handle)
+            self._drop(handle)
             raise LockNotOwnedError(f"singleton lock {taken.key!r} was no longer held at "
                                     "release", key=taken.key)
+        if isinstance(handle, AdvisorySession):
+            give_back_session(handle, self.database_url)
 
     def probe(self, taken: Taken) -> None:
         """One cheap statement on `taken`'s session (`AdvisorySession.probe`), run by the
@@ -805,7 +788,7 @@ class AdvisoryLockBackend(StoreBackend):
         and is closed in the background, since a probe stuck in a partition may still hold
         it (until the TCP user timeout). Its registry row is left to the next holder."""
         if isinstance(taken.handle, SharedSessionLock):
-            self._drop_shared(taken.handle)
+            self._drop(taken.handle)
             return
         session: AdvisorySession = taken.handle
         session.held.discard(advisory_id(taken.key))
@@ -837,9 +820,6 @@ class AdvisoryLockBackend(StoreBackend):
 def advisory_holders(engine: Callable[[], Engine], key: str, *,
                      kind: str = "singleton") -> list[Holder]:
     """Sessions holding `key`'s advisory lock, read on a pooled connection."""
-    classid, objid = lock_parts(advisory_id(key))
     with wrap_store_errors("advisory locks"), engine().connect() as connection:
-        rows = connection.exec_driver_sql(_SESSION_HOLDERS,
-                                          {"classid": classid, "objid": objid}).all()
-    return [Holder(kind=kind, key=key, owner=session_owner(name, pid),
-                   held_seconds=round(float(age or 0), 3)) for pid, name, age in rows]
+        return _session_holders(key, kind, lambda *statement: connection.exec_driver_sql(
+            *statement).all())
