@@ -16,14 +16,13 @@ the whole server's count, so other clients' writes add to it.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from bench.harness import RoundTrips, platform, table
+from bench.harness import RoundTrips, parse, platform, psql, table
 
 
 class PostgresRoundTrips:
@@ -59,16 +58,11 @@ class PostgresRoundTrips:
 
 
 def _wal_flushes(url: str) -> int:
-    from bench.harness import psql
-
     return int(psql(url, "SELECT wal_sync FROM pg_stat_wal")[0][0])
 
 
 def run(argv: list[str]) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m bench calls")
-    parser.add_argument("--calls", type=int, default=400)
-    options = parser.parse_args(argv)
-    n = options.calls
+    n = parse(argv, "calls", calls=400).calls
     with platform(), PostgresRoundTrips().installed() as statements:
         from bench.tasks_guards import guards_bench_guarded, guards_bench_platform
         from jobs import app

@@ -21,26 +21,20 @@ Round trips on the guarded happy path (a first delivery of a new key), counted f
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from typing import Any
 
-from bench.harness import drain_rate, paired_ratio, platform, purge, table, warm_up, workers
+from bench.harness import drain_rate, paired_ratio, parse, platform, purge, table, warm_up, workers
 
 QUEUE = "standard"
 VARIANTS = ("plain", "platform", "guarded")
 
 
 def run(argv: list[str]) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="python -m bench guards")
-    parser.add_argument("--messages", type=int, default=1000, help="messages per round")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds of each variant")
-    parser.add_argument("--concurrency", type=int, default=2)
-    parser.add_argument("--work-ms", default="0,5,20",
-                        help="comma-separated waits on the dependency per job, in ms")
-    parser.add_argument("--reference-work-ms", type=float, default=20.0,
-                        help="the work whose ratio is the headline `ratio`")
-    options = parser.parse_args(argv)
+    options = parse(argv, "guards", messages=(1000, "messages per round"),
+                    rounds=(5, "rounds of each variant"), concurrency=2,
+                    work_ms=("0,5,20", "comma-separated waits on the dependency per job, in ms"),
+                    reference_work_ms=(20.0, "the work whose ratio is the headline `ratio`"))
     n = options.messages
     works = sorted({float(value) for value in options.work_ms.split(",") if value.strip()}
                    | {options.reference_work_ms})
