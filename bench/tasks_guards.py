@@ -21,24 +21,23 @@ from resilience.retry import retry_policy
 from resilience.stores import stores_for
 
 
-def _work(work_ms: float) -> None:
-    """The job's own work: waiting `work_ms` on a remote dependency (no CPU here)."""
+def _work(counter: str, work_ms: float) -> None:
+    """The job's work, waiting `work_ms` on a remote dependency (no CPU here); counted in Redis."""
     if work_ms > 0:
         time.sleep(work_ms / 1000)
+    stores_for(app).redis().incr(counter)
 
 
 @Celery.task(app, name="bench.guards.celery", queue="standard", ignore_result=True)
 def guards_bench_celery(counter: str, n: int, work_ms: float = 0.0) -> None:
     """Count one execution in Redis (plain Celery: no platform guards at all)."""
-    _work(work_ms)
-    stores_for(app).redis().incr(counter)
+    _work(counter, work_ms)
 
 
 @app.task(tier="standard", name="bench.guards.platform", ignore_result=True)
 def guards_bench_platform(counter: str, n: int, work_ms: float = 0.0) -> None:
     """Count one execution in Redis (platform defaults only)."""
-    _work(work_ms)
-    stores_for(app).redis().incr(counter)
+    _work(counter, work_ms)
 
 
 @app.task(tier="standard", name="bench.guards.guarded", ignore_result=True)
@@ -48,5 +47,4 @@ def guards_bench_platform(counter: str, n: int, work_ms: float = 0.0) -> None:
 @singleton(key="{counter}:{n}")
 def guards_bench_guarded(counter: str, n: int, work_ms: float = 0.0) -> None:
     """Count one execution in Redis, behind breaker, budget, idempotency and singleton."""
-    _work(work_ms)
-    stores_for(app).redis().incr(counter)
+    _work(counter, work_ms)
