@@ -215,17 +215,16 @@ class ResilienceAction(BaseHandler):
             # Bulk requeue and cancel-by-key look tasks up by name: Flower loaded them.
             message = await IOLoop.current().run_in_executor(
                 None, action.run, Source(app=self.capp, tiers=TIERS), form)
-            ok, status = True, 200
+            status = 200
         except Exception as exc:  # noqa: BLE001 - every failure becomes one line, not a trace
-            ok = False
             status, message = failure(action.statuses, exc, f"action {name} refused")
         else:
             logger.info("resilience action %s: %s", name, message)
         if "application/json" in self.request.headers.get("Accept", ""):
             self.set_status(status)
-            self.finish({"ok": ok, "action": name, "message": message})  # tornado's JSON
+            self.finish({"ok": status == 200, "action": name, "message": message})  # as JSON
             return
-        self.set_signed_cookie(FLASH_COOKIE, json.dumps({"ok": ok, "message": message}),
+        self.set_signed_cookie(FLASH_COOKIE, json.dumps({"ok": status == 200, "message": message}),
                                expires_days=None, path="/", httponly=True, samesite="Strict")
         self.redirect(self._page_url(form.get("refresh"), form.get("back", "")), status=303)
 
