@@ -26,7 +26,6 @@ from resilience.idempotency.backends import (
     Claim,
     ClaimResult,
     IdempotencyBackend,
-    Transaction,
 )
 from resilience.idempotency.backends.memory import MemoryIdempotencyBackend
 from resilience.idempotency.backends.postgres import backend_for
@@ -179,6 +178,12 @@ class CachedBackend:
         #: (0 once `HOT_FRESH_CALLS` fresh keys were claimed since the last replay).
         self._hot_until = 0.0
         self._fresh_in_a_row = 0
+        # The records' own steps, bound once: no wrapper frame, and no `__getattr__` (it
+        # slows every attribute of the hot path).
+        self.fail = records.fail
+        self.release = records.release
+        self.begin = records.begin
+        self.unavailable = records.unavailable
 
     def cache_on(self) -> bool:
         """Whether a call reads and fills the fast path now."""
@@ -252,23 +257,6 @@ class CachedBackend:
         assert self.cache is not None
         self.cache.put_later(call.writes, key.namespace, key.value, fingerprint=key.fingerprint,
                              result_json=result_json, task_id=task_id, ttl_seconds=ttl_seconds)
-
-    # -- the records' own steps (no `__getattr__`: it slows every attribute of the hot path)
-    def fail(self, claim: Claim, error: str, ttl_seconds: float) -> bool:
-        """Record a non-retryable failure (`IdempotencyBackend.fail`)."""
-        return self.records.fail(claim, error, ttl_seconds)
-
-    def release(self, claim: Claim) -> bool:
-        """End the claim's lease now (`IdempotencyBackend.release`)."""
-        return self.records.release(claim)
-
-    def begin(self) -> Transaction:
-        """Open the body's transaction (`IdempotencyBackend.begin`)."""
-        return self.records.begin()
-
-    def unavailable(self, error: BaseException) -> bool:
-        """Is `error` the records' store being unreachable (`IdempotencyBackend.unavailable`)?"""
-        return self.records.unavailable(error)
 
     def _replayed(self) -> None:
         self._hot_until = time.monotonic() + HOT_SECONDS
