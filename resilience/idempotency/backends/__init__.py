@@ -39,9 +39,9 @@ class Claim:
     attempt: int
     owner: str
 
-    def parameters(self) -> dict[str, Any]:
+    def parameters(self, **extra: Any) -> dict[str, Any]:
         return {"task_name": self.task_name, "key": self.key, "attempt": self.attempt,
-                "owner": self.owner}
+                "owner": self.owner, **extra}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -261,8 +261,7 @@ class PostgresTransaction:
             self.session.flush()
             if claim is None:
                 return True
-            parameters = {**claim.parameters(), "result": result_json,
-                          "ttl_seconds": float(ttl_seconds)}
+            parameters = claim.parameters(result=result_json, ttl_seconds=float(ttl_seconds))
             return self._connection.exec_driver_sql(COMPLETE_SQL, parameters).rowcount == 1
 
     def commit(self) -> None:
@@ -385,15 +384,13 @@ class PostgresIdempotencyBackend(StoreBackend):
         The call's last commit: what waits to ride on it (a singleton's release held on
         this thread's connection, freed at this commit) goes in the same round trip.
         """
-        parameters = {**claim.parameters(), "result": result_json,
-                      "ttl_seconds": float(ttl_seconds)}
+        parameters = claim.parameters(result=result_json, ttl_seconds=float(ttl_seconds))
         return self._execute(COMPLETE, parameters, "complete", write=True,
                              fixed=_COMPLETE_FIXED, lead=True) == 1
 
     def fail(self, claim: Claim, error: str, ttl_seconds: float) -> bool:
         """Record a non-retryable failure; False when the claim was taken over."""
-        parameters = {**claim.parameters(), "error": error[:4000],
-                      "ttl_seconds": float(ttl_seconds)}
+        parameters = claim.parameters(error=error[:4000], ttl_seconds=float(ttl_seconds))
         return self._execute(FAIL, parameters, "fail", write=True) == 1
 
     def release(self, claim: Claim) -> bool:
