@@ -65,10 +65,6 @@ class RetryConfig:
                 raise ConfigurationError(f"classify hook {hook!r} is not callable")
         object.__setattr__(self, "classify_hooks", tuple(self.classify_hooks))
 
-    def is_retryable(self, exc: BaseException) -> bool:
-        """The classification with this policy's hooks."""
-        return is_retryable(exc, self.classify_hooks)
-
     def delay_seconds(
         self, attempt: int, exc: BaseException, previous_delay_seconds: float | None = None
     ) -> float:
@@ -136,7 +132,7 @@ class RetryGuard(Guard):
                                     name=self.dependency,
                                     dependency=self.dependency if dependency_down else None)
 
-        if not policy.is_retryable(exc):
+        if not is_retryable(exc, policy.classify_hooks):
             return dead(f"non-retryable {type(exc).__name__}: {exc}")
         if attempt >= policy.max_attempts:
             return dead(f"attempts exhausted ({attempt} of {policy.max_attempts})")
