@@ -228,14 +228,6 @@ class VendorControl:
             raise VendorError(f"unknown vendor mode {mode!r}; choose {', '.join(MODES)}")
         return self._request("PUT", {"mode": mode, "delay_seconds": delay_seconds})
 
-    def answers(self) -> bool:
-        """Whether a vendor answers at `base_url`."""
-        try:
-            self.status()
-        except VendorError:
-            return False
-        return True
-
     def _request(self, method: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         request = urllib.request.Request(
             f"{self.base_url}/control", method=method,
