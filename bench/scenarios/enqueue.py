@@ -45,17 +45,15 @@ def run(argv: list[str]) -> dict[str, Any]:
                     "celery_singleton": tasks.enqueue_celery_singleton}
         senders = {**{variant: task.delay for variant, task in variants.items()
                       if task is not None}, "enqueue_in": enqueue_in}  # a peer may be missing
-        present = list(senders)
-        rates, trips, cpu_us = ({variant: [] for variant in present} for _ in range(3))
+        rates, trips, cpu_us = ({variant: [] for variant in senders} for _ in range(3))
         purge([tasks.QUEUE])
-        for variant in present:  # warm: connections, scripts, declared queue
+        for variant in senders:  # warm: connections, scripts, declared queue
             for index in range(20):
                 senders[variant](-1 - index)
         purge([tasks.QUEUE])
         offset = 0
         for _ in range(options.rounds):
-            for variant in present:
-                send = senders[variant]
+            for variant, send in senders.items():
                 with RoundTrips() as counter:
                     started, cpu = time.perf_counter(), time.process_time()
                     for index in range(offset, offset + n):
@@ -67,12 +65,10 @@ def run(argv: list[str]) -> dict[str, Any]:
                 trips[variant].append(counter.count / n)
                 cpu_us[variant].append(cpu / n * 1e6)
                 purge([tasks.QUEUE])
-            if "enqueue_in" in present:
-                with engine.begin() as connection:  # nobody relays in this scenario
-                    connection.exec_driver_sql("DELETE FROM resilience_outbox")
-        medians = {variant: statistics.median(rates[variant]) for variant in present}
-        plain = medians["plain"]
-        paired = {variant: paired_ratio(rates, variant) for variant in present}
+            with engine.begin() as connection:  # nobody relays in this scenario
+                connection.exec_driver_sql("DELETE FROM resilience_outbox")
+        medians = {variant: statistics.median(rates[variant]) for variant in senders}
+        paired = {variant: paired_ratio(rates, variant) for variant in senders}
         table(
             f"enqueue: {n} jobs per variant and round, {options.rounds} rounds (medians)",
             ("variant", "jobs/s", "ratio", "round trips/job", "CPU µs/job",
@@ -80,7 +76,7 @@ def run(argv: list[str]) -> dict[str, Any]:
             [(variant, f"{medians[variant]:,.0f}", f"{paired[variant]:.2f}",
               f"{statistics.median(trips[variant]):.2f}",
               f"{statistics.median(cpu_us[variant]):,.0f}",
-              " ".join(f"{rate:,.0f}" for rate in rates[variant])) for variant in present],
+              " ".join(f"{rate:,.0f}" for rate in rates[variant])) for variant in senders],
         )
 
     def ratio(variant: str) -> float | None:
@@ -89,15 +85,15 @@ def run(argv: list[str]) -> dict[str, Any]:
     return {
         "messages": n,
         "rounds": options.rounds,
-        "plain_per_s": round(plain),
+        "plain_per_s": round(medians["plain"]),
         "guarded_per_s": round(medians["platform"]),
         "guarded_ratio": ratio("platform"),
         "unique_ratio": ratio("unique"),
-        "enqueue_in_per_s": round(medians["enqueue_in"]) if "enqueue_in" in medians else None,
+        "enqueue_in_per_s": round(medians["enqueue_in"]),
         "celery_once_ratio": ratio("celery_once"),
         "celery_singleton_ratio": ratio("celery_singleton"),
         "round_trips_per_job": {variant: statistics.median(trips[variant])
-                                for variant in present},
+                                for variant in senders},
         "cpu_us_per_job": {variant: round(statistics.median(cpu_us[variant]))
-                           for variant in present},
+                           for variant in senders},
     }
