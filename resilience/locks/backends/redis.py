@@ -80,18 +80,16 @@ def run_on_nodes(
             if pool is None:
                 taken.append((None, None))
                 continue
+            connection = None
             try:
                 connection = pool.get_connection()
-            except Exception as exc:  # noqa: BLE001 - a dead node is one vote lost
-                taken.append((None, exc))
-                continue
-            try:
                 connection.send_command("EVALSHA", script.sha, 1, key, *args)
-                taken.append((connection, None))
             except Exception as exc:  # noqa: BLE001 - a dead node is one vote lost
-                connection.disconnect()
-                pool.release(connection)
-                taken.append((None, exc))
+                if connection is not None:
+                    connection.disconnect()  # released with the others below
+                taken.append((connection, exc))
+                continue
+            taken.append((connection, None))
         replies: list[Any] = []
         for client, (connection, failure) in zip(clients, taken, strict=True):
             if failure is not None:
