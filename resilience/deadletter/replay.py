@@ -24,7 +24,6 @@ from resilience.connections import wrap_store_errors
 from resilience.deadletter.bulk import STOPPED_BY_ADMIT, RequeueReport, Selection, requeue_many
 from resilience.deadletter.models import dead_letters
 from resilience.deadletter.place import DeadLetter
-from resilience.errors import ConfigurationError
 from resilience.ratelimit.algorithms import GCRA, Params
 from resilience.ratelimit.backends.redis import RedisBackend
 from resilience.ratelimit.rates import parse
@@ -73,10 +72,8 @@ class ReplayConfig:
             check(self, name, "an integer >= 1",
                   lambda v: not isinstance(v, bool) and isinstance(v, int) and v >= 1)
         if self.dependencies is not None:
-            if isinstance(self.dependencies, str) or not all(
-                    isinstance(name, str) and name for name in self.dependencies):
-                raise ConfigurationError(
-                    f"dependencies must be a list of names, got {self.dependencies!r}")
+            check(self, "dependencies", "a list of names", lambda v: not isinstance(v, str)
+                  and all(isinstance(name, str) and name for name in v))
             object.__setattr__(self, "dependencies", tuple(self.dependencies))
 
 
