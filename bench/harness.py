@@ -210,6 +210,10 @@ class Stopwatch:
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
 
+    def pace(self, seconds: float) -> None:
+        """Sleep until `seconds` after the start: a steady-rate producer's next send."""
+        time.sleep(max(0.0, seconds - self.elapsed))
+
 
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
     """Print a readable table of results before the final JSON line."""

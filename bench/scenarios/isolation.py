@@ -37,11 +37,9 @@ def flood(per_second: float, sleep_seconds: float, niceness: int, flooding: Any,
     while not finished.is_set():
         if not flooding.wait(0.1):
             continue
-        start, n = time.monotonic(), 0
+        watch, n = harness.Stopwatch(), 0
         while flooding.is_set():
-            pause = start + n / per_second - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
+            watch.pace(n / per_second)
             result = optional_sleep.apply_async(("flood", sleep_seconds))
             n += 1
             if isinstance(result, DiscardedResult):
@@ -57,11 +55,9 @@ def critical_phase(run: str, per_second: float, seconds: float,
     from bench.tasks_overload import critical_probe
 
     total = int(per_second * seconds)
-    start = time.monotonic()
+    watch = harness.Stopwatch()
     for n in range(total):
-        pause = start + n / per_second - time.monotonic()
-        if pause > 0:
-            time.sleep(pause)
+        watch.pace(n / per_second)
         critical_probe.apply_async((run, time.time(), work_seconds))
     key, client = f"bench:isolation:{run}", harness.redis()
     harness.wait_until(lambda: client.llen(key) >= total, timeout_seconds=120,

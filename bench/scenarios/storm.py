@@ -37,9 +37,7 @@ def storm(task: Any, *, rate_per_s: float, seconds: float) -> dict[str, float]:
         watch = Stopwatch()
         results = []
         for index in range(jobs):
-            pause = index / rate_per_s - watch.elapsed
-            if pause > 0:
-                time.sleep(pause)
+            watch.pace(index / rate_per_s)
             results.append(task.delay(vendor.base_url))
         # Poll the stored states with one MGET: 300 AsyncResults each subscribing to the
         # result backend's pub/sub is what a benchmark should not measure (nor trip over).
