@@ -77,8 +77,7 @@ def run(argv: list[str]) -> dict[str, Any]:
     try:
         with platform(extra_env={"REDIS_URL": guard_redis.url}) as services:
             stack = _payment_stack(options, services.database_url, guard_redis.url)
-            cleanup = {} if options.skip_cleanup else _cleanup_under_load(
-                options, interval, services.database_url)
+            cleanup = {} if options.skip_cleanup else _cleanup_under_load(options, interval)
     finally:
         guard_redis.stop()
         shutil.rmtree(scratch, ignore_errors=True)
@@ -379,8 +378,7 @@ def _table_rows(url: str) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-def _cleanup_under_load(options: Any, interval: float,
-                        database_url: str) -> dict[str, Any]:
+def _cleanup_under_load(options: Any, interval: float) -> dict[str, Any]:
     from jobs import app
     from resilience.idempotency.cleanup import CleanupConfig, run_cleanup
     from resilience.stores import stores_for
