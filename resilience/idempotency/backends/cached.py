@@ -89,27 +89,23 @@ class ResultCache:
         try:
             raw = self.client.get(cache_key(task_name, key))
         except Exception as exc:  # noqa: BLE001 - the cache is optional; PG is the truth
-            logger.warning("idempotency cache read failed, using PostgreSQL: %s", exc)
-            return None
+            raw = exc
         return self.parse(raw)
 
     def get_later(
         self, rounds: Rounds, task_name: str, key: str, then: Callable[[CachedResult | None], None]
     ) -> None:
         """Queue the read of `key` in the call's read round; `then` gets what `get` would."""
-
-        def parsed(reply: Any) -> None:
-            if isinstance(reply, BaseException):
-                logger.warning("idempotency cache read failed, using PostgreSQL: %s", reply)
-                then(None)
-            else:
-                then(self.parse(reply))
-
-        for_client(rounds, self.client).command("GET", cache_key(task_name, key), then=parsed)
+        for_client(rounds, self.client).command("GET", cache_key(task_name, key),
+                                                then=lambda reply: then(self.parse(reply)))
 
     @staticmethod
     def parse(raw: Any) -> CachedResult | None:
-        """A cached payload as a `CachedResult`; None for a miss or an unreadable value."""
+        """A cached payload (or the read's error) as a `CachedResult`; None for a miss, an
+        unreadable value or a failed read (logged)."""
+        if isinstance(raw, BaseException):
+            logger.warning("idempotency cache read failed, using PostgreSQL: %s", raw)
+            return None
         if raw is None:
             return None
         try:
