@@ -26,10 +26,6 @@ def idem_bench_guarded(counter: str, n: int) -> None:
     stores_for(app).redis().incr(counter)
 
 
-#: The steps of the guard's happy path, cumulatively, for `--breakdown`.
-STEPS = ("cache", "ping", "claim")
-
-
 @app.task(tier="standard", ignore_result=True)
 def idem_bench_steps(counter: str, n: int, steps: str) -> None:
     """The same no-op after part of the guard's work, done by hand with the guard's own store

@@ -28,6 +28,7 @@ from bench.harness import (
 )
 
 QUEUE = "standard"
+#: The steps of the guard's happy path, cumulatively, for `--breakdown`: step -> label.
 LABELS = {"cache": "cache read", "ping": "cache read + SELECT 1",
           "claim": "cache read + claim"}
 
@@ -42,7 +43,6 @@ def run(argv: list[str]) -> dict[str, Any]:
     with platform():
         from bench.tasks_idempotency import (
             HANDROLLED_DDL,
-            STEPS,
             idem_bench_guarded,
             idem_bench_handrolled,
             idem_bench_plain,
@@ -58,7 +58,7 @@ def run(argv: list[str]) -> dict[str, Any]:
         replay_field = field_for(outcome="REPLAYED", tier="standard", guard="idempotency",
                                  name=idem_bench_guarded.name)
         purge([QUEUE])
-        steps = STEPS if options.breakdown else ()
+        steps = tuple(LABELS) if options.breakdown else ()
         senders = {"plain": idem_bench_plain.delay, "idempotent": idem_bench_guarded.delay,
                    "handrolled": idem_bench_handrolled.delay,
                    **{step: lambda c, i, s=step: idem_bench_steps.delay(c, i, s)
