@@ -90,15 +90,7 @@ class ResiliencePage(BaseHandler):
                     cards=page_forms(),
                     sections=[page_section(view, snapshot[view.name]) for view in VIEWS],
                     refresh_seconds=_refresh_seconds(self),
-                    flash=self._take_flash())
-
-    def _take_flash(self) -> dict[str, Any] | None:
-        """The last action's result, shown once (the cookie is cleared, not platform state)."""
-        raw = self.get_signed_cookie(FLASH_COOKIE, max_age_days=1)
-        if raw is None:  # none, or not signed with this Flower's secret: not ours
-            return None
-        self.clear_cookie(FLASH_COOKIE, path="/")
-        return json.loads(raw)  # as ResilienceAction.post wrote it
+                    flash=_take_flash(self))
 
 
 DETAILS: dict[str, View] = {view.name: view for view in VIEWS if view.detail}
@@ -149,9 +141,7 @@ class ResilienceDetail(BaseHandler):
                     "tables": [page_section(table, document) for table in detail.tables],
                     "forms": detail_forms(detail, document)}
         self.render(DETAIL_TEMPLATE, view=view, key=key, back=row_page(view, key),
-                    flash=self._take_flash(), **page)
-
-    _take_flash = ResiliencePage._take_flash
+                    flash=_take_flash(self), **page)
 
 
 class ResilienceJson(BaseApiHandler):
@@ -237,6 +227,15 @@ class ResilienceAction(BaseHandler):
         if row_page and row_page.group(1) in DETAILS:
             return f"{page}/{back}"
         return f"{page}?refresh={refresh}" if refresh and refresh.isdigit() else page
+
+
+def _take_flash(handler: BaseHandler) -> dict[str, Any] | None:
+    """The last action's result, shown once (the cookie is cleared, not platform state)."""
+    raw = handler.get_signed_cookie(FLASH_COOKIE, max_age_days=1)
+    if raw is None:  # none, or not signed with this Flower's secret: not ours
+        return None
+    handler.clear_cookie(FLASH_COOKIE, path="/")
+    return json.loads(raw)  # as ResilienceAction.post wrote it
 
 
 def _refresh_seconds(handler: BaseHandler) -> int:
