@@ -11,6 +11,7 @@ events) is left out. `--profile VARIANT` writes a cProfile of its last run to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import logging
 import pstats
@@ -109,15 +110,13 @@ def main(argv: list[str] | None = None) -> None:
                 counter = guarded if name == "replay" else f"bench:trace:{uuid.uuid4().hex}"
                 guarded = counter if name == "guarded" else guarded
                 counts["pg"] = 0
-                profile = (cProfile.Profile() if options.profile == name and attempt == 2
-                           else None)
+                profiled = options.profile == name and attempt == 2
+                profile = cProfile.Profile() if profiled else contextlib.nullcontext()
                 with RoundTrips() as trips:
                     wall, cpu = time.perf_counter(), time.process_time()
-                    if profile is not None:
-                        profile.enable()
-                    run(tasks[name], counter, n)
-                    if profile is not None:
-                        profile.disable()
+                    with profile:
+                        run(tasks[name], counter, n)
+                    if profiled:
                         profile.dump_stats(ARTIFACTS / f"idempotency-{name}.prof")
                     results.setdefault(name, []).append((
                         (time.perf_counter() - wall) / n * 1e6,
