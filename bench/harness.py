@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from redis.connection import AbstractConnection
 from rich.console import Console
 from rich.table import Table
 
@@ -151,8 +152,6 @@ class RoundTrips:
         self.count = 0
 
     def __enter__(self) -> RoundTrips:
-        from redis.connection import AbstractConnection
-
         self._original = original = AbstractConnection.send_packed_command
 
         def counted(connection: Any, command: Any, check_health: bool = True) -> Any:
@@ -163,8 +162,6 @@ class RoundTrips:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from redis.connection import AbstractConnection
-
         AbstractConnection.send_packed_command = self._original  # type: ignore[method-assign]
 
 
