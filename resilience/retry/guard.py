@@ -18,7 +18,7 @@ from resilience.classify import ClassifyHook, is_retryable, retry_after
 from resilience.config import check, configured
 from resilience.errors import ConfigurationError, DeadLettered
 from resilience.headers import PREVIOUS_DELAY_HEADER
-from resilience.outcomes import Outcome, Stop
+from resilience.outcomes import Outcome
 from resilience.pipeline import Call, Guard, Stage, attach
 from resilience.retry.backoff import Wait, check_backoff, wait_full_jitter
 from resilience.retry.budget import (
@@ -102,26 +102,21 @@ class RetryGuard(Guard):
         if self.gate is not None:
             call.keep(self, _UNCOUNTED)
 
-    def _count_request(self, call: Call, mode: str = "request") -> None:
+    def release(self, call: Call, mode: str = "request") -> None:
+        """Count the execution as a budget request, unless a retry decision took it along."""
         if self.gate is not None and call.take_back(self) is _UNCOUNTED:
             self.gate.count_later(call.writes, mode)
-
-    def after_run(self, call: Call, result: Any) -> None:
-        self._count_request(call)
-
-    def on_stop(self, call: Call, stop: Stop) -> None:
-        self._count_request(call)
 
     def on_error(self, call: Call, exc: BaseException) -> None:
         try:
             if isinstance(exc, Retry):
-                self._count_request(call, "request+forced")
+                self.release(call, "request+forced")
                 return
             if isinstance(exc, Ignore | Reject | DeadLettered) or not isinstance(exc, Exception):
                 return
             raise self.decide(call, exc)
         finally:
-            self._count_request(call)
+            self.release(call)
 
     def decide(self, call: Call, exc: Exception) -> BaseException:
         """The error to raise instead of `exc`: Celery's `Retry`, or `DeadLettered`."""
