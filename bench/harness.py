@@ -165,6 +165,38 @@ class RoundTrips:
         AbstractConnection.send_packed_command = self._original  # type: ignore[method-assign]
 
 
+class PostgresRoundTrips:
+    """Counts the query strings (one round trip each, whatever statements they hold) sent on
+    psycopg2 connections opened while installed."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    @contextmanager
+    def installed(self) -> Iterator[PostgresRoundTrips]:
+        import psycopg2
+        import psycopg2.extensions
+
+        counter = self
+
+        class CountingCursor(psycopg2.extensions.cursor):
+            def execute(self, query: Any, parameters: Any = None) -> Any:
+                counter.count += 1
+                return super().execute(query, parameters)
+
+        connect = psycopg2.connect
+
+        def counted_connect(*args: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("cursor_factory", CountingCursor)
+            return connect(*args, **kwargs)
+
+        psycopg2.connect = counted_connect
+        try:
+            yield self
+        finally:
+            psycopg2.connect = connect
+
+
 def psql(url: str, sql: str, parameters: Any = None) -> list[tuple[Any, ...]]:
     """Run one statement on a fresh autocommit psycopg2 connection; its rows, if any."""
     import psycopg2

@@ -2,10 +2,10 @@
 traced in-process, as a worker child traces a message (docs/idempotency.md).
 
 Steadier than the drain rates of `python -m bench idempotency` on a shared machine: per job,
-wall and CPU time and round trips (Redis; PostgreSQL statements of the guard's backend and
-of the hand-rolled task), the fastest of 3 runs; the worker's main process (fetching, acks,
-events) is left out. `--profile VARIANT` writes a cProfile of its last run to
-`artifacts/idempotency-<variant>.prof` and prints its top entries.
+wall and CPU time and round trips (Redis commands or pipelines, PostgreSQL query strings),
+the fastest of 3 runs; the worker's main process (fetching, acks, events) is left out.
+`--profile VARIANT` writes a cProfile of its last run to `artifacts/idempotency-<variant>.prof`
+and prints its top entries.
 """
 
 from __future__ import annotations
@@ -19,41 +19,10 @@ import time
 import uuid
 from typing import Any
 
-from bench.harness import RoundTrips, platform
+from bench.harness import PostgresRoundTrips, RoundTrips, platform
 from tests.harness import ARTIFACTS
 
 VARIANTS = ("plain", "guarded", "handrolled", "replay")
-counts = {"pg": 0}
-
-
-def _count_statements() -> None:
-    """Count the guard backend's statements and the hand-rolled task's cursor executions."""
-    import psycopg2.extensions
-
-    import bench.tasks_idempotency as tasks
-    from resilience.idempotency.backends import postgres
-
-    execute = postgres.PostgresIdempotencyBackend._execute
-
-    def counted_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
-        counts["pg"] += 1
-        return execute(self, *args, **kwargs)
-
-    postgres.PostgresIdempotencyBackend._execute = counted_execute
-
-    class CountingCursor(psycopg2.extensions.cursor):
-        def execute(self, *args: Any) -> Any:
-            counts["pg"] += 1
-            return super().execute(*args)
-
-    connect = tasks._handrolled_connection
-
-    def counted_connection() -> Any:
-        connection = connect()
-        connection.cursor_factory = CountingCursor
-        return connection
-
-    tasks._handrolled_connection = counted_connection
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -62,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", choices=VARIANTS, help="cProfile this variant")
     options = parser.parse_args(argv)
     n = options.jobs
-    with platform():
+    with platform(), PostgresRoundTrips().installed() as statements:
         # The worker logs at INFO to a file; so does this process.
         ARTIFACTS.mkdir(exist_ok=True)
         logging.basicConfig(filename=ARTIFACTS / "idempotency-trace.log", level=logging.INFO)
@@ -79,7 +48,6 @@ def main(argv: list[str] | None = None) -> None:
 
         with stores_for(app).engine().begin() as connection:
             connection.exec_driver_sql(HANDROLLED_DDL)
-        _count_statements()
         hostname = "trace@bench"
         tasks = {"plain": idem_bench_plain, "guarded": idem_bench_guarded,
                  "handrolled": idem_bench_handrolled, "replay": idem_bench_guarded}
@@ -109,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
             for name in VARIANTS:
                 counter = guarded if name == "replay" else f"bench:trace:{uuid.uuid4().hex}"
                 guarded = counter if name == "guarded" else guarded
-                counts["pg"] = 0
+                statements.count = 0
                 profiled = options.profile == name and attempt == 2
                 profile = cProfile.Profile() if profiled else contextlib.nullcontext()
                 with RoundTrips() as trips:
@@ -121,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
                     results.setdefault(name, []).append((
                         (time.perf_counter() - wall) / n * 1e6,
                         (time.process_time() - cpu) / n * 1e6,
-                        trips.count / n, counts["pg"] / n))
+                        trips.count / n, statements.count / n))
         for name, rows in results.items():
             wall, cpu, redis_trips, pg_trips = min(rows)
             print(f"{name:11s} wall {wall:6.0f} µs/job  cpu {cpu:6.0f} µs/job  "

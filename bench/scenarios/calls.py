@@ -16,45 +16,11 @@ the whole server's count, so other clients' writes add to it.
 
 from __future__ import annotations
 
-import contextlib
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
-from bench.harness import RoundTrips, parse, platform, psql, table
-
-
-class PostgresRoundTrips:
-    """Counts the query strings sent on psycopg2 connections opened while installed (the
-    connections of the stores and lock sessions are opened during the warm-up)."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[PostgresRoundTrips]:
-        import psycopg2
-        import psycopg2.extensions
-
-        counter = self
-
-        class CountingCursor(psycopg2.extensions.cursor):
-            def execute(self, query: Any, parameters: Any = None) -> Any:
-                counter.count += 1
-                return super().execute(query, parameters)
-
-        connect = psycopg2.connect
-
-        def counted_connect(*args: Any, **kwargs: Any) -> Any:
-            kwargs.setdefault("cursor_factory", CountingCursor)
-            return connect(*args, **kwargs)
-
-        psycopg2.connect = counted_connect
-        try:
-            yield self
-        finally:
-            psycopg2.connect = connect
+from bench.harness import PostgresRoundTrips, RoundTrips, parse, platform, psql, table
 
 
 def _wal_flushes(url: str) -> int:
