@@ -363,8 +363,7 @@ class IdempotencyGuard(Guard):
 
     def _rolled_back(self, call: Call, taken: _Taken, counter: str, why: str,
                      **details: Any) -> Stop:
-        """Roll this run's writes back and say so: DEFERRED, counted under `counter`."""
-        self._close(taken)
+        """DEFERRED, counted under `counter`; the caller's `finally` rolls the writes back."""
         call.count(counter, guard=GUARD_NAME)
         return _deferred(f"{why}; this run's writes were rolled back", self.config.poll_seconds,
                          key=taken.key.value, **details)
