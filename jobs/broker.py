@@ -240,8 +240,8 @@ class Channel(kombu_redis.Channel):
     # -- wait --------------------------------------------------------------------------
     def _arm_waiters(self, keys: list[str], timeout: float) -> None:
         """Block a waiter on each of `keys` that is not blocked already; drop the others."""
-        for key in [key for key in self._waiters if key not in keys]:
-            self._drop_waiter(key)
+        for waiter in [waiter for key, waiter in self._waiters.items() if key not in keys]:
+            self._drop_waiter(waiter)
         now = kombu_redis.monotonic()
         overdue = (timeout or 0) + (self.health_check_interval or 0)
         for key in keys:
@@ -253,7 +253,7 @@ class Channel(kombu_redis.Channel):
                         and not kombu_redis._socket_readable(waiter.connection._sock):
                     logger.warning("Redis wait on %r got no reply for %.0f s; reconnecting",
                                    key, now - waiter.sent_at)
-                    self._drop_waiter(key)
+                    self._drop_waiter(waiter)
                 continue
             waiter.connection.send_command("BLMOVE", key, key, "RIGHT", "RIGHT", timeout or 0)
             waiter.armed = True
@@ -285,16 +285,13 @@ class Channel(kombu_redis.Channel):
             # Nothing is lost with a waiter. Drop it and fetch: a broker that is really
             # gone fails the fetch on the consuming connection, which kombu recovers.
             logger.debug("Redis wait on %r failed; reconnecting", key, exc_info=True)
-            self._drop_waiter(key)
+            self._drop_waiter(waiter)
             self._fetch_due = True
             return
         if reply is not None:
             self._fetch_due = True
 
-    def _drop_waiter(self, key: str) -> None:
-        waiter = self._waiters.get(key)
-        if waiter is None:
-            return
+    def _drop_waiter(self, waiter: Waiter) -> None:
         self._forget_waiter(waiter)
         waiter.connection.disconnect()
 
@@ -317,8 +314,8 @@ class Channel(kombu_redis.Channel):
                 cycle._unregister_from_poll(waiter.fileno)
 
     def _drop_waiters(self) -> None:
-        for key in list(self._waiters):
-            self._drop_waiter(key)
+        for waiter in list(self._waiters.values()):
+            self._drop_waiter(waiter)
 
     def _on_connection_disconnect(self, connection: Any) -> None:
         for waiter in list(self._waiters.values()):
