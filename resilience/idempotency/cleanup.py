@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING
 from sqlalchemy.exc import DBAPIError
 
 from resilience.config import check
+from resilience.connections import translate_store_error
 from resilience.errors import ConfigurationError
 from resilience.idempotency.backends import FAILED, IN_PROGRESS
-from resilience.idempotency.backends.postgres import wrap_database_error
 from resilience.idempotency.models import TABLE_NAME
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ def _batches(engine: Engine, sql: str, policy: CleanupConfig, sleep: Callable[[f
                 affected = connection.exec_driver_sql(
                     sql, {"batch_size": policy.batch_size, **parameters}).rowcount
         except DBAPIError as exc:
-            raise wrap_database_error(exc, action) from exc
+            raise translate_store_error(exc, f"idempotency store: {action}") from exc
         total += affected
         batches += 1
         if affected < policy.batch_size:

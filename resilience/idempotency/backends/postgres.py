@@ -199,12 +199,6 @@ ORDER BY updated_at LIMIT %(limit)s
 """
 
 
-def wrap_database_error(exc: BaseException, action: str) -> StorageError:
-    """Turn a SQLAlchemy/psycopg2 error into the guard's own error, keeping the cause
-    (`resilience.connections.translate_store_error`: StoreUnavailable, StoreRejected, ...)."""
-    return translate_store_error(exc, f"idempotency store: {action}")
-
-
 @contextlib.contextmanager
 def _database_errors(action: str) -> Iterator[None]:
     """SQLAlchemy's database errors leave as `StorageError`s.
@@ -215,7 +209,7 @@ def _database_errors(action: str) -> Iterator[None]:
     try:
         yield
     except DBAPIError as exc:
-        raise wrap_database_error(exc, action) from exc
+        raise translate_store_error(exc, f"idempotency store: {action}") from exc
 
 
 #: Without a pooler: prepended once, when a connection's session is not in the mode wanted.
@@ -415,7 +409,7 @@ class PostgresIdempotencyBackend(StoreBackend):
     def unavailable(self, error: BaseException) -> bool:
         """Is `error` PostgreSQL being unreachable (not a bug, not a constraint)?"""
         return isinstance(error, StoreUnavailable) or (isinstance(error, DBAPIError) and isinstance(
-            wrap_database_error(error, "body"), StoreUnavailable))
+            translate_store_error(error, "idempotency store: body"), StoreUnavailable))
 
     # -- the operator's side ---------------------------------------------------------------
     def read(self, task_name: str, key: str) -> Record | None:
