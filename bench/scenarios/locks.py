@@ -37,9 +37,6 @@ def run(argv: list[str]) -> dict[str, Any]:
         try:
             clients = [redis.Redis.from_url(node.url, socket_timeout=0.5,
                                             socket_connect_timeout=0.5) for node in nodes]
-            single = RedisLock(clients[0])
-            redlock3 = Redlock(clients[:3])
-            redlock5 = Redlock(clients)
             session = AdvisorySession(database_url, label="bench")
             pottery = PotteryRedlock(key=f"bench-pottery-{uuid.uuid4().hex}",
                                      masters=set(clients), auto_release_time=10)
@@ -67,9 +64,9 @@ def run(argv: list[str]) -> dict[str, Any]:
             variants: dict[str, Callable[[], None]] = {
                 "pg_advisory": advisory_cycle,
                 "pg_session": session_cycle,
-                "redis_lock": lock_cycle(single, f"bench-single-{uuid.uuid4().hex}"),
-                "redlock3": lock_cycle(redlock3, f"bench-r3-{uuid.uuid4().hex}"),
-                "redlock5": lock_cycle(redlock5, f"bench-r5-{uuid.uuid4().hex}"),
+                "redis_lock": lock_cycle(RedisLock(clients[0]), f"bench-single-{uuid.uuid4().hex}"),
+                "redlock3": lock_cycle(Redlock(clients[:3]), f"bench-r3-{uuid.uuid4().hex}"),
+                "redlock5": lock_cycle(Redlock(clients), f"bench-r5-{uuid.uuid4().hex}"),
                 "pottery5": pottery_cycle,
             }
             samples: dict[str, list[float]] = {name: [] for name in variants}
