@@ -747,12 +747,12 @@ class AdvisoryLockBackend(StoreBackend):
         a shared connection that rode on the call's commit (`hand_off`) is released already.
         """
         handle = taken.handle
+        if isinstance(handle, SharedSessionLock) and handle.released:
+            return
         parameters = {"id": advisory_id(taken.key), "key": taken.key, "owner": taken.owner}
         failed_handoff = False
         try:
             if isinstance(handle, SharedSessionLock):
-                if handle.released:
-                    return
                 # A handoff sent with a statement that failed: its unlock may have run
                 # already (an unlock is not transactional), so "not held" is no loss then.
                 failed_handoff = handle.withdraw() is not None
