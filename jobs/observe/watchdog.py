@@ -354,11 +354,8 @@ def consumer_state(worker: Any, *, blocked_after_seconds: float = 5.0) -> Consum
 
 def broker_addresses(app: Any) -> set[tuple[str, int]]:
     """The (ip, port) pairs the broker URL resolves to (TCP brokers; empty otherwise)."""
-    connection = app.connection_for_read()
-    try:
+    with app.connection_for_read() as connection:
         host, port = connection.hostname, connection.port or connection.transport.default_port
-    finally:
-        connection.release()
     if not host or not port or str(host).startswith("/"):
         return set()
     try:

@@ -50,13 +50,6 @@ async def snapshot_of(app: Celery) -> dict[str, Any]:
         None, lambda: collect(app, inspect_timeout_seconds=INSPECT_TIMEOUT_SECONDS))
 
 
-def suggestions(app: Celery) -> dict[str, list[str]]:
-    """What the action forms suggest (`Input.suggest`): task names, tiers and task names (the
-    app's task modules are loaded: `Flower.__init__` imports them, as the CLI does)."""
-    tasks = sorted(name for name, task in app.tasks.items() if hasattr(task, "pipelines"))
-    return {"tasks": tasks, "names": [*TIERS, *tasks]}
-
-
 #: Rich markup the views put in cells (a red state, a yellow name): plain text on the page.
 _MARKUP = re.compile(r"\[/?(?:bold )?(?:red|yellow|bold)\]")
 
@@ -86,7 +79,11 @@ class ResiliencePage(BaseHandler):
     @web.authenticated
     async def get(self) -> None:
         snapshot = await snapshot_of(self.capp)
-        self.render(PAGE_TEMPLATE, snapshot=snapshot, suggestions=suggestions(self.capp),
+        # What the action forms suggest (`Input.suggest`): the guarded tasks (Flower.__init__
+        # loaded the app's task modules), and tiers and tasks.
+        tasks = sorted(name for name, task in self.capp.tasks.items() if hasattr(task, "pipelines"))
+        self.render(PAGE_TEMPLATE, snapshot=snapshot,
+                    suggestions={"tasks": tasks, "names": [*TIERS, *tasks]},
                     cards=page_forms(),
                     sections=[page_section(view, snapshot[view.name]) for view in VIEWS],
                     refresh_seconds=_refresh_seconds(self),
