@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from jobs.admin.status import console, platform_app
+from jobs.admin.status import console, fail, platform_app
 from jobs.observe import health
 
 cli = typer.Typer(help="Health checks: live (worker's loop runs), ready (stores reachable).",
@@ -27,8 +27,7 @@ def _node(node: str | None, tier: str | None) -> str:
     if node is not None:
         return node
     if tier is None:
-        console.print("[red]give --node critical@host or --tier critical[/red]")
-        raise typer.Exit(2)
+        raise fail("give --node critical@host or --tier critical")
     return f"{tier}@{socket.gethostname()}"
 
 
