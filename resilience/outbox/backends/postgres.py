@@ -93,10 +93,13 @@ FROM jsonb_to_recordset(CAST(:rows AS JSONB))
 RETURNING id
 """)
 
+# "Not published nor dead-lettered" rather than "pending" (the same rows): with "pending",
+# the generic plan of this prepared statement may read the rows through a partial index of
+# pending rows, filtering every pending row (held, delayed, backed off) on each mark.
 _MARK_HELD_PUBLISHED = PreparedStatement("resilience_outbox_mark_held", f"""
 UPDATE {TABLE_NAME}
 SET state = 'published', finished_at = clock_timestamp(), attempts = attempts + 1
-WHERE id = ANY(CAST(%(ids)s AS BIGINT[])) AND state = 'pending'
+WHERE id = ANY(CAST(%(ids)s AS BIGINT[])) AND state NOT IN ('published', 'dead_lettered')
 """)
 
 _MARK_PUBLISHED = text(f"""
