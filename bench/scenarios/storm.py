@@ -31,8 +31,8 @@ def storm(task: Any, *, rate_per_s: float, seconds: float) -> dict[str, float]:
     """Enqueue `task` at a steady rate against a fresh failing vendor; wait for all."""
     server = start_in_thread(0)
     vendor = VendorControl(f"http://{HOST}:{server.server_address[1]}")
-    vendor.set_mode("fail")
     try:
+        vendor.set_mode("fail")
         jobs = int(rate_per_s * seconds)
         watch = Stopwatch()
         results = []

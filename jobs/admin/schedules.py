@@ -12,7 +12,15 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from jobs.admin.status import act, list_command, one_line_errors, platform_source, print_view, table
+from jobs.admin.status import (
+    JsonOption,
+    act,
+    list_command,
+    one_line_errors,
+    platform_source,
+    print_view,
+    table,
+)
 from resilience.schedules.api import recent_runs
 from resilience.schedules.policies import CatchUp, Overlap
 from resilience.schedules.view import (
@@ -53,7 +61,7 @@ list_command(cli, "list", VIEW, "Every schedule: task, timing, policies, paused 
 def show_command(
     name: Annotated[str, typer.Argument(help="Schedule name (from `jobs schedules list`).")],
     runs: Annotated[int, typer.Option(min=1, help="Newest runs to show.")] = 10,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """One schedule: its settings, its last runs (outcome, lateness) and its next five fires."""
     with one_line_errors():

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from jobs.admin.status import act, fail, platform_source, print_view, show, table
+from jobs.admin.status import JsonOption, act, fail, platform_source, print_view, show, table
 from resilience.workflows.view import (
     LIST,
     STEPS,
@@ -39,7 +39,7 @@ def list_command(
     limit: Annotated[int, typer.Option(min=1, help="Newest runs to show.")] = 50,
     state: Annotated[str | None, typer.Option(
         help=f"Only runs in this state: {', '.join(STATES)}.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """The newest workflow runs: state, steps done, the other steps' states."""
     if state is not None and state not in STATES:
@@ -50,7 +50,7 @@ def list_command(
 @cli.command("show")
 def show_command(
     workflow_id: Annotated[str, typer.Argument(help="Workflow id (from `jobs workflows list`).")],
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    as_json: JsonOption = False,
     svg: Annotated[Path | None, typer.Option(
         help="Also write the run's graph to this SVG file.")] = None,
 ) -> None:

@@ -160,8 +160,11 @@ def readiness(app: Celery, broker_connected: Callable[[], bool] | None = None) -
     """Redis, the broker and PostgreSQL reachable; migrations applied. A worker checks on its
     pooled clients, and sees the broker as its consumer does (`broker_connected`)."""
     if broker_connected is None:  # the broker accepts a connection
-        broker = _passes("broker", lambda: app.connection_for_write().ensure_connection(
-            max_retries=1, timeout=3).release(), "connected")
+        def connect() -> None:
+            with app.connection_for_write() as connection:  # released when it fails too
+                connection.ensure_connection(max_retries=1, timeout=3)
+
+        broker = _passes("broker", connect, "connected")
     elif broker_connected():
         broker = Check("broker", True, "consumer connected")
     else:
