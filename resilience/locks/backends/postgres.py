@@ -749,7 +749,9 @@ class AdvisoryLockBackend(StoreBackend):
         handle = taken.handle
         if isinstance(handle, SharedSessionLock) and handle.released:
             return
-        parameters = {"id": advisory_id(taken.key), "key": taken.key, "owner": taken.owner}
+        shared = isinstance(handle, SharedSessionLock)
+        lock_id = handle.lock_id if shared else advisory_id(taken.key)  # no second hash
+        parameters = {"id": lock_id, "key": taken.key, "owner": taken.owner}
         failed_handoff = False
         try:
             if isinstance(handle, SharedSessionLock):
