@@ -230,7 +230,12 @@ class HeldConnection:
                 elif statement.name in self.prepared:
                     cursor.execute(statement.execute, statement.values(parameters))
                 else:
-                    cursor.execute(statement.prepare_and_execute, statement.values(parameters))
+                    try:
+                        cursor.execute(statement.prepare_and_execute,
+                                       statement.values(parameters))
+                    except psycopg2.errors.DuplicatePreparedStatement:
+                        # Prepared by a first call that failed after its PREPARE (`run`).
+                        cursor.execute(statement.execute, statement.values(parameters))
                     self.prepared.add(statement.name)
                 return cursor.fetchall() if cursor.description is not None else None
         except psycopg2.Error as exc:
@@ -357,6 +362,12 @@ class StatementRunner:
             except psycopg2.errors.InvalidSqlStatementName as exc:
                 # The server lost the prepared statement (a pooler switched backends).
                 connection.prepared.clear()
+                if attempt == 2:
+                    raise translate_store_error(exc, action) from exc
+            except psycopg2.errors.DuplicatePreparedStatement as exc:
+                # A PREPARE outlives its query string's failure: the first EXECUTE failed
+                # (a runtime error) after the PREPARE went through. Use it from now on.
+                connection.prepared.add(statement.name)
                 if attempt == 2:
                     raise translate_store_error(exc, action) from exc
             except psycopg2.Error as exc:

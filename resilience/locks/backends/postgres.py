@@ -303,11 +303,17 @@ class AdvisorySession:
         otherwise do not wait (`synchronous_commit=False`)."""
         prefix = SYNCHRONOUS_COMMIT if durable and not self.synchronous_commit else ""
         if statement.name not in self.prepared:
-            # PREPARE and the first EXECUTE in one round trip.
-            rows = self.execute(prefix + statement.prepare_and_execute,
-                                statement.values(parameters))
-            self.prepared.add(statement.name)
-            return rows
+            try:  # PREPARE and the first EXECUTE in one round trip.
+                rows = self.execute(prefix + statement.prepare_and_execute,
+                                    statement.values(parameters))
+                self.prepared.add(statement.name)
+                return rows
+            except StorageError as exc:
+                # A PREPARE outlives its query string's failure: an earlier first EXECUTE
+                # failed at run time after it. 42P05: duplicate_prepared_statement.
+                if getattr(exc.__cause__, "pgcode", None) != "42P05":
+                    raise
+                self.prepared.add(statement.name)
         return self.execute(prefix + statement.execute, statement.values(parameters))
 
     def scalar(self, sql: str, parameters: Sequence[Any] = ()) -> Any:

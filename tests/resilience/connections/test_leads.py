@@ -1,5 +1,6 @@
 """Leads on a thread's shared PostgreSQL connection: a singleton's release riding on the
-next commit (resilience.connections.postgres.Lead, AdvisoryLockBackend.hand_off)."""
+next commit (resilience.connections.postgres.Lead, AdvisoryLockBackend.hand_off); and
+statements prepared on such connections whose first execution failed."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import threading
 import time
 from typing import Any
 
+import pytest
 from sqlalchemy import text
 
 from resilience.connections.postgres import StatementRunner
@@ -77,3 +79,39 @@ class TestLeads:
             assert _registered(engine) == 0
         finally:
             runner.close()
+
+
+class TestPrepared:
+    def test_a_statement_whose_first_execution_failed_runs_on_that_connection(
+            self, stores: Any) -> None:
+        """PREPARE and the first EXECUTE share a query string, and the PREPARE outlives the
+        EXECUTE's runtime error: the next call must use it, not prepare it again (it got
+        DuplicatePreparedStatement on that connection for good)."""
+        from resilience.errors import StoreRejected
+
+        divide = PreparedStatement("test_prepared_divide", "SELECT 6 / %(by)s::int AS v")
+        runner = StatementRunner(stores.database_url)
+        try:
+            with pytest.raises(StoreRejected, match="DivisionByZero"):
+                runner.run(divide, {"by": 0}, "test")
+            assert runner.run(divide, {"by": 3}, "test")[0].v == 2
+            assert runner.run(divide, {"by": 2}, "test")[0].v == 3
+            held = runner.connection()
+            again = PreparedStatement("test_prepared_again", "SELECT 6 / %(by)s::int AS v")
+            with pytest.raises(StoreRejected, match="DivisionByZero"):
+                held.execute_here(again, {"by": 0})
+            assert held.execute_here(again, {"by": 6}) == [(1,)]
+        finally:
+            runner.close()
+
+    def test_an_advisory_session_uses_a_statement_whose_first_execution_failed(
+            self, stores: Any) -> None:
+        """The same on a lock session (`AdvisorySession.execute_prepared`)."""
+        from resilience.errors import StoreRejected
+
+        divide = PreparedStatement("test_session_divide", "SELECT 6 / %(by)s::int AS v")
+        with AdvisorySession(stores.database_url, label="prepared") as session:
+            with pytest.raises(StoreRejected, match="DivisionByZero"):
+                session.execute_prepared(divide, {"by": 0})
+            assert session.execute_prepared(divide, {"by": 3}) == [(2,)]
+            assert session.execute_prepared(divide, {"by": 2}) == [(3,)]
