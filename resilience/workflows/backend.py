@@ -205,8 +205,11 @@ SELECT (SELECT state FROM workflow) AS state, (SELECT remaining FROM workflow) A
 # workflow row locked by a statement of its own, so that `_SUCCEED_SIMPLE`'s snapshot is
 # taken once it is held. Every completion that counts a dependent (`_SUCCEED_SIMPLE`,
 # `_SUCCEED`'s transaction, a failure's) does it holding that lock, so each one that
-# counted before this one has committed, its result with it.
-_LOCK_FIRST = f"SELECT 1 FROM {WORKFLOWS_TABLE} WHERE id = %s FOR UPDATE; "
+# counted before this one has committed, its result with it. Prepared like the others:
+# parsed and planned at every member, it cost a fifth of the member's PostgreSQL CPU.
+_LOCK_FIRST = PreparedStatement("resilience_workflow_lock", f"""
+SELECT 1 FROM {WORKFLOWS_TABLE} WHERE id = %(workflow_id)s FOR UPDATE
+""")
 
 # One round trip for a chain step: the step leaves its live state once; its dependents
 # (only while the workflow runs) count it, and one that needs only this step's result gets
@@ -429,15 +432,23 @@ WHERE id = :workflow_id
 """)
 
 
-def _locked_first(workflow_id: str) -> Prefix:
-    """A `Prefix`: `_LOCK_FIRST` for the step, after the synchronous-commit one."""
+def _locked_first(workflow_id: str, prepared: bool) -> Prefix:
+    """A `Prefix`: `_LOCK_FIRST` for the step, after the synchronous-commit one. Prepared
+    (unless `prepared` is off) by a round trip of its own on the connection's first use:
+    a PREPARE in the shared query string would outlive that string's failure."""
     def prefix(connection: HeldConnection) -> tuple[str, None]:
         commit, _ = synchronous_commit(connection)
         if connection.cursor is None:
             connection.cursor = connection.driver.cursor()
-        locks = connection.cursor.mogrify(_LOCK_FIRST, (workflow_id,))
+        values = {"workflow_id": workflow_id}
+        if not prepared:
+            locks = connection.cursor.mogrify(_LOCK_FIRST.sql, values)
+        else:
+            if _LOCK_FIRST.name not in connection.prepared:
+                connection.execute_here(_LOCK_FIRST, values)  # locks and lets go at once
+            locks = connection.cursor.mogrify(_LOCK_FIRST.execute, _LOCK_FIRST.values(values))
         # The query string goes through the driver's parameter substitution once more.
-        return commit + locks.decode().replace("%", "%%"), None
+        return commit + locks.decode().replace("%", "%%") + "; ", None
 
     return prefix
 
@@ -732,7 +743,7 @@ class WorkflowBackend(StoreBackend):
         if fan_in and self.runner is not None:
             row = self.runner.run(_SUCCEED_SIMPLE, parameters, "workflows: record step",
                                   prepared=self.prepared,
-                                  prefix=_locked_first(workflow_id))[0]
+                                  prefix=_locked_first(workflow_id, self.prepared))[0]
         else:
             parameters["fan_in"] = False  # no locks taken first: the transaction releases it
             row = self._run(_SUCCEED_SIMPLE, parameters, "record step")[0]

@@ -367,13 +367,16 @@ def test_step_header_carries_the_run(value: str, parsed: tuple[Any, ...] | None)
         assert step_header(parsed[0], parsed[1], parsed[2], parsed[3]) == value
 
 
-def unrun(backend_class: Any, stores: Any, engine: Any, canvas: Any) -> tuple[Any, str]:
+def unrun(backend_class: Any, stores: Any, engine: Any, canvas: Any,
+          prepared: bool = True) -> tuple[Any, str]:
     """`canvas` created as a workflow nobody runs (its outbox rows deleted): the test plays
-    the worker through the returned backend. Returns (backend, workflow id)."""
+    the worker through the returned backend (`prepared`: its statements server-side
+    prepared, as they are unless a transaction pooler is in front). Returns (backend,
+    workflow id)."""
     import uuid
 
     backend = backend_class(stores.guard_engine, stores.statements(),
-                            prepared=not stores.transaction_pooled)
+                            prepared=prepared and not stores.transaction_pooled)
     workflow_id = uuid.uuid4().hex
     backend.create(None, workflow_id=workflow_id, name=canvas.name,
                    canvas=canvas._document(), steps=canvas.steps, hold=False)
@@ -487,17 +490,19 @@ def test_a_chord_header_member_that_feeds_the_body_locks_first() -> None:
 class TestFanInRelease:
     """The last source of a chord body releases it in its one statement."""
 
+    @pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "unprepared"])
     def test_the_last_header_member_releases_the_body_with_every_result(
-            self, stores: Any, engine: Any) -> None:
+            self, stores: Any, engine: Any, prepared: bool) -> None:
         """Each header member's completion is one statement; the last one writes the body's
         outbox row with the header's results in header order (its own included), as plain
-        Celery passes them; the body's completion then finishes the workflow."""
+        Celery passes them; the body's completion then finishes the workflow. The same
+        with the statements unprepared (behind a transaction pooler)."""
 
         from resilience.workflows.backend import WorkflowBackend
 
         canvas = durable(chord([t.add.s(1, 1), t.add.s(2, 2), t.add.s(3, 3)],
                                t.pack.s("end")), name="fan-in")
-        backend, workflow_id = unrun(WorkflowBackend, stores, engine, canvas)
+        backend, workflow_id = unrun(WorkflowBackend, stores, engine, canvas, prepared)
         statements: list[str] = []
         runner = stores.statements()
         original = runner.run
