@@ -487,6 +487,46 @@ def test_a_chord_header_member_that_feeds_the_body_locks_first() -> None:
     assert "fan_in" not in steps[0].signature()
 
 
+class TestChainRelease:
+    def test_each_chain_step_is_one_statement_that_releases_the_next(
+            self, stores: Any, engine: Any) -> None:
+        """A step whose dependents wait for it alone records itself and releases them in
+        one lean statement (no fan-in CTEs): each released row carries the previous result
+        first, as Celery's chain passes it; the last step finishes the workflow."""
+
+        from resilience.workflows.backend import WorkflowBackend
+
+        canvas = durable(chain(t.add.s(1, 1), t.add.s(10), t.add.s(100)), name="chain")
+        backend, workflow_id = unrun(WorkflowBackend, stores, engine, canvas)
+        statements: list[str] = []
+        runner = stores.statements()
+        original = runner.run
+
+        def counted(statement: Any, *args: Any, **kwargs: Any) -> Any:
+            statements.append(statement.name)
+            return original(statement, *args, **kwargs)
+
+        runner.run = counted  # type: ignore[method-assign]
+        released = []
+        try:
+            for position, result in ((0, 2), (1, 12), (2, 112)):
+                started = backend.start(workflow_id, position)
+                assert started is not None and started.simple and not started.fan_in
+                released.append(backend.succeed(None, workflow_id, position, result,
+                                                simple=True, fan_in=False))
+        finally:
+            del runner.run
+        assert statements == ["resilience_workflow_start",
+                              "resilience_workflow_succeed_chain"] * 3
+        assert [[(row.task_id, row.args) for row in r.rows] for r in released] == [
+            [(canvas.steps[1].task_id, [2, 10])], [(canvas.steps[2].task_id, [12, 100])], []]
+        assert released[2].finished == WorkflowState.SUCCEEDED
+        assert describe(stores, workflow_id).result == 112
+        with engine.begin() as connection:
+            connection.execute(text("DELETE FROM resilience_outbox WHERE task_id = ANY(:ids)"),
+                               {"ids": [step.task_id for step in canvas.steps]})
+
+
 class TestFanInRelease:
     """The last source of a chord body releases it in its one statement."""
 
