@@ -3,6 +3,8 @@ headers, replay of a duplicated step, compensation order, retry, replay, cancel.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -386,6 +388,24 @@ def unrun(backend_class: Any, stores: Any, engine: Any, canvas: Any,
     return backend, workflow_id
 
 
+@contextmanager
+def statement_names(stores: Any) -> Iterator[list[str]]:
+    """The names of the statements the stores' runner sends while the block runs."""
+    statements: list[str] = []
+    runner = stores.statements()
+    original = runner.run
+
+    def counted(statement: Any, *args: Any, **kwargs: Any) -> Any:
+        statements.append(statement.name)
+        return original(statement, *args, **kwargs)
+
+    runner.run = counted  # type: ignore[method-assign]
+    try:
+        yield statements
+    finally:
+        del runner.run
+
+
 class TestLateSuccess:
     """A step that succeeds after its workflow stopped is recorded with the next
     compensation, in one transaction."""
@@ -498,24 +518,13 @@ class TestChainRelease:
 
         canvas = durable(chain(t.add.s(1, 1), t.add.s(10), t.add.s(100)), name="chain")
         backend, workflow_id = unrun(WorkflowBackend, stores, engine, canvas)
-        statements: list[str] = []
-        runner = stores.statements()
-        original = runner.run
-
-        def counted(statement: Any, *args: Any, **kwargs: Any) -> Any:
-            statements.append(statement.name)
-            return original(statement, *args, **kwargs)
-
-        runner.run = counted  # type: ignore[method-assign]
         released = []
-        try:
+        with statement_names(stores) as statements:
             for position, result in ((0, 2), (1, 12), (2, 112)):
                 started = backend.start(workflow_id, position)
                 assert started is not None and started.simple and not started.fan_in
                 released.append(backend.succeed(None, workflow_id, position, result,
                                                 simple=True, fan_in=False))
-        finally:
-            del runner.run
         assert statements == ["resilience_workflow_start",
                               "resilience_workflow_succeed_chain"] * 3
         assert [[(row.task_id, row.args) for row in r.rows] for r in released] == [
@@ -543,24 +552,13 @@ class TestFanInRelease:
         canvas = durable(chord([t.add.s(1, 1), t.add.s(2, 2), t.add.s(3, 3)],
                                t.pack.s("end")), name="fan-in")
         backend, workflow_id = unrun(WorkflowBackend, stores, engine, canvas, prepared)
-        statements: list[str] = []
-        runner = stores.statements()
-        original = runner.run
-
-        def counted(statement: Any, *args: Any, **kwargs: Any) -> Any:
-            statements.append(statement.name)
-            return original(statement, *args, **kwargs)
-
-        runner.run = counted  # type: ignore[method-assign]
-        try:
-            released = []
+        released = []
+        with statement_names(stores) as statements:
             for position, result in ((2, 6), (0, 2), (1, 4)):  # out of order
                 started = backend.start(workflow_id, position)
                 assert started is not None and started.simple and started.fan_in
                 released.append(backend.succeed(None, workflow_id, position, result,
                                                 simple=True, fan_in=True))
-        finally:
-            del runner.run
         assert statements == ["resilience_workflow_start", "resilience_workflow_succeed"] * 3
         assert [r.rows for r in released[:2]] == [[], []]
         body = canvas.steps[3]
