@@ -200,6 +200,17 @@ class HeldConnection:
         #: Session advisory lock ids held on this session for this thread's callers.
         self.locks: set[int] = set()
 
+    def learn_prepared(self) -> bool:
+        """Take the session's prepared statements from the server (ours can be wrong: a
+        PREPARE outlives the failure of its query string); False when that failed too."""
+        try:
+            with self.driver.cursor() as cursor:
+                cursor.execute("SELECT name FROM pg_prepared_statements")
+                self.prepared = {name for (name,) in cursor.fetchall()}
+        except psycopg2.Error:
+            return False
+        return True
+
     def render(self, statement: PreparedStatement, parameters: dict[str, Any]) -> str:
         """`statement` as query text with its values written in, for a `Lead`: its
         `EXECUTE` when prepared on this session, else its SQL (a lead that may never be
@@ -317,14 +328,16 @@ class StatementRunner:
         """
         for attempt in (1, 2):
             connection = self.connection()  # `connect` translates its own errors
-            text, settle = prefix(connection) if prefix is not None else ("", None)
-            leads = connection.leads if lead and connection.leads else None
-            if leads is not None:
-                connection.leads = []
-                for waiting in leads:
-                    waiting.sent = True
-                text = "".join(waiting.text for waiting in leads) + text
             try:
+                # A prefix may talk to the server (prepare what it sends): its errors are
+                # handled as the statement's.
+                text, settle = prefix(connection) if prefix is not None else ("", None)
+                leads = connection.leads if lead and connection.leads else None
+                if leads is not None:
+                    connection.leads = []
+                    for waiting in leads:
+                        waiting.sent = True
+                    text = "".join(waiting.text for waiting in leads) + text
                 cursor = connection.cursor
                 if cursor is None:
                     cursor = connection.cursor = connection.driver.cursor()
@@ -353,21 +366,20 @@ class StatementRunner:
                     return cursor.fetchall()
                 columns = [column.name for column in description]
                 return [Row(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+            except (psycopg2.errors.InvalidSqlStatementName,
+                    psycopg2.errors.DuplicatePreparedStatement) as exc:
+                # The session's prepared statements are not what we recorded: the server
+                # lost them (a pooler switched backends), or a PREPARE outlived its query
+                # string's failure (a later statement's runtime error). Learn them, retry.
+                # (Before OperationalError: psycopg2 files the first under it.)
+                if not connection.learn_prepared():
+                    connection.prepared.clear()
+                if attempt == 2:
+                    raise translate_store_error(exc, action) from exc
             except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
                 # A connection PostgreSQL closed fails its first statement: drop it, and
                 # one more try uses a fresh one.
                 connection.close()
-                if attempt == 2:
-                    raise translate_store_error(exc, action) from exc
-            except psycopg2.errors.InvalidSqlStatementName as exc:
-                # The server lost the prepared statement (a pooler switched backends).
-                connection.prepared.clear()
-                if attempt == 2:
-                    raise translate_store_error(exc, action) from exc
-            except psycopg2.errors.DuplicatePreparedStatement as exc:
-                # A PREPARE outlives its query string's failure: the first EXECUTE failed
-                # (a runtime error) after the PREPARE went through. Use it from now on.
-                connection.prepared.add(statement.name)
                 if attempt == 2:
                     raise translate_store_error(exc, action) from exc
             except psycopg2.Error as exc:

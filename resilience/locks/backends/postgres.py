@@ -164,10 +164,15 @@ _RELEASE_SHARED = PreparedStatement("resilience_singleton_release_shared", _UNRE
 """)
 
 #: What a shared connection's first acquisition sends before it: the server's end of its
-#: keepalives (as a lock session's), and the release statements prepared.
-_SHARED_SETUP = (PG_SERVER_TCP + "; " + _HANDOFF_ADVISORY.prepare.replace("%", "%%") + "; "
-                 + _RELEASE_SHARED.prepare.replace("%", "%%") + "; ")
-_SHARED_PREPARED = (_HANDOFF_ADVISORY.name, _RELEASE_SHARED.name)
+#: keepalives (as a lock session's), and the release statements prepared (those the
+#: session does not have yet: a failed first acquisition may have left them).
+_SHARED_PREPARED = (_HANDOFF_ADVISORY, _RELEASE_SHARED)
+
+
+def _shared_setup(connection: HeldConnection) -> str:
+    return PG_SERVER_TCP + "; " + "".join(
+        statement.prepare.replace("%", "%%") + "; " for statement in _SHARED_PREPARED
+        if statement.name not in connection.prepared)
 
 
 class _AlreadyHeld(Exception):
@@ -681,9 +686,9 @@ class AdvisoryLockBackend(StoreBackend):
 
             def settled() -> None:
                 connection.settings["lock_session"] = True
-                connection.prepared.update(_SHARED_PREPARED)
+                connection.prepared.update(statement.name for statement in _SHARED_PREPARED)
 
-            return _SHARED_SETUP + text, settled
+            return _shared_setup(connection) + text, settled
 
         try:
             taken, token, _ = self.statements.run(

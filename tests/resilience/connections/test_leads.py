@@ -104,6 +104,34 @@ class TestPrepared:
         finally:
             runner.close()
 
+    def test_a_shared_connection_locks_after_its_first_acquisition_failed(
+            self, stores: Any, engine: Any) -> None:
+        """A shared connection's first acquisition prepares the release statements and the
+        acquisition in one query string; when its EXECUTE fails (here: a read-only
+        session), the PREPAREs stay on the session, and the next acquisition must still
+        work on that connection (it got DuplicatePreparedStatement for good)."""
+        from resilience.errors import StorageError
+
+        runner = StatementRunner(stores.database_url)
+        backend = AdvisoryLockBackend(stores.database_url, engine=stores.engine,
+                                      statements=runner)
+        claimant = Claimant(task_id="t", task_name="n")
+        try:
+            held = runner.connection()
+            with held.driver.cursor() as cursor:
+                cursor.execute("SET default_transaction_read_only = on")
+            with pytest.raises(StorageError, match="ReadOnlySqlTransaction"):
+                backend.acquire(KEY, claimant)
+            with held.driver.cursor() as cursor:
+                cursor.execute("SET default_transaction_read_only = off")
+            taken = backend.acquire(KEY, claimant)
+            assert taken is not None and runner.connection() is held
+            assert _registered(engine) == 1
+            backend.release(taken)
+            assert _registered(engine) == 0
+        finally:
+            runner.close()
+
     def test_an_advisory_session_uses_a_statement_whose_first_execution_failed(
             self, stores: Any) -> None:
         """The same on a lock session (`AdvisorySession.execute_prepared`)."""

@@ -17,10 +17,10 @@ import psycopg2
 import pytest
 from sqlalchemy import text
 
-from resilience.connections.postgres import StatementRunner
-from resilience.errors import ConfigurationError, StorageError
+from resilience.connections.postgres import connect_arguments
+from resilience.errors import ConfigurationError
 from resilience.idempotency.backends import FAILED, SUCCEEDED
-from resilience.idempotency.backends.postgres import PostgresIdempotencyBackend, backend_for
+from resilience.idempotency.backends.postgres import backend_for
 from resilience.locks.backends.postgres import SESSION_POOL, AdvisoryLockBackend
 from resilience.locks.beat import BeatLeadership
 from resilience.prepared import PreparedStatement
@@ -85,20 +85,29 @@ class TestPgBouncerItself:
         self, pgbouncer: PgBouncer, pgbouncer_stores: Any
     ) -> None:
         """SQL-level prepared statements on two client connections collide on PgBouncer's
-        shared server connections; `backend_for` turns them off for a transaction pooler."""
-        runners = [StatementRunner(pgbouncer.url) for _ in range(2)]  # two client connections
+        shared server connections (each client prepares once, as the runner does, then
+        executes); `backend_for` turns them off for a transaction pooler. (The runner
+        learns a session's prepared statements after such an error and retries once,
+        which hides most of these collisions without making them safe.)"""
+        clients = [psycopg2.connect(**connect_arguments(pgbouncer.url)) for _ in range(2)]
+        statement = PreparedStatement("test_pooled_probe", "SELECT %(n)s::int AS n")
+        prepared: list[set[str]] = [set(), set()]
         failures = []
         try:
-            prepared = [PostgresIdempotencyBackend(runner, prepared=True) for runner in runners]
-            for _ in range(5):
-                for backend in prepared:
+            for n in range(5):
+                for client, names in zip(clients, prepared, strict=True):
+                    client.autocommit = True
+                    query = (statement.execute if statement.name in names
+                             else statement.prepare_and_execute)
                     try:
-                        backend.ping()
-                    except StorageError as exc:
+                        with client.cursor() as cursor:
+                            cursor.execute(query, statement.values({"n": n}))
+                        names.add(statement.name)
+                    except psycopg2.Error as exc:
                         failures.append(str(exc))
         finally:
-            for runner in runners:
-                runner.close()
+            for client in clients:
+                client.close()
         assert failures and all("prepared statement" in failure for failure in failures)
         assert backend_for(pgbouncer_stores).prepared is False
         unprepared = [backend_for(pgbouncer_stores) for _ in range(2)]
@@ -223,8 +232,9 @@ class TestLocksDirect:
             thread.join(20)
         assert peak == baseline + 4
         assert all(result.successful() for result in results)
-        # Closed 0.3 s after release by the pool's reaper; a loaded box delays it.
-        wait_for(lambda: backends(engine)[0] == baseline, timeout_seconds=15,
+        # Closed 0.3 s after release by the pool's reaper; a loaded box delays it. (At most
+        # the baseline: a session an earlier test left may close meanwhile.)
+        wait_for(lambda: backends(engine)[0] <= baseline, timeout_seconds=15,
                  message="lock sessions closed after release")
 
     def test_a_lock_behind_the_pooler_is_refused_clearly(self, pgbouncer: PgBouncer,
