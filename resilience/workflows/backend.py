@@ -448,7 +448,8 @@ WHERE id = :workflow_id
 def _locked_first(workflow_id: str, prepared: bool) -> Prefix:
     """A `Prefix`: `_LOCK_FIRST` for the step, after the synchronous-commit one. Prepared
     (unless `prepared` is off) by a round trip of its own on the connection's first use:
-    a PREPARE in the shared query string would outlive that string's failure."""
+    a PREPARE in the shared query string would outlive that string's failure. Its errors
+    are the runner's to handle (a closed connection is replaced)."""
     def prefix(connection: HeldConnection) -> tuple[str, None]:
         commit, _ = synchronous_commit(connection)
         if connection.cursor is None:
@@ -458,7 +459,8 @@ def _locked_first(workflow_id: str, prepared: bool) -> Prefix:
             locks = connection.cursor.mogrify(_LOCK_FIRST.sql, values)
         else:
             if _LOCK_FIRST.name not in connection.prepared:
-                connection.execute_here(_LOCK_FIRST, values)  # locks and lets go at once
+                connection.cursor.execute(_LOCK_FIRST.prepare)
+                connection.prepared.add(_LOCK_FIRST.name)
             locks = connection.cursor.mogrify(_LOCK_FIRST.execute, _LOCK_FIRST.values(values))
         # The query string goes through the driver's parameter substitution once more.
         return commit + locks.decode().replace("%", "%%") + "; ", None

@@ -560,6 +560,8 @@ class TestFanInRelease:
                 released.append(backend.succeed(None, workflow_id, position, result,
                                                 simple=True, fan_in=True))
         assert statements == ["resilience_workflow_start", "resilience_workflow_succeed"] * 3
+        if prepared and not stores.transaction_pooled:  # the lock sent before each member's
+            assert "resilience_workflow_lock" in stores.statements().connection().prepared
         assert [r.rows for r in released[:2]] == [[], []]
         body = canvas.steps[3]
         assert [(row.task_id, row.args) for row in released[2].rows] == [
