@@ -87,9 +87,9 @@ def standard_unconsumed(app: Any, tier_workers: Any) -> Iterator[None]:
     the tier stays queued, so `@unique` (which gives its key back when the job starts) must
     answer a duplicate with that job's id, whatever the timing."""
     node = [tier_workers["standard"].nodename]
-    app.control.cancel_consumer("standard", destination=node, reply=True)
+    assert app.control.cancel_consumer("standard", destination=node, reply=True, timeout=10)
     yield
-    app.control.add_consumer("standard", destination=node, reply=True)
+    assert app.control.add_consumer("standard", destination=node, reply=True, timeout=10)
 
 
 @pytest.mark.usefixtures("purge_queues", "standard_unconsumed")
