@@ -452,18 +452,13 @@ def _locked_first(workflow_id: str, prepared: bool) -> Prefix:
     are the runner's to handle (a closed connection is replaced)."""
     def prefix(connection: HeldConnection) -> tuple[str, None]:
         commit, _ = synchronous_commit(connection)
-        if connection.cursor is None:
-            connection.cursor = connection.driver.cursor()
-        values = {"workflow_id": workflow_id}
-        if not prepared:
-            locks = connection.cursor.mogrify(_LOCK_FIRST.sql, values)
-        else:
-            if _LOCK_FIRST.name not in connection.prepared:
-                connection.cursor.execute(_LOCK_FIRST.prepare)
-                connection.prepared.add(_LOCK_FIRST.name)
-            locks = connection.cursor.mogrify(_LOCK_FIRST.execute, _LOCK_FIRST.values(values))
-        # The query string goes through the driver's parameter substitution once more.
-        return commit + locks.decode().replace("%", "%%") + "; ", None
+        if prepared and _LOCK_FIRST.name not in connection.prepared:
+            if connection.cursor is None:
+                connection.cursor = connection.driver.cursor()
+            connection.cursor.execute(_LOCK_FIRST.prepare)
+            connection.prepared.add(_LOCK_FIRST.name)
+        # Its EXECUTE once prepared on the session, else its SQL (unprepared behind a pooler).
+        return commit + connection.render(_LOCK_FIRST, {"workflow_id": workflow_id}), None
 
     return prefix
 

@@ -758,21 +758,21 @@ class AdvisoryLockBackend(StoreBackend):
         a shared connection that rode on the call's commit (`hand_off`) is released already.
         """
         handle = taken.handle
-        if isinstance(handle, SharedSessionLock) and handle.released:
-            return
         shared = isinstance(handle, SharedSessionLock)
+        if shared and handle.released:
+            return
         lock_id = handle.lock_id if shared else advisory_id(taken.key)  # no second hash
         parameters = {"id": lock_id, "key": taken.key, "owner": taken.owner}
         failed_handoff = False
         try:
-            if isinstance(handle, SharedSessionLock):
+            if shared:
                 # A handoff sent with a statement that failed: its unlock may have run
                 # already (an unlock is not transactional), so "not held" is no loss then.
                 failed_handoff = handle.withdraw() is not None
-                handle.connection.locks.discard(handle.lock_id)
+                handle.connection.locks.discard(lock_id)
                 released = handle.connection.execute_here(_RELEASE_SHARED, parameters)[0][0]
             else:
-                handle.held.discard(parameters["id"])
+                handle.held.discard(lock_id)
                 released = handle.execute_prepared(_RELEASE_ADVISORY, parameters)[0][0]
         except StorageError as exc:
             # The session is gone, and its lock with it.
