@@ -225,6 +225,24 @@ class HeldConnection:
         encoding = psycopg2.extensions.encodings[self.driver.encoding]
         return rendered.decode(encoding).replace("%", "%%") + "; "
 
+    def prepare(self, statement: PreparedStatement) -> None:
+        """Prepare `statement` on this session unless it is (one round trip, once per
+        session), so a `Lead` of it is sent as its EXECUTE (`render`).
+
+        Raises:
+            StoreUnavailable, StorageError: the session is gone or the PREPARE failed.
+        """
+        if statement.name in self.prepared:
+            return
+        try:
+            with self.driver.cursor() as cursor:
+                cursor.execute(statement.prepare)
+        except psycopg2.errors.DuplicatePreparedStatement:
+            pass  # prepared by a query string that failed after its PREPARE
+        except psycopg2.Error as exc:
+            raise translate_store_error(exc, "held PostgreSQL session") from exc
+        self.prepared.add(statement.name)
+
     def execute_here(self, statement: PreparedStatement | str,
                      parameters: dict[str, Any] | Any = ()) -> Any:
         """Run one statement on this very session, never on a replacement, on a cursor of
@@ -319,9 +337,10 @@ class StatementRunner:
             fixed: parameters the same on every call of one caller (a guard's task name,
                 lease, TTL), written into a prepared `EXECUTE` once per connection instead
                 of adapted on every call.
-            lead: send the connection's waiting `Lead`s first, in the same query string;
-                only a call's last commit takes them (a singleton's release rides on the
-                idempotency completion this way).
+            lead: send the connection's waiting `Lead`s first, in the same query string
+                (a singleton's release rides on the idempotency completion, a published
+                continuation's mark on the next workflow statement); for statements a lead
+                may share a transaction with: an error in either drops both.
 
         Raises:
             StoreUnavailable, StoreRejected, StorageError, SchemaMissing.

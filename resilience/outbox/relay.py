@@ -259,11 +259,13 @@ def publish_row(task: Task, row: OutboxRow) -> Any:
                                 headers=headers, **options)
 
 
-def publish_held(app: Celery, rows: list[OutboxRow], backend: Any = None) -> int:
+def publish_held(app: Celery, rows: list[OutboxRow], backend: Any = None, *,
+                 mark_later: bool = False) -> int:
     """The fast path after a commit: publish rows written with `insert_held` at once and
-    mark them published, so a continuation costs no relay poll. A row whose publish is
-    refused or fails stays pending: the relay publishes it after its hold. Never raises;
-    returns how many rows were published.
+    mark them published, so a continuation costs no relay poll (with `mark_later`, a
+    worker's: the mark rides on its next statement, `mark_published(later=True)`). A row
+    whose publish is refused or fails stays pending: the relay publishes it after its
+    hold. Never raises; returns how many rows were published.
     """
     published: list[int] = []
     for row in rows:
@@ -281,7 +283,7 @@ def publish_held(app: Celery, rows: list[OutboxRow], backend: Any = None) -> int
         published.append(row.id)
     if published:
         try:
-            (backend or outbox_backend(app)).mark_published(published)
+            (backend or outbox_backend(app)).mark_published(published, later=mark_later)
         except StorageError as exc:
             logger.warning("outbox rows %s published but not marked (%s): the relay publishes "
                            "them again after their hold", published, exc)

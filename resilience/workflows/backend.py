@@ -538,8 +538,9 @@ class WorkflowBackend(StoreBackend):
             with self.engine().begin() as connection:
                 result = connection.execute(text(sql), parameters)
                 return [Row(row._mapping) for row in result] if result.returns_rows else []
+        # Takes leads: a continuation's publish mark rides on the next step's statement.
         return self.runner.run(statement, parameters, f"workflows: {action}",
-                               prepared=self.prepared,
+                               prepared=self.prepared, lead=True,
                                prefix=asynchronous_commit if asynchronous else synchronous_commit)
 
     @contextmanager
@@ -755,7 +756,7 @@ class WorkflowBackend(StoreBackend):
             row = self._run(_SUCCEED_CHAIN, parameters, "record step")[0]
         elif self.runner is not None:
             row = self.runner.run(_SUCCEED_SIMPLE, parameters, "workflows: record step",
-                                  prepared=self.prepared,
+                                  prepared=self.prepared, lead=True,
                                   prefix=_locked_first(workflow_id, self.prepared))[0]
         else:
             parameters["fan_in"] = False  # no locks taken first: the transaction releases it

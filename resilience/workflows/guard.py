@@ -10,7 +10,8 @@ is found by its task id. A job with neither costs two header lookups.
   result (Celery's contract: a replay answers the first call's value), a step of a stopped
   workflow is CANCELLED unrun. After: it records the outcome in a short transaction of its
   own, which also releases the dependents (their outbox rows), then publishes those rows
-  itself (`resilience.outbox.relay.publish_held`) so a continuation costs no relay poll.
+  itself (`resilience.outbox.relay.publish_held`) so a continuation costs no relay poll;
+  their mark rides on the worker's next statement (`mark_published(later=True)`).
 - `WorkflowRecordGuard` (stage WORKFLOW_RECORD, just inside IDEMPOTENCY): for an
   `@idempotent(transactional=True)` step it records SUCCEEDED, and writes the released
   rows, through the body's session: the step's state commits with the body's writes and
@@ -256,7 +257,7 @@ class WorkflowGuard(Guard):
                       released: Released) -> None:
         app = call.task.app
         if released.rows:
-            publish_held(app, released.rows, workflow_backend(app).outbox)
+            publish_held(app, released.rows, workflow_backend(app).outbox, mark_later=True)
         if released.cancel:
             cancel_steps(app, released.cancel)
         if running is not None and released.recorded and not running.step.compensation:

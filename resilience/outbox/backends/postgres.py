@@ -19,6 +19,7 @@ import functools
 import json
 import logging
 import select
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,9 +28,11 @@ from typing import TYPE_CHECKING, Any
 from kombu.utils.json import JSONEncoder
 from sqlalchemy import text
 
+from resilience import flushing
 from resilience.connections import StoreBackend, wrap_store_errors
-from resilience.connections.postgres import StatementRunner, asynchronous_commit, connect
+from resilience.connections.postgres import Lead, StatementRunner, asynchronous_commit, connect
 from resilience.deadletter.place import dead_letter
+from resilience.errors import StorageError
 from resilience.outbox.backends.base import NewRow, OutboxRow, OutboxState
 from resilience.outbox.models import TABLE_NAME
 from resilience.prepared import PreparedStatement
@@ -101,6 +104,60 @@ UPDATE {TABLE_NAME}
 SET state = 'published', finished_at = clock_timestamp(), attempts = attempts + 1
 WHERE id = ANY(CAST(%(ids)s AS BIGINT[])) AND state NOT IN ('published', 'dead_lettered')
 """)
+
+#: How long the mark of a published held row may wait to ride on the publishing thread's
+#: next statement (`mark_published(..., later=True)`) before the flush timer sends it
+#: alone: far below any hold (the relay publishes a row still unmarked after its hold).
+MARK_DELAY_SECONDS = 0.2
+
+
+class _Mark:
+    """Ids whose mark waits as a `Lead`; `done` once a statement carried it."""
+
+    __slots__ = ("at", "done", "ids")
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+        self.at = time.monotonic()
+        self.done = False
+
+    def settle(self) -> None:
+        self.done = True
+
+
+class _LateMarks:
+    """A process's marks waiting as leads (a `resilience.flushing` aggregate): the timer
+    sends those no statement carried within the backend's `mark_delay_seconds` (the thread
+    stayed idle, or the statement carrying them failed) on a pooled connection, and all at
+    shutdown. A mark sent twice (the two raced) matches no row the second time."""
+
+    def __init__(self, backend: PostgresOutboxBackend) -> None:
+        self.backend = backend
+        self.lock = threading.Lock()
+        self.waiting: list[_Mark] = []
+
+    def add(self, mark: _Mark) -> None:
+        with self.lock:
+            self.waiting.append(mark)
+        flushing.wake(self.backend.mark_delay_seconds)
+
+    def flush(self, now: float, *, force: bool = False) -> bool:
+        delay = self.backend.mark_delay_seconds
+        keep: list[_Mark] = []
+        due: list[_Mark] = []
+        with self.lock:
+            for mark in self.waiting:
+                (due if force or mark.done or now - mark.at >= delay else keep).append(mark)
+            self.waiting = keep
+        ids = [row_id for mark in due if not mark.done for row_id in mark.ids]
+        if ids:
+            try:
+                self.backend.mark_published_pooled(ids)
+            except StorageError as exc:
+                logger.warning("outbox rows %s published but not marked (%s): the relay "
+                               "publishes them again after their hold", ids, exc)
+        return bool(keep)
+
 
 _MARK_PUBLISHED = text(f"""
 UPDATE {TABLE_NAME}
@@ -233,6 +290,8 @@ class PostgresOutboxBackend(StoreBackend):
         #: Single autocommit statements on a held connection (`mark_published`), if given.
         self.runner = runner
         self.prepared = prepared
+        #: `MARK_DELAY_SECONDS` (tests lengthen it to see a mark ride).
+        self.mark_delay_seconds = MARK_DELAY_SECONDS
         self._listener: Any = None
 
     # -- producer side ---------------------------------------------------------------------
@@ -283,9 +342,15 @@ class PostgresOutboxBackend(StoreBackend):
                                                       "hold_seconds": float(hold_seconds)})
             return [int(row_id) for row_id in found.scalars()]
 
-    def mark_published(self, ids: list[int]) -> None:
+    def mark_published(self, ids: list[int], *, later: bool = False) -> None:
         """Mark held rows published (a short transaction of its own); rows the relay took
         meanwhile are left as they are.
+
+        With `later` (a worker that published a step's continuations) and a held
+        connection, the mark waits as a `Lead` to ride on this thread's next statement that
+        takes leads (the next step's start, under traffic: one round trip fewer per
+        continuation); one no statement carried within `mark_delay_seconds` goes alone on a
+        pooled connection (`_LateMarks`).
 
         Raises:
             StoreUnavailable / StoreRejected / StorageError: nothing was marked (the relay
@@ -293,13 +358,32 @@ class PostgresOutboxBackend(StoreBackend):
         """
         if not ids:
             return
-        if self.runner is not None:
-            # Asynchronous commit: a crash may lose this mark; the relay then publishes the
-            # rows again after their hold (the outbox is at-least-once already), and a
-            # workflow step that finished meanwhile answers that delivery REPLAYED.
-            self.runner.run(_MARK_HELD_PUBLISHED, {"ids": list(ids)}, "outbox: mark published",
-                            prepared=self.prepared, prefix=asynchronous_commit)
+        if self.runner is None:
+            self.mark_published_pooled(ids)
             return
+        # Asynchronous commit (alone, or with the statement a lead rides on): a crash may
+        # lose this mark; the relay then publishes the rows again after their hold (the
+        # outbox is at-least-once already), and a workflow step that finished meanwhile
+        # answers that delivery REPLAYED.
+        parameters = {"ids": list(ids)}
+        if not later:
+            self.runner.run(_MARK_HELD_PUBLISHED, parameters, "outbox: mark published",
+                            prepared=self.prepared, prefix=asynchronous_commit, lead=True)
+            return
+        connection = self.runner.connection()
+        if self.prepared:
+            connection.prepare(_MARK_HELD_PUBLISHED)
+        mark = _Mark(parameters["ids"])
+        connection.leads.append(Lead(connection.render(_MARK_HELD_PUBLISHED, parameters),
+                                     mark.settle))
+        flushing.member(("outbox-marks", id(self)), lambda: _LateMarks(self)).add(mark)
+
+    def mark_published_pooled(self, ids: list[int]) -> None:
+        """`mark_published` on a pooled connection (no held one, or a late mark's timer).
+
+        Raises:
+            StoreUnavailable / StoreRejected / StorageError: nothing was marked.
+        """
         sql = text(_MARK_HELD_PUBLISHED.sql.replace("%(ids)s", ":ids"))
         with wrap_store_errors("outbox: mark published", rows=len(ids)), \
                 self.engine().begin() as connection:

@@ -536,6 +536,66 @@ class TestChainRelease:
                                {"ids": [step.task_id for step in canvas.steps]})
 
 
+def outbox_states(engine: Any, ids: list[int]) -> list[str]:
+    with engine.connect() as connection:
+        return list(connection.execute(text(
+            "SELECT state FROM resilience_outbox WHERE id = ANY(:ids) ORDER BY id"),
+            {"ids": ids}).scalars())
+
+
+class TestLateMark:
+    """A worker's mark of the continuations it published rides on its next statement;
+    the flush timer sends one that no statement carried."""
+
+    @contextmanager
+    def released(self, stores: Any, engine: Any) -> Iterator[tuple[Any, str, list[int]]]:
+        """A chain whose first step succeeded: (backend, workflow id, its held row ids);
+        the rows are deleted afterwards."""
+        from resilience.workflows.backend import WorkflowBackend
+
+        canvas = durable(chain(t.add.s(1, 1), t.add.s(10)), name="late-mark")
+        backend, workflow_id = unrun(WorkflowBackend, stores, engine, canvas)
+        backend.start(workflow_id, 0)
+        ids = [row.id for row in backend.succeed(None, workflow_id, 0, 2, simple=True).rows]
+        assert len(ids) == 1 and outbox_states(engine, ids) == ["pending"]
+        try:
+            yield backend, workflow_id, ids
+        finally:
+            with engine.begin() as connection:
+                connection.execute(text("DELETE FROM resilience_outbox WHERE id = ANY(:ids)"),
+                                   {"ids": ids})
+
+    def test_the_mark_rides_on_the_next_step_start(self, stores: Any, engine: Any) -> None:
+        with self.released(stores, engine) as (backend, workflow_id, ids):
+            backend.outbox.mark_delay_seconds = 60.0  # the timer stays out of it
+            with statement_names(stores) as statements:
+                backend.outbox.mark_published(ids, later=True)
+                assert outbox_states(engine, ids) == ["pending"]
+                assert backend.start(workflow_id, 1) is not None
+            assert statements == ["resilience_workflow_start"]  # one round trip for both
+            assert outbox_states(engine, ids) == ["published"]
+
+    def test_an_idle_thread_s_mark_is_sent_by_the_timer(self, stores: Any,
+                                                         engine: Any) -> None:
+        with self.released(stores, engine) as (backend, _, ids):
+            backend.outbox.mark_published(ids, later=True)
+            wait_for(lambda: outbox_states(engine, ids) == ["published"], timeout_seconds=5,
+                     message="the late mark sent by the flush timer")
+
+    def test_a_mark_whose_statement_failed_is_sent_by_the_timer(self, stores: Any,
+                                                                engine: Any) -> None:
+        from resilience.errors import StorageError
+        from resilience.prepared import PreparedStatement
+
+        with self.released(stores, engine) as (backend, _, ids):
+            backend.outbox.mark_published(ids, later=True)
+            with pytest.raises(StorageError):
+                stores.statements().run(PreparedStatement("late_mark_fails", "SELECT 1 / 0"),
+                                        {}, "late mark test", lead=True)
+            wait_for(lambda: outbox_states(engine, ids) == ["published"], timeout_seconds=5,
+                     message="the dropped mark sent by the flush timer")
+
+
 class TestFanInRelease:
     """The last source of a chord body releases it in its one statement."""
 
