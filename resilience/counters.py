@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
+from resilience import flushing
 from resilience.outcomes import counted
 from resilience.stores import stores_for
 
@@ -100,3 +102,43 @@ def count_outcome(app: Any, outcome: str, *, guard: str, tier: str | None = None
         logger.warning("cannot count %s: %s", outcome, exc)
         return
     count(client, amount, outcome=outcome, tier=tier, guard=guard, name=name)
+
+
+#: How long `count_later` holds a process's counts before one write sends them.
+LATER_INTERVAL_SECONDS = 0.5
+
+
+class _LaterCounts:
+    """Counts a process holds for `count_later` (a `resilience.flushing` aggregate): one
+    HINCRBY per counter every `LATER_INTERVAL_SECONDS` instead of one per event; a
+    SIGKILLed process loses at most that interval's counts."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.pending = flushing.Pending()
+
+    def flush(self, now: float, *, force: bool = False) -> bool:
+        if not self.pending:
+            return False
+        if not (force or self.pending.due(now)):
+            return True
+        counts = self.pending.take()
+        try:
+            client = counters_client(self.app)
+        except Exception as exc:  # noqa: BLE001 - no stores any more: nothing to count into
+            logger.warning("counters not recorded: %s", exc)
+            return False
+        for field, amount in counts.items():
+            count(client, amount, **parse_field(str(field)))
+        return False
+
+
+def count_later(app: Any, outcome: str, *, guard: str, tier: str | None = None,
+                name: str | None = None) -> None:
+    """`count_outcome` for events frequent enough that a round trip each shows (a
+    workflow's end, counted by the worker): the span event now, the fleet-wide count
+    within `LATER_INTERVAL_SECONDS`, with the process's other counts. Never raises."""
+    counted(outcome, guard=guard, tier=tier, name=name)
+    field = field_for(outcome=outcome, tier=tier, guard=guard, name=name)
+    flushing.member(("counters", id(app)), lambda: _LaterCounts(app)).pending.add(
+        field, time.monotonic(), LATER_INTERVAL_SECONDS)

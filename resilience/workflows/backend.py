@@ -153,7 +153,8 @@ _DONE = f"""), done AS (
     SET state = %(state)s, result = CAST(%(result)s AS JSONB), error = NULL,
         finished_at = clock_timestamp(), completed_seq = nextval('{COMPLETED_SEQUENCE}')
     WHERE workflow_id = %(workflow_id)s AND position = %(position)s
-      AND state IN ('pending', 'queued') AND (SELECT state FROM running) = 'running'"""
+      AND state IN ('pending', 'queued') AND (SELECT state FROM running) = 'running'
+      AND COALESCE((signature ->> 'run')::int, 0) = %(run)s"""
 _RELEASE = f"""
     RETURNING dependents
 ), workflow AS (
@@ -235,6 +236,7 @@ WITH done AS (
         finished_at = clock_timestamp(), completed_seq = nextval('{COMPLETED_SEQUENCE}')
     WHERE workflow_id = :workflow_id AND position = :position
       AND state IN ('pending', 'queued')
+      AND (CAST(:run AS INT) IS NULL OR COALESCE((signature ->> 'run')::int, 0) = :run)
     RETURNING position, dependents
 ), workflow AS (
     UPDATE {WORKFLOWS_TABLE} w SET remaining = w.remaining - 1
@@ -336,6 +338,7 @@ _FAIL_STEP = text(f"""
 UPDATE {STEPS_TABLE}
 SET state = :state, error = :error, finished_at = clock_timestamp()
 WHERE workflow_id = :workflow_id AND position = :position AND state IN ('pending', 'queued')
+  AND (CAST(:run AS INT) IS NULL OR COALESCE((signature ->> 'run')::int, 0) = :run)
 RETURNING position, COALESCE((signature ->> 'member')::boolean, false) AS member
 """)
 
@@ -700,24 +703,27 @@ class WorkflowBackend(StoreBackend):
 
     def succeed(self, connection: Any, workflow_id: str, position: int, result: Any, *,
                 state: StepState = StepState.SUCCEEDED, simple: bool = False,
-                fan_in: bool = False) -> Released:
+                fan_in: bool = False, run: int | None = None) -> Released:
         """Record the step succeeded (or replayed) with `result` and release what it
         completes, in `connection`'s transaction (None: one of its own; with `simple`, a
         step `Started.simple` said is, one autocommit statement; with `fan_in` as
-        `Started.fan_in` says, that statement also releases a chord body).
+        `Started.fan_in` says, that statement also releases a chord body). With `run`,
+        only that run of the step records: a body of an earlier run that ends after the
+        step was retried records nothing.
 
         Raises:
             NonJsonArguments: `result` cannot be stored (nothing was written).
             StoreUnavailable / StoreRejected / StorageError: nothing was recorded.
         """
         result_json = dumps(result)
-        if connection is None and simple:
-            return self._succeed_simple(workflow_id, position, result_json, state, fan_in)
+        if connection is None and simple and run is not None:
+            return self._succeed_simple(workflow_id, position, result_json, state, fan_in,
+                                        run)
         with wrap_store_errors("workflows: record step", workflow=workflow_id,
                                position=position), self.transaction(connection) as session:
             row = session.execute(_SUCCEED, {
                 "workflow_id": workflow_id, "position": position, "state": state.value,
-                "result": result_json,
+                "result": result_json, "run": run,
             }).one()
             workflow = row.workflow
             if workflow is None:
@@ -745,11 +751,11 @@ class WorkflowBackend(StoreBackend):
         return released
 
     def _succeed_simple(self, workflow_id: str, position: int, result_json: str,
-                        state: StepState, fan_in: bool = False) -> Released:
+                        state: StepState, fan_in: bool, run: int) -> Released:
         parameters = {
             "workflow_id": workflow_id, "position": position, "state": state.value,
             "result": result_json, "header": WORKFLOW_STEP_HEADER,
-            "hold_seconds": float(self.hold_seconds), "fan_in": fan_in,
+            "hold_seconds": float(self.hold_seconds), "fan_in": fan_in, "run": run,
         }
         if not fan_in:
             del parameters["fan_in"]
@@ -766,7 +772,7 @@ class WorkflowBackend(StoreBackend):
             # transaction records it and queues the next compensation at once), or it is
             # the last source of a fan-in (the transaction computes its input).
             return self.succeed(None, workflow_id, position, json.loads(result_json),
-                                state=state)
+                                state=state, run=run)
         released = Released(recorded=True, workflow_state=row.state, rows=[
             OutboxRow(id=int(q["id"]), task_id=q["task_id"], task_name=q["task_name"],
                       args=list(q["args"] or ()), kwargs=dict(q["kwargs"] or {}),
@@ -809,11 +815,12 @@ class WorkflowBackend(StoreBackend):
                         name=done.name if done else None)
 
     def fail(self, connection: Any, workflow_id: str, position: int, state: StepState,
-             error: str | None) -> Released:
+             error: str | None, *, run: int | None = None) -> Released:
         """Record the step's final failure (failed, dead_lettered, cancelled, shed,
         skipped): its workflow fails (cancelled for a cancelled step), pending steps are
         skipped and the first compensation is queued. A batch member's failure ends only
-        itself: its dependents settle by their release condition (`_settle`).
+        itself: its dependents settle by their release condition (`_settle`). With `run`,
+        only that run of the step records (see `succeed`).
 
         Raises:
             StoreUnavailable / StoreRejected / StorageError: nothing was recorded.
@@ -824,7 +831,7 @@ class WorkflowBackend(StoreBackend):
                 return Released()
             failed = session.execute(_FAIL_STEP, {
                 "workflow_id": workflow_id, "position": position, "state": state.value,
-                "error": error}).first()
+                "error": error, "run": run}).first()
             if failed is None:
                 return Released()
             if failed.member:

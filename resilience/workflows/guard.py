@@ -239,14 +239,17 @@ class WorkflowGuard(Guard):
                     released = backend.succeed(None, step.workflow_id, step.position, result,
                                                state=state,
                                                simple=running is not None and running.simple,
-                                               fan_in=running is not None and running.fan_in)
+                                               fan_in=running is not None and running.fan_in,
+                                               run=step.run)
                 except NonJsonArguments as exc:
                     state, error = StepState.FAILED, (
                         f"UnserializableResult: a step's result must be what Celery's JSON "
                         f"carries ({exc})")
-                    released = backend.fail(None, step.workflow_id, step.position, state, error)
+                    released = backend.fail(None, step.workflow_id, step.position, state, error,
+                                            run=step.run)
             else:
-                released = backend.fail(None, step.workflow_id, step.position, state, error)
+                released = backend.fail(None, step.workflow_id, step.position, state, error,
+                                        run=step.run)
         except StorageError as exc:
             _handled.task_id = None
             self._store_down(call, step, exc)
@@ -264,7 +267,7 @@ class WorkflowGuard(Guard):
             metrics.step_finished(call.task.name, state.value,
                                   time.perf_counter() - running.started)
         if released.finished is not None:
-            metrics.workflow_event(app, str(released.finished), released.name)
+            metrics.workflow_event(app, str(released.finished), released.name, later=True)
             step = running.step if running is not None else call.headers.workflow_step
             logger.info("workflow %s %s (step %s: %s)",
                         step.workflow_id if step else "?", released.finished,
@@ -300,7 +303,7 @@ class WorkflowRecordGuard(Guard):
         if not _joins(backend, session):
             return
         call.keep(self, backend.succeed(session, running.step.workflow_id,
-                                        running.step.position, result))
+                                        running.step.position, result, run=running.step.run))
 
     def on_error(self, call: Call, exc: BaseException) -> None:
         call.take_back(self)  # rolled back with the body's transaction

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from resilience.counters import count_outcome
+from resilience.counters import count_later, count_outcome
 
 logger = logging.getLogger("resilience.workflows")
 
@@ -36,10 +36,12 @@ def observe_steps(observer: StepObserver) -> None:
 UNNAMED = "unnamed"
 
 
-def workflow_event(app: Any, event: str, name: str | None) -> None:
+def workflow_event(app: Any, event: str, name: str | None, *, later: bool = False) -> None:
     """Count a workflow event (STARTED, SUCCEEDED, FAILED, COMPENSATED, CANCELLED) under
-    the workflow's name."""
-    count_outcome(app, event.upper(), guard=GUARD_NAME, name=name or UNNAMED)
+    the workflow's name; `later` (a worker's: one per workflow) with the process's other
+    counts, within half a second (`resilience.counters.count_later`)."""
+    count = count_later if later else count_outcome
+    count(app, event.upper(), guard=GUARD_NAME, name=name or UNNAMED)
 
 
 def step_finished(task_name: str, state: str, seconds: float) -> None:

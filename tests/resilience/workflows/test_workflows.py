@@ -349,6 +349,36 @@ class TestRerunScope:
         assert keys == {f"workflow:{flow.id}:{p}" for p in ("0", "1", "2", "1:1", "2:1")}
 
 
+    @pytest.mark.parametrize("simple", [True, False], ids=["one-statement", "transaction"])
+    def test_an_earlier_run_ending_late_records_nothing(self, stores: Any, engine: Any,
+                                                        simple: bool) -> None:
+        """Step 0 failed and was retried (run 1) while its first run's body was still
+        going: that body's success or failure, ending late, records nothing (its result
+        would pass for run 1's); run 1's own completion records and releases step 1."""
+        from resilience.workflows.backend import WorkflowBackend
+
+        canvas = durable(chain(t.add.s(1, 1), t.add.s(10)), name="stale-run")
+        backend, workflow_id = unrun(WorkflowBackend, stores, engine, canvas)
+        assert backend.start(workflow_id, 0) is not None
+        assert backend.fail(None, workflow_id, 0, StepState.FAILED, "boom", run=0).recorded
+        held = backend.restart(workflow_id, None).rows
+        try:
+            assert backend.start(workflow_id, 0).run == 1  # type: ignore[union-attr]
+            late = backend.succeed(None, workflow_id, 0, 2, simple=simple, run=0)
+            assert not late.recorded and late.rows == []
+            assert not backend.fail(None, workflow_id, 0, StepState.FAILED, "late",
+                                    run=0).recorded
+            step = describe(stores, workflow_id).steps[0]
+            assert (step.state, step.result) == (StepState.QUEUED, None)
+            own = backend.succeed(None, workflow_id, 0, 2, simple=simple, run=1)
+            held += own.rows
+            assert own.recorded and [row.args for row in own.rows] == [[2, 10]]
+        finally:
+            with engine.begin() as connection:
+                connection.execute(text("DELETE FROM resilience_outbox WHERE id = ANY(:ids)"),
+                                   {"ids": [row.id for row in held]})
+
+
 @pytest.mark.parametrize(("value", "parsed"), [
     ("w1:3", ("w1", 3, False, 0)),
     ("w1:3:compensation", ("w1", 3, True, 0)),
@@ -433,10 +463,10 @@ class TestLateSuccess:
         crashing = Crashing(stores.guard_engine, stores.statements(),
                             prepared=not stores.transaction_pooled)
         with pytest.raises(RuntimeError):
-            crashing.succeed(None, workflow_id, 0, "a", simple=True)
+            crashing.succeed(None, workflow_id, 0, "a", simple=True, run=0)
         first = describe(stores, workflow_id).steps[0]
         assert (first.state, first.compensation_state) == (StepState.QUEUED, None)
-        released = backend.succeed(None, workflow_id, 0, "a", simple=True)
+        released = backend.succeed(None, workflow_id, 0, "a", simple=True, run=0)
         assert released.recorded
         assert [row.task_id for row in released.rows] == [
             describe(stores, workflow_id).steps[0].compensation_task_id]
@@ -471,6 +501,21 @@ class TestCounters:
                                 t.step.s(run, "b")), name=f"{name}-cancel").apply_async()
         cancel(stores, stopped.id, app=t.app)
         assert workflow_counts(stores, f"{name}-cancel") == {"STARTED": 1, "CANCELLED": 1}
+
+    def test_a_worker_s_counts_go_together_within_half_a_second(self, app: Any,
+                                                                 stores: Any) -> None:
+        """`count_later` (a worker's workflow ends): held in the process, then one write
+        per counter within `LATER_INTERVAL_SECONDS`, by the flush timer."""
+        import uuid
+
+        from resilience.counters import count_later
+
+        name = f"later-{uuid.uuid4().hex[:8]}"
+        for outcome in ("SUCCEEDED", "SUCCEEDED", "FAILED"):
+            count_later(app, outcome, guard="workflow", name=name)
+        assert workflow_counts(stores, name) == {}
+        wait_for(lambda: workflow_counts(stores, name) == {"SUCCEEDED": 2, "FAILED": 1},
+                 timeout_seconds=5, message="the held counts written by the timer")
 
     def test_recent_does_not_read_canvases(self, tier_workers: Any, stores: Any) -> None:
         """The list query names no canvas column (a batch's canvas is as long as it)."""
@@ -524,7 +569,7 @@ class TestChainRelease:
                 started = backend.start(workflow_id, position)
                 assert started is not None and started.simple and not started.fan_in
                 released.append(backend.succeed(None, workflow_id, position, result,
-                                                simple=True, fan_in=False))
+                                                simple=True, fan_in=False, run=started.run))
         assert statements == ["resilience_workflow_start",
                               "resilience_workflow_succeed_chain"] * 3
         assert [[(row.task_id, row.args) for row in r.rows] for r in released] == [
@@ -556,7 +601,8 @@ class TestLateMark:
         canvas = durable(chain(t.add.s(1, 1), t.add.s(10)), name="late-mark")
         backend, workflow_id = unrun(WorkflowBackend, stores, engine, canvas)
         backend.start(workflow_id, 0)
-        ids = [row.id for row in backend.succeed(None, workflow_id, 0, 2, simple=True).rows]
+        ids = [row.id for row in backend.succeed(None, workflow_id, 0, 2, simple=True,
+                                                 run=0).rows]
         assert len(ids) == 1 and outbox_states(engine, ids) == ["pending"]
         try:
             yield backend, workflow_id, ids
@@ -618,7 +664,7 @@ class TestFanInRelease:
                 started = backend.start(workflow_id, position)
                 assert started is not None and started.simple and started.fan_in
                 released.append(backend.succeed(None, workflow_id, position, result,
-                                                simple=True, fan_in=True))
+                                                simple=True, fan_in=True, run=started.run))
         assert statements == ["resilience_workflow_start", "resilience_workflow_succeed"] * 3
         if prepared and not stores.transaction_pooled:  # the lock sent before each member's
             assert "resilience_workflow_lock" in stores.statements().connection().prepared
@@ -629,7 +675,8 @@ class TestFanInRelease:
         started = backend.start(workflow_id, 3)
         assert started is not None and not started.fan_in
         finished = backend.succeed(None, workflow_id, 3, [[2, 4, 6], "end"],
-                                   simple=started.simple, fan_in=started.fan_in)
+                                   simple=started.simple, fan_in=started.fan_in,
+                                   run=started.run)
         assert finished.finished == WorkflowState.SUCCEEDED
         summary = describe(stores, workflow_id)
         assert summary.result == [[2, 4, 6], "end"]
