@@ -134,9 +134,13 @@ class TestWorkflowPage:
         from jobs.observe.snapshot import outcome_counters
         from resilience.workflows.view import EVENTS
 
-        events = dict((labels[0], value) for labels, value in EVENTS.samples(
-            None, {"counters": outcome_counters(redis_client)}))
-        assert events == {"started": 1, "failed": 1, "succeeded": 1}
+        def events() -> dict[str, float]:
+            return dict((labels[0], value) for labels, value in EVENTS.samples(
+                None, {"counters": outcome_counters(redis_client)}))
+
+        # A worker's counts are written within half a second (`count_later`).
+        wait_for(lambda: events() == {"started": 1, "failed": 1, "succeeded": 1},
+                 timeout_seconds=5, message="the run's three events counted")
 
         # The same run through the CLI, which runs the same view.
         from jobs.admin.workflows import cli
