@@ -35,8 +35,8 @@ def field_for(**labels: Any) -> str:
 
 
 def parse_field(field: str) -> dict[str, str]:
-    """Labels of a counter field."""
-    return dict(part.split("=", 1) for part in field.split("|"))
+    """Labels of a counter field (the last, `name`, may hold a `|`: a workflow's name)."""
+    return dict(part.split("=", 1) for part in field.split("|", len(LABELS) - 1))
 
 
 def count(client: redis.Redis | MemoryCounters, amount: int = 1, **labels: Any) -> None:
@@ -128,8 +128,8 @@ class _LaterCounts:
         except Exception as exc:  # noqa: BLE001 - no stores any more: nothing to count into
             logger.warning("counters not recorded: %s", exc)
             return False
-        for field, amount in counts.items():
-            count(client, amount, **parse_field(str(field)))
+        for labels, amount in counts.items():
+            count(client, amount, **dict(zip(LABELS, labels, strict=True)))  # type: ignore[arg-type]
         return False
 
 
@@ -139,6 +139,5 @@ def count_later(app: Any, outcome: str, *, guard: str, tier: str | None = None,
     workflow's end, counted by the worker): the span event now, the fleet-wide count
     within `LATER_INTERVAL_SECONDS`, with the process's other counts. Never raises."""
     counted(outcome, guard=guard, tier=tier, name=name)
-    field = field_for(outcome=outcome, tier=tier, guard=guard, name=name)
     flushing.member(("counters", id(app)), lambda: _LaterCounts(app)).pending.add(
-        field, time.monotonic(), LATER_INTERVAL_SECONDS)
+        (outcome, tier, guard, name), time.monotonic(), LATER_INTERVAL_SECONDS)

@@ -706,7 +706,7 @@ class WorkflowBackend(StoreBackend):
                 fan_in: bool = False, run: int | None = None) -> Released:
         """Record the step succeeded (or replayed) with `result` and release what it
         completes, in `connection`'s transaction (None: one of its own; with `simple`, a
-        step `Started.simple` said is, one autocommit statement; with `fan_in` as
+        step `Started.simple` said is, and its `run`, one autocommit statement; with `fan_in` as
         `Started.fan_in` says, that statement also releases a chord body). With `run`,
         only that run of the step records: a body of an earlier run that ends after the
         step was retried records nothing.

@@ -370,12 +370,15 @@ class PostgresOutboxBackend(StoreBackend):
             self.runner.run(_MARK_HELD_PUBLISHED, parameters, "outbox: mark published",
                             prepared=self.prepared, prefix=asynchronous_commit, lead=True)
             return
-        connection = self.runner.connection()
-        if self.prepared:
-            connection.prepare(_MARK_HELD_PUBLISHED)
         mark = _Mark(parameters["ids"])
-        connection.leads.append(Lead(connection.render(_MARK_HELD_PUBLISHED, parameters),
-                                     mark.settle))
+        try:
+            connection = self.runner.connection()
+            if self.prepared:
+                connection.prepare(_MARK_HELD_PUBLISHED)
+            connection.leads.append(Lead(connection.render(_MARK_HELD_PUBLISHED, parameters),
+                                         mark.settle))
+        except StorageError as exc:  # no session to wait on: the timer sends it
+            logger.debug("outbox rows %s: mark left to the timer (%s)", mark.ids, exc)
         flushing.member(("outbox-marks", id(self)), lambda: _LateMarks(self)).add(mark)
 
     def mark_published_pooled(self, ids: list[int]) -> None:
