@@ -361,10 +361,10 @@ class PostgresOutboxBackend(StoreBackend):
         if self.runner is None:
             self.mark_published_pooled(ids)
             return
-        # Asynchronous commit (alone, or with the statement a lead rides on): a crash may
-        # lose this mark; the relay then publishes the rows again after their hold (the
-        # outbox is at-least-once already), and a workflow step that finished meanwhile
-        # answers that delivery REPLAYED.
+        # Alone, an asynchronous commit; riding as a lead, the commit of the statement it
+        # rides on (a step's start: asynchronous). A crash may lose the mark; the relay then
+        # publishes the rows again after their hold (the outbox is at-least-once already),
+        # and a workflow step that finished meanwhile answers that delivery REPLAYED.
         parameters = {"ids": list(ids)}
         if not later:
             self.runner.run(_MARK_HELD_PUBLISHED, parameters, "outbox: mark published",
