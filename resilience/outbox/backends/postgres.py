@@ -96,12 +96,15 @@ FROM jsonb_to_recordset(CAST(:rows AS JSONB))
 RETURNING id
 """)
 
+# A held row its producer published is deleted, not updated: the step row that released
+# it records the release and the step's start, and a delete writes no new row version nor
+# index entry (an update to 'published' wrote one and two, the continuation's largest cost
+# in PostgreSQL). A row the relay took meanwhile stays as the relay marked it.
 # "Not published nor dead-lettered" rather than "pending" (the same rows): with "pending",
 # the generic plan of this prepared statement may read the rows through a partial index of
 # pending rows, filtering every pending row (held, delayed, backed off) on each mark.
 _MARK_HELD_PUBLISHED = PreparedStatement("resilience_outbox_mark_held", f"""
-UPDATE {TABLE_NAME}
-SET state = 'published', finished_at = clock_timestamp(), attempts = attempts + 1
+DELETE FROM {TABLE_NAME}
 WHERE id = ANY(CAST(%(ids)s AS BIGINT[])) AND state NOT IN ('published', 'dead_lettered')
 """)
 
@@ -343,8 +346,9 @@ class PostgresOutboxBackend(StoreBackend):
             return [int(row_id) for row_id in found.scalars()]
 
     def mark_published(self, ids: list[int], *, later: bool = False) -> None:
-        """Mark held rows published (a short transaction of its own); rows the relay took
-        meanwhile are left as they are.
+        """Mark held rows published: delete them (a short transaction of its own); the step
+        rows that released them are their record. Rows the relay took meanwhile are left
+        as it marked them.
 
         With `later` (a worker that published a step's continuations) and a held
         connection, the mark waits as a `Lead` to ride on this thread's next statement that

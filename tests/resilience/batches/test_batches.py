@@ -115,14 +115,14 @@ class TestBatchOnWorkers:
                  message=f"callbacks {expected}")
 
         # The relay publishes at least once: a second copy of the on_success message
-        # (same task id and outbox_id) is REPLAYED under CALLBACK_KEY, not run again.
-        callback_id = outbox_ids(engine, [done.success_task_id])[done.success_task_id]
+        # (same task id and arguments: its step row's input) is REPLAYED under
+        # CALLBACK_KEY, not run again.
         with engine.connect() as connection:
-            row = connection.execute(text("SELECT args FROM resilience_outbox WHERE id = :id"),
-                                     {"id": callback_id}).one()
+            row = connection.execute(text(
+                "SELECT input FROM resilience_workflow_steps WHERE task_id = :id"),
+                {"id": done.success_task_id}).one()
         before = replayed(stores.redis(), tasks.callback.name)
-        tasks.callback.apply_async(tuple(row.args), task_id=done.success_task_id,
-                                   headers={OUTBOX_HEADER: callback_id})
+        tasks.callback.apply_async(tuple(row.input), task_id=done.success_task_id)
         wait_for(lambda: replayed(stores.redis(), tasks.callback.name) > before,
                  timeout_seconds=60, interval=0.2, message="duplicate callback replayed")
         assert sorted(callback_rows(engine, run, "batch_test_callbacks")) == sorted(expected)

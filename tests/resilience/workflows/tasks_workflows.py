@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import text
 
 from jobs import app
+from resilience.headers import WORKFLOW_STEP_HEADER
 from resilience.idempotency import idempotent
 from resilience.stores import stores_for
 
@@ -69,6 +70,14 @@ def total(values: list[Any]) -> int:
 @app.task(tier="critical", name="tests.workflows.pack")
 def pack(*values: Any) -> list[Any]:
     """Its arguments as a list: shows exactly what a step was given."""
+    return list(values)
+
+
+@app.task(tier="critical", bind=True, name="tests.workflows.seen")
+def seen(self: Any, *values: Any, run: str) -> list[Any]:
+    """A ledger row of kind "header" whose value is the workflow header its message carried;
+    returns its arguments as a list, as `pack`."""
+    write(run, "header", self.name, self.request.get(WORKFLOW_STEP_HEADER), self.request.id)
     return list(values)
 
 

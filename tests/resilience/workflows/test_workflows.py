@@ -13,7 +13,6 @@ from sqlalchemy import text
 
 from resilience.counters import read_all
 from resilience.headers import WORKFLOW_STEP_HEADER
-from resilience.outbox import OUTBOX_HEADER
 from resilience.workflows import (
     InvalidWorkflow,
     StepState,
@@ -81,23 +80,23 @@ class TestResults:
         assert summary.counts == {"succeeded": len(summary.steps)}
 
     def test_positions_dependencies_and_headers(self, tier_workers: Any, stores: Any,
-                                                engine: Any) -> None:
+                                                engine: Any, run: str) -> None:
         """Positions are depth-first as written; each step depends on its sources; each
-        step message carried `resilience_workflow_step` = "<id>:<position>"."""
-        run = durable(chain(t.add.s(1, 2), group(t.mul.s(2), t.mul.s(3)), t.pack.s()),
-                      name="positions").apply_async()
-        assert run.get(timeout=30) == [[6, 9]]
-        steps = describe(stores, run.id).steps
+        step message carried `resilience_workflow_step` = "<id>:<position>" (the step's
+        own record: a continuation its worker published leaves no outbox row)."""
+        flow = durable(chain(t.add.s(1, 2), group(t.mul.s(2), t.seen.s(run=run)),
+                             t.seen.s(run=run)), name="positions").apply_async()
+        assert flow.get(timeout=30) == [[6, [3]]]
+        steps = describe(stores, flow.id).steps
         assert [(s.position, s.task_name, s.depends_on) for s in steps] == [
             (0, "tests.workflows.add", []), (1, "tests.workflows.mul", [0]),
-            (2, "tests.workflows.mul", [0]), (3, "tests.workflows.pack", [1, 2])]
+            (2, "tests.workflows.seen", [0]), (3, "tests.workflows.seen", [1, 2])]
         with engine.connect() as connection:
             headers = dict(connection.execute(text(
-                "SELECT task_id, options -> 'headers' ->> :header FROM resilience_outbox "
-                "WHERE task_id = ANY(:ids)"),
-                {"header": WORKFLOW_STEP_HEADER, "ids": [s.task_id for s in steps]}).all())
-        assert headers == {s.task_id: f"{run.id}:{s.position}" for s in steps}
-        assert run.id in {w.id for w in recent(stores, limit=20)}
+                "SELECT task_id, value #>> '{}' FROM workflow_test_ledger "
+                "WHERE run = :run AND kind = 'header'"), {"run": run}).all())
+        assert headers == {s.task_id: f"{flow.id}:{s.position}" for s in steps[2:]}
+        assert flow.id in {w.id for w in recent(stores, limit=20)}
 
     def test_a_task_of_an_app_never_initialised_is_refused(self) -> None:
         """`durable()` names a task that cannot record its step."""
@@ -117,18 +116,15 @@ class TestDeliveries:
 
     def test_a_duplicated_step_is_replayed_and_releases_nothing(
             self, tier_workers: Any, stores: Any, engine: Any, run: str) -> None:
-        """A second copy of a finished step's message answers its recorded result; the
-        next step's effect happens once."""
+        """A second copy of a finished step's message (the same task id and workflow header,
+        as the relay sends after a lost mark) answers its recorded result; the next step's
+        effect happens once."""
         flow = durable(chain(t.step.s(None, run, "a"), t.step.s(run, "b")),
                        name="dup").apply_async()
         assert flow.get(timeout=30) == "b"
         first = describe(stores, flow.id).steps[0]
-        with engine.connect() as connection:
-            outbox_id = connection.execute(text(
-                "SELECT id FROM resilience_outbox WHERE task_id = :id"),
-                {"id": first.task_id}).scalar_one()
         again = t.step.apply_async((None, run, "a"), task_id=first.task_id, headers={
-            WORKFLOW_STEP_HEADER: f"{flow.id}:0", OUTBOX_HEADER: outbox_id})
+            WORKFLOW_STEP_HEADER: f"{flow.id}:0"})
         assert again.get(timeout=30) == "a"  # REPLAYED: the recorded result
         assert ledger(engine, run) == [("step", "a"), ("step", "b")]
         summary = describe(stores, flow.id)
@@ -597,8 +593,8 @@ def outbox_states(engine: Any, ids: list[int]) -> list[str]:
 
 
 class TestLateMark:
-    """A worker's mark of the continuations it published rides on its next statement;
-    the flush timer sends one that no statement carried."""
+    """A worker's mark of the continuations it published (their rows deleted) rides on its
+    next statement; the flush timer sends one that no statement carried."""
 
     @contextmanager
     def released(self, stores: Any, engine: Any) -> Iterator[tuple[Any, str, list[int]]]:
@@ -627,13 +623,13 @@ class TestLateMark:
                 assert outbox_states(engine, ids) == ["pending"]
                 assert backend.start(workflow_id, 1) is not None
             assert statements == ["resilience_workflow_start"]  # one round trip for both
-            assert outbox_states(engine, ids) == ["published"]
+            assert outbox_states(engine, ids) == []
 
     def test_an_idle_thread_s_mark_is_sent_by_the_timer(self, stores: Any,
                                                          engine: Any) -> None:
         with self.released(stores, engine) as (backend, _, ids):
             backend.outbox.mark_published(ids, later=True)
-            wait_for(lambda: outbox_states(engine, ids) == ["published"], timeout_seconds=5,
+            wait_for(lambda: outbox_states(engine, ids) == [], timeout_seconds=5,
                      message="the late mark sent by the flush timer")
 
     def test_a_mark_whose_statement_failed_is_sent_by_the_timer(self, stores: Any,
@@ -646,8 +642,20 @@ class TestLateMark:
             with pytest.raises(StorageError):
                 stores.statements().run(PreparedStatement("late_mark_fails", "SELECT 1 / 0"),
                                         {}, "late mark test", lead=True)
-            wait_for(lambda: outbox_states(engine, ids) == ["published"], timeout_seconds=5,
+            wait_for(lambda: outbox_states(engine, ids) == [], timeout_seconds=5,
                      message="the dropped mark sent by the flush timer")
+
+    def test_a_row_the_relay_published_keeps_the_relay_s_mark(self, stores: Any,
+                                                              engine: Any) -> None:
+        """The relay took the row after its hold (the worker's mark was late): the worker's
+        mark leaves the relay's record as it is."""
+        with self.released(stores, engine) as (backend, _, ids):
+            with engine.begin() as connection:
+                connection.execute(text(
+                    "UPDATE resilience_outbox SET state = 'published', "
+                    "finished_at = clock_timestamp() WHERE id = ANY(:ids)"), {"ids": ids})
+            backend.outbox.mark_published(ids)
+            assert outbox_states(engine, ids) == ["published"]
 
 
 class TestFanInRelease:
