@@ -23,7 +23,9 @@ of starting workflows while the consumers are paused (not part of the drain time
 Cost per step, which a loaded machine does not stretch as it stretches rates
 (`cpu_us_per_step`, `wal_syncs_per_step`, `redis_commands_per_step`; `CpuMeter`): from the
 end of each start to the end of its drain, the CPU time of the worker (main and pool
-processes), of the PostgreSQL backends of the bench's database and of the Redis server, the
+processes; `worker_main` the main process's share: the consumer, which does the same work
+per message in both variants, so its difference shows how much the other processes on the
+cores stretch it), of the PostgreSQL backends of the bench's database and of the Redis server, the
 server's WAL syncs (`pg_stat_wal`: the commits that waited for a flush) and the Redis
 commands the server ran (the bench's own GET polls and INFO reads left out), per step, the
 mean of the rounds.
@@ -381,6 +383,7 @@ class CpuMeter:
                        if name.removeprefix("cmdstat_") not in BENCH_REDIS_COMMANDS)
         wal = psql(self.database_url, "SELECT wal_sync FROM pg_stat_wal")
         return {"worker": cpu(main) + sum(cpu(child) for child in main.children(True)),
+                "worker_main": cpu(main),
                 "backends": backends,
                 "redis": float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
                 "wal_syncs": int(wal[0][0]) if wal else 0, "redis_commands": commands}
@@ -392,6 +395,7 @@ class CpuMeter:
         postgresql = sum(seconds - before["backends"].get(pid, 0.0)
                          for pid, seconds in after["backends"].items())
         return {"worker": after["worker"] - before["worker"], "postgresql": postgresql,
+                "worker_main": after["worker_main"] - before["worker_main"],
                 "redis": after["redis"] - before["redis"],
                 "wal_syncs": after["wal_syncs"] - before["wal_syncs"],
                 "redis_commands": after["redis_commands"] - before["redis_commands"]}
@@ -453,18 +457,18 @@ def _report(options: argparse.Namespace, sizes: dict[str, int],
     cost = {shape: {variant: {kind: value / options.rounds
                               for kind, value in costs[shape][variant].items()}
                     for variant in options.variants} for shape in SHAPES}
-    table("CPU µs per step (worker main+pool, PostgreSQL backends, Redis server), WAL "
-          "syncs and Redis commands per step, mean of the rounds",
-          ["shape", "variant", "worker", "PostgreSQL", "Redis", "total", "WAL syncs",
-           "Redis cmds"],
+    table("CPU µs per step (worker main+pool, of it the main process, PostgreSQL backends, "
+          "Redis server), WAL syncs and Redis commands per step, mean of the rounds",
+          ["shape", "variant", "worker", "of it main", "PostgreSQL", "Redis", "total",
+           "WAL syncs", "Redis cmds"],
           [(shape, variant, *(1e6 * found.get(kind, 0.0)
-                              for kind in ("worker", "postgresql", "redis")),
+                              for kind in ("worker", "worker_main", "postgresql", "redis")),
             1e6 * sum(found.get(kind, 0.0) for kind in ("worker", "postgresql", "redis")),
             found.get("wal_syncs", 0.0), found.get("redis_commands", 0.0))
            for shape in SHAPES for variant, found in cost[shape].items()])
     figures["cpu_us_per_step"] = {
         shape: {variant: {kind: round(1e6 * found.get(kind, 0.0))
-                          for kind in ("worker", "postgresql", "redis")}
+                          for kind in ("worker", "worker_main", "postgresql", "redis")}
                 for variant, found in cost[shape].items()} for shape in SHAPES}
     figures["wal_syncs_per_step"] = {
         shape: {variant: round(found.get("wal_syncs", 0.0), 2)

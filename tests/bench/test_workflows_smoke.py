@@ -38,3 +38,8 @@ def test_workflows_bench_runs_end_to_end(services: Services, tmp_path: Path) -> 
     # A durable step talks to PostgreSQL: at least its record and its commit.
     assert figures["pg_statements_per_step"]["chain"] >= 2
     assert figures["pg_statements_per_step"]["chord"] >= 2
+    # The worker's CPU holds its main process's share (the consumer).
+    for shape in ("chain", "chord"):
+        for variant in ("plain", "durable"):
+            found = figures["cpu_us_per_step"][shape][variant]
+            assert 0 < found["worker_main"] < found["worker"], found
