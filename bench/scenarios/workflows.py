@@ -25,8 +25,8 @@ Cost per step, which a loaded machine does not stretch as it stretches rates
 end of each start to the end of its drain, the CPU time of the worker (main and pool
 processes; `worker_main` the main process's share: the consumer, which does the same work
 per message in both variants, so its difference shows how much the other processes on the
-cores stretch it), of the PostgreSQL backends of the bench's database and of the Redis server, the
-server's WAL syncs (`pg_stat_wal`: the commits that waited for a flush) and the Redis
+cores stretch it), of the PostgreSQL backends of the bench's database and of the Redis
+server, the server's WAL syncs (`pg_stat_wal`: the commits that waited for a flush) and the Redis
 commands the server ran (the bench's own GET polls and INFO reads left out), per step, the
 mean of the rounds.
 

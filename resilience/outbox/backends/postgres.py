@@ -98,8 +98,8 @@ RETURNING id
 
 # A held row its producer published is deleted, not updated: the step row that released
 # it records the release and the step's start, and a delete writes no new row version nor
-# index entry (an update to 'published' wrote one and two, the continuation's largest cost
-# in PostgreSQL). A row the relay took meanwhile stays as the relay marked it.
+# index entry (an update to 'published' wrote one and two). A row the relay took meanwhile
+# stays as the relay marked it.
 # "Not published nor dead-lettered" rather than "pending" (the same rows): with "pending",
 # the generic plan of this prepared statement may read the rows through a partial index of
 # pending rows, filtering every pending row (held, delayed, backed off) on each mark.
