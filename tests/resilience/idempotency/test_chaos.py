@@ -75,6 +75,44 @@ def unfinished(engine: Any, prefix: str, transfers: dict[str, Any]) -> list[Any]
     return [row for row in found.values() if row[1] != "succeeded"] + missing
 
 
+def whereabouts(app: Any, engine: Any, lost: list[Any]) -> list[str]:
+    """Where each lost transfer's messages are, for the failure message: its dead letters,
+    the broker lists holding a copy, its copies in the unacknowledged hash, and the worker
+    log lines of the task that claimed it (a lost job is a bug to find, not a count)."""
+    from tests.harness import ARTIFACTS
+
+    def text_of(item: Any) -> str:
+        return item.decode(errors="replace") if isinstance(item, bytes) else str(item)
+
+    lines = []
+    with app.connection_for_write() as connection:
+        channel = connection.default_channel
+        broker = channel.client
+        # Every list, not only the tier queue's: a restore kombu cannot route goes to its
+        # dead-letter list (`ae.undeliver`).
+        queued = [(text_of(name), text_of(item)) for name in broker.scan_iter()
+                  if text_of(broker.type(name)) == "list" for item in broker.lrange(name, 0, -1)]
+        unacked = [text_of(value) for value in broker.hvals(channel.unacked_key)]
+    for row in lost[:3]:
+        key, claimer = row[0], row[3] if len(row) > 3 else None
+        with engine.connect() as connection:
+            letters = connection.execute(
+                text("SELECT task_id, guard, reason, attempts FROM resilience_dead_letters "
+                     "WHERE args->>0 = :k"), {"k": key}).all()
+        logged = []
+        if claimer:
+            for path in sorted((ARTIFACTS / "workers").glob("chaos*.log")):
+                logged += [f"{path.name}: {line.strip()[:300]}"
+                           for line in path.read_text(errors="replace").splitlines()
+                           if claimer in line]
+        lines.append(
+            f"{key}: dead letters {[tuple(letter) for letter in letters]}, "
+            f"queued {[name for name, item in queued if key in item]}, "
+            f"{sum(key in item for item in unacked)} unacked; "
+            f"the claimer's log lines: {logged[-8:]}")
+    return lines
+
+
 @pytest.mark.chaos
 @pytest.mark.timeout(900)
 def test_transfers_have_exactly_one_effect_under_sigkill(
@@ -159,7 +197,8 @@ def test_transfers_have_exactly_one_effect_under_sigkill(
     # One line per run for `python -m bench chaos`, which runs this test many times.
     print("chaos-tally " + json.dumps({"transfers": TRANSFERS, "lost": len(lost),
                                         "doubled": len(doubled), **kills}))
-    assert not lost, f"{len(lost)} transfers never ran: {lost[:5]}; kills={kills}"
+    assert not lost, (f"{len(lost)} transfers never ran: {lost[:5]}; kills={kills}\n"
+                      + "\n".join(whereabouts(app, engine, lost)))
     assert not doubled, f"{len(doubled)} keys without exactly one effect, e.g. {list(doubled)[:3]}"
     assert set(effects) == set(transfers)
     for key, (source, target, amount) in transfers.items():
