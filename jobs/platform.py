@@ -185,9 +185,15 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 def restore_sweep(visibility_timeout_seconds: float) -> dict[str, int]:
     """kombu's Redis options: sweep expired unacknowledged messages every tenth of the
     visibility timeout (1-10 s). kombu's default (every 10th tick of 10 s) brought a lost
-    worker's message back up to 100 s late; a sweep is one lock and one range read."""
-    return {"unacked_restore_interval": int(min(10, max(1, visibility_timeout_seconds // 10))),
-            "unacked_restore_throttle": 1}
+    worker's message back up to 100 s late; a sweep is one lock and one range read.
+
+    The sweep's lock expires after three sweep intervals instead of kombu's 300 s: a worker
+    SIGKILLed (or cut off) while sweeping leaves the lock behind, and until it expires no
+    worker restores anything. Two sweeps overlapping after an early expiry restore nothing
+    twice: each message is moved back in a WATCH transaction on the unacked hash."""
+    interval = int(min(10, max(1, visibility_timeout_seconds // 10)))
+    return {"unacked_restore_interval": interval, "unacked_restore_throttle": 1,
+            "unacked_mutex_expire": 3 * interval}
 
 
 def queue_arguments(settings: Settings, tier: str) -> dict[str, Any] | None:

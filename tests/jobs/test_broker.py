@@ -323,6 +323,64 @@ class TestSilentBrokerTeardown:
         assert elapsed < 1.0, f"teardown against a silent broker took {elapsed:.2f}s"
 
 
+#: A worker's restore sweep, SIGKILLed while it holds kombu's sweep lock.
+_SWEEPER_KILLED = """
+import os, signal
+from kombu.transport.redis import Mutex
+from jobs import app
+with app.connection_for_write() as connection:
+    channel = connection.default_channel
+    with Mutex(channel.client, channel.unacked_mutex_key, channel.unacked_mutex_expire):
+        print("held", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+class TestRestoreSweep:
+    def test_a_sweeper_killed_holding_the_lock_delays_restores_three_sweeps_at_most(
+        self, app: Any, redis_broker: None
+    ) -> None:
+        """A worker SIGKILLed in the middle of its restore sweep leaves kombu's sweep lock
+        behind. With kombu's 300 s lock no worker restored anything for five minutes, so a
+        dead worker's messages came back that late; the platform's lock lasts three sweep
+        intervals. A message a dead consumer held is restored once the lock expires, and
+        not before (the lock really was left behind)."""
+        import subprocess
+        import sys
+
+        from kombu.transport.redis import Mutex, MutexHeld
+
+        from tests.harness import ROOT
+
+        name = f"tests-sweep-{uuid.uuid4().hex}"
+        queue = _queue(name)
+        with app.connection_for_write() as connection:
+            channel = connection.default_channel
+            client = channel.client
+            expire = channel.unacked_mutex_expire
+            assert expire == 3 * channel.unacked_restore_interval <= 30
+            queue(channel).declare()
+            _publish(connection, queue, [{"n": 1}])
+            assert channel._fetch([name]) is not None  # taken by a consumer that then died
+            killed = subprocess.run([sys.executable, "-c", _SWEEPER_KILLED], cwd=ROOT,
+                                    capture_output=True, text=True, timeout=60, check=False)
+            assert killed.returncode == -9 and "held" in killed.stdout, killed.stderr[-2000:]
+            killed_at = time.monotonic()
+            channel.visibility_timeout = 0  # every held message is due
+            with pytest.raises(MutexHeld), Mutex(client, channel.unacked_mutex_key, expire):
+                pass
+            while client.llen(name) == 0 and time.monotonic() - killed_at < expire + 10:
+                channel.qos.restore_visible(num=100, interval=1)
+                time.sleep(0.2)
+            waited = time.monotonic() - killed_at
+            assert client.llen(name) == 1, f"not restored {waited:.1f}s after the sweeper died"
+            assert expire - 2 < waited < expire + 2
+            received = _drain(connection, queue, 1)
+            assert [m.payload for m in received] == [{"n": 1}]
+            received[0].ack()
+            queue(channel).delete()
+
+
 class TestLateAcknowledgement:
     """A restored message is taken again under a fresh delivery tag (fetch.lua), so what the
     delivery that expired does late touches only its own, already restored, hold."""

@@ -51,17 +51,20 @@ class TestSettings:
 
     def test_expired_unacked_messages_are_looked_for_every_tenth_of_the_timeout(self) -> None:
         """kombu's sweep of a Redis broker's expired unacknowledged messages runs every tenth
-        of the visibility timeout, 1 to 10 s (kombu's own default: every 100 s)."""
+        of the visibility timeout, 1 to 10 s (kombu's own default: every 100 s), and its lock
+        lasts three sweeps (kombu's: 300 s)."""
         from jobs.platform import celery_config
 
         options = celery_config(load_settings(
             visibility_timeout_seconds=3600))["broker_transport_options"]
-        assert (options["unacked_restore_interval"], options["unacked_restore_throttle"]) == (10, 1)
+        assert (options["unacked_restore_interval"], options["unacked_restore_throttle"],
+                options["unacked_mutex_expire"]) == (10, 1, 30)
         options = celery_config(load_settings(
             visibility_timeout_seconds=33, max_countdown_seconds=2,
             **{tier: {"soft_time_limit_seconds": 2, "hard_time_limit_seconds": 3}
                for tier in TIERS}))["broker_transport_options"]
-        assert (options["unacked_restore_interval"], options["unacked_restore_throttle"]) == (3, 1)
+        assert (options["unacked_restore_interval"], options["unacked_restore_throttle"],
+                options["unacked_mutex_expire"]) == (3, 1, 9)
 
     def test_soft_limit_must_be_below_hard_limit(self) -> None:
         with pytest.raises(SettingsError, match="JOBS_OPTIONAL.*soft_time_limit_seconds"):

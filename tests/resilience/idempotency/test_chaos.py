@@ -93,6 +93,9 @@ def whereabouts(app: Any, engine: Any, lost: list[Any]) -> list[str]:
         queued = [(text_of(name), text_of(item)) for name in broker.scan_iter()
                   if text_of(broker.type(name)) == "list" for item in broker.lrange(name, 0, -1)]
         unacked = [text_of(value) for value in broker.hvals(channel.unacked_key)]
+        # kombu's restore takes this lock for up to 300 s; a worker SIGKILLed holding it
+        # stops every restore (the test's too) until it expires.
+        mutex_ttl = broker.ttl(channel.unacked_mutex_key)
     for row in lost[:3]:
         key, claimer = row[0], row[3] if len(row) > 3 else None
         with engine.connect() as connection:
@@ -110,6 +113,7 @@ def whereabouts(app: Any, engine: Any, lost: list[Any]) -> list[str]:
             f"queued {[name for name, item in queued if key in item]}, "
             f"{sum(key in item for item in unacked)} unacked; "
             f"the claimer's log lines: {logged[-8:]}")
+    lines.append(f"the unacked restore lock's TTL: {mutex_ttl} s")
     return lines
 
 
