@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import tempfile
@@ -117,7 +118,17 @@ def _options(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--profile-clock", choices=("wall", "cpu"), default="wall",
                         help="--profile times functions in wall-clock seconds (waits "
                              "included) or in CPU seconds of their process")
+    parser.add_argument("--postgres-cpu", type=int, default=None, metavar="CPU",
+                        help="pin the PostgreSQL server (a local one) to this CPU and "
+                             "everything else (workers, Redis, this process) to the others: "
+                             "a model of PostgreSQL on a host of its own, which plain Celery "
+                             "does not use")
     options = parser.parse_args(argv)
+    if options.postgres_cpu is not None:
+        cpus = sorted(os.sched_getaffinity(0))
+        if options.postgres_cpu not in cpus or len(cpus) < 2:
+            parser.error(f"--postgres-cpu must be one of this process's CPUs {cpus}, "
+                         "and at least one other must remain")
     if options.quick:
         options.chains, options.chords, options.rounds = 100, 20, 1
     if options.wal_settle_seconds is None:
@@ -295,6 +306,8 @@ def run(argv: list[str]) -> dict[str, Any]:
         starters = {variant: Starter(variant, tasks) for variant in options.variants}
         redis = stores_for(app).redis()
         database_url = services.database_url.replace("postgresql+psycopg2", "postgresql")
+        if options.postgres_cpu is not None:
+            pin_postgres(database_url, options.postgres_cpu)
         purge([QUEUE])
         # rates[shape][variant]: workflows per second, one per round; starts likewise.
         rates = {shape: {v: [] for v in options.variants} for shape in SHAPES}
@@ -345,6 +358,36 @@ def run(argv: list[str]) -> dict[str, Any]:
 #: Redis commands the bench itself sends while it measures (its counter polls, these
 #: snapshots), left out of `redis_commands`.
 BENCH_REDIS_COMMANDS = frozenset({"get", "info"})
+
+
+def pin_postgres(database_url: str, cpu: int) -> None:
+    """Pin the PostgreSQL server of `database_url` (its postmaster and every process it has
+    forked; backends forked later inherit the postmaster's affinity) to `cpu`, and this
+    process with its children (the Redis server; workers started later inherit it) to the
+    other CPUs.
+
+    Raises:
+        SystemExit: the server is not a process of this machine.
+    """
+    import psutil
+
+    others = sorted(set(os.sched_getaffinity(0)) - {cpu})
+    (pid,) = psql(database_url, "SELECT pg_backend_pid()")[0]
+    try:
+        postmaster = psutil.Process(int(pid)).parent()
+    except psutil.Error:
+        postmaster = None
+    if postmaster is None or "postgres" not in postmaster.name():
+        raise SystemExit("--postgres-cpu needs a PostgreSQL server running on this machine")
+    server = [postmaster, *postmaster.children(recursive=True)]
+    for process in server:
+        process.cpu_affinity([cpu])
+    mine = {process.pid for process in server}
+    for process in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+        if process.pid not in mine:
+            process.cpu_affinity(others)
+    print(f"PostgreSQL (pid {postmaster.pid}) pinned to CPU {cpu}; workers, Redis and the "
+          f"bench to CPUs {others}", flush=True)
 
 
 class CpuMeter:
@@ -444,7 +487,8 @@ def _report(options: argparse.Namespace, sizes: dict[str, int],
          for shape in SHAPES for variant in options.variants],
     )
     figures: dict[str, Any] = {"chains": sizes["chain"], "chords": sizes["chord"],
-                               "rounds": options.rounds, "concurrency": options.concurrency}
+                               "rounds": options.rounds, "concurrency": options.concurrency,
+                               "postgres_cpu": options.postgres_cpu}
     for shape in SHAPES:
         for variant in options.variants:
             figures[f"{variant}_{shape}_steps_per_s"] = round(
