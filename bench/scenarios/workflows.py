@@ -118,16 +118,15 @@ def _options(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--profile-clock", choices=("wall", "cpu"), default="wall",
                         help="--profile times functions in wall-clock seconds (waits "
                              "included) or in CPU seconds of their process")
-    parser.add_argument("--postgres-cpu", type=int, default=None, metavar="CPU",
-                        help="pin the PostgreSQL server (a local one) to this CPU and "
-                             "everything else (workers, Redis, this process) to the others: "
-                             "a model of PostgreSQL on a host of its own, which plain Celery "
-                             "does not use")
+    parser.add_argument("--servers-cpu", type=int, default=None, metavar="CPU",
+                        help="pin the PostgreSQL and Redis servers (local ones) to this CPU "
+                             "and the workers and this process to the others: a model of "
+                             "servers on hosts of their own, the workers' cores compared")
     options = parser.parse_args(argv)
-    if options.postgres_cpu is not None:
+    if options.servers_cpu is not None:
         cpus = sorted(os.sched_getaffinity(0))
-        if options.postgres_cpu not in cpus or len(cpus) < 2:
-            parser.error(f"--postgres-cpu must be one of this process's CPUs {cpus}, "
+        if options.servers_cpu not in cpus or len(cpus) < 2:
+            parser.error(f"--servers-cpu must be one of this process's CPUs {cpus}, "
                          "and at least one other must remain")
     if options.quick:
         options.chains, options.chords, options.rounds = 100, 20, 1
@@ -306,8 +305,8 @@ def run(argv: list[str]) -> dict[str, Any]:
         starters = {variant: Starter(variant, tasks) for variant in options.variants}
         redis = stores_for(app).redis()
         database_url = services.database_url.replace("postgresql+psycopg2", "postgresql")
-        if options.postgres_cpu is not None:
-            pin_postgres(database_url, options.postgres_cpu)
+        if options.servers_cpu is not None:
+            pin_servers(database_url, redis, options.servers_cpu)
         purge([QUEUE])
         # rates[shape][variant]: workflows per second, one per round; starts likewise.
         rates = {shape: {v: [] for v in options.variants} for shape in SHAPES}
@@ -360,34 +359,42 @@ def run(argv: list[str]) -> dict[str, Any]:
 BENCH_REDIS_COMMANDS = frozenset({"get", "info"})
 
 
-def pin_postgres(database_url: str, cpu: int) -> None:
+def pin_servers(database_url: str, redis: Any, cpu: int) -> None:
     """Pin the PostgreSQL server of `database_url` (its postmaster and every process it has
-    forked; backends forked later inherit the postmaster's affinity) to `cpu`, and this
-    process with its children (the Redis server; workers started later inherit it) to the
-    other CPUs.
+    forked; backends forked later inherit the postmaster's affinity) and the Redis server of
+    `redis` to `cpu`, and this process with its other children (workers started later
+    inherit it) to the other CPUs. The bench's embedded servers end with the run; a shared
+    server (DATABASE_URL, REDIS_URL) keeps the pinning until it restarts.
 
     Raises:
-        SystemExit: the server is not a process of this machine.
+        SystemExit: a server is not a process of this machine.
     """
+    import contextlib
+
     import psutil
+    import psycopg2
 
     others = sorted(set(os.sched_getaffinity(0)) - {cpu})
-    (pid,) = psql(database_url, "SELECT pg_backend_pid()")[0]
-    try:
-        postmaster = psutil.Process(int(pid)).parent()
-    except psutil.Error:
-        postmaster = None
-    if postmaster is None or "postgres" not in postmaster.name():
-        raise SystemExit("--postgres-cpu needs a PostgreSQL server running on this machine")
-    server = [postmaster, *postmaster.children(recursive=True)]
-    for process in server:
+    with contextlib.closing(psycopg2.connect(database_url)) as connection:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            (backend,) = cursor.fetchone()
+        try:  # read while the backend lives: its parent is the postmaster
+            postmaster = psutil.Process(backend).parent()
+            redis_server = psutil.Process(int(redis.info("server")["process_id"]))
+        except psutil.Error:
+            postmaster = redis_server = None
+    if postmaster is None or redis_server is None:
+        raise SystemExit("--servers-cpu needs the PostgreSQL and Redis servers on this machine")
+    servers = [postmaster, *postmaster.children(recursive=True), redis_server]
+    for process in servers:
         process.cpu_affinity([cpu])
-    mine = {process.pid for process in server}
+    pinned = {process.pid for process in servers}
     for process in [psutil.Process(), *psutil.Process().children(recursive=True)]:
-        if process.pid not in mine:
+        if process.pid not in pinned:
             process.cpu_affinity(others)
-    print(f"PostgreSQL (pid {postmaster.pid}) pinned to CPU {cpu}; workers, Redis and the "
-          f"bench to CPUs {others}", flush=True)
+    print(f"PostgreSQL (pid {postmaster.pid}) and Redis (pid {redis_server.pid}) pinned to "
+          f"CPU {cpu}; the workers and the bench to CPUs {others}", flush=True)
 
 
 class CpuMeter:
@@ -488,7 +495,7 @@ def _report(options: argparse.Namespace, sizes: dict[str, int],
     )
     figures: dict[str, Any] = {"chains": sizes["chain"], "chords": sizes["chord"],
                                "rounds": options.rounds, "concurrency": options.concurrency,
-                               "postgres_cpu": options.postgres_cpu}
+                               "servers_cpu": options.servers_cpu}
     for shape in SHAPES:
         for variant in options.variants:
             figures[f"{variant}_{shape}_steps_per_s"] = round(
