@@ -93,8 +93,8 @@ def whereabouts(app: Any, engine: Any, lost: list[Any]) -> list[str]:
         queued = [(text_of(name), text_of(item)) for name in broker.scan_iter()
                   if text_of(broker.type(name)) == "list" for item in broker.lrange(name, 0, -1)]
         unacked = [text_of(value) for value in broker.hvals(channel.unacked_key)]
-        # kombu's restore takes this lock for up to 300 s; a worker SIGKILLed holding it
-        # stops every restore (the test's too) until it expires.
+        # The restore sweep's lock: one a worker SIGKILLed mid-sweep left behind stops every
+        # restore (the test's too) until it expires (jobs.platform.restore_sweep).
         mutex_ttl = broker.ttl(channel.unacked_mutex_key)
     for row in lost[:3]:
         key, claimer = row[0], row[3] if len(row) > 3 else None
